@@ -1,0 +1,95 @@
+// The typed configuration of a Tandem job: one struct per TOML section.
+//
+// Defaults here are the documented defaults (docs/config.md is generated from
+// the schema in schema.cpp, and a unit test keeps the two equal). Values are
+// validated when loaded (load.h); code that receives a Config may trust them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::launcher {
+
+struct ModelConfig {
+  std::string path;                    // Hugging Face model directory
+  std::string dtype = "auto";          // auto | f32 | bf16 | f16
+  std::string backend = "cpu";         // cpu | cuda
+  std::string chat_template = "auto";  // auto | chatml | llama3
+  std::string served_name;             // empty: the model directory's name
+  int64_t max_model_len = 0;           // tokens; 0: the model's max_position_embeddings
+};
+
+struct JobConfig {
+  std::string mode = "disagg";  // disagg | agg | auto
+  std::string input;            // OpenAI-Batch JSONL
+  std::string output;           // OpenAI-Batch output JSONL (append-only)
+  std::string output_order = "completion";  // completion | input
+  int64_t epoch_requests = 1024;            // requests per planning epoch
+  int64_t max_num_seqs = 64;                // sequences running at once per worker
+  int64_t max_batched_tokens = 2048;        // tokens per engine step per worker
+  int64_t seed = 0;                         // sampling seed for requests without one
+  double drain_seconds = 60.0;              // after USR1/TERM: time to finish in-flight work
+  double flush_seconds = 10.0;              // fsync output + checkpoint at least this often
+  bool resume = true;                       // skip custom_ids already in the checkpoint
+};
+
+struct ClusterConfig {
+  int64_t prefill_ranks = 0;      // 0: derived from prefill_fraction
+  int64_t decode_ranks = 0;       // 0: the workers not prefilling
+  double prefill_fraction = 0.5;  // share of workers that prefill when not given as counts
+  int64_t threads_per_rank = 0;   // compute threads per worker; 0: the cores Slurm/OS gives it
+};
+
+struct RouterConfig {
+  std::string policy = "kv_aware";   // kv_aware | round_robin | least_loaded
+  int64_t local_prefill_tokens = 0;  // prompts with fewer uncached tokens prefill on their decode rank
+  int64_t reorder_window = 0;        // requests looked ahead to group shared prefixes; 0: off
+  double overlap_weight_device = 1.0;
+  double overlap_weight_host = 0.75;
+  double overlap_weight_disk = 0.25;
+};
+
+struct PlannerConfig {
+  std::string policy = "lookahead";  // static:P:D | agg | sla | lookahead | oracle
+  double ttft_ms = 0.0;              // target time to first token; 0: minimise makespan
+  double itl_ms = 0.0;               // target inter-token latency; 0: minimise makespan
+};
+
+struct KvConfig {
+  int64_t block_size = 16;      // tokens per KV block
+  double memory_gib = 0.0;      // KV pool per worker; 0: what is left after weights, less 10%
+  double host_cache_gib = 0.0;  // host-memory tier (G2); 0: off
+  std::string store_path;       // HDF5 prefix store (G3) on a shared filesystem; empty: off
+  int64_t store_min_hits = 2;   // a block goes to the store after this many uses
+};
+
+struct TransportConfig {
+  std::string backend = "mpi_rma";  // mpi_rma | loopback | nccl | libfabric
+};
+
+struct HttpConfig {
+  std::string host = "127.0.0.1";
+  int64_t port = 8000;
+  std::string api_key_env;               // env var holding the required Bearer token; empty: none
+  int64_t max_body_bytes = 16 << 20;     // bytes
+  int64_t max_in_flight = 256;           // requests; beyond: 429
+  double drain_seconds = 30.0;           // after SIGTERM
+};
+
+struct LogConfig {
+  std::string level = "info";  // trace | debug | info | warn | error | off
+};
+
+struct Config {
+  ModelConfig model;
+  JobConfig job;
+  ClusterConfig cluster;
+  RouterConfig router;
+  PlannerConfig planner;
+  KvConfig kv;
+  TransportConfig transport;
+  HttpConfig http;
+  LogConfig log;
+};
+
+}  // namespace tandem::launcher

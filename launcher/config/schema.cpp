@@ -1,0 +1,341 @@
+#include "launcher/config/schema.h"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+#include "common/text.h"
+
+namespace tandem::launcher {
+namespace {
+
+template <class T>
+constexpr ValueKind kind_of() {
+  if constexpr (std::is_same_v<T, bool>) return ValueKind::kBool;
+  else if constexpr (std::is_same_v<T, int64_t>) return ValueKind::kInt;
+  else if constexpr (std::is_same_v<T, double>) return ValueKind::kFloat;
+  else return ValueKind::kString;
+}
+
+// A KeySpec bound to Config::*section .*member, configured by chained calls.
+struct Key {
+  KeySpec spec;
+  Key& doc(std::string d) { spec.doc = std::move(d); return *this; }
+  Key& choices(std::vector<std::string> c) { spec.choices = std::move(c); return *this; }
+  Key& at_least(double v) { spec.min = v; return *this; }
+  Key& at_most(double v) { spec.max = v; return *this; }
+  Key& check(std::function<std::string(std::string_view)> f) { spec.check = std::move(f); return *this; }
+  Key& pending(std::string feature) { spec.pending = std::move(feature); return *this; }
+};
+
+template <class S, class T>
+Key key(std::string section, std::string name, S Config::*sec, T S::*member) {
+  Key k;
+  k.spec.section = std::move(section);
+  k.spec.name = std::move(name);
+  k.spec.kind = kind_of<T>();
+  k.spec.set = [sec, member](Config& c, const Value& v) { (c.*sec).*member = std::get<T>(v); };
+  k.spec.get = [sec, member](const Config& c) { return Value((c.*sec).*member); };
+  return k;
+}
+
+std::string check_planner_policy(std::string_view p) {
+  if (p == "agg" || p == "sla" || p == "lookahead" || p == "oracle") return "";
+  if (p.starts_with("static:")) {
+    auto rest = p.substr(7);
+    auto colon = rest.find(':');
+    auto positive = [](std::string_view s) {
+      int64_t v = 0;
+      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      return ec == std::errc() && ptr == s.data() + s.size() && v > 0;
+    };
+    if (colon != std::string_view::npos && positive(rest.substr(0, colon)) &&
+        positive(rest.substr(colon + 1)))
+      return "";
+    return "must be static:P:D with positive rank counts, e.g. \"static:2:6\"";
+  }
+  return "must be one of \"lookahead\", \"sla\", \"agg\", \"oracle\" or \"static:P:D\"";
+}
+
+std::vector<KeySpec> build_schema() {
+  using C = Config;
+  const std::string kRun = "tandem run";
+  std::vector<Key> keys = {
+      // [model]
+      key("model", "path", &C::model, &ModelConfig::path)
+          .doc("Hugging Face model directory: config.json, *.safetensors, tokenizer.json.")
+          .pending(kRun),
+      key("model", "dtype", &C::model, &ModelConfig::dtype)
+          .choices({"auto", "f32", "bf16", "f16"})
+          .doc("Weight dtype in memory; auto keeps the checkpoint's.")
+          .pending(kRun),
+      key("model", "backend", &C::model, &ModelConfig::backend)
+          .choices({"cpu", "cuda"})
+          .doc("Compute backend of the worker ranks.")
+          .pending(kRun),
+      key("model", "chat_template", &C::model, &ModelConfig::chat_template)
+          .choices({"auto", "chatml", "llama3"})
+          .doc("Chat format for `messages`; auto recognises the model's own template.")
+          .pending("chat templates"),
+      key("model", "served_name", &C::model, &ModelConfig::served_name)
+          .doc("Model name in API responses and /v1/models; empty: the model directory's name.")
+          .pending("tandem serve"),
+      key("model", "max_model_len", &C::model, &ModelConfig::max_model_len)
+          .at_least(0)
+          .doc("Longest prompt plus completion, in tokens; 0: the model's max_position_embeddings.")
+          .pending(kRun),
+      // [job]
+      key("job", "mode", &C::job, &JobConfig::mode)
+          .choices({"disagg", "agg", "auto"})
+          .doc("disagg: separate prefill and decode ranks; agg: every worker does both (the "
+               "baseline); auto: the planner chooses per epoch.")
+          .pending(kRun),
+      key("job", "input", &C::job, &JobConfig::input)
+          .doc("Input file, OpenAI-Batch JSONL.")
+          .pending(kRun),
+      key("job", "output", &C::job, &JobConfig::output)
+          .doc("Output file, OpenAI-Batch output JSONL, appended to.")
+          .pending(kRun),
+      key("job", "output_order", &C::job, &JobConfig::output_order)
+          .choices({"completion", "input"})
+          .doc("completion: write each result when it is done; input: keep the input's order.")
+          .pending(kRun),
+      key("job", "epoch_requests", &C::job, &JobConfig::epoch_requests)
+          .at_least(1)
+          .doc("Requests per epoch; the planner may re-split ranks between epochs.")
+          .pending("planner"),
+      key("job", "max_num_seqs", &C::job, &JobConfig::max_num_seqs)
+          .at_least(1).at_most(65536)
+          .doc("Sequences running at once on one worker.")
+          .pending(kRun),
+      key("job", "max_batched_tokens", &C::job, &JobConfig::max_batched_tokens)
+          .at_least(1)
+          .doc("Token budget of one engine step on one worker (prefill chunks plus decode tokens).")
+          .pending(kRun),
+      key("job", "seed", &C::job, &JobConfig::seed)
+          .at_least(0)
+          .doc("Sampling seed for requests that carry none.")
+          .pending(kRun),
+      key("job", "drain_seconds", &C::job, &JobConfig::drain_seconds)
+          .at_least(0)
+          .doc("After USR1 or TERM, seconds to let in-flight requests finish before exiting.")
+          .pending("Slurm"),
+      key("job", "flush_seconds", &C::job, &JobConfig::flush_seconds)
+          .at_least(0.01)
+          .doc("Output and checkpoint are fsync'd at least this often, in seconds.")
+          .pending("Slurm"),
+      key("job", "resume", &C::job, &JobConfig::resume)
+          .doc("Skip requests whose custom_id is already in the output's checkpoint.")
+          .pending("Slurm"),
+      // [cluster]
+      key("cluster", "prefill_ranks", &C::cluster, &ClusterConfig::prefill_ranks)
+          .at_least(0)
+          .doc("Worker ranks that prefill; 0: derived from prefill_fraction.")
+          .pending(kRun),
+      key("cluster", "decode_ranks", &C::cluster, &ClusterConfig::decode_ranks)
+          .at_least(0)
+          .doc("Worker ranks that decode; 0: every worker that does not prefill.")
+          .pending(kRun),
+      key("cluster", "prefill_fraction", &C::cluster, &ClusterConfig::prefill_fraction)
+          .at_least(0).at_most(1)
+          .doc("Share of the workers that prefill when counts are not given.")
+          .pending(kRun),
+      key("cluster", "threads_per_rank", &C::cluster, &ClusterConfig::threads_per_rank)
+          .at_least(0)
+          .doc("Compute threads per worker rank; 0: the CPUs the rank may run on.")
+          .pending(kRun),
+      // [router]
+      key("router", "policy", &C::router, &RouterConfig::policy)
+          .choices({"kv_aware", "round_robin", "least_loaded"})
+          .doc("How rank 0 picks a decode rank for a request.")
+          .pending(kRun),
+      key("router", "local_prefill_tokens", &C::router, &RouterConfig::local_prefill_tokens)
+          .at_least(0)
+          .doc("Prompts with fewer uncached tokens than this prefill on their decode rank; 0: never.")
+          .pending(kRun),
+      key("router", "reorder_window", &C::router, &RouterConfig::reorder_window)
+          .at_least(0)
+          .doc("Upcoming requests searched for shared prefixes to schedule together; 0: off.")
+          .pending("KV tiers"),
+      key("router", "overlap_weight_device", &C::router, &RouterConfig::overlap_weight_device)
+          .at_least(0)
+          .doc("Routing value of a prefix block cached in a worker's pool.")
+          .pending(kRun),
+      key("router", "overlap_weight_host", &C::router, &RouterConfig::overlap_weight_host)
+          .at_least(0)
+          .doc("Routing value of a prefix block in host memory (G2).")
+          .pending("KV tiers"),
+      key("router", "overlap_weight_disk", &C::router, &RouterConfig::overlap_weight_disk)
+          .at_least(0)
+          .doc("Routing value of a prefix block in the HDF5 store (G3).")
+          .pending("KV tiers"),
+      // [planner]
+      key("planner", "policy", &C::planner, &PlannerConfig::policy)
+          .check(check_planner_policy)
+          .doc("lookahead (sizes pools for the next epoch's known lengths), sla, agg, oracle, "
+               "or static:P:D.")
+          .pending("planner"),
+      key("planner", "ttft_ms", &C::planner, &PlannerConfig::ttft_ms)
+          .at_least(0)
+          .doc("Time-to-first-token target in ms; 0: minimise the epoch's makespan.")
+          .pending("planner"),
+      key("planner", "itl_ms", &C::planner, &PlannerConfig::itl_ms)
+          .at_least(0)
+          .doc("Inter-token latency target in ms; 0: minimise the epoch's makespan.")
+          .pending("planner"),
+      // [kv]
+      key("kv", "block_size", &C::kv, &KvConfig::block_size)
+          .at_least(1).at_most(1024)
+          .doc("Tokens per KV block: the unit of allocation, transfer, hashing and offload.")
+          .pending(kRun),
+      key("kv", "memory_gib", &C::kv, &KvConfig::memory_gib)
+          .at_least(0)
+          .doc("KV pool per worker in GiB; 0: the memory left after the weights, less 10%.")
+          .pending(kRun),
+      key("kv", "host_cache_gib", &C::kv, &KvConfig::host_cache_gib)
+          .at_least(0)
+          .doc("Host-memory tier (G2) for evicted blocks, in GiB; 0: off.")
+          .pending("KV tiers"),
+      key("kv", "store_path", &C::kv, &KvConfig::store_path)
+          .doc("Directory of the persistent HDF5 prefix store (G3), shared between jobs; empty: off.")
+          .pending("KV tiers"),
+      key("kv", "store_min_hits", &C::kv, &KvConfig::store_min_hits)
+          .at_least(1)
+          .doc("A block is written to the store once it has been used this many times.")
+          .pending("KV tiers"),
+      // [transport]
+      key("transport", "backend", &C::transport, &TransportConfig::backend)
+          .choices({"mpi_rma", "loopback", "nccl", "libfabric"})
+          .doc("How KV blocks move from prefill to decode ranks.")
+          .pending(kRun),
+      // [http]
+      key("http", "host", &C::http, &HttpConfig::host)
+          .doc("Address the HTTP shim binds; keep 127.0.0.1 and tunnel over SSH.")
+          .pending("tandem serve"),
+      key("http", "port", &C::http, &HttpConfig::port)
+          .at_least(1).at_most(65535)
+          .doc("TCP port of the HTTP shim.")
+          .pending("tandem serve"),
+      key("http", "api_key_env", &C::http, &HttpConfig::api_key_env)
+          .doc("Environment variable whose value clients must send as a Bearer token; empty: none.")
+          .pending("tandem serve"),
+      key("http", "max_body_bytes", &C::http, &HttpConfig::max_body_bytes)
+          .at_least(1024)
+          .doc("Largest request body accepted, in bytes.")
+          .pending("tandem serve"),
+      key("http", "max_in_flight", &C::http, &HttpConfig::max_in_flight)
+          .at_least(1)
+          .doc("Requests in flight at once; more get 429 with Retry-After.")
+          .pending("tandem serve"),
+      key("http", "drain_seconds", &C::http, &HttpConfig::drain_seconds)
+          .at_least(0)
+          .doc("After SIGTERM, seconds to finish in-flight requests before exiting.")
+          .pending("tandem serve"),
+      // [log]
+      key("log", "level", &C::log, &LogConfig::level)
+          .choices({"trace", "debug", "info", "warn", "error", "off"})
+          .doc("Log level of every rank; TANDEM_LOG_LEVEL in the environment wins over it."),
+  };
+  std::vector<KeySpec> out;
+  out.reserve(keys.size());
+  for (auto& k : keys) out.push_back(std::move(k.spec));
+  return out;
+}
+
+std::string format_number(double v) {
+  std::ostringstream os;
+  os << v;
+  std::string s = os.str();
+  if (s.find_first_of(".eE") == std::string::npos && std::isfinite(v)) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> specs = build_schema();
+  return specs;
+}
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& s : schema())
+      if (n.empty() || n.back() != s.section) n.push_back(s.section);
+    return n;
+  }();
+  return names;
+}
+
+std::vector<std::string> key_names(std::string_view section) {
+  std::vector<std::string> n;
+  for (const auto& s : schema())
+    if (s.section == section) n.push_back(s.name);
+  return n;
+}
+
+const KeySpec* find_key(std::string_view section, std::string_view name) {
+  for (const auto& s : schema())
+    if (s.section == section && s.name == name) return &s;
+  return nullptr;
+}
+
+std::string_view kind_name(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::kBool: return "a boolean (true or false)";
+    case ValueKind::kInt: return "an integer";
+    case ValueKind::kFloat: return "a number";
+    case ValueKind::kString: return "a string";
+  }
+  return "a value";
+}
+
+std::string format_value(const Value& value) {
+  struct {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const { return format_number(d); }
+    std::string operator()(const std::string& s) const {
+      std::string out = "\"";
+      for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+      }
+      return out + "\"";
+    }
+  } fmt;
+  return std::visit(fmt, value);
+}
+
+std::string check_value(const KeySpec& spec, const Value& value) {
+  if (const auto* s = std::get_if<std::string>(&value)) {
+    if (!spec.choices.empty()) {
+      for (const auto& c : spec.choices)
+        if (c == *s) return "";
+      std::string list;
+      for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + format_value(c);
+      std::string msg = "must be one of " + list + ", got " + format_value(*s);
+      if (auto near = closest_match(*s, spec.choices)) msg += "; did you mean " + format_value(*near) + "?";
+      return msg;
+    }
+    if (spec.check) {
+      if (auto why = spec.check(*s); !why.empty()) return why + ", got " + format_value(*s);
+    }
+    return "";
+  }
+  double v = 0;
+  if (const auto* i = std::get_if<int64_t>(&value)) v = static_cast<double>(*i);
+  else if (const auto* d = std::get_if<double>(&value)) v = *d;
+  else return "";
+  auto bound = [&](double b) {
+    return spec.kind == ValueKind::kInt ? std::to_string(static_cast<int64_t>(b)) : format_number(b);
+  };
+  if (!std::isfinite(v)) return "must be a finite number, got " + format_value(value);
+  if (spec.min && spec.max && (v < *spec.min || v > *spec.max))
+    return "must be between " + bound(*spec.min) + " and " + bound(*spec.max) + ", got " + format_value(value);
+  if (spec.min && v < *spec.min) return "must be at least " + bound(*spec.min) + ", got " + format_value(value);
+  if (spec.max && v > *spec.max) return "must be at most " + bound(*spec.max) + ", got " + format_value(value);
+  return "";
+}
+
+}  // namespace tandem::launcher

@@ -1,0 +1,43 @@
+// tandem: the command-line entry point. Parses the command line, runs the
+// chosen subcommand, and turns a tandem::Error into one line on stderr and a
+// non-zero exit. Libraries never exit; this file decides how the process ends.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.h"
+#include "launcher/build_info.h"
+#include "launcher/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace tandem::launcher;
+  CLI::App app{
+      "Tandem: batch and offline LLM inference on HPC clusters, as one MPI job.\n"
+      "Rank 0 routes; the other ranks prefill or decode; KV moves by MPI one-sided RMA.",
+      "tandem"};
+  app.set_version_flag("--version", build_info());
+  app.require_subcommand(1);
+  app.fallthrough();
+
+  std::vector<std::pair<CLI::App*, Action>> commands;
+  auto add = [&](Action a) { commands.emplace_back(app.get_subcommands({}).back(), std::move(a)); };
+  add(add_config_command(app));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [cmd, action] : commands)
+      if (cmd->parsed()) return action();
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: internal error: %s (please report it)\n", e.what());
+    return 3;
+  }
+  return 0;
+}

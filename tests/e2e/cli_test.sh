@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The tandem binary as a user meets it: --help, --version, and config errors
+# that are one line on stderr with a non-zero exit. Usage: cli_test.sh TANDEM SRC_DIR
+set -u
+tandem=$1; src=$2
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { # name, condition...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+}
+
+"$tandem" --help > "$tmp/help" 2>&1; rc=$?
+check "--help exits 0" test $rc -eq 0
+check "--help lists the config command" grep -q '^  config ' "$tmp/help"
+
+"$tandem" --version > "$tmp/version" 2>&1; rc=$?
+check "--version exits 0" test $rc -eq 0
+check "--version names the version" grep -qE '^tandem [0-9]+\.[0-9]+\.[0-9]+$' "$tmp/version"
+check "--version names MPI" grep -q 'Open MPI' "$tmp/version"
+
+"$tandem" > "$tmp/none" 2>&1; rc=$?
+check "no subcommand is an error" test $rc -ne 0
+
+"$tandem" config -c "$src/jobs/example.toml" > "$tmp/eff" 2> "$tmp/err"; rc=$?
+check "example config is valid" test $rc -eq 0
+check "effective config has every section" test "$(grep -c '^\[' "$tmp/eff")" -eq 9
+check "effective config keeps the file's value" grep -qx 'prefill_fraction = 0.25' "$tmp/eff"
+
+printf '[kv]\nblok_size = 16\n' > "$tmp/typo.toml"
+"$tandem" config -c "$tmp/typo.toml" > /dev/null 2> "$tmp/err"; rc=$?
+check "typo'd key exits 2" test $rc -eq 2
+check "typo'd key is one line" test "$(wc -l < "$tmp/err")" -eq 1
+check "typo'd key names file:line:col and the fix" \
+  grep -qF "tandem: error: $tmp/typo.toml:2:1: unknown key 'blok_size' in [kv]; did you mean 'block_size'?" "$tmp/err"
+
+printf '[kv]\nmemory_gib = -2\n' > "$tmp/neg.toml"
+"$tandem" config -c "$tmp/neg.toml" > /dev/null 2> "$tmp/err"; rc=$?
+check "negative size exits 2 with the bound" \
+  grep -qF "neg.toml:2:14: kv.memory_gib must be at least 0.0, got -2.0" "$tmp/err"
+check "negative size is one line" test "$(wc -l < "$tmp/err")" -eq 1
+
+"$tandem" config --set 'job.max_num_seqs="many"' > /dev/null 2> "$tmp/err"; rc=$?
+check "string for a number via --set exits 2" test $rc -eq 2
+check "string for a number via --set says what is expected" \
+  grep -qF 'job.max_num_seqs must be an integer' "$tmp/err"
+
+"$tandem" config --reference > "$tmp/ref"
+check "docs/config.md is current (regenerate: tandem config --reference > docs/config.md)" \
+  cmp -s "$tmp/ref" "$src/docs/config.md"
+
+echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
+[ $fails -eq 0 ]
