@@ -24,9 +24,10 @@ void apply_pattern(int rank, std::string_view role) {
 
 }  // namespace
 
-void init(std::string_view config_level) {
-  auto logger = spdlog::get("tandem");
-  if (!logger) logger = spdlog::stderr_color_mt("tandem");
+void init(std::string_view config_level, spdlog::sink_ptr sink) {
+  spdlog::drop("tandem");
+  auto logger = sink ? std::make_shared<spdlog::logger>("tandem", std::move(sink))
+                     : spdlog::stderr_color_mt("tandem");
   spdlog::set_default_logger(logger);
   if (const char* env = std::getenv("TANDEM_LOG_LEVEL"); env && *env) {
     spdlog::set_level(parse_level(env, "TANDEM_LOG_LEVEL"));

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include <spdlog/sinks/sink.h>
 #include <spdlog/spdlog.h>
 
 namespace tandem::log {
@@ -19,7 +20,8 @@ inline constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn",
 
 // Sets up the logger at `config_level` (one of kLevels), or at
 // TANDEM_LOG_LEVEL when that is set. Throws tandem::Error on an unknown level.
-void init(std::string_view config_level);
+// `sink` replaces stderr (tests capture lines with it).
+void init(std::string_view config_level, spdlog::sink_ptr sink = nullptr);
 
 // Changes the "[rank N role]" tag, e.g. when the planner gives a rank a new role.
 void set_identity(int rank, std::string_view role);
