@@ -29,5 +29,6 @@ struct ConfigOptions {
 void log_effective_config(const Config& config);
 
 Action add_config_command(CLI::App& root);
+Action add_tokenize_command(CLI::App& root);
 
 }  // namespace tandem::launcher

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, Action>> commands;
   auto add = [&](Action a) { commands.emplace_back(app.get_subcommands({}).back(), std::move(a)); };
   add(add_config_command(app));
+  add(add_tokenize_command(app));
 
   try {
     app.parse(argc, argv);

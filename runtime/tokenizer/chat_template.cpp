@@ -1,0 +1,198 @@
+#include "runtime/tokenizer/chat_template.h"
+
+#include "common/error.h"
+#include "runtime/tokenizer/utf8.h"
+
+namespace tandem::runtime {
+namespace {
+
+// Python's str.isspace(), which Jinja's `trim` filter follows.
+bool py_space(uint32_t cp) {
+  return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+
+std::string py_trim(std::string_view s) {
+  std::size_t b = 0;
+  while (b < s.size()) {
+    std::size_t i = b;
+    if (!py_space(next_code_point(s, i))) break;
+    b = i;
+  }
+  std::size_t e = s.size();
+  while (e > b) {
+    std::size_t start = e - 1;
+    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    std::size_t i = start;
+    if (!py_space(next_code_point(s, i))) break;
+    e = start;
+  }
+  return std::string(s.substr(b, e - b));
+}
+
+std::string lstrip_newlines(std::string_view s) {
+  const auto b = s.find_first_not_of('\n');
+  return b == std::string_view::npos ? "" : std::string(s.substr(b));
+}
+
+std::string rstrip_newlines(std::string_view s) {
+  const auto e = s.find_last_not_of('\n');
+  return e == std::string_view::npos ? "" : std::string(s.substr(0, e + 1));
+}
+
+// Text after the last occurrence of sep (all of s when absent), as Python's s.split(sep)[-1].
+std::string_view after_last(std::string_view s, std::string_view sep) {
+  const auto at = s.rfind(sep);
+  return at == std::string_view::npos ? s : s.substr(at + sep.size());
+}
+
+// Text before the first occurrence of sep, as Python's s.split(sep)[0].
+std::string_view before_first(std::string_view s, std::string_view sep) {
+  const auto at = s.find(sep);
+  return at == std::string_view::npos ? s : s.substr(0, at);
+}
+
+// A ChatML template's built-in system prompt, written as a literal
+// '<|im_start|>system\n...<|im_end|>' in the Jinja text (Qwen2, Qwen2.5).
+std::string chatml_default_system(const std::string& tmpl) {
+  const std::string open = "'<|im_start|>system\\n";
+  for (std::size_t at = tmpl.find(open); at != std::string::npos; at = tmpl.find(open, at + 1)) {
+    const std::size_t b = at + open.size();
+    const std::size_t e = tmpl.find("<|im_end|>", b);
+    if (e == std::string::npos) break;
+    std::string_view body(tmpl.data() + b, e - b);
+    if (body.find('\'') != std::string_view::npos || body.empty()) continue;  // '+ messages[0].content + ...'
+    return std::string(body);
+  }
+  return "";
+}
+
+void check_role(const ChatMessage& m, std::size_t i) {
+  if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+    throw Error("messages[" + std::to_string(i) + "].role '" + m.role +
+                "' is not one of system, user, assistant, tool");
+  }
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfig& config, const std::string& where) {
+  ChatTemplate t;
+  t.bos_ = config.bos_token;
+  const std::string& tmpl = config.chat_template;
+  if (setting == "chatml") {
+    t.family_ = Family::kChatml;
+    return t;
+  }
+  if (setting == "llama3") {
+    t.family_ = Family::kLlama3;
+    t.honours_generation_prompt_ = tmpl.empty() || tmpl.find("add_generation_prompt") != std::string::npos;
+    return t;
+  }
+  if (setting != "auto") {
+    throw Error("model.chat_template must be \"auto\", \"chatml\" or \"llama3\", got \"" + std::string(setting) + "\"");
+  }
+  if (tmpl.empty()) {
+    throw Error(where + ": the model has no chat_template; set model.chat_template = \"chatml\" or \"llama3\" "
+                        "in the job config, or send prompts instead of messages");
+  }
+  if (tmpl.find("<|im_start|>") != std::string::npos) {
+    const bool qwen3 = tmpl.find("</think>") != std::string::npos && tmpl.find("reasoning_content") != std::string::npos;
+    t.family_ = qwen3 ? Family::kQwen3 : Family::kChatml;
+    if (!qwen3) t.default_system_ = chatml_default_system(tmpl);
+    return t;
+  }
+  if (tmpl.find("<|start_header_id|>") != std::string::npos) {
+    if (tmpl.find("Cutting Knowledge Date") != std::string::npos) {
+      throw Error(where + ": the Llama 3.1+ chat template (with its dated system header) is not supported yet; "
+                          "set model.chat_template = \"llama3\" to use the Llama 3 format");
+    }
+    t.family_ = Family::kLlama3;
+    t.honours_generation_prompt_ = tmpl.find("add_generation_prompt") != std::string::npos;
+    return t;
+  }
+  throw Error(where + ": chat_template not recognised (Tandem renders the ChatML/Qwen and Llama 3 families); set "
+                      "model.chat_template = \"chatml\" or \"llama3\" in the job config");
+}
+
+std::string_view ChatTemplate::name() const {
+  switch (family_) {
+    case Family::kChatml: return "chatml";
+    case Family::kQwen3: return "chatml (qwen3)";
+    case Family::kLlama3: return "llama3";
+  }
+  return "";
+}
+
+std::string ChatTemplate::render(std::span<const ChatMessage> messages, const ChatOptions& options) const {
+  for (std::size_t i = 0; i < messages.size(); ++i) check_role(messages[i], i);
+  std::string out;
+
+  if (family_ == Family::kLlama3) {
+    for (std::size_t i = 0; i < messages.size(); ++i) {
+      if (i == 0) out += bos_;
+      out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n" + py_trim(messages[i].content) +
+             "<|eot_id|>";
+    }
+    if (options.add_generation_prompt || !honours_generation_prompt_)
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    return out;
+  }
+
+  if (family_ == Family::kChatml) {
+    if (!default_system_.empty() && (messages.empty() || messages[0].role != "system"))
+      out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+    for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    if (options.add_generation_prompt) out += "<|im_start|>assistant\n";
+    return out;
+  }
+
+  // Qwen3: the last user query splits the conversation; assistant turns after it
+  // keep their reasoning in a <think> block, earlier ones lose it.
+  const std::size_t n = messages.size();
+  if (n > 0 && messages[0].role == "system") out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  std::size_t last_query = n == 0 ? 0 : n - 1;
+  for (std::size_t k = n; k-- > 0;) {
+    const auto& c = messages[k].content;
+    const bool tool_response = c.starts_with("<tool_response>") && c.ends_with("</tool_response>");
+    if (messages[k].role == "user" && !tool_response) {
+      last_query = k;
+      break;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& m = messages[i];
+    const bool last = i + 1 == n;
+    if (m.role == "user" || (m.role == "system" && i != 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string content = m.content;
+      std::string reasoning;
+      if (m.reasoning_content) {
+        reasoning = *m.reasoning_content;
+      } else if (m.content.find("</think>") != std::string::npos) {
+        content = lstrip_newlines(after_last(m.content, "</think>"));
+        reasoning = lstrip_newlines(after_last(rstrip_newlines(before_first(m.content, "</think>")), "<think>"));
+      }
+      if (i > last_query && (last || !reasoning.empty())) {
+        out += "<|im_start|>assistant\n<think>\n" + lstrip_newlines(rstrip_newlines(reasoning)) + "\n</think>\n\n" +
+               lstrip_newlines(content);
+      } else {
+        out += "<|im_start|>assistant\n" + content;
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (options.add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (options.enable_thinking == false) out += "<think>\n\n</think>\n\n";
+  }
+  return out;
+}
+
+}  // namespace tandem::runtime

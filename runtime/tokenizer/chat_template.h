@@ -1,0 +1,51 @@
+// Chat templates: render OpenAI-style `messages` into the prompt text a model
+// was trained on. Tandem recognises the template families it implements from
+// the model's own Jinja `chat_template` (no Jinja engine): ChatML (Qwen2/2.5,
+// with their default system prompts; Qwen3 with its <think> handling) and
+// Llama 3. `model.chat_template` forces one. Renders equal the models' own
+// templates (tests/data/chat_expected.json, rendered by Hugging Face).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace tandem::runtime {
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant | tool
+  std::string content;
+  std::optional<std::string> reasoning_content;  // assistant: thinking kept apart from content
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  std::optional<bool> enable_thinking;  // Qwen3: false adds an empty <think></think> block
+};
+
+class ChatTemplate {
+ public:
+  enum class Family { kChatml, kQwen3, kLlama3 };
+
+  // setting: "auto" (recognise config.chat_template), "chatml" or "llama3".
+  // Throws tandem::Error naming `where` and the config key to set when the
+  // template is missing or not recognised.
+  static ChatTemplate select(std::string_view setting, const TokenizerConfig& config, const std::string& where);
+
+  // Throws tandem::Error on a role the family does not know.
+  std::string render(std::span<const ChatMessage> messages, const ChatOptions& options) const;
+
+  Family family() const { return family_; }
+  std::string_view name() const;
+
+ private:
+  Family family_ = Family::kChatml;
+  std::string bos_;                   // Llama 3: put before the first message
+  std::string default_system_;        // ChatML: system prompt used when the messages have none
+  bool honours_generation_prompt_ = true;  // Llama 3 (original) always appends the assistant header
+};
+
+}  // namespace tandem::runtime

@@ -1,0 +1,82 @@
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "tokenizer_files.h"
+
+using namespace tandem::runtime;
+using tandem::testing::tokenizer_dir;
+
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("chat rendering equals the models' own Jinja templates", "[tokenizer][chat]") {
+  // Expected strings were rendered by @huggingface/transformers (tests/data/make_chat_expected.js).
+  const auto cases = read_json(TANDEM_SOURCE_DIR "/tests/data/chat_cases.json");
+  const auto expected = read_json(TANDEM_SOURCE_DIR "/tests/data/chat_expected.json");
+  for (const char* model : {"qwen3", "llama3"}) {
+    auto tok = Tokenizer::load(tokenizer_dir(model));
+    auto tmpl = ChatTemplate::select("auto", tok->config(), model);
+    for (const auto& c : cases) {
+      std::vector<ChatMessage> messages;
+      for (const auto& m : c.at("messages")) messages.push_back({m.at("role"), m.at("content"), std::nullopt});
+      ChatOptions options;
+      options.add_generation_prompt = c.value("add_generation_prompt", true);
+      const std::string name = c.at("name");
+      INFO(model << " / " << name);
+      CHECK(tmpl.render(messages, options) == expected.at(model).at(name).get<std::string>());
+    }
+  }
+}
+
+TEST_CASE("templates are recognised, forced, or refused with the key to set", "[tokenizer][chat]") {
+  auto qwen = Tokenizer::load(tokenizer_dir("qwen3"));
+  CHECK(ChatTemplate::select("auto", qwen->config(), "q").family() == ChatTemplate::Family::kQwen3);
+  CHECK(ChatTemplate::select("llama3", qwen->config(), "q").family() == ChatTemplate::Family::kLlama3);
+
+  auto mistral = Tokenizer::load(tokenizer_dir("llama2"));  // no chat_template in its config
+  CHECK_THROWS_WITH(ChatTemplate::select("auto", mistral->config(), "m/tokenizer_config.json"),
+                    Catch::Contains("has no chat_template; set model.chat_template"));
+  auto forced = ChatTemplate::select("chatml", mistral->config(), "m");
+  std::vector<ChatMessage> msgs = {{"user", "hi", std::nullopt}};
+  CHECK(forced.render(msgs, {}) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+
+  TokenizerConfig odd;
+  odd.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}";
+  CHECK_THROWS_WITH(ChatTemplate::select("auto", odd, "x/tokenizer_config.json"),
+                    "x/tokenizer_config.json: chat_template not recognised (Tandem renders the ChatML/Qwen and Llama 3 "
+                    "families); set model.chat_template = \"chatml\" or \"llama3\" in the job config");
+}
+
+TEST_CASE("ChatML variants: Qwen2.5's default system prompt and Qwen3's thinking switch", "[tokenizer][chat]") {
+  TokenizerConfig qwen25;
+  qwen25.chat_template =
+      "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+      "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+      "helpful assistant.<|im_end|>\\n' }}{%- endif %}";
+  std::vector<ChatMessage> msgs = {{"user", "hi", std::nullopt}};
+  CHECK(ChatTemplate::select("auto", qwen25, "q").render(msgs, {}) ==
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+
+  auto qwen3 = Tokenizer::load(tokenizer_dir("qwen3"));
+  ChatOptions no_think;
+  no_think.enable_thinking = false;
+  CHECK(ChatTemplate::select("auto", qwen3->config(), "q").render(msgs, no_think) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+
+  std::vector<ChatMessage> bad = {{"narrator", "once upon a time", std::nullopt}};
+  CHECK_THROWS_WITH(ChatTemplate::select("auto", qwen3->config(), "q").render(bad, {}),
+                    "messages[0].role 'narrator' is not one of system, user, assistant, tool");
+}
