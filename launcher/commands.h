@@ -30,5 +30,7 @@ void log_effective_config(const Config& config);
 
 Action add_config_command(CLI::App& root);
 Action add_tokenize_command(CLI::App& root);
+Action add_make_model_command(CLI::App& root);
+Action add_generate_command(CLI::App& root);
 
 }  // namespace tandem::launcher

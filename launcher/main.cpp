@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   auto add = [&](Action a) { commands.emplace_back(app.get_subcommands({}).back(), std::move(a)); };
   add(add_config_command(app));
   add(add_tokenize_command(app));
+  add(add_make_model_command(app));
+  add(add_generate_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,200 @@
+#include "runtime/cpu/cpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace tandem::runtime::cpu {
+
+CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads)
+    : c_(config), w_(weights), pool_(pool), threads_(threads), kern_(cpu::kernels()) {
+  const int64_t half = c_.head_dim / 2;
+  inv_freq_.resize(static_cast<std::size_t>(half));
+  const auto& rs = c_.rope_scaling;
+  for (int64_t i = 0; i < half; ++i) {
+    // As Hugging Face computes it, in float32.
+    float f = static_cast<float>(1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c_.head_dim)));
+    if (rs.type == RopeScaling::Type::kLinear) {
+      f = static_cast<float>(f / rs.factor);
+    } else if (rs.type == RopeScaling::Type::kLlama3) {
+      const double old_len = static_cast<double>(rs.original_max_position_embeddings);
+      const double low_wavelen = old_len / rs.low_freq_factor;
+      const double high_wavelen = old_len / rs.high_freq_factor;
+      const double wavelen = 2.0 * M_PI / f;
+      double g = f;
+      if (wavelen > low_wavelen) g = f / rs.factor;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        g = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+      f = static_cast<float>(g);
+    }
+    inv_freq_[static_cast<std::size_t>(i)] = f;
+  }
+}
+
+void CpuModel::matmul(const float* x, int64_t rows, const Matrix& w, float* y, const std::vector<float>* bias) {
+  const int64_t n = w.rows;
+  const int64_t parts = threads_.size();
+  // Contiguous column ranges, multiples of 12 (both tile widths divide it).
+  const int64_t per = ((n + parts - 1) / parts + 11) / 12 * 12;
+  threads_.run(parts, [&](int64_t t) {
+    const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
+    if (n0 < n1) kern_.matmul(x, w.cols, rows, w, n0, n1, y, n);
+  });
+  if (bias) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) y[r * n + j] += (*bias)[static_cast<std::size_t>(j)];
+  }
+}
+
+void CpuModel::rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const {
+  const float ss = kern_.dot(x, x, n);
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(c_.rms_norm_eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = w[static_cast<std::size_t>(i)] * (x[i] * r);
+}
+
+void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
+  const auto& L = pool_.layout();
+  const int64_t hd = c_.head_dim, heads = c_.heads, group = c_.heads / c_.kv_heads;
+  const int64_t q_dim = heads * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* pool = pool_.data();
+  const int64_t rows = static_cast<int64_t>(rows_.size());
+  threads_.run(rows * heads, [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    const int64_t r = task / heads, h = task % heads, g = h / group;
+    const SeqChunk& ch = chunks[static_cast<std::size_t>(rows_[static_cast<std::size_t>(r)].chunk)];
+    const int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
+    const float* q = q_.data() + r * q_dim + h * hd;
+    // Mistral's sliding window: only the last `window` positions are visible.
+    const int64_t first = c_.sliding_window > 0 ? std::max<int64_t>(0, pos - c_.sliding_window + 1) : 0;
+    scores.resize(static_cast<std::size_t>(pos + 1));
+    float max = -INFINITY;
+    for (int64_t j = first; j <= pos; ++j) {
+      const int64_t blk = ch.block_table[static_cast<std::size_t>(j / L.block_size)];
+      const float* kj = pool + L.offset(blk, layer, 0, j % L.block_size) + g * hd;
+      scores[static_cast<std::size_t>(j)] = kern_.dot(q, kj, hd) * scale;
+      max = std::max(max, scores[static_cast<std::size_t>(j)]);
+    }
+    float sum = 0;
+    for (int64_t j = first; j <= pos; ++j) {
+      scores[static_cast<std::size_t>(j)] = std::exp(scores[static_cast<std::size_t>(j)] - max);
+      sum += scores[static_cast<std::size_t>(j)];
+    }
+    float* out = attn_.data() + r * q_dim + h * hd;
+    std::fill(out, out + hd, 0.0f);
+    for (int64_t j = first; j <= pos; ++j) {
+      const int64_t blk = ch.block_table[static_cast<std::size_t>(j / L.block_size)];
+      const float* vj = pool + L.offset(blk, layer, 1, j % L.block_size) + g * hd;
+      kern_.axpy(scores[static_cast<std::size_t>(j)] / sum, vj, out, hd);
+    }
+  });
+}
+
+void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
+  const auto& L = pool_.layout();
+  const int64_t H = c_.hidden, hd = c_.head_dim, half = hd / 2;
+  const int64_t q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
+
+  rows_.clear();
+  std::vector<int64_t> logit_rows;
+  for (std::size_t ci = 0; ci < chunks.size(); ++ci) {
+    const SeqChunk& ch = chunks[ci];
+    const int64_t end = ch.start_pos + static_cast<int64_t>(ch.tokens.size());
+    if (static_cast<int64_t>(ch.block_table.size()) * L.block_size < end) {
+      throw Error("internal: a sequence's block table covers " +
+                  std::to_string(ch.block_table.size() * static_cast<std::size_t>(L.block_size)) +
+                  " positions but the step needs " + std::to_string(end));
+    }
+    for (std::size_t t = 0; t < ch.tokens.size(); ++t) {
+      if (ch.logits_all || (ch.logits_last && t + 1 == ch.tokens.size()))
+        logit_rows.push_back(static_cast<int64_t>(rows_.size()));
+      rows_.push_back({static_cast<int64_t>(ci), ch.start_pos + static_cast<int64_t>(t)});
+    }
+  }
+  const int64_t R = static_cast<int64_t>(rows_.size());
+  auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+  x_.resize(sz(R * H));
+  xn_.resize(sz(R * std::max(H, q_dim)));
+  q_.resize(sz(R * q_dim));
+  kbuf_.resize(sz(R * kv_dim));
+  vbuf_.resize(sz(R * kv_dim));
+  attn_.resize(sz(R * q_dim));
+  gate_.resize(sz(R * c_.intermediate));
+  up_.resize(sz(R * c_.intermediate));
+  cos_.resize(sz(R * half));
+  sin_.resize(sz(R * half));
+
+  // Embeddings and the rotary table of each row's position (float32, as Hugging Face).
+  for (int64_t r = 0; r < R; ++r) {
+    const auto& ref = rows_[sz(r)];
+    const int32_t tok = chunks[sz(ref.chunk)].tokens[sz(ref.pos - chunks[sz(ref.chunk)].start_pos)];
+    if (tok < 0 || tok >= c_.vocab) throw Error("token id " + std::to_string(tok) + " is outside the vocabulary (0.." + std::to_string(c_.vocab - 1) + ")");
+    for (int64_t i = 0; i < H; ++i)
+      x_[sz(r * H + i)] = load_as_f32(w_.embed.data, w_.embed.dtype, sz(tok * H + i));
+    const float p = static_cast<float>(ref.pos);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = p * inv_freq_[sz(i)];
+      cos_[sz(r * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      sin_[sz(r * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+
+  auto rope = [&](float* v, int64_t r) {
+    const float* cs = cos_.data() + r * half;
+    const float* sn = sin_.data() + r * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cs[i] - b * sn[i];
+      v[i + half] = b * cs[i] + a * sn[i];
+    }
+  };
+
+  for (int64_t l = 0; l < c_.layers; ++l) {
+    const LayerWeights& lw = w_.layers[sz(l)];
+    for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.attn_norm, H, xn_.data() + r * H);
+    matmul(xn_.data(), R, lw.wq, q_.data(), c_.qkv_bias ? &lw.bq : nullptr);
+    matmul(xn_.data(), R, lw.wk, kbuf_.data(), c_.qkv_bias ? &lw.bk : nullptr);
+    matmul(xn_.data(), R, lw.wv, vbuf_.data(), c_.qkv_bias ? &lw.bv : nullptr);
+    float* pool = pool_.data();
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t h = 0; h < c_.heads; ++h) {
+        float* q = q_.data() + r * q_dim + h * hd;
+        if (c_.qk_norm) rms_norm(q, lw.q_norm, hd, q);
+        rope(q, r);
+      }
+      for (int64_t h = 0; h < c_.kv_heads; ++h) {
+        float* k = kbuf_.data() + r * kv_dim + h * hd;
+        if (c_.qk_norm) rms_norm(k, lw.k_norm, hd, k);
+        rope(k, r);
+      }
+      const auto& ref = rows_[sz(r)];
+      const int64_t blk = chunks[sz(ref.chunk)].block_table[sz(ref.pos / L.block_size)];
+      std::copy_n(kbuf_.data() + r * kv_dim, kv_dim, pool + L.offset(blk, l, 0, ref.pos % L.block_size));
+      std::copy_n(vbuf_.data() + r * kv_dim, kv_dim, pool + L.offset(blk, l, 1, ref.pos % L.block_size));
+    }
+    attention(l, chunks);
+    matmul(attn_.data(), R, lw.wo, xn_.data(), lw.bo.empty() ? nullptr : &lw.bo);
+    for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
+
+    for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.mlp_norm, H, xn_.data() + r * H);
+    matmul(xn_.data(), R, lw.w_gate, gate_.data());
+    matmul(xn_.data(), R, lw.w_up, up_.data());
+    for (int64_t i = 0; i < R * c_.intermediate; ++i) {
+      const float g = gate_[sz(i)];
+      gate_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * up_[sz(i)];
+    }
+    matmul(gate_.data(), R, lw.w_down, xn_.data());
+    for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
+  }
+
+  // Final norm and LM head for the rows that want logits only.
+  const int64_t LR = static_cast<int64_t>(logit_rows.size());
+  for (int64_t i = 0; i < LR; ++i) rms_norm(x_.data() + logit_rows[sz(i)] * H, w_.final_norm, H, xn_.data() + i * H);
+  logits.resize(sz(LR * c_.vocab));
+  if (LR > 0) matmul(xn_.data(), LR, w_.lm_head, logits.data());
+}
+
+}  // namespace tandem::runtime::cpu

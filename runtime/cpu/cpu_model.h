@@ -1,0 +1,69 @@
+// The decoder forward pass on the CPU over one engine step: a batch that mixes
+// prefill chunks and decode tokens of many sequences, reading and writing a
+// paged, block-major KV pool.
+//
+// Per layer, for all rows at once: RMSNorm -> q, k, v (+bias) -> (Qwen3: q/k
+// RMSNorm per head) -> RoPE -> K, V into the pool -> causal attention of each
+// row over its sequence's pool blocks -> o_proj -> residual -> RMSNorm ->
+// SwiGLU MLP -> residual. Then the final norm and the LM head, only for rows
+// that want logits. Every row's result is bitwise the same whatever else is
+// in the step (see kernels.h): that is what makes outputs reproducible across
+// batch sizes, chunk sizes, ranks and modes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "runtime/cpu/kernels.h"
+#include "runtime/cpu/thread_pool.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+
+namespace tandem::runtime::cpu {
+
+// One sequence's part of a step.
+struct SeqChunk {
+  int64_t start_pos = 0;                   // position of tokens[0] in its sequence
+  std::span<const int32_t> tokens;         // this step's tokens of the sequence
+  std::span<const int32_t> block_table;    // pool blocks covering positions [0, start_pos + tokens.size())
+  bool logits_last = false;                // logits for the last token (to sample the next one)
+  bool logits_all = false;                 // logits for every token (prompt logprobs)
+};
+
+class CpuModel {
+ public:
+  // config, weights and pool must outlive the model.
+  CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads);
+
+  // Runs one step. logits: [rows wanting logits][vocab], in chunk order, and
+  // within a chunk in position order. Throws tandem::Error on a block table
+  // too short for the positions it must hold.
+  void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits);
+
+  const KernelTable& kernels() const { return kern_; }
+
+ private:
+  void matmul(const float* x, int64_t rows, const Matrix& w, float* y, const std::vector<float>* bias = nullptr);
+  void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
+  void attention(int64_t layer, std::span<const SeqChunk> chunks);
+
+  const ModelConfig& c_;
+  const ModelWeights& w_;
+  kv::BlockPool& pool_;
+  ThreadPool& threads_;
+  const KernelTable& kern_;
+  std::vector<float> inv_freq_;  // [head_dim / 2], RoPE frequencies after scaling
+
+  // Step buffers, [rows][width].
+  std::vector<float> x_, xn_, q_, kbuf_, vbuf_, attn_, gate_, up_;
+  std::vector<float> cos_, sin_;  // [rows][head_dim / 2]
+  struct RowRef {
+    int64_t chunk;
+    int64_t pos;
+  };
+  std::vector<RowRef> rows_;
+};
+
+}  // namespace tandem::runtime::cpu

@@ -1,0 +1,20 @@
+// Registry of CPU kernel tables: the one place that picks an ISA.
+#include "runtime/cpu/kernels.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tandem::runtime::cpu {
+
+const KernelTable& kernels() {
+  static const KernelTable& chosen = [] () -> const KernelTable& {
+    // TANDEM_CPU_KERNELS=scalar forces the portable path (tests compare the two).
+    const char* force = std::getenv("TANDEM_CPU_KERNELS");
+    if (force && std::strcmp(force, "scalar") == 0) return scalar_kernels();
+    if (const KernelTable* t = avx2_kernels()) return *t;
+    return scalar_kernels();
+  }();
+  return chosen;
+}
+
+}  // namespace tandem::runtime::cpu

@@ -1,0 +1,34 @@
+// The CPU backend's inner loops, behind one table chosen at run time by ISA
+// (AVX2+FMA+F16C when the CPU has them, else scalar) — never by batch shape.
+//
+// Batch invariance, bit for bit: every reduction has one fixed order that
+// depends only on its length. A dot product of length K keeps 8 lanes (lane j
+// sums k = j, j+8, j+16, ... with fused multiply-add, in increasing k), folds
+// them as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then adds the K % 8 tail with
+// FMA in order. The AVX2 and scalar tables compute exactly this, so they agree
+// bitwise, and so does a matrix row whether it is computed alone, in a tile of
+// four, or on another thread.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/model/weights.h"
+
+namespace tandem::runtime::cpu {
+
+struct KernelTable {
+  const char* name;
+  // y[m * ldy + n] = dot(x[m * ldx ...], W row n) for m in [0, M), n in [n0, n1).
+  // x: float [M][K] (K = W.cols); W: [N][K] in f32, bf16 or f16.
+  void (*matmul)(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy);
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // y[i] = fma(a, x[i], y[i])
+  void (*axpy)(float a, const float* x, float* y, int64_t n);
+};
+
+const KernelTable& kernels();         // the best table this CPU runs
+const KernelTable& scalar_kernels();  // the portable reference
+const KernelTable* avx2_kernels();    // nullptr when not built or not supported here
+
+}  // namespace tandem::runtime::cpu

@@ -1,0 +1,128 @@
+// AVX2 + FMA + F16C kernels (this file alone is compiled with -mavx2 -mfma
+// -mf16c; it is called only after the CPU says it has them).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/cpu/kernels.h"
+
+namespace tandem::runtime::cpu {
+namespace {
+
+template <DType D>
+inline __m256 load8(const void* base, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else if constexpr (D == DType::kBF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i)));
+  }
+}
+
+template <DType D>
+inline float load1(const void* base, int64_t i) {
+  return load_as_f32(base, D, static_cast<std::size_t>(i));
+}
+
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))
+inline float fold(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_shuffle_ps(a, a, 1)));
+}
+
+// One MR x NR tile of y: rows x[0..MR), W rows w[0..NR) (each K long).
+template <DType D, int MR, int NR>
+inline void tile(const float* x, int64_t ldx, const void* w, int64_t K, float* y, int64_t ldy) {
+  __m256 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t{7};
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = load8<D>(w, n * K + k);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * ldx + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int n = 0; n < NR; ++n) {
+      float r = fold(acc[m][n]);
+      for (int64_t k = K8; k < K; ++k) r = std::fma(x[m * ldx + k], load1<D>(w, n * K + k), r);
+      y[m * ldy + n] = r;
+    }
+  }
+}
+
+// Rows are walked in cache blocks: a block of x rows stays in L2 while every
+// W row of this call streams past it. Blocking changes no arithmetic.
+template <DType D>
+void matmul_t(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+              int64_t ldy) {
+  const int64_t K = W.cols;
+  const std::size_t es = dtype_size(D);
+  const auto* wbase = static_cast<const uint8_t*>(W.data);
+  auto wrow = [&](int64_t n) { return wbase + static_cast<std::size_t>(n * K) * es; };
+  if (M < 4) {
+    for (int64_t m = 0; m < M; ++m) {
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4) tile<D, 1, 4>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+      for (; n < n1; ++n) tile<D, 1, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+    }
+    return;
+  }
+  const int64_t m_block = std::max<int64_t>(4, (int64_t{1} << 20) / (K * 4) / 4 * 4);  // ~1 MiB of x
+  const int64_t n_block = std::max<int64_t>(3, (int64_t{256} << 10) / (K * static_cast<int64_t>(es)) / 3 * 3);
+  for (int64_t mb = 0; mb < M; mb += m_block) {
+    const int64_t me = std::min(M, mb + m_block);
+    for (int64_t nb = n0; nb < n1; nb += n_block) {
+      const int64_t ne = std::min(n1, nb + n_block);
+      int64_t m = mb;
+      for (; m + 4 <= me; m += 4) {
+        int64_t n = nb;
+        for (; n + 3 <= ne; n += 3) tile<D, 4, 3>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+        for (; n < ne; ++n) tile<D, 4, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+      }
+      for (; m < me; ++m) {
+        int64_t n = nb;
+        for (; n + 4 <= ne; n += 4) tile<D, 1, 4>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+        for (; n < ne; ++n) tile<D, 1, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+      }
+    }
+  }
+}
+
+void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  switch (W.dtype) {
+    case DType::kF32: return matmul_t<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kBF16: return matmul_t<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kF16: return matmul_t<DType::kF16>(x, ldx, M, W, n0, n1, y, ldy);
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float r;
+  tile<DType::kF32, 1, 1>(a, 0, b, n, &r, 0);
+  return r;
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+}  // namespace
+
+const KernelTable* avx2_kernels() {
+  static const KernelTable t{"avx2", matmul, dot, axpy};
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return ok ? &t : nullptr;
+}
+
+}  // namespace tandem::runtime::cpu

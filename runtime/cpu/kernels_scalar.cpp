@@ -1,0 +1,65 @@
+// The portable kernel table: the exact arithmetic of kernels_avx2.cpp, in C++.
+#include <cmath>
+
+#include "runtime/cpu/kernels.h"
+
+namespace tandem::runtime::cpu {
+namespace {
+
+// The fixed 8-lane dot product described in kernels.h.
+template <class LoadB>
+float dot8(const float* a, LoadB b, int64_t n) {
+  float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t n8 = n & ~int64_t{7};
+  for (int64_t k = 0; k < n8; k += 8)
+    for (int j = 0; j < 8; ++j) l[j] = std::fma(a[k + j], b(k + j), l[j]);
+  float r = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+  for (int64_t k = n8; k < n; ++k) r = std::fma(a[k], b(k), r);
+  return r;
+}
+
+void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t K = W.cols;
+  for (int64_t n = n0; n < n1; ++n) {
+    const std::size_t row = static_cast<std::size_t>(n * K);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * ldx;
+      float r = 0;
+      switch (W.dtype) {
+        case DType::kF32: {
+          const float* w = static_cast<const float*>(W.data) + row;
+          r = dot8(xr, [w](int64_t k) { return w[k]; }, K);
+          break;
+        }
+        case DType::kBF16: {
+          const uint16_t* w = static_cast<const uint16_t*>(W.data) + row;
+          r = dot8(xr, [w](int64_t k) { return bf16_to_f32(w[k]); }, K);
+          break;
+        }
+        case DType::kF16: {
+          const uint16_t* w = static_cast<const uint16_t*>(W.data) + row;
+          r = dot8(xr, [w](int64_t k) { return f16_to_f32(w[k]); }, K);
+          break;
+        }
+      }
+      y[m * ldy + n] = r;
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  return dot8(a, [b](int64_t k) { return b[k]; }, n);
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+}  // namespace
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable t{"scalar", matmul, dot, axpy};
+  return t;
+}
+
+}  // namespace tandem::runtime::cpu

@@ -1,0 +1,270 @@
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace tandem::runtime {
+
+using Clock = std::chrono::steady_clock;
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+  }
+  return "";
+}
+
+struct Engine::Sequence {
+  EngineRequest req;
+  uint64_t arrival = 0;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int64_t n_prompt = 0;
+  int64_t computed = 0;         // tokens whose K/V are in the pool
+  std::vector<int32_t> blocks;
+  std::vector<PositionLogprobs> logprobs, prompt_logprobs;
+  std::optional<StreamDecoder> decoder;
+  std::string text;
+  bool stop_string_hit = false;
+  Clock::time_point added, first_token;
+  bool has_first = false;
+  int64_t preemptions = 0;
+  bool done = false;
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
+  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<std::size_t>(n_prompt)}; }
+  std::span<const int32_t> output() const {
+    return {tokens.data() + n_prompt, static_cast<std::size_t>(generated())};
+  }
+};
+
+Engine::Engine(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, cpu::ThreadPool& threads,
+               const Tokenizer* tokenizer, EngineOptions options)
+    : config_(config), pool_(pool), tokenizer_(tokenizer), options_(options),
+      max_model_len_(options.max_model_len > 0 ? std::min(options.max_model_len, config.max_position_embeddings)
+                                               : config.max_position_embeddings),
+      model_(config, weights, pool, threads) {}
+
+Engine::~Engine() = default;
+
+void Engine::add(EngineRequest request) {
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) throw Error("request " + std::to_string(request.id) + ": the prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= config_.vocab)
+      throw Error("request " + std::to_string(request.id) + ": token id " + std::to_string(t) +
+                  " is outside the vocabulary (0.." + std::to_string(config_.vocab - 1) + ")");
+  }
+  if (n >= max_model_len_) {
+    throw Error("request " + std::to_string(request.id) + ": the prompt has " + std::to_string(n) +
+                " tokens but the context holds " + std::to_string(max_model_len_) +
+                " (shorten the prompt or raise model.max_model_len)");
+  }
+  // A request that could not finish even alone in the pool would be preempted forever: refuse it now.
+  const int64_t longest = std::min(n + std::max<int64_t>(1, request.params.max_tokens), max_model_len_);
+  const int64_t pool_tokens = pool_.capacity() * pool_.layout().block_size;
+  if (longest > pool_tokens) {
+    throw Error("request " + std::to_string(request.id) + ": needs up to " + std::to_string(longest) +
+                " tokens of KV cache but the pool holds " + std::to_string(pool_tokens) +
+                " (raise kv.memory_gib or lower max_tokens)");
+  }
+  auto s = std::make_unique<Sequence>();
+  s->req = std::move(request);
+  s->arrival = arrivals_++;
+  s->tokens = s->req.prompt;
+  s->n_prompt = n;
+  s->added = Clock::now();
+  if (tokenizer_) s->decoder.emplace(*tokenizer_, true);
+  if (s->req.params.prompt_logprobs >= 0) s->prompt_logprobs.resize(static_cast<std::size_t>(n - 1));
+  waiting_.push_back(std::move(s));
+}
+
+void Engine::abort(uint64_t id) { aborted_.push_back(id); }
+
+bool Engine::ensure_blocks(Sequence& s, int64_t positions) {
+  const int64_t bs = pool_.layout().block_size;
+  const int64_t need = (positions + bs - 1) / bs - static_cast<int64_t>(s.blocks.size());
+  if (need <= 0) return true;
+  auto got = pool_.allocate(need);
+  if (!got) return false;
+  s.blocks.insert(s.blocks.end(), got->begin(), got->end());
+  return true;
+}
+
+void Engine::preempt(Sequence& s) {
+  pool_.release(s.blocks);
+  s.blocks.clear();
+  s.computed = 0;
+  ++s.preemptions;
+  ++stats_.preemptions;
+}
+
+EngineOutput Engine::finish(Sequence& s, FinishReason reason) {
+  pool_.release(s.blocks);
+  s.blocks.clear();
+  EngineOutput o;
+  o.id = s.req.id;
+  o.finished = true;
+  o.reason = reason;
+  o.tokens.assign(s.output().begin(), s.output().end());
+  if (s.decoder && !s.stop_string_hit) s.text += s.decoder->finish();
+  o.text = std::move(s.text);
+  o.logprobs = std::move(s.logprobs);
+  o.prompt_logprobs = std::move(s.prompt_logprobs);
+  o.prompt_tokens = s.n_prompt;
+  const auto now = Clock::now();
+  o.ttft_s = s.has_first ? std::chrono::duration<double>(s.first_token - s.added).count() : 0.0;
+  o.e2e_s = std::chrono::duration<double>(now - s.added).count();
+  o.preemptions = s.preemptions;
+  return o;
+}
+
+// After a token was appended: true when a stop string, stop token or EOS ends the sequence.
+bool Engine::finish_check(Sequence& s) {
+  const int32_t t = s.tokens.back();
+  const auto& p = s.req.params;
+  if (s.decoder && !s.stop_string_hit) {
+    s.text += s.decoder->push(t);
+    for (const auto& stop : p.stop) {
+      if (stop.empty()) continue;
+      const auto at = s.text.find(stop);
+      if (at != std::string::npos) {
+        s.text.resize(at);
+        s.stop_string_hit = true;
+        return true;
+      }
+    }
+  }
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end()) return true;
+  if (!p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), t) !=
+                           config_.eos_token_ids.end())
+    return true;
+  return false;
+}
+
+std::vector<EngineOutput> Engine::step() {
+  std::vector<EngineOutput> outputs;
+  // Aborts first: they free blocks for everyone else.
+  for (uint64_t id : aborted_) {
+    auto match = [id](const std::unique_ptr<Sequence>& s) { return s->req.id == id; };
+    if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end()) {
+      outputs.push_back(finish(**it, FinishReason::kAbort));
+      running_.erase(it);
+    } else if (auto wt = std::find_if(waiting_.begin(), waiting_.end(), match); wt != waiting_.end()) {
+      outputs.push_back(finish(**wt, FinishReason::kAbort));
+      waiting_.erase(wt);
+    }
+  }
+  aborted_.clear();
+
+  struct Planned {
+    Sequence* seq;
+    int64_t take;
+  };
+  std::vector<Planned> plan;
+  int64_t budget = options_.max_batched_tokens;
+
+  // 1. Running sequences, oldest first. Out of blocks: preempt the youngest.
+  for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
+    Sequence& s = **it;
+    const int64_t take = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    bool placed = ensure_blocks(s, s.computed + take);
+    while (!placed && &s != running_.back().get()) {
+      preempt(*running_.back());
+      waiting_.push_front(std::move(running_.back()));
+      running_.pop_back();
+      placed = ensure_blocks(s, s.computed + take);
+    }
+    if (!placed) {  // it is the youngest itself
+      preempt(s);
+      waiting_.push_front(std::move(*it));
+      it = running_.erase(it);
+      continue;
+    }
+    plan.push_back({&s, take});
+    budget -= take;
+    ++it;
+  }
+  // 2. Admit waiting sequences in order while budgets and blocks allow.
+  while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
+    Sequence& s = *waiting_.front();
+    const int64_t take = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    if (!ensure_blocks(s, s.computed + take)) break;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    plan.push_back({&s, take});
+    budget -= take;
+  }
+  if (plan.empty()) return outputs;
+
+  // 3. One forward pass over every planned chunk.
+  std::vector<cpu::SeqChunk> chunks;
+  chunks.reserve(plan.size());
+  for (const auto& [s, take] : plan) {
+    cpu::SeqChunk c;
+    c.start_pos = s->computed;
+    c.tokens = std::span<const int32_t>(s->tokens.data() + s->computed, static_cast<std::size_t>(take));
+    c.block_table = s->blocks;
+    c.logits_last = s->computed + take == static_cast<int64_t>(s->tokens.size());
+    c.logits_all = s->req.params.prompt_logprobs >= 0 && s->computed < s->n_prompt;
+    chunks.push_back(c);
+    if (s->computed < s->n_prompt) stats_.prefill_tokens += take;
+    else stats_.decode_tokens += take;
+  }
+  model_.forward(chunks, logits_);
+  ++stats_.steps;
+
+  // 4. Sample, check for the end, report.
+  const auto vocab = static_cast<std::size_t>(config_.vocab);
+  std::size_t row = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    Sequence& s = *plan[i].seq;
+    const cpu::SeqChunk& c = chunks[i];
+    if (c.logits_all) {
+      // Row t predicts position start_pos + t + 1.
+      for (std::size_t t = 0; t < c.tokens.size(); ++t) {
+        const int64_t target = c.start_pos + static_cast<int64_t>(t) + 1;
+        if (target < s.n_prompt) {
+          std::span<const float> lg(logits_.data() + (row + t) * vocab, vocab);
+          s.prompt_logprobs[static_cast<std::size_t>(target - 1)] =
+              logprobs_of(lg, s.tokens[static_cast<std::size_t>(target)], s.req.params.prompt_logprobs);
+        }
+      }
+      row += c.tokens.size() - (c.logits_last ? 1 : 0);
+    }
+    s.computed += plan[i].take;
+    if (!c.logits_last) continue;
+    std::span<float> lg(logits_.data() + row * vocab, vocab);
+    ++row;
+    const uint64_t step = static_cast<uint64_t>(s.generated());
+    std::vector<float> raw;
+    if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
+    const int32_t tok = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, step);
+    if (s.req.params.logprobs >= 0) s.logprobs.push_back(logprobs_of(raw, tok, s.req.params.logprobs));
+    s.tokens.push_back(tok);
+    if (!s.has_first) {
+      s.has_first = true;
+      s.first_token = Clock::now();
+    }
+    EngineOutput o;
+    o.id = s.req.id;
+    o.new_tokens = {tok};
+    const bool stopped = finish_check(s);
+    const bool length = s.generated() >= s.req.params.max_tokens ||
+                        static_cast<int64_t>(s.tokens.size()) >= max_model_len_;
+    if (stopped || length) {
+      EngineOutput done = finish(s, stopped ? FinishReason::kStop : FinishReason::kLength);
+      done.new_tokens = {tok};
+      outputs.push_back(std::move(done));
+      s.done = true;
+    } else {
+      outputs.push_back(std::move(o));
+    }
+  }
+  running_.remove_if([](const std::unique_ptr<Sequence>& s) { return s->done; });
+  return outputs;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,48 @@
+// Element types of weights and KV blocks, and exact conversions to float.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace tandem::runtime {
+
+enum class DType : uint8_t { kF32, kBF16, kF16 };
+
+std::size_t dtype_size(DType t);
+std::string_view dtype_name(DType t);  // "f32", "bf16", "f16"
+// From safetensors' names ("F32", "BF16", "F16") or ours; false when unknown.
+bool parse_dtype(std::string_view name, DType& out);
+
+inline float bf16_to_f32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even, as torch does; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// Element i of a tensor of type t, as float.
+inline float load_as_f32(const void* data, DType t, std::size_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+  }
+  return 0.0f;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,54 @@
+// config.json of a Hugging Face decoder-only checkpoint, as Tandem needs it.
+// Supported architectures: LlamaForCausalLM, MistralForCausalLM (same graph),
+// Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM (per-head q/k RMSNorm).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/model/dtype.h"
+
+namespace tandem::runtime {
+
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 } type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct ModelConfig {
+  std::string architecture;  // as in config.json, e.g. "Qwen3ForCausalLM"
+  int64_t hidden = 0;        // hidden_size
+  int64_t intermediate = 0;  // intermediate_size
+  int64_t layers = 0;        // num_hidden_layers
+  int64_t heads = 0;         // num_attention_heads
+  int64_t kv_heads = 0;      // num_key_value_heads
+  int64_t head_dim = 0;      // explicit head_dim, else hidden / heads
+  int64_t vocab = 0;         // vocab_size
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;  // Qwen2, or attention_bias: true
+  bool o_bias = false;    // attention_bias: true (Llama family; Qwen2 has none on o_proj)
+  int64_t sliding_window = 0;  // Mistral: attend to the last N positions only; 0: everything
+  bool qk_norm = false;   // Qwen3
+  DType dtype = DType::kBF16;  // torch_dtype
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+
+  // Reads DIR/config.json; throws tandem::Error with one line naming the file
+  // and the problem (missing field, unsupported architecture or dtype).
+  static ModelConfig load(const std::filesystem::path& model_dir);
+  static ModelConfig parse(const nlohmann::json& j, const std::string& where);
+  nlohmann::json to_json() const;  // config.json as Hugging Face writes it
+};
+
+}  // namespace tandem::runtime
