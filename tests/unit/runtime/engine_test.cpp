@@ -1,0 +1,255 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "common/error.h"
+#include "runtime/engine/engine.h"
+#include "test_model.h"
+
+using namespace tandem;
+using namespace tandem::runtime;
+
+namespace {
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
+  std::uniform_int_distribution<int32_t> d(0, 150000);
+  std::vector<int32_t> p(static_cast<std::size_t>(n));
+  for (auto& t : p) t = d(rng);
+  return p;
+}
+
+// A fresh pool and its block table for one sequence of up to n tokens.
+struct Seq {
+  std::vector<int32_t> tokens, blocks;
+};
+
+// Logits of every position of `target` computed alone in one chunk.
+std::vector<float> alone(const ModelConfig& c, const ModelWeights& w, const std::vector<int32_t>& target, int64_t chunk) {
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, 64);
+  cpu::ThreadPool threads(2);
+  cpu::CpuModel model(c, w, pool, threads);
+  auto blocks = *pool.allocate(static_cast<int64_t>((target.size() + 15) / 16));
+  std::vector<float> all, part;
+  for (std::size_t s = 0; s < target.size(); s += static_cast<std::size_t>(chunk)) {
+    cpu::SeqChunk ch;
+    ch.start_pos = static_cast<int64_t>(s);
+    ch.tokens = std::span<const int32_t>(target.data() + s, std::min<std::size_t>(static_cast<std::size_t>(chunk), target.size() - s));
+    ch.block_table = blocks;
+    ch.logits_all = true;
+    model.forward(std::span<const cpu::SeqChunk>(&ch, 1), part);
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
+}
+
+std::map<uint64_t, EngineOutput> run_all(Engine& e) {
+  std::map<uint64_t, EngineOutput> done;
+  int64_t guard = 0;
+  while (e.has_work()) {
+    REQUIRE(++guard < 100000);
+    for (auto& o : e.step())
+      if (o.finished) done[o.id] = std::move(o);
+  }
+  return done;
+}
+
+}  // namespace
+
+TEST_CASE("a row's logits are bitwise the same alone, among 64 others at any position, and in any chunking",
+          "[engine][invariance]") {
+  testing::TinyModel tiny;
+  const auto& c = tiny.config;
+  std::mt19937 rng(5);
+  const auto target = random_prompt(rng, 40);
+  const auto ref = alone(c, *tiny.weights, target, 512);
+  const auto V = static_cast<std::size_t>(c.vocab);
+
+  for (int64_t chunk : {1, 7, 16, 512}) {
+    INFO("prefill chunk " << chunk);
+    const auto got = alone(c, *tiny.weights, target, chunk);
+    REQUIRE(got.size() == ref.size());
+    REQUIRE(std::memcmp(got.data(), ref.data(), ref.size() * 4) == 0);
+  }
+
+  // 64 other sequences, each mid-way through its own prompt, with the target first, in the middle and last.
+  for (std::size_t where : {std::size_t{0}, std::size_t{32}, std::size_t{64}}) {
+    kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, 65 * 8);
+    cpu::ThreadPool threads(2);
+    cpu::CpuModel model(c, *tiny.weights, pool, threads);
+    std::vector<Seq> seqs(65);
+    std::vector<cpu::SeqChunk> chunks;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i].tokens = i == where ? target : random_prompt(rng, 1 + static_cast<int64_t>(rng() % 90));
+      seqs[i].blocks = *pool.allocate(8);
+    }
+    // Fill the others' caches with an earlier step so they sit at varied positions.
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      if (i == where || seqs[i].tokens.size() < 2) continue;
+      cpu::SeqChunk pre;
+      pre.tokens = std::span<const int32_t>(seqs[i].tokens.data(), seqs[i].tokens.size() / 2);
+      pre.block_table = seqs[i].blocks;
+      std::vector<float> ignore;
+      model.forward(std::span<const cpu::SeqChunk>(&pre, 1), ignore);
+    }
+    std::size_t target_row = 0, rows = 0;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      cpu::SeqChunk ch;
+      const std::size_t start = i == where || seqs[i].tokens.size() < 2 ? 0 : seqs[i].tokens.size() / 2;
+      ch.start_pos = static_cast<int64_t>(start);
+      ch.tokens = std::span<const int32_t>(seqs[i].tokens.data() + start, seqs[i].tokens.size() - start);
+      ch.block_table = seqs[i].blocks;
+      ch.logits_all = true;
+      if (i == where) target_row = rows;
+      rows += ch.tokens.size();
+      chunks.push_back(ch);
+    }
+    std::vector<float> logits;
+    model.forward(chunks, logits);
+    INFO("target at batch position " << where);
+    REQUIRE(std::memcmp(logits.data() + target_row * V, ref.data(), ref.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("generated tokens do not depend on what else is running", "[engine][invariance]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(9);
+  const auto target = random_prompt(rng, 23);
+  auto generate = [&](int64_t others, int64_t max_batched_tokens) {
+    kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 1024);
+    cpu::ThreadPool threads(2);
+    Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, {64, max_batched_tokens, 0});
+    std::mt19937 r2(1);
+    for (int64_t i = 0; i < others; ++i) {
+      EngineRequest q{static_cast<uint64_t>(100 + i), random_prompt(r2, 5 + static_cast<int64_t>(r2() % 60)), {}, 7};
+      q.params.max_tokens = 1 + static_cast<int64_t>(r2() % 30);
+      e.add(q);
+    }
+    EngineRequest t{1, target, {}, 42};
+    t.params.max_tokens = 24;
+    t.params.temperature = 0.8f;  // sampled, not greedy: the counter-based generator is tested too
+    t.params.ignore_eos = true;
+    e.add(t);
+    return run_all(e).at(1).tokens;
+  };
+  const auto ref = generate(0, 2048);
+  CHECK(ref.size() == 24);
+  CHECK(generate(40, 2048) == ref);
+  CHECK(generate(40, 19) == ref);  // small token budget: chunked prefill mixed with decodes
+}
+
+TEST_CASE("out of KV blocks: sequences are preempted and recomputed, outputs unchanged", "[engine][preemption]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(13);
+  std::vector<EngineRequest> reqs;
+  for (uint64_t i = 0; i < 12; ++i) {
+    EngineRequest q{i, random_prompt(rng, 20 + static_cast<int64_t>(rng() % 20)), {}, 1000 + i};
+    q.params.max_tokens = 40;
+    q.params.ignore_eos = true;
+    q.params.temperature = i % 2 ? 0.0f : 1.0f;
+    reqs.push_back(q);
+  }
+  auto run = [&](int64_t blocks, EngineStats& stats) {
+    kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, blocks);
+    cpu::ThreadPool threads(2);
+    Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, {64, 512, 0});
+    for (const auto& r : reqs) e.add(r);
+    auto out = run_all(e);
+    stats = e.stats();
+    CHECK(pool.num_free() == blocks);  // every block came back
+    return out;
+  };
+  EngineStats big, small;
+  const auto ref = run(1024, big);
+  const auto tight = run(10, small);  // 160 tokens of KV for 12 sequences of up to 80
+  CHECK(big.preemptions == 0);
+  CHECK(small.preemptions > 0);
+  REQUIRE(tight.size() == reqs.size());
+  for (const auto& r : reqs) {
+    INFO("request " << r.id);
+    CHECK(tight.at(r.id).tokens == ref.at(r.id).tokens);
+    CHECK(tight.at(r.id).tokens.size() == 40);
+  }
+}
+
+TEST_CASE("sampling options: stop tokens, stop strings, max_tokens, logprobs, prompt logprobs", "[engine][sampling]") {
+  testing::TinyModel tiny;
+  auto tok = Tokenizer::load(tiny.dir);
+  kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 256);
+  cpu::ThreadPool threads(2);
+  Engine e(tiny.config, *tiny.weights, pool, threads, tok.get(), {8, 256, 0});
+  const auto prompt = tok->encode("The quick brown fox", false);
+
+  EngineRequest greedy{1, prompt, {}, 0};
+  greedy.params.temperature = 0;
+  greedy.params.max_tokens = 12;
+  greedy.params.ignore_eos = true;
+  greedy.params.logprobs = 3;
+  greedy.params.prompt_logprobs = 2;
+  e.add(greedy);
+  auto out = run_all(e).at(1);
+  REQUIRE(out.tokens.size() == 12);
+  CHECK(out.reason == FinishReason::kLength);
+  REQUIRE(out.logprobs.size() == 12);
+  for (std::size_t i = 0; i < 12; ++i) {
+    CHECK(out.logprobs[i].chosen.token == out.tokens[i]);
+    REQUIRE(out.logprobs[i].top.size() == 3);
+    CHECK(out.logprobs[i].top[0].token == out.tokens[i]);  // greedy picks the most likely
+    CHECK(out.logprobs[i].chosen.logprob <= 0.0f);
+  }
+  REQUIRE(out.prompt_logprobs.size() == prompt.size() - 1);
+  CHECK(out.prompt_logprobs[0].chosen.token == prompt[1]);
+  CHECK(out.text == tok->decode(out.tokens, true));
+
+  // Stop at the third generated token, by id and by string.
+  EngineRequest by_id = greedy;
+  by_id.id = 2;
+  by_id.params.stop_token_ids = {out.tokens[2]};
+  e.add(by_id);
+  auto stopped = run_all(e).at(2);
+  CHECK(stopped.reason == FinishReason::kStop);
+  CHECK(stopped.tokens == std::vector<int32_t>(out.tokens.begin(), out.tokens.begin() + 3));
+
+  const std::string third = tok->decode(std::vector<int32_t>(out.tokens.begin(), out.tokens.begin() + 3), true);
+  const std::string first_two = tok->decode(std::vector<int32_t>(out.tokens.begin(), out.tokens.begin() + 2), true);
+  if (third.size() > first_two.size() && out.text.find(third.substr(first_two.size())) == first_two.size()) {
+    EngineRequest by_text = greedy;
+    by_text.id = 3;
+    by_text.params.stop = {third.substr(first_two.size())};
+    e.add(by_text);
+    auto s = run_all(e).at(3);
+    CHECK(s.reason == FinishReason::kStop);
+    CHECK(s.text == first_two);  // the stop string itself is not in the output
+  }
+
+  // Same seed, same draws; another seed, other draws.
+  auto sample = [&](uint64_t id, uint64_t key) {
+    EngineRequest r{id, prompt, {}, key};
+    r.params.temperature = 1.5f;
+    r.params.max_tokens = 16;
+    r.params.ignore_eos = true;
+    e.add(r);
+    return run_all(e).at(id).tokens;
+  };
+  CHECK(sample(10, 77) == sample(11, 77));
+  CHECK(sample(12, 77) != sample(13, 78));
+}
+
+TEST_CASE("requests the engine cannot serve are refused with one line", "[engine][errors]") {
+  testing::TinyModel tiny;
+  kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 4);
+  cpu::ThreadPool threads(1);
+  Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, {8, 256, 100});
+  EngineRequest r{1, {}, {}, 0};
+  CHECK_THROWS_WITH(e.add(r), "request 1: the prompt is empty");
+  r.prompt = std::vector<int32_t>(150, 5);
+  CHECK_THROWS_WITH(e.add(r), "request 1: the prompt has 150 tokens but the context holds 100 (shorten the prompt or "
+                              "raise model.max_model_len)");
+  r.prompt = {1, 2, 999999999};
+  CHECK_THROWS_WITH(e.add(r), Catch::Contains("token id 999999999 is outside the vocabulary"));
+  r.prompt = std::vector<int32_t>(60, 5);
+  r.params.max_tokens = 30;
+  CHECK_THROWS_WITH(e.add(r), Catch::Contains("needs up to 90 tokens of KV cache but the pool holds 64"));
+  CHECK_FALSE(e.has_work());
+}

@@ -1,0 +1,80 @@
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "runtime/cpu/kernels.h"
+
+using namespace tandem::runtime;
+using namespace tandem::runtime::cpu;
+
+namespace {
+
+struct RandomMatrix {
+  std::vector<uint8_t> bytes;
+  Matrix m;
+  RandomMatrix(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1, 1);
+    bytes.resize(static_cast<std::size_t>(rows * cols) * dtype_size(dt));
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float v = u(rng);
+      if (dt == DType::kF32) std::memcpy(bytes.data() + 4 * i, &v, 4);
+      else {
+        const uint16_t h = dt == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    }
+    m = Matrix{bytes.data(), dt, rows, cols};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("AVX2 and scalar kernels agree bit for bit, whatever the shape", "[kernels]") {
+  const KernelTable* avx2 = avx2_kernels();
+  if (!avx2) {
+    WARN("this CPU has no AVX2/FMA/F16C: only the scalar table runs here");
+    return;
+  }
+  const KernelTable& scalar = scalar_kernels();
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t K : {8, 64, 67, 1000}) {
+      for (int64_t M : {1, 3, 4, 5, 17}) {
+        const int64_t N = 13;
+        RandomMatrix w(dt, N, K, rng);
+        std::vector<float> x(static_cast<std::size_t>(M * K));
+        for (auto& v : x) v = u(rng);
+        std::vector<float> ya(static_cast<std::size_t>(M * N)), ys(ya.size());
+        avx2->matmul(x.data(), K, M, w.m, 0, N, ya.data(), N);
+        scalar.matmul(x.data(), K, M, w.m, 0, N, ys.data(), N);
+        INFO("dtype " << dtype_name(dt) << " K " << K << " M " << M);
+        REQUIRE(std::memcmp(ya.data(), ys.data(), ya.size() * 4) == 0);
+        // A row alone, or a column range on its own, gives the same bits.
+        std::vector<float> one(static_cast<std::size_t>(N));
+        avx2->matmul(x.data() + (M - 1) * K, K, 1, w.m, 0, N, one.data(), N);
+        REQUIRE(std::memcmp(one.data(), ya.data() + (M - 1) * N, one.size() * 4) == 0);
+        std::vector<float> part(static_cast<std::size_t>(M * N), 0.0f);
+        avx2->matmul(x.data(), K, M, w.m, 5, 9, part.data(), N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 5; n < 9; ++n) REQUIRE(part[m * N + n] == ya[m * N + n]);
+      }
+    }
+  }
+  std::vector<float> a(1003), b(1003), y1(1003), y2(1003);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = u(rng), b[i] = u(rng), y1[i] = y2[i] = u(rng);
+  CHECK(avx2->dot(a.data(), b.data(), 1003) == scalar.dot(a.data(), b.data(), 1003));
+  avx2->axpy(0.37f, a.data(), y1.data(), 1003);
+  scalar.axpy(0.37f, a.data(), y2.data(), 1003);
+  CHECK(y1 == y2);
+}
+
+TEST_CASE("bf16 and f16 conversions round to nearest even", "[kernels]") {
+  CHECK(bf16_to_f32(f32_to_bf16(1.0f)) == 1.0f);
+  CHECK(f32_to_bf16(1.00390625f) == 0x3F80);  // exactly halfway: to even
+  CHECK(f32_to_bf16(1.01171875f) == 0x3F82);
+  CHECK(f16_to_f32(f32_to_f16(0.333251953125f)) == 0.333251953125f);
+  CHECK(f16_to_f32(0x7BFF) == 65504.0f);
+  CHECK(f16_to_f32(0x0001) == std::ldexp(1.0f, -24));
+  for (uint32_t h = 0; h < 0x7C00; ++h) REQUIRE(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))) == h);
+}
