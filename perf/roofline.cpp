@@ -1,0 +1,99 @@
+#include "perf/roofline.h"
+
+#include <immintrin.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace tandem::perf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <class F>
+double timed_parallel(int threads, F body) {
+  std::vector<std::thread> pool;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
+  for (auto& t : pool) t.join();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Twelve independent accumulators, written out so they stay in registers
+// (an array of vectors may be spilled and then measures store forwarding).
+#define TANDEM_FMA12(FMA, V)                                                                          \
+  V a0 = init, a1 = init, a2 = init, a3 = init, a4 = init, a5 = init, a6 = init, a7 = init, a8 = init, \
+    a9 = init, a10 = init, a11 = init;                                                                 \
+  for (long k = 0; k < iters; ++k) {                                                                   \
+    a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);                  \
+    a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);                  \
+    a8 = FMA(a8, m, c), a9 = FMA(a9, m, c), a10 = FMA(a10, m, c), a11 = FMA(a11, m, c);              \
+  }
+
+__attribute__((target("avx2,fma"))) double fma_avx2(long iters) {
+  const __m256 init = _mm256_set1_ps(1.0f), m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  TANDEM_FMA12(_mm256_fmadd_ps, __m256)
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                 _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)),
+                                               _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11))));
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+__attribute__((target("avx512f"))) double fma_avx512(long iters) {
+  const __m512 init = _mm512_set1_ps(1.0f), m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  TANDEM_FMA12(_mm512_fmadd_ps, __m512)
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                 _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                               _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0];
+}
+#undef TANDEM_FMA12
+
+}  // namespace
+
+bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
+
+double triad_gbps(int threads) {
+  const std::size_t n = std::size_t{1} << 25;  // 32 Mi floats = 128 MiB per array
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
+  timed_parallel(threads, [&](int t) {  // first touch by the thread that will use the pages
+    const std::size_t lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
+    const std::size_t hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+    for (std::size_t i = lo; i < hi; ++i) a[i] = 0, b[i] = 1, c[i] = 2;
+  });
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    best = std::min(best, timed_parallel(threads, [&](int t) {
+      const std::size_t lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
+      const std::size_t hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+      float* __restrict pa = a.get();
+      const float* __restrict pb = b.get();
+      const float* __restrict pc = c.get();
+      for (std::size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+    }));
+  }
+  volatile float sink = a[n / 2];
+  (void)sink;
+  return 3.0 * 4.0 * static_cast<double>(n) / best / 1e9;
+}
+
+double fma_peak_gflops(int threads, bool avx512) {
+  const long iters = 50'000'000;
+  std::vector<double> sink(static_cast<std::size_t>(threads));
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    best = std::min(best, timed_parallel(threads, [&](int t) {
+      sink[static_cast<std::size_t>(t)] = avx512 ? fma_avx512(iters) : fma_avx2(iters);
+    }));
+  }
+  const double lanes = avx512 ? 16 : 8;
+  return 2.0 * lanes * 12.0 * static_cast<double>(iters) * threads / best / 1e9;
+}
+
+}  // namespace tandem::perf
