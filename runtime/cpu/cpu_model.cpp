@@ -64,32 +64,35 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
   const int64_t rows = static_cast<int64_t>(rows_.size());
   threads_.run(rows * heads, [&](int64_t task) {
     thread_local std::vector<float> scores;
+    thread_local std::vector<const float*> keys, values;
     const int64_t r = task / heads, h = task % heads, g = h / group;
     const SeqChunk& ch = chunks[static_cast<std::size_t>(rows_[static_cast<std::size_t>(r)].chunk)];
     const int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
-    const float* q = q_.data() + r * q_dim + h * hd;
     // Mistral's sliding window: only the last `window` positions are visible.
     const int64_t first = c_.sliding_window > 0 ? std::max<int64_t>(0, pos - c_.sliding_window + 1) : 0;
-    scores.resize(static_cast<std::size_t>(pos + 1));
-    float max = -INFINITY;
+    const int64_t n = pos + 1 - first;
+    keys.resize(static_cast<std::size_t>(n));
+    values.resize(static_cast<std::size_t>(n));
+    scores.resize(static_cast<std::size_t>(n));
     for (int64_t j = first; j <= pos; ++j) {
       const int64_t blk = ch.block_table[static_cast<std::size_t>(j / L.block_size)];
-      const float* kj = pool + L.offset(blk, layer, 0, j % L.block_size) + g * hd;
-      scores[static_cast<std::size_t>(j)] = kern_.dot(q, kj, hd) * scale;
+      keys[static_cast<std::size_t>(j - first)] = pool + L.offset(blk, layer, 0, j % L.block_size) + g * hd;
+      values[static_cast<std::size_t>(j - first)] = pool + L.offset(blk, layer, 1, j % L.block_size) + g * hd;
+    }
+    const float* q = q_.data() + r * q_dim + h * hd;
+    kern_.dot_rows(q, keys.data(), n, hd, scores.data());
+    float max = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      scores[static_cast<std::size_t>(j)] *= scale;
       max = std::max(max, scores[static_cast<std::size_t>(j)]);
     }
     float sum = 0;
-    for (int64_t j = first; j <= pos; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       scores[static_cast<std::size_t>(j)] = std::exp(scores[static_cast<std::size_t>(j)] - max);
       sum += scores[static_cast<std::size_t>(j)];
     }
-    float* out = attn_.data() + r * q_dim + h * hd;
-    std::fill(out, out + hd, 0.0f);
-    for (int64_t j = first; j <= pos; ++j) {
-      const int64_t blk = ch.block_table[static_cast<std::size_t>(j / L.block_size)];
-      const float* vj = pool + L.offset(blk, layer, 1, j % L.block_size) + g * hd;
-      kern_.axpy(scores[static_cast<std::size_t>(j)] / sum, vj, out, hd);
-    }
+    for (int64_t j = 0; j < n; ++j) scores[static_cast<std::size_t>(j)] /= sum;
+    kern_.weighted_sum(scores.data(), values.data(), n, hd, attn_.data() + r * q_dim + h * hd);
   });
 }
 

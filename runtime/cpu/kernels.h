@@ -25,6 +25,11 @@ struct KernelTable {
   float (*dot)(const float* a, const float* b, int64_t n);
   // y[i] = fma(a, x[i], y[i])
   void (*axpy)(float a, const float* x, float* y, int64_t n);
+  // out[r] = dot(q, rows[r], n) for r in [0, count): bitwise as dot(), faster.
+  void (*dot_rows)(const float* q, const float* const* rows, int64_t count, int64_t n, float* out);
+  // out = 0, then for r in order: axpy(w[r], rows[r], out, n): bitwise as
+  // that loop, with out kept in registers.
+  void (*weighted_sum)(const float* w, const float* const* rows, int64_t count, int64_t n, float* out);
 };
 
 const KernelTable& kernels();         // the best table this CPU runs

@@ -124,10 +124,51 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
+// Four rows at a time: four independent 8-lane chains, each exactly dot().
+void dot_rows(const float* q, const float* const* rows, int64_t count, int64_t n, float* out) {
+  const int64_t n8 = n & ~int64_t{7};
+  int64_t r = 0;
+  for (; r + 4 <= count; r += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float *p0 = rows[r], *p1 = rows[r + 1], *p2 = rows[r + 2], *p3 = rows[r + 3];
+    for (int64_t k = 0; k < n8; k += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + k);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p0 + k), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p1 + k), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p2 + k), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p3 + k), a3);
+    }
+    float v[4] = {fold(a0), fold(a1), fold(a2), fold(a3)};
+    const float* ps[4] = {p0, p1, p2, p3};
+    for (int i = 0; i < 4; ++i) {
+      for (int64_t k = n8; k < n; ++k) v[i] = std::fma(q[k], ps[i][k], v[i]);
+      out[r + i] = v[i];
+    }
+  }
+  for (; r < count; ++r) out[r] = dot(q, rows[r], n);
+}
+
+// Columns in chunks of 64 held in eight registers across every row.
+void weighted_sum(const float* w, const float* const* rows, int64_t count, int64_t n, float* out) {
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t r = 0; r < count; ++r) {
+      const __m256 wv = _mm256_set1_ps(w[r]);
+      const float* row = rows[r] + c;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, acc[i]);
+  }
+  for (int64_t i = c; i < n; ++i) out[i] = 0.0f;
+  for (int64_t r = 0; r < count; ++r) axpy(w[r], rows[r] + c, out + c, n - c);
+}
+
 }  // namespace
 
 const KernelTable* avx2_kernels() {
-  static const KernelTable t{"avx2", matmul, dot, axpy};
+  static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum};
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return ok ? &t : nullptr;
 }

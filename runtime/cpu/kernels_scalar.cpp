@@ -55,10 +55,19 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
+void dot_rows(const float* q, const float* const* rows, int64_t count, int64_t n, float* out) {
+  for (int64_t r = 0; r < count; ++r) out[r] = dot(q, rows[r], n);
+}
+
+void weighted_sum(const float* w, const float* const* rows, int64_t count, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
+  for (int64_t r = 0; r < count; ++r) axpy(w[r], rows[r], out, n);
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable t{"scalar", matmul, dot, axpy};
+  static const KernelTable t{"scalar", matmul, dot, axpy, dot_rows, weighted_sum};
   return t;
 }
 

@@ -67,6 +67,31 @@ TEST_CASE("AVX2 and scalar kernels agree bit for bit, whatever the shape", "[ker
   avx2->axpy(0.37f, a.data(), y1.data(), 1003);
   scalar.axpy(0.37f, a.data(), y2.data(), 1003);
   CHECK(y1 == y2);
+
+  // The attention kernels against the loops they stand for, on both tables.
+  for (int64_t n : {16, 64, 128, 136}) {
+    for (int64_t count : {1, 3, 4, 9, 130}) {
+      std::vector<std::vector<float>> rows(static_cast<std::size_t>(count), std::vector<float>(static_cast<std::size_t>(n)));
+      std::vector<const float*> ptrs;
+      for (auto& r : rows) {
+        for (auto& v : r) v = u(rng);
+        ptrs.push_back(r.data());
+      }
+      std::vector<float> q(static_cast<std::size_t>(n)), w(static_cast<std::size_t>(count));
+      for (auto& v : q) v = u(rng);
+      for (auto& v : w) v = u(rng);
+      for (const KernelTable* t : {avx2, &scalar}) {
+        INFO(t->name << " n " << n << " count " << count);
+        std::vector<float> scores(static_cast<std::size_t>(count));
+        t->dot_rows(q.data(), ptrs.data(), count, n, scores.data());
+        for (int64_t r = 0; r < count; ++r) REQUIRE(scores[r] == scalar.dot(q.data(), ptrs[r], n));
+        std::vector<float> sum(static_cast<std::size_t>(n), 123.0f), ref(static_cast<std::size_t>(n), 0.0f);
+        t->weighted_sum(w.data(), ptrs.data(), count, n, sum.data());
+        for (int64_t r = 0; r < count; ++r) scalar.axpy(w[r], ptrs[r], ref.data(), n);
+        REQUIRE(sum == ref);
+      }
+    }
+  }
 }
 
 TEST_CASE("bf16 and f16 conversions round to nearest even", "[kernels]") {
