@@ -34,18 +34,22 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
   }
 }
 
-void CpuModel::matmul(const float* x, int64_t rows, const Matrix& w, float* y, const std::vector<float>* bias) {
-  const int64_t n = w.rows;
+void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Product> products) {
   const int64_t parts = threads_.size();
-  // Contiguous column ranges, multiples of 12 (both tile widths divide it).
-  const int64_t per = ((n + parts - 1) / parts + 11) / 12 * 12;
   threads_.run(parts, [&](int64_t t) {
-    const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
-    if (n0 < n1) kern_.matmul(x, w.cols, rows, w, n0, n1, y, n);
+    for (const Product& p : products) {
+      // Contiguous column ranges, multiples of 12 (both tile widths divide it).
+      const int64_t n = p.w->rows;
+      const int64_t per = ((n + parts - 1) / parts + 11) / 12 * 12;
+      const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
+      if (n0 < n1) kern_.matmul(x, p.w->cols, rows, *p.w, n0, n1, p.y, n);
+    }
   });
-  if (bias) {
+  for (const Product& p : products) {
+    if (!p.bias) continue;
+    const int64_t n = p.w->rows;
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < n; ++j) y[r * n + j] += (*bias)[static_cast<std::size_t>(j)];
+      for (int64_t j = 0; j < n; ++j) p.y[r * n + j] += (*p.bias)[static_cast<std::size_t>(j)];
   }
 }
 
@@ -158,9 +162,11 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
   for (int64_t l = 0; l < c_.layers; ++l) {
     const LayerWeights& lw = w_.layers[sz(l)];
     for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.attn_norm, H, xn_.data() + r * H);
-    matmul(xn_.data(), R, lw.wq, q_.data(), c_.qkv_bias ? &lw.bq : nullptr);
-    matmul(xn_.data(), R, lw.wk, kbuf_.data(), c_.qkv_bias ? &lw.bk : nullptr);
-    matmul(xn_.data(), R, lw.wv, vbuf_.data(), c_.qkv_bias ? &lw.bv : nullptr);
+    const bool b = c_.qkv_bias;
+    matmul(xn_.data(), R,
+           {{&lw.wq, q_.data(), b ? &lw.bq : nullptr},
+            {&lw.wk, kbuf_.data(), b ? &lw.bk : nullptr},
+            {&lw.wv, vbuf_.data(), b ? &lw.bv : nullptr}});
     float* pool = pool_.data();
     for (int64_t r = 0; r < R; ++r) {
       for (int64_t h = 0; h < c_.heads; ++h) {
@@ -179,17 +185,16 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
       std::copy_n(vbuf_.data() + r * kv_dim, kv_dim, pool + L.offset(blk, l, 1, ref.pos % L.block_size));
     }
     attention(l, chunks);
-    matmul(attn_.data(), R, lw.wo, xn_.data(), lw.bo.empty() ? nullptr : &lw.bo);
+    matmul(attn_.data(), R, {{&lw.wo, xn_.data(), lw.bo.empty() ? nullptr : &lw.bo}});
     for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
 
     for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.mlp_norm, H, xn_.data() + r * H);
-    matmul(xn_.data(), R, lw.w_gate, gate_.data());
-    matmul(xn_.data(), R, lw.w_up, up_.data());
+    matmul(xn_.data(), R, {{&lw.w_gate, gate_.data(), nullptr}, {&lw.w_up, up_.data(), nullptr}});
     for (int64_t i = 0; i < R * c_.intermediate; ++i) {
       const float g = gate_[sz(i)];
       gate_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * up_[sz(i)];
     }
-    matmul(gate_.data(), R, lw.w_down, xn_.data());
+    matmul(gate_.data(), R, {{&lw.w_down, xn_.data(), nullptr}});
     for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
   }
 
@@ -197,7 +202,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
   const int64_t LR = static_cast<int64_t>(logit_rows.size());
   for (int64_t i = 0; i < LR; ++i) rms_norm(x_.data() + logit_rows[sz(i)] * H, w_.final_norm, H, xn_.data() + i * H);
   logits.resize(sz(LR * c_.vocab));
-  if (LR > 0) matmul(xn_.data(), LR, w_.lm_head, logits.data());
+  if (LR > 0) matmul(xn_.data(), LR, {{&w_.lm_head, logits.data(), nullptr}});
 }
 
 }  // namespace tandem::runtime::cpu

@@ -45,7 +45,14 @@ class CpuModel {
   const KernelTable& kernels() const { return kern_; }
 
  private:
-  void matmul(const float* x, int64_t rows, const Matrix& w, float* y, const std::vector<float>* bias = nullptr);
+  struct Product {
+    const Matrix* w;
+    float* y;                         // [rows][w->rows]
+    const std::vector<float>* bias;   // [w->rows] or null
+  };
+  // y = x W^T (+ bias) for every product, all in one pass over the threads
+  // (one wake-up instead of one per matrix: decode steps are short).
+  void matmul(const float* x, int64_t rows, std::initializer_list<Product> products);
   void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
 

@@ -1,11 +1,11 @@
 // The CPU backend's inner loops, behind one table chosen at run time by ISA
-// (AVX2+FMA+F16C when the CPU has them, else scalar) — never by batch shape.
+// (AVX-512, else AVX2+FMA+F16C, else scalar) — never by batch shape.
 //
 // Batch invariance, bit for bit: every reduction has one fixed order that
 // depends only on its length. A dot product of length K keeps 8 lanes (lane j
 // sums k = j, j+8, j+16, ... with fused multiply-add, in increasing k), folds
 // them as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then adds the K % 8 tail with
-// FMA in order. The AVX2 and scalar tables compute exactly this, so they agree
+// FMA in order. The AVX-512, AVX2 and scalar tables compute exactly this, so they agree
 // bitwise, and so does a matrix row whether it is computed alone, in a tile of
 // four, or on another thread.
 #pragma once
@@ -35,5 +35,6 @@ struct KernelTable {
 const KernelTable& kernels();         // the best table this CPU runs
 const KernelTable& scalar_kernels();  // the portable reference
 const KernelTable* avx2_kernels();    // nullptr when not built or not supported here
+const KernelTable* avx512_kernels();  // AVX-512 matrix tiles over the AVX2 table; nullptr when unsupported
 
 }  // namespace tandem::runtime::cpu

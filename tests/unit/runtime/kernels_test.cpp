@@ -29,7 +29,7 @@ struct RandomMatrix {
 
 }  // namespace
 
-TEST_CASE("AVX2 and scalar kernels agree bit for bit, whatever the shape", "[kernels]") {
+TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shape", "[kernels]") {
   const KernelTable* avx2 = avx2_kernels();
   if (!avx2) {
     WARN("this CPU has no AVX2/FMA/F16C: only the scalar table runs here");
@@ -50,6 +50,11 @@ TEST_CASE("AVX2 and scalar kernels agree bit for bit, whatever the shape", "[ker
         scalar.matmul(x.data(), K, M, w.m, 0, N, ys.data(), N);
         INFO("dtype " << dtype_name(dt) << " K " << K << " M " << M);
         REQUIRE(std::memcmp(ya.data(), ys.data(), ya.size() * 4) == 0);
+        if (const KernelTable* avx512 = avx512_kernels()) {
+          std::vector<float> y5(ya.size());
+          avx512->matmul(x.data(), K, M, w.m, 0, N, y5.data(), N);
+          REQUIRE(std::memcmp(y5.data(), ys.data(), ya.size() * 4) == 0);
+        }
         // A row alone, or a column range on its own, gives the same bits.
         std::vector<float> one(static_cast<std::size_t>(N));
         avx2->matmul(x.data() + (M - 1) * K, K, 1, w.m, 0, N, one.data(), N);
