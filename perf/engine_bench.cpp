@@ -151,15 +151,21 @@ int main(int argc, char** argv) {
     if (has512) std::printf(", %5.1f%% of AVX-512 FMA peak", 100.0 * gflops / peak512);
     std::printf("\n");
 
-    const double roof1 = triad * 1e9 / weight_bytes;
+    // A decode step reads every matrix once (the bandwidth roofline: triad / bytes) and does
+    // 2 flops per weight per sequence, the LM head included (the compute roofline).
+    const double roof_steps = triad * 1e9 / weight_bytes;
+    const double lm_params = static_cast<double>(w->lm_head.rows * w->lm_head.cols);
+    const double peak = has512 ? peak512 : peak2;
+    std::printf("decode rooflines: %.1f steps/s from bandwidth; compute peak %.0f GFLOP/s (%s)\n", roof_steps, peak,
+                has512 ? "AVX-512" : "AVX2");
     for (int64_t n : {1, 8, 32, 64}) {
       const Run d = decode(c, *w, threads, n, quick ? 8 : 24);
       const double tps = static_cast<double>(d.tokens) / d.seconds;
       const double step_s = d.seconds / (static_cast<double>(d.tokens) / static_cast<double>(n));
-      // Roofline of one step: the weights once, at triad bandwidth (KV reads are small here).
-      std::printf("decode, %3ld sequences: %8.1f tokens/s, %6.1f ms/step = %5.1f%% of the bandwidth roofline "
-                  "(%.1f steps/s)\n",
-                  static_cast<long>(n), tps, 1e3 * step_s, 100.0 * (1.0 / step_s) / roof1, roof1);
+      const double gf = tps * 2.0 * (matmul_params + lm_params) / 1e9;
+      std::printf("decode, %3ld sequences: %8.1f tokens/s, %6.1f ms/step = %5.1f%% of the bandwidth roofline, "
+                  "%6.1f GFLOP/s = %5.1f%% of FMA peak\n",
+                  static_cast<long>(n), tps, 1e3 * step_s, 100.0 * (1.0 / step_s) / roof_steps, gf, 100.0 * gf / peak);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());
