@@ -30,6 +30,8 @@ struct JobConfig {
   int64_t seed = 0;                         // sampling seed for requests without one
   double drain_seconds = 60.0;              // after USR1/TERM: time to finish in-flight work
   double flush_seconds = 10.0;              // fsync output + checkpoint at least this often
+  double progress_seconds = 30.0;           // a progress line this often when stderr is not a terminal
+  std::string summary;                      // summary JSON; empty: <output>.summary.json
   bool resume = true;                       // skip custom_ids already in the checkpoint
 };
 
@@ -42,7 +44,7 @@ struct ClusterConfig {
 
 struct RouterConfig {
   std::string policy = "kv_aware";   // kv_aware | round_robin | least_loaded
-  int64_t local_prefill_tokens = 0;  // prompts with fewer uncached tokens prefill on their decode rank
+  int64_t local_prefill_tokens = 256;  // prompts with fewer uncached tokens prefill on their decode rank
   int64_t reorder_window = 0;        // requests looked ahead to group shared prefixes; 0: off
   double overlap_weight_device = 1.0;
   double overlap_weight_host = 0.75;

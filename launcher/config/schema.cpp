@@ -64,7 +64,7 @@ std::vector<KeySpec> build_schema() {
       // [model]
       key("model", "path", &C::model, &ModelConfig::path)
           .doc("Hugging Face model directory: config.json, *.safetensors, tokenizer.json.")
-          .pending(kRun),
+          ,
       key("model", "dtype", &C::model, &ModelConfig::dtype)
           .choices({"auto", "f32", "bf16", "f16"})
           .doc("Weight dtype in memory; auto keeps the checkpoint's.")
@@ -72,18 +72,18 @@ std::vector<KeySpec> build_schema() {
       key("model", "backend", &C::model, &ModelConfig::backend)
           .choices({"cpu", "cuda"})
           .doc("Compute backend of the worker ranks.")
-          .pending(kRun),
+          ,
       key("model", "chat_template", &C::model, &ModelConfig::chat_template)
           .choices({"auto", "chatml", "llama3"})
           .doc("Chat format for `messages`; auto recognises the model's own template.")
-          .pending(kRun),
+          ,
       key("model", "served_name", &C::model, &ModelConfig::served_name)
           .doc("Model name in API responses and /v1/models; empty: the model directory's name.")
           .pending("tandem serve"),
       key("model", "max_model_len", &C::model, &ModelConfig::max_model_len)
           .at_least(0)
           .doc("Longest prompt plus completion, in tokens; 0: the model's max_position_embeddings.")
-          .pending(kRun),
+          ,
       // [job]
       key("job", "mode", &C::job, &JobConfig::mode)
           .choices({"disagg", "agg", "auto"})
@@ -92,14 +92,14 @@ std::vector<KeySpec> build_schema() {
           .pending(kRun),
       key("job", "input", &C::job, &JobConfig::input)
           .doc("Input file, OpenAI-Batch JSONL.")
-          .pending(kRun),
+          ,
       key("job", "output", &C::job, &JobConfig::output)
           .doc("Output file, OpenAI-Batch output JSONL, appended to.")
-          .pending(kRun),
+          ,
       key("job", "output_order", &C::job, &JobConfig::output_order)
           .choices({"completion", "input"})
           .doc("completion: write each result when it is done; input: keep the input's order.")
-          .pending(kRun),
+          ,
       key("job", "epoch_requests", &C::job, &JobConfig::epoch_requests)
           .at_least(1)
           .doc("Requests per epoch; the planner may re-split ranks between epochs.")
@@ -107,15 +107,15 @@ std::vector<KeySpec> build_schema() {
       key("job", "max_num_seqs", &C::job, &JobConfig::max_num_seqs)
           .at_least(1).at_most(65536)
           .doc("Sequences running at once on one worker.")
-          .pending(kRun),
+          ,
       key("job", "max_batched_tokens", &C::job, &JobConfig::max_batched_tokens)
           .at_least(1)
           .doc("Token budget of one engine step on one worker (prefill chunks plus decode tokens).")
-          .pending(kRun),
+          ,
       key("job", "seed", &C::job, &JobConfig::seed)
           .at_least(0)
           .doc("Sampling seed for requests that carry none.")
-          .pending(kRun),
+          ,
       key("job", "drain_seconds", &C::job, &JobConfig::drain_seconds)
           .at_least(0)
           .doc("After USR1 or TERM, seconds to let in-flight requests finish before exiting.")
@@ -123,7 +123,12 @@ std::vector<KeySpec> build_schema() {
       key("job", "flush_seconds", &C::job, &JobConfig::flush_seconds)
           .at_least(0.01)
           .doc("Output and checkpoint are fsync'd at least this often, in seconds.")
-          .pending("Slurm"),
+          ,
+      key("job", "progress_seconds", &C::job, &JobConfig::progress_seconds)
+          .at_least(0.1)
+          .doc("When stderr is not a terminal (a Slurm log), one progress line this often, in seconds."),
+      key("job", "summary", &C::job, &JobConfig::summary)
+          .doc("Where the job's summary JSON goes; empty: next to the output as <output>.summary.json."),
       key("job", "resume", &C::job, &JobConfig::resume)
           .doc("Skip requests whose custom_id is already in the output's checkpoint.")
           .pending("Slurm"),
@@ -143,7 +148,7 @@ std::vector<KeySpec> build_schema() {
       key("cluster", "threads_per_rank", &C::cluster, &ClusterConfig::threads_per_rank)
           .at_least(0)
           .doc("Compute threads per worker rank; 0: the CPUs the rank may run on.")
-          .pending(kRun),
+          ,
       // [router]
       key("router", "policy", &C::router, &RouterConfig::policy)
           .choices({"kv_aware", "round_robin", "least_loaded"})
@@ -187,11 +192,11 @@ std::vector<KeySpec> build_schema() {
       key("kv", "block_size", &C::kv, &KvConfig::block_size)
           .at_least(1).at_most(1024)
           .doc("Tokens per KV block: the unit of allocation, transfer, hashing and offload.")
-          .pending(kRun),
+          ,
       key("kv", "memory_gib", &C::kv, &KvConfig::memory_gib)
           .at_least(0)
           .doc("KV pool per worker in GiB; 0: the memory left after the weights, less 10%.")
-          .pending(kRun),
+          ,
       key("kv", "host_cache_gib", &C::kv, &KvConfig::host_cache_gib)
           .at_least(0)
           .doc("Host-memory tier (G2) for evicted blocks, in GiB; 0: off.")

@@ -1,0 +1,222 @@
+#include "launcher/run/router_loop.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "launcher/run/worker_core.h"
+
+namespace tandem::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Appends lines to the output, in completion order or in input order through
+// a reorder buffer; fsyncs at least every flush_seconds.
+class OutputWriter {
+ public:
+  OutputWriter(const std::string& path, bool input_order, double flush_seconds)
+      : path_(path), input_order_(input_order), flush_seconds_(flush_seconds) {
+    file_ = std::fopen(path.c_str(), "a");
+    if (!file_) throw Error(path + ": cannot open the output for appending (" + std::strerror(errno) + ")");
+  }
+  ~OutputWriter() {
+    if (file_) std::fclose(file_);
+  }
+  void put(uint64_t index, std::string line) {
+    if (!input_order_) return write(line);
+    buffer_.emplace(index, std::move(line));
+    while (!buffer_.empty() && buffer_.begin()->first == next_) {
+      write(buffer_.begin()->second);
+      buffer_.erase(buffer_.begin());
+      ++next_;
+    }
+  }
+  // Input order: an index that produces no line (a blank input line) must still advance the order.
+  void skip(uint64_t index) {
+    if (input_order_) put(index, std::string());
+  }
+  std::size_t buffered() const { return buffer_.size(); }
+  void sync() {
+    std::fflush(file_);
+    ::fsync(::fileno(file_));
+    last_sync_ = Clock::now();
+  }
+  void maybe_sync() {
+    if (std::chrono::duration<double>(Clock::now() - last_sync_).count() >= flush_seconds_) sync();
+  }
+
+ private:
+  void write(const std::string& line) {
+    if (line.empty()) return;
+    if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) < 0)
+      throw Error(path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
+  }
+  std::string path_;
+  bool input_order_;
+  double flush_seconds_;
+  std::FILE* file_ = nullptr;
+  std::map<uint64_t, std::string> buffer_;
+  uint64_t next_ = 0;
+  Clock::time_point last_sync_ = Clock::now();
+};
+
+struct InFlight {
+  router::BatchRequest request;
+  std::vector<int32_t> prompt;
+  int worker = 0;
+};
+
+}  // namespace
+
+nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
+  const Config& cfg = *s.config;
+  std::ifstream in(s.input);
+  if (!in) throw Error(s.input + ": cannot read the input (" + std::strerror(errno) + ")");
+  OutputWriter out(s.output, cfg.job.output_order == "input", cfg.job.flush_seconds);
+  router::JobStats stats;
+  const auto start = Clock::now();
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto last_progress = start;
+
+  std::unordered_set<std::string> seen_ids;
+  std::unordered_map<uint64_t, InFlight> in_flight;
+  std::map<int, int64_t> load;  // requests in flight per worker
+  const auto workers = link.workers();
+  for (int w : workers) load[w] = 0;
+  const int64_t capacity = s.window_per_worker * static_cast<int64_t>(workers.size());
+  // Input order holds finished lines until their turn: bound that too.
+  const std::size_t reorder_limit = static_cast<std::size_t>(std::max<int64_t>(capacity * 8, 1024));
+
+  uint64_t index = 0;
+  bool input_done = false;
+  int64_t lines_read = 0;
+  std::vector<WireResult> results;
+
+  auto fail = [&](uint64_t i, const router::LineError& e) {
+    out.put(i, router::format_error(e, s.outputs));
+    stats.request_failed();
+  };
+  auto progress = [&](bool final) {
+    const double el = std::chrono::duration<double>(Clock::now() - start).count();
+    const int64_t done = stats.ok() + stats.failed();
+    const double rps = el > 0 ? static_cast<double>(done) / el : 0;
+    const double tps = el > 0 ? static_cast<double>(stats.generated_tokens()) / el : 0;
+    const std::string total = input_done ? std::to_string(lines_read) : std::to_string(lines_read) + "+";
+    const double eta = input_done && rps > 0 ? static_cast<double>(lines_read - done) / rps : -1;
+    char line[256];
+    std::snprintf(line, sizeof line, "%lld/%s done (%lld failed), %.2f req/s, %.1f output tok/s, ETA %s",
+                  static_cast<long long>(done), total.c_str(), static_cast<long long>(stats.failed()), rps, tps,
+                  eta < 0 ? "?" : (std::to_string(static_cast<long long>(eta)) + " s").c_str());
+    if (tty && !final) std::fprintf(stderr, "\r%s\033[K", line);
+    else if (!tty || final) spdlog::info("progress: {}", line);
+  };
+
+  while (true) {
+    // Admit lines while there is room.
+    while (!input_done && static_cast<int64_t>(in_flight.size()) < capacity && out.buffered() < reorder_limit) {
+      std::string line;
+      if (!std::getline(in, line)) {
+        input_done = true;
+        break;
+      }
+      const uint64_t i = index++;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) {
+        out.skip(i);  // blank lines carry no request
+        continue;
+      }
+      ++lines_read;
+      auto parsed = router::parse_batch_line(line);
+      if (auto* e = std::get_if<router::LineError>(&parsed)) {
+        e->message = "line " + std::to_string(i + 1) + ": " + e->message;
+        fail(i, *e);
+        continue;
+      }
+      auto& req = std::get<router::BatchRequest>(parsed);
+      if (!seen_ids.insert(req.custom_id).second) {
+        fail(i, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
+                                         "'; every line needs its own"});
+        continue;
+      }
+      auto prompt = router::build_prompt(req, s.prompts);
+      if (auto* e = std::get_if<router::LineError>(&prompt)) {
+        e->message = "line " + std::to_string(i + 1) + ": " + e->message;
+        fail(i, *e);
+        continue;
+      }
+      InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt)), 0};
+      // Least loaded worker; ties to the lowest rank.
+      int best = workers.front();
+      for (int w : workers)
+        if (load[w] < load[best]) best = w;
+      f.worker = best;
+      ++load[best];
+      WireRequest w;
+      w.id = i;
+      w.prompt = f.prompt;
+      w.params = f.request.params;
+      w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
+                               f.request.custom_id);
+      link.submit(best, w);
+      in_flight.emplace(i, std::move(f));
+    }
+    if (input_done && in_flight.empty()) break;
+
+    results.clear();
+    link.poll(results);
+    for (auto& r : results) {
+      auto it = in_flight.find(r.id);
+      if (it == in_flight.end()) continue;
+      InFlight& f = it->second;
+      --load[f.worker];
+      if (!r.ok) {
+        fail(r.id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
+      } else {
+        router::RequestResult res;
+        res.prompt_ids = std::move(f.prompt);
+        res.token_ids = std::move(r.tokens);
+        res.text = std::move(r.text);
+        res.finish_reason = r.finish_reason;
+        res.logprobs = std::move(r.logprobs);
+        res.prompt_logprobs = std::move(r.prompt_logprobs);
+        res.ttft_ms = r.ttft_s * 1e3;
+        res.e2e_ms = r.e2e_s * 1e3;
+        const auto n = static_cast<double>(res.token_ids.size());
+        res.itl_ms = n > 1 ? (res.e2e_ms - res.ttft_ms) / (n - 1) : 0.0;
+        res.prompt_tokens_computed = r.prompt_tokens_computed;
+        res.worker = r.worker;
+        stats.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
+                         res.ttft_ms, res.itl_ms, res.e2e_ms);
+        out.put(r.id, router::format_result(f.request, res, s.outputs));
+      }
+      in_flight.erase(it);
+    }
+    out.maybe_sync();
+    if (std::chrono::duration<double>(Clock::now() - last_progress).count() >= (tty ? 0.5 : cfg.job.progress_seconds)) {
+      progress(false);
+      last_progress = Clock::now();
+    }
+  }
+  out.sync();
+  if (tty) std::fprintf(stderr, "\n");
+  progress(true);
+
+  for (const auto& r : link.shutdown()) stats.add_rank(r);
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  nlohmann::json summary = stats.summary(elapsed);
+  std::ofstream sf(s.summary);
+  if (!sf) throw Error(s.summary + ": cannot write the summary");
+  sf << summary.dump(2) << "\n";
+  return summary;
+}
+
+}  // namespace tandem::launcher

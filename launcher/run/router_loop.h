@@ -1,0 +1,44 @@
+// Rank 0's job: stream the input file, turn each line into a request (or an
+// error line), hand requests to workers through a WorkerLink, write one output
+// line per input line, show progress, and write the summary. It is the same
+// loop for -np 1 (the link steps an engine in this process) and for MPI (the
+// link sends messages).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/config/config.h"
+#include "launcher/run/wire.h"
+#include "router/batch_output.h"
+#include "router/job_stats.h"
+#include "router/prompt_builder.h"
+
+namespace tandem::launcher {
+
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  // Worker ranks requests can go to.
+  virtual std::vector<int> workers() const = 0;
+  virtual void submit(int worker, const WireRequest& request) = 0;
+  // Appends finished results; may block briefly (back-off) when nothing is ready.
+  virtual void poll(std::vector<WireResult>& results) = 0;
+  // After the last result: stop the workers and collect their counters.
+  virtual std::vector<router::RankReport> shutdown() = 0;
+};
+
+struct RouterSetup {
+  const Config* config = nullptr;
+  std::string input, output, summary;
+  router::PromptContext prompts;
+  router::OutputContext outputs;
+  int64_t window_per_worker = 128;  // requests in flight per worker
+};
+
+// Runs the job; returns the summary. Throws tandem::Error on I/O failure.
+nlohmann::json run_router(const RouterSetup& setup, WorkerLink& link);
+
+}  // namespace tandem::launcher

@@ -1,0 +1,133 @@
+#include "launcher/run/wire.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::launcher {
+namespace {
+
+using json = nlohmann::json;
+
+json params_json(const runtime::SamplingParams& p) {
+  return {{"max_tokens", p.max_tokens},   {"temperature", p.temperature},
+          {"top_p", p.top_p},             {"top_k", p.top_k},
+          {"min_p", p.min_p},             {"presence_penalty", p.presence_penalty},
+          {"frequency_penalty", p.frequency_penalty}, {"repetition_penalty", p.repetition_penalty},
+          {"seed", p.seed},               {"stop_token_ids", p.stop_token_ids},
+          {"stop", p.stop},               {"ignore_eos", p.ignore_eos},
+          {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs}};
+}
+
+runtime::SamplingParams params_from(const json& j) {
+  runtime::SamplingParams p;
+  p.max_tokens = j.at("max_tokens");
+  p.temperature = j.at("temperature");
+  p.top_p = j.at("top_p");
+  p.top_k = j.at("top_k");
+  p.min_p = j.at("min_p");
+  p.presence_penalty = j.at("presence_penalty");
+  p.frequency_penalty = j.at("frequency_penalty");
+  p.repetition_penalty = j.at("repetition_penalty");
+  p.seed = j.at("seed");
+  p.stop_token_ids = j.at("stop_token_ids").get<std::vector<int32_t>>();
+  p.stop = j.at("stop").get<std::vector<std::string>>();
+  p.ignore_eos = j.at("ignore_eos");
+  p.logprobs = j.at("logprobs");
+  p.prompt_logprobs = j.at("prompt_logprobs");
+  return p;
+}
+
+json logprobs_json(const std::vector<runtime::PositionLogprobs>& v) {
+  json out = json::array();
+  for (const auto& p : v) {
+    json top = json::array();
+    for (const auto& t : p.top) top.push_back({t.token, t.logprob});
+    out.push_back({p.chosen.token, p.chosen.logprob, top});
+  }
+  return out;
+}
+
+std::vector<runtime::PositionLogprobs> logprobs_from(const json& j) {
+  std::vector<runtime::PositionLogprobs> out;
+  for (const auto& p : j) {
+    runtime::PositionLogprobs lp;
+    lp.chosen = {p[0].get<int32_t>(), p[1].get<float>()};
+    for (const auto& t : p[2]) lp.top.push_back({t[0].get<int32_t>(), t[1].get<float>()});
+    out.push_back(std::move(lp));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode(const WireRequest& r) {
+  return json::to_cbor(json{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)},
+                            {"rng_key", r.rng_key}, {"prefill_rank", r.prefill_rank}});
+}
+
+WireRequest decode_request(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  WireRequest r;
+  r.id = j.at("id");
+  r.prompt = j.at("prompt").get<std::vector<int32_t>>();
+  r.params = params_from(j.at("params"));
+  r.rng_key = j.at("rng_key");
+  r.prefill_rank = j.at("prefill_rank");
+  return r;
+}
+
+std::vector<uint8_t> encode(const WireResult& r) {
+  return json::to_cbor(json{{"id", r.id},
+                            {"ok", r.ok},
+                            {"error", r.error},
+                            {"tokens", r.tokens},
+                            {"text", r.text},
+                            {"finish", r.finish_reason},
+                            {"logprobs", logprobs_json(r.logprobs)},
+                            {"prompt_logprobs", logprobs_json(r.prompt_logprobs)},
+                            {"ttft_s", r.ttft_s},
+                            {"e2e_s", r.e2e_s},
+                            {"computed", r.prompt_tokens_computed},
+                            {"worker", r.worker}});
+}
+
+WireResult decode_result(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  WireResult r;
+  r.id = j.at("id");
+  r.ok = j.at("ok");
+  r.error = j.at("error");
+  r.tokens = j.at("tokens").get<std::vector<int32_t>>();
+  r.text = j.at("text");
+  r.finish_reason = j.at("finish");
+  r.logprobs = logprobs_from(j.at("logprobs"));
+  r.prompt_logprobs = logprobs_from(j.at("prompt_logprobs"));
+  r.ttft_s = j.at("ttft_s");
+  r.e2e_s = j.at("e2e_s");
+  r.prompt_tokens_computed = j.at("computed");
+  r.worker = j.at("worker");
+  return r;
+}
+
+std::vector<uint8_t> encode(const router::RankReport& r) {
+  return json::to_cbor(json{{"rank", r.rank}, {"role", r.role}, {"busy", r.busy_fraction},
+                            {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
+                            {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
+                            {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions}});
+}
+
+router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  router::RankReport r;
+  r.rank = j.at("rank");
+  r.role = j.at("role");
+  r.busy_fraction = j.at("busy");
+  r.prefill_tokens = j.at("prefill");
+  r.decode_tokens = j.at("decode");
+  r.prefix_hit_tokens = j.at("hits");
+  r.kv_bytes_sent = j.at("kv_bytes");
+  r.kv_send_seconds = j.at("kv_s");
+  r.preemptions = j.at("preempt");
+  return r;
+}
+
+}  // namespace tandem::launcher

@@ -1,0 +1,44 @@
+// The messages of a run between rank 0 and the workers, as CBOR bytes.
+// One place converts engine types to and from the wire, so every rank agrees.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "router/job_stats.h"
+#include "runtime/engine/engine.h"
+
+namespace tandem::launcher {
+
+// Rank 0 -> decode (or agg) worker.
+struct WireRequest {
+  uint64_t id = 0;             // the input line's index
+  std::vector<int32_t> prompt;
+  runtime::SamplingParams params;
+  uint64_t rng_key = 0;
+  int prefill_rank = -1;       // disagg: the worker rank that prefills it; -1: prefill locally
+};
+
+// Worker -> rank 0.
+struct WireResult {
+  uint64_t id = 0;
+  bool ok = true;
+  std::string error;            // when !ok: why the worker refused it
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish_reason;
+  std::vector<runtime::PositionLogprobs> logprobs, prompt_logprobs;
+  double ttft_s = 0, e2e_s = 0;
+  int64_t prompt_tokens_computed = 0;
+  int worker = 0;
+};
+
+std::vector<uint8_t> encode(const WireRequest& r);
+WireRequest decode_request(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode(const WireResult& r);
+WireResult decode_result(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode(const router::RankReport& r);
+router::RankReport decode_report(const std::vector<uint8_t>& bytes);
+
+}  // namespace tandem::launcher

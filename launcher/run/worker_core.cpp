@@ -1,0 +1,72 @@
+#include "launcher/run/worker_core.h"
+
+#include <xxhash.h>
+
+#include "common/error.h"
+
+namespace tandem::launcher {
+
+WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
+                       const runtime::ModelWeights& weights, kv::BlockPool& pool, runtime::cpu::ThreadPool& threads,
+                       const runtime::Tokenizer* tokenizer, runtime::EngineOptions options)
+    : rank_(rank), role_(std::move(role)), engine_(config, weights, pool, threads, tokenizer, options) {}
+
+void WorkerCore::submit(const WireRequest& w) {
+  runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key};
+  try {
+    engine_.add(std::move(r));
+  } catch (const Error& e) {
+    WireResult res;
+    res.id = w.id;
+    res.ok = false;
+    res.error = e.what();
+    res.worker = rank_;
+    refused_.push_back(std::move(res));
+  }
+}
+
+std::vector<WireResult> WorkerCore::step() {
+  std::vector<WireResult> out = std::move(refused_);
+  refused_.clear();
+  if (!engine_.has_work()) return out;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto before = engine_.stats().prefill_tokens;
+  auto outputs = engine_.step();
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  (void)before;
+  for (auto& o : outputs) {
+    if (!o.finished) continue;
+    WireResult r;
+    r.id = o.id;
+    r.tokens = std::move(o.tokens);
+    r.text = std::move(o.text);
+    r.finish_reason = std::string(runtime::finish_reason_name(o.reason));
+    r.logprobs = std::move(o.logprobs);
+    r.prompt_logprobs = std::move(o.prompt_logprobs);
+    r.ttft_s = o.ttft_s;
+    r.e2e_s = o.e2e_s;
+    r.prompt_tokens_computed = o.prompt_tokens;
+    r.worker = rank_;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+router::RankReport WorkerCore::report() const {
+  router::RankReport r;
+  r.rank = rank_;
+  r.role = role_;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  r.busy_fraction = wall > 0 ? busy_s_ / wall : 0;
+  r.prefill_tokens = engine_.stats().prefill_tokens;
+  r.decode_tokens = engine_.stats().decode_tokens;
+  r.preemptions = engine_.stats().preemptions;
+  return r;
+}
+
+uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const std::string& custom_id) {
+  if (seed_given) return XXH3_64bits_withSeed("seed", 4, seed);
+  return XXH3_64bits_withSeed(custom_id.data(), custom_id.size(), job_seed);
+}
+
+}  // namespace tandem::launcher

@@ -1,0 +1,83 @@
+#include "mpi_transport/mpi_env.h"
+
+#include <thread>
+
+#include "common/error.h"
+#include "mpi_transport/mpi_check.h"
+
+namespace tandem::mpi {
+
+MpiEnv::MpiEnv(int* argc, char*** argv) {
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    throw Error("MPI_Init_thread failed; is this started by mpirun or srun --mpi=pmix?");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiEnv::~MpiEnv() { MPI_Finalize(); }
+
+Mailbox::~Mailbox() {
+  for (auto& p : pending_) {
+    MPI_Cancel(&p.request);
+    MPI_Request_free(&p.request);
+  }
+}
+
+Status Mailbox::send(int dest, int tag, std::vector<uint8_t> bytes) {
+  pending_.push_back({MPI_REQUEST_NULL, std::move(bytes)});
+  Pending& p = pending_.back();
+  TANDEM_MPI(MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, dest, tag, comm_, &p.request));
+  return progress();
+}
+
+Status Mailbox::try_recv(std::optional<Message>& out, int source, int tag) {
+  out.reset();
+  int flag = 0;
+  MPI_Status st;
+  TANDEM_MPI(MPI_Iprobe(source, tag, comm_, &flag, &st));
+  if (!flag) return Status();
+  int count = 0;
+  TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &count));
+  Message m;
+  m.source = st.MPI_SOURCE;
+  m.tag = st.MPI_TAG;
+  m.bytes.resize(static_cast<std::size_t>(count));
+  TANDEM_MPI(MPI_Recv(m.bytes.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm_, MPI_STATUS_IGNORE));
+  out = std::move(m);
+  return Status();
+}
+
+Status Mailbox::progress() {
+  while (!pending_.empty()) {
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&pending_.front().request, &done, MPI_STATUS_IGNORE));
+    if (!done) break;
+    pending_.pop_front();
+  }
+  // Later sends may finish before earlier ones: test them too, without reordering.
+  for (auto& p : pending_) {
+    if (p.request == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE));
+  }
+  while (!pending_.empty() && pending_.front().request == MPI_REQUEST_NULL) pending_.pop_front();
+  return Status();
+}
+
+Status Mailbox::flush() {
+  Backoff backoff;
+  while (!pending_.empty()) {
+    TANDEM_RETURN_IF_ERROR(progress());
+    if (!pending_.empty()) backoff.idle();
+  }
+  return Status();
+}
+
+void Backoff::idle() {
+  us_ = us_ == 0 ? 50 : std::min(us_ * 2, 2000);
+  std::this_thread::sleep_for(std::chrono::microseconds(us_));
+}
+
+}  // namespace tandem::mpi

@@ -1,0 +1,91 @@
+// MPI for one Tandem process: initialisation at the thread level Tandem needs
+// (FUNNELED: only the rank's main loop calls MPI, which keeps osc/pt2pt usable
+// on TCP-only clusters), the fixed communicators, and small point-to-point
+// messaging that never blocks: sends are MPI_Isend kept in an outbox until
+// complete; receives are probed. Not thread-safe by design.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tandem::mpi {
+
+// Message tags between rank 0 and the workers, and between workers.
+enum Tag : int {
+  kTagRequest = 1,   // rank 0 -> worker: a request to run
+  kTagResult = 2,    // worker -> rank 0: a finished request
+  kTagShutdown = 3,  // rank 0 -> worker: no more requests; report and exit
+  kTagReport = 4,    // worker -> rank 0: the worker's counters
+  kTagPrefill = 5,   // decode rank -> prefill rank: prefill this into these blocks of mine
+  kTagKvReady = 6,   // prefill rank -> decode rank: your blocks hold the KV; here is the first token
+  kTagKvData = 7,    // two-sided transport: block payloads
+  kTagStartup = 8,   // start-up status, all ranks
+  kTagCancel = 9,    // rank 0 -> worker: drop a request
+};
+
+class MpiEnv {
+ public:
+  // MPI_Init_thread(FUNNELED); errors return rather than abort.
+  MpiEnv(int* argc, char*** argv);
+  ~MpiEnv();
+  MpiEnv(const MpiEnv&) = delete;
+  MpiEnv& operator=(const MpiEnv&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm world() const { return MPI_COMM_WORLD; }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+struct Message {
+  int source = 0;
+  int tag = 0;
+  std::vector<uint8_t> bytes;
+};
+
+// Non-blocking point-to-point messaging on one communicator.
+class Mailbox {
+ public:
+  explicit Mailbox(MPI_Comm comm) : comm_(comm) {}
+  ~Mailbox();
+
+  // Queues a send; the bytes are owned until it completes.
+  Status send(int dest, int tag, std::vector<uint8_t> bytes);
+  // One pending message (any source and tag, or the given ones), if any.
+  Status try_recv(std::optional<Message>& out, int source = MPI_ANY_SOURCE, int tag = MPI_ANY_TAG);
+  // Completes what it can of the queued sends; call it every loop.
+  Status progress();
+  // Waits until every queued send has completed (polling with back-off).
+  Status flush();
+  bool idle() const { return pending_.empty(); }
+
+ private:
+  struct Pending {
+    MPI_Request request;
+    std::vector<uint8_t> bytes;
+  };
+  MPI_Comm comm_;
+  std::deque<Pending> pending_;
+};
+
+// Sleeps a little longer each time nothing happened (50 us up to 2 ms) and
+// starts over after something did: idle ranks never spin on a core.
+class Backoff {
+ public:
+  void idle();
+  void reset() { us_ = 0; }
+
+ private:
+  int us_ = 0;
+};
+
+}  // namespace tandem::mpi

@@ -1,0 +1,109 @@
+#include "router/batch_output.h"
+
+#include <xxhash.h>
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::router {
+namespace {
+
+using json = nlohmann::json;
+
+std::string hex_id(const std::string& prefix, const std::string& custom_id) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits(custom_id.data(), custom_id.size())));
+  return prefix + buf;
+}
+
+std::string token_text(const OutputContext& ctx, int32_t id) {
+  return ctx.tokenizer ? ctx.tokenizer->decode(std::vector<int32_t>{id}, false) : std::string();
+}
+
+json completion_logprobs(const std::vector<runtime::PositionLogprobs>& lps, const OutputContext& ctx) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array();
+  for (const auto& p : lps) {
+    tokens.push_back(token_text(ctx, p.chosen.token));
+    token_logprobs.push_back(p.chosen.logprob);
+    json t = json::object();
+    for (const auto& c : p.top) t[token_text(ctx, c.token)] = c.logprob;
+    top.push_back(t);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", json::array()}};
+}
+
+json chat_logprobs(const std::vector<runtime::PositionLogprobs>& lps, const OutputContext& ctx) {
+  json content = json::array();
+  for (const auto& p : lps) {
+    json top = json::array();
+    for (const auto& c : p.top) top.push_back({{"token", token_text(ctx, c.token)}, {"logprob", c.logprob}});
+    content.push_back({{"token", token_text(ctx, p.chosen.token)}, {"logprob", p.chosen.logprob}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string format_result(const BatchRequest& req, const RequestResult& res, const OutputContext& ctx) {
+  const bool chat = req.endpoint == Endpoint::kChat;
+  const std::string model = req.model.empty() ? ctx.served_name : req.model;
+  json choice = {{"index", 0}, {"finish_reason", res.finish_reason}, {"logprobs", nullptr}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", res.text}};
+    if (req.params.logprobs >= 0) choice["logprobs"] = chat_logprobs(res.logprobs, ctx);
+  } else {
+    std::string text = res.text;
+    if (req.echo) text = (req.prompt_text ? *req.prompt_text
+                                          : (ctx.tokenizer ? ctx.tokenizer->decode(res.prompt_ids, false) : "")) + text;
+    choice["text"] = text;
+    if (req.params.logprobs >= 0) choice["logprobs"] = completion_logprobs(res.logprobs, ctx);
+    if (req.params.prompt_logprobs >= 0) {
+      json pl = json::array({nullptr});
+      for (const auto& p : res.prompt_logprobs) {
+        json t = json::object();
+        t[token_text(ctx, p.chosen.token)] = p.chosen.logprob;
+        for (const auto& c : p.top) t[token_text(ctx, c.token)] = c.logprob;
+        pl.push_back(t);
+      }
+      choice["prompt_logprobs"] = pl;
+    }
+  }
+  const auto prompt_tokens = static_cast<int64_t>(res.prompt_ids.size());
+  const auto completion_tokens = static_cast<int64_t>(res.token_ids.size());
+  json body = {{"id", hex_id(chat ? "chatcmpl-" : "cmpl-", req.custom_id)},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", ctx.created},
+               {"model", model},
+               {"choices", json::array({choice})},
+               {"usage",
+                {{"prompt_tokens", prompt_tokens},
+                 {"completion_tokens", completion_tokens},
+                 {"total_tokens", prompt_tokens + completion_tokens}}}};
+  json line = {{"id", hex_id("batch_req_", req.custom_id)},
+               {"custom_id", req.custom_id},
+               {"response", {{"status_code", 200}, {"request_id", hex_id("req_", req.custom_id)}, {"body", body}}},
+               {"error", nullptr},
+               {"tandem",
+                {{"token_ids", res.token_ids},
+                 {"ttft_ms", res.ttft_ms},
+                 {"itl_ms", res.itl_ms},
+                 {"e2e_ms", res.e2e_ms},
+                 {"prompt_tokens_computed", res.prompt_tokens_computed},
+                 {"worker", res.worker}}}};
+  return dump(line);
+}
+
+std::string format_error(const LineError& err, const OutputContext&) {
+  const json error = {{"message", err.message}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", nullptr}};
+  json line = {{"id", hex_id("batch_req_", err.custom_id)},
+               {"custom_id", err.custom_id.empty() ? json(nullptr) : json(err.custom_id)},
+               {"response", {{"status_code", err.status}, {"request_id", hex_id("req_", err.custom_id)},
+                             {"body", {{"error", error}}}}},
+               {"error", {{"code", "invalid_request"}, {"message", err.message}}}};
+  return dump(line);
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,42 @@
+// OpenAI-Batch output lines: one per input line, success or error.
+//
+//   {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null,
+//    "tandem": {"token_ids", "ttft_ms", "itl_ms", "e2e_ms", "prompt_tokens_computed", "worker"}}
+// The body is a `text_completion` or `chat.completion` object with `usage`.
+// The `tandem` extension carries the token ids and per-request timings. Ids
+// are derived from the custom_id (and `created` from the job's start), so a
+// rerun writes the same ids.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "router/batch_request.h"
+#include "runtime/engine/sampling.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace tandem::router {
+
+struct RequestResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> token_ids;
+  std::string text;
+  std::string finish_reason;  // stop | length | abort
+  std::vector<runtime::PositionLogprobs> logprobs;
+  std::vector<runtime::PositionLogprobs> prompt_logprobs;
+  double ttft_ms = 0, itl_ms = 0, e2e_ms = 0;
+  int64_t prompt_tokens_computed = 0;  // prompt tokens this request's ranks computed (not cache hits)
+  int worker = 0;                      // decode rank
+};
+
+struct OutputContext {
+  std::string served_name;
+  int64_t created = 0;  // unix seconds, the job's start
+  const runtime::Tokenizer* tokenizer = nullptr;  // for logprob token strings and echo
+};
+
+std::string format_result(const BatchRequest& req, const RequestResult& res, const OutputContext& ctx);
+std::string format_error(const LineError& err, const OutputContext& ctx);
+
+}  // namespace tandem::router

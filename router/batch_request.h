@@ -1,0 +1,53 @@
+// One line of an OpenAI-Batch input file, parsed and checked.
+//
+// Accepted forms (as `vllm run-batch` reads them, plus a short form):
+//   {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions", "body": {...}}
+//   {"custom_id", "prompt" | "messages" | "prompt_token_ids", "max_tokens", ...}
+// Every sampling option of the engine is accepted by its OpenAI (or vLLM)
+// name. `body.model` is echoed back, never checked: a job serves one model.
+// A bad line yields a LineError (HTTP-style status 400 and a message that
+// says what is wrong and how to fix it), never an exception.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/engine/sampling.h"
+#include "runtime/tokenizer/chat_template.h"
+
+namespace tandem::router {
+
+enum class Endpoint { kCompletions, kChat };
+
+struct BatchRequest {
+  std::string custom_id;
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // echoed in the response; empty when the line names none
+  // Exactly one of these carries the prompt.
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<int32_t>> prompt_ids;
+  std::optional<std::vector<runtime::ChatMessage>> messages;
+  runtime::SamplingParams params;
+  bool max_tokens_given = false;  // chat without max_tokens: up to the context's end
+  bool echo = false;              // completions: the prompt precedes the text in the output
+  bool seed_given = false;
+  bool chat_logprobs = false;     // chat: "logprobs": true
+};
+
+struct LineError {
+  std::string custom_id;  // as far as it could be read; may be empty
+  int status = 400;
+  std::string message;
+};
+
+using ParsedLine = std::variant<BatchRequest, LineError>;
+
+// default_max_tokens: for completions without max_tokens (OpenAI's default is 16).
+ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens = 16);
+
+}  // namespace tandem::router

@@ -1,0 +1,66 @@
+#include "router/job_stats.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::router {
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = p / 100.0 * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+void JobStats::request_ok(int64_t prompt_tokens, int64_t generated, double ttft_ms, double itl_ms, double e2e_ms) {
+  ++ok_;
+  prompt_tokens_ += prompt_tokens;
+  generated_ += generated;
+  ttft_.push_back(ttft_ms);
+  if (generated > 1) itl_.push_back(itl_ms);
+  e2e_.push_back(e2e_ms);
+}
+
+nlohmann::json JobStats::summary(double elapsed_s) const {
+  auto dist = [](const std::vector<double>& v) {
+    return nlohmann::json{{"p50", percentile(v, 50)}, {"p90", percentile(v, 90)}, {"p99", percentile(v, 99)}};
+  };
+  int64_t computed = 0, hits = 0, kv_bytes = 0;
+  double kv_seconds = 0;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : ranks_) {
+    computed += r.prefill_tokens;
+    hits += r.prefix_hit_tokens;
+    kv_bytes += r.kv_bytes_sent;
+    kv_seconds += r.kv_send_seconds;
+    ranks.push_back({{"rank", r.rank},
+                     {"role", r.role},
+                     {"busy_fraction", r.busy_fraction},
+                     {"prefill_tokens", r.prefill_tokens},
+                     {"decode_tokens", r.decode_tokens},
+                     {"prefix_hit_tokens", r.prefix_hit_tokens},
+                     {"kv_bytes_sent", r.kv_bytes_sent},
+                     {"preemptions", r.preemptions}});
+  }
+  const double secs = std::max(elapsed_s, 1e-9);
+  return {{"requests_ok", ok_},
+          {"requests_failed", failed_},
+          {"elapsed_s", elapsed_s},
+          {"requests_per_s", static_cast<double>(ok_) / secs},
+          {"prompt_tokens", prompt_tokens_},
+          {"prompt_tokens_computed", computed},
+          {"generated_tokens", generated_},
+          {"output_tokens_per_s", static_cast<double>(generated_) / secs},
+          {"ttft_ms", dist(ttft_)},
+          {"itl_ms", dist(itl_)},
+          {"e2e_ms", dist(e2e_)},
+          {"prefix_hit_rate", prompt_tokens_ > 0 ? static_cast<double>(hits) / static_cast<double>(prompt_tokens_) : 0.0},
+          {"kv_bytes_transferred", kv_bytes},
+          {"kv_transfer_gbps", kv_seconds > 0 ? static_cast<double>(kv_bytes) / kv_seconds / 1e9 : 0.0},
+          {"ranks", ranks}};
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,47 @@
+// What rank 0 counts during a job, and the summary it writes at the end
+// (logged, and saved as JSON next to the output).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tandem::router {
+
+struct RankReport {
+  int rank = 0;
+  std::string role;           // router | prefill | decode | worker (agg)
+  double busy_fraction = 0;   // share of the job's wall time spent computing
+  int64_t prefill_tokens = 0; // prompt tokens this rank computed
+  int64_t decode_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t kv_bytes_sent = 0;
+  double kv_send_seconds = 0;
+  int64_t preemptions = 0;
+};
+
+class JobStats {
+ public:
+  void request_ok(int64_t prompt_tokens, int64_t generated, double ttft_ms, double itl_ms, double e2e_ms);
+  void request_failed() { ++failed_; }
+  void add_rank(const RankReport& r) { ranks_.push_back(r); }
+
+  int64_t ok() const { return ok_; }
+  int64_t failed() const { return failed_; }
+  int64_t generated_tokens() const { return generated_; }
+
+  // The summary; elapsed_s is the job's wall time.
+  nlohmann::json summary(double elapsed_s) const;
+
+ private:
+  int64_t ok_ = 0, failed_ = 0, prompt_tokens_ = 0, generated_ = 0;
+  std::vector<double> ttft_, itl_, e2e_;
+  std::vector<RankReport> ranks_;
+};
+
+// p-th percentile (0..100) by linear interpolation; 0 for no values.
+double percentile(std::vector<double> values, double p);
+
+}  // namespace tandem::router

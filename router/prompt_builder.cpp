@@ -1,0 +1,57 @@
+#include "router/prompt_builder.h"
+
+#include "common/error.h"
+
+namespace tandem::router {
+
+std::variant<std::vector<int32_t>, LineError> build_prompt(BatchRequest& req, const PromptContext& ctx) {
+  LineError err{req.custom_id, 400, ""};
+  std::vector<int32_t> ids;
+  if (req.prompt_ids) {
+    ids = *req.prompt_ids;
+    for (int32_t t : ids) {
+      if (t >= ctx.vocab_size) {
+        err.message = "token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                      std::to_string(ctx.vocab_size - 1) + ")";
+        return err;
+      }
+    }
+  } else if (req.messages) {
+    if (!ctx.chat) {
+      err.message = "chat requests need a chat template: " + ctx.chat_error;
+      return err;
+    }
+    try {
+      ids = ctx.tokenizer->encode(ctx.chat->render(*req.messages, {}), false);
+    } catch (const Error& e) {
+      err.message = e.what();
+      return err;
+    }
+  } else {
+    ids = ctx.tokenizer->encode(*req.prompt_text, true);
+  }
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n == 0) {
+    err.message = "the prompt is empty";
+    return err;
+  }
+  if (n >= ctx.max_model_len) {
+    err.message = "the prompt has " + std::to_string(n) + " tokens but the model's context holds " +
+                  std::to_string(ctx.max_model_len) + " (prompt and completion together); shorten the prompt";
+    return err;
+  }
+  const int64_t room = ctx.max_model_len - n;
+  if (!req.max_tokens_given && req.endpoint == Endpoint::kChat) req.params.max_tokens = room;
+  if (req.params.max_tokens > room) {
+    if (req.max_tokens_given) {
+      err.message = "max_tokens " + std::to_string(req.params.max_tokens) + " plus the prompt's " + std::to_string(n) +
+                    " tokens exceeds the model's context of " + std::to_string(ctx.max_model_len) +
+                    " tokens; lower max_tokens to at most " + std::to_string(room);
+      return err;
+    }
+    req.params.max_tokens = room;
+  }
+  return ids;
+}
+
+}  // namespace tandem::router
