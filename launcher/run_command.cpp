@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
+#include <unordered_map>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +20,7 @@
 #include "launcher/run/router_loop.h"
 #include "launcher/run/worker_core.h"
 #include "mpi_transport/mpi_env.h"
+#include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
 
@@ -131,8 +134,9 @@ class InProcessLink : public WorkerLink {
   void submit(int, const WireRequest& r) override { core_.submit(r); }
   void poll(std::vector<WireResult>& results) override {
     if (core_.has_work()) {
-      auto r = core_.step();
-      results.insert(results.end(), std::make_move_iterator(r.begin()), std::make_move_iterator(r.end()));
+      auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
+      results.insert(results.end(), std::make_move_iterator(r.results.begin()),
+                     std::make_move_iterator(r.results.end()));
     }
   }
   std::vector<router::RankReport> shutdown() override { return {core_.report()}; }
@@ -144,10 +148,10 @@ class InProcessLink : public WorkerLink {
 // Rank 0 under MPI: requests and results are messages.
 class MpiLink : public WorkerLink {
  public:
-  MpiLink(mpi::Mailbox& box, int size) : box_(box) {
-    for (int r = 1; r < size; ++r) workers_.push_back(r);
-  }
+  MpiLink(mpi::Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
+      : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
   std::vector<int> workers() const override { return workers_; }
+  std::vector<int> prefill_workers() const override { return prefill_; }
   void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
   void poll(std::vector<WireResult>& results) override {
     check(box_.progress());
@@ -164,8 +168,9 @@ class MpiLink : public WorkerLink {
   }
   std::vector<router::RankReport> shutdown() override {
     for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, {}));
+    for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, {}));
     std::vector<router::RankReport> reports{router_report()};
-    while (reports.size() < workers_.size() + 1) {
+    while (reports.size() < workers_.size() + prefill_.size() + 1) {
       std::optional<mpi::Message> m;
       check(box_.try_recv(m, MPI_ANY_SOURCE, mpi::kTagReport));
       if (m) reports.push_back(decode_report(m->bytes));
@@ -180,38 +185,139 @@ class MpiLink : public WorkerLink {
     if (!s.ok()) throw Error(s.to_string());
   }
   mpi::Mailbox& box_;
-  std::vector<int> workers_;
+  std::vector<int> workers_, prefill_;
   mpi::Backoff backoff_;
 };
 
-// A worker rank under MPI: run what rank 0 sends until it says stop.
-void worker_loop(mpi::Mailbox& box, WorkerCore& core) {
+// A worker rank under MPI: run what rank 0 (and, disaggregated, the other
+// workers) send until rank 0 says stop. One loop serves every role:
+//  - a request with prefill_rank < 0 runs here entirely (agg, or a short prompt);
+//  - with prefill_rank >= 0 (decode side), blocks for the prompt are reserved
+//    here and handed to that prefill rank, and the request continues here
+//    once its KV has landed (kTagKvReady);
+//  - a prefill rank runs kTagPrefill requests to their first token, puts the
+//    KV into the decode rank's blocks through the transport, then notifies it.
+void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transport) {
   auto check = [](const Status& s) {
     if (!s.ok()) throw Error(s.to_string());
   };
+  struct AwaitingKv {
+    WireRequest request;
+    std::vector<int32_t> blocks;
+    std::chrono::steady_clock::time_point arrival;
+  };
+  struct Destination {
+    std::vector<int32_t> blocks;
+    int decode_rank;
+  };
+  std::deque<std::pair<WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
+  std::unordered_map<uint64_t, AwaitingKv> awaiting;
+  std::unordered_map<uint64_t, Destination> destinations;
   mpi::Backoff backoff;
   bool stopping = false;
   for (;;) {
     bool any = false;
     for (;;) {
       std::optional<mpi::Message> m;
-      check(box.try_recv(m, 0));
+      check(box.try_recv(m));
       if (!m) break;
       any = true;
-      if (m->tag == mpi::kTagRequest) core.submit(decode_request(m->bytes));
-      else if (m->tag == mpi::kTagShutdown) stopping = true;
+      switch (m->tag) {
+        case mpi::kTagRequest: {
+          WireRequest r = decode_request(m->bytes);
+          if (r.prefill_rank < 0) core.submit(r);
+          else to_reserve.emplace_back(std::move(r), std::chrono::steady_clock::now());
+          break;
+        }
+        case mpi::kTagPrefill: {
+          WirePrefill p = decode_prefill(m->bytes);
+          destinations[p.request.id] = {std::move(p.dst_blocks), p.decode_rank};
+          core.submit(p.request, /*prefill_only=*/true);
+          break;
+        }
+        case mpi::kTagKvReady: {
+          const WireKvReady ready = decode_kv_ready(m->bytes);
+          auto it = awaiting.find(ready.id);
+          if (it == awaiting.end()) break;
+          core.add_prefilled(it->second.request, std::move(it->second.blocks), ready, it->second.arrival);
+          awaiting.erase(it);
+          break;
+        }
+        case mpi::kTagShutdown: stopping = true; break;
+        default: break;
+      }
+    }
+    // Decode side: reserve blocks (oldest first) and send the prefill off.
+    while (!to_reserve.empty()) {
+      auto& [r, arrival] = to_reserve.front();
+      auto blocks = core.reserve(static_cast<int64_t>(r.prompt.size()));
+      if (!blocks) break;  // retried when finished sequences free blocks
+      WirePrefill p{r, *blocks, 0};
+      MPI_Comm_rank(MPI_COMM_WORLD, &p.decode_rank);
+      check(box.send(r.prefill_rank, mpi::kTagPrefill, encode(p)));
+      awaiting[r.id] = {std::move(r), std::move(*blocks), arrival};
+      to_reserve.pop_front();
+      any = true;
     }
     if (core.has_work()) {
-      for (auto& r : core.step()) check(box.send(0, mpi::kTagResult, encode(r)));
+      auto out = core.step();
+      for (auto& r : out.results) {
+        if (!r.ok) destinations.erase(r.id);  // refused on a prefill rank: rank 0 hears it from here
+        check(box.send(0, mpi::kTagResult, encode(r)));
+      }
+      for (auto& h : out.handoffs) {
+        auto d = destinations.find(h.id);
+        if (d == destinations.end() || !transport) {
+          core.release(h.kv_blocks);
+          continue;
+        }
+        // Workers' ranks in the transport's communicator are world ranks less one (rank 0 routes).
+        const auto t0 = std::chrono::steady_clock::now();
+        mpi::Transfer x;
+        const auto n = std::min(h.kv_blocks.size(), d->second.blocks.size());
+        check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).first(n),
+                              std::span(d->second.blocks).first(n), x));
+        while (!x.done) check(transport->test(x));
+        core.count_kv_sent(static_cast<int64_t>(x.bytes),
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        core.release(h.kv_blocks);
+        check(box.send(d->second.decode_rank, mpi::kTagKvReady, encode(h.ready)));
+        destinations.erase(d);
+      }
       any = true;
     }
     check(box.progress());
-    if (stopping && !core.has_work()) break;
+    if (stopping && !core.has_work() && awaiting.empty() && to_reserve.empty()) break;
     if (any) backoff.reset();
     else backoff.idle();
   }
   check(box.send(0, mpi::kTagReport, encode(core.report())));
   check(box.flush());
+}
+
+struct Roles {
+  int prefill = 0;  // ranks 1..prefill prefill; 0: aggregated
+  int decode = 0;
+};
+
+// How the workers split, from job.mode and [cluster]. Throws on a split that
+// cannot be (every rank computes the same answer).
+Roles plan_roles(const Config& cfg, int world_size) {
+  const int workers = std::max(1, world_size - 1);
+  Roles r{0, workers};
+  if (cfg.job.mode == "agg" || world_size <= 2) return r;  // one worker cannot be split
+  int p = static_cast<int>(cfg.cluster.prefill_ranks);
+  int d = static_cast<int>(cfg.cluster.decode_ranks);
+  if (p == 0 && d == 0) p = std::clamp(static_cast<int>(cfg.cluster.prefill_fraction * workers + 0.5), 1, workers - 1);
+  else if (p == 0) p = workers - d;
+  else if (d == 0) d = workers - p;
+  if (d == 0) d = workers - p;
+  if (p < 1 || d < 1 || p + d != workers) {
+    throw Error("cluster.prefill_ranks = " + std::to_string(cfg.cluster.prefill_ranks) + " and cluster.decode_ranks = " +
+                std::to_string(cfg.cluster.decode_ranks) + " do not split the " + std::to_string(workers) +
+                " worker ranks of this job (ranks - 1); make them add up, or set only one of them");
+  }
+  return {p, d};
 }
 
 // Rank 0 decides whether the job can start; every rank learns the verdict.
@@ -231,6 +337,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   Prepared p;
   try {
     p = prepare(o);
+    plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
     if (rank == 0) check_files(p);
@@ -257,31 +364,59 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     log_effective_config(p.cfg);
   }
 
-  // Workers: weights, KV pool, threads.
+  // Roles: rank 0 routes; workers 1..P prefill, the rest decode (agg: all do both).
+  const Roles roles = plan_roles(p.cfg, env.size());
+  const bool prefill_rank = rank >= 1 && rank <= roles.prefill;
+  const std::string role = env.size() == 1 ? "router+worker" : rank == 0 ? "router" : roles.prefill == 0 ? "worker"
+                           : prefill_rank ? "prefill" : "decode";
+  log::set_identity(rank, role);
+  // The workers' communicator never changes (KV windows live on it); the
+  // prefill and decode communicators are split from it.
+  MPI_Comm workers = MPI_COMM_NULL, role_comm = MPI_COMM_NULL;
+  if (env.size() > 1) {
+    MPI_Comm_split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank, &workers);
+    if (workers != MPI_COMM_NULL) MPI_Comm_split(workers, prefill_rank ? 1 : 0, rank, &role_comm);
+  }
+  if (rank == 0 && env.size() > 1) {
+    if (roles.prefill > 0) spdlog::info("disaggregated: {} prefill rank(s), {} decode rank(s)", roles.prefill, roles.decode);
+    else spdlog::info("aggregated: {} worker rank(s) prefill and decode", roles.decode);
+  }
+
+  // Workers: weights, KV pool (in a transport window when disaggregated), threads.
   MPI_Comm local;
   MPI_Comm_split_type(env.world(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   int local_size = 1;
   MPI_Comm_size(local, &local_size);
   MPI_Comm_free(&local);
-  const int local_workers = env.size() == 1 ? 1 : std::max(1, local_size - (rank == 0 ? 0 : 0) - 1);
+  const int local_workers = env.size() == 1 ? 1 : std::max(1, local_size - 1);
   std::unique_ptr<runtime::ModelWeights> weights;
+  std::unique_ptr<mpi::KvTransport> transport;
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<runtime::cpu::ThreadPool> threads;
   std::unique_ptr<WorkerCore> core;
   if (rank != 0 || env.size() == 1) {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path);
     const int64_t blocks = pool_blocks(p, local_workers);
-    pool = std::make_unique<kv::BlockPool>(
-        kv::KvLayout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size}, blocks);
+    const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
+    if (roles.prefill > 0) {
+      transport = std::make_unique<mpi::MpiRmaTransport>(workers);
+      void* base = nullptr;
+      if (Status st = transport->create_pool(layout.block_bytes(), blocks, &base); !st.ok())
+        throw Error("could not create the KV window: " + st.to_string());
+      pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
+    } else {
+      pool = std::make_unique<kv::BlockPool>(layout, blocks);
+    }
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                               : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
     threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
-    core = std::make_unique<WorkerCore>(rank, env.size() == 1 ? "worker" : "worker", p.model, *weights, *pool, *threads,
-                                        p.tokenizer.get(), engine_options(p));
-    spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB), {} threads, {} kernels", blocks,
-                 p.cfg.kv.block_size, static_cast<double>(blocks) * static_cast<double>(pool->layout().block_bytes()) / (1 << 30),
-                 n_threads, runtime::cpu::kernels().name);
+    core = std::make_unique<WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model, *weights, *pool,
+                                        *threads, p.tokenizer.get(), engine_options(p));
+    spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {} kernels", blocks,
+                 p.cfg.kv.block_size, static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
+                 transport ? std::string(", ") + std::string(transport->name()) + " window" : std::string(), n_threads,
+                 runtime::cpu::kernels().name);
   }
 
   try {
@@ -295,13 +430,22 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     mpi::Mailbox box(env.world());
     if (rank == 0) {
       std::unique_ptr<runtime::ChatTemplate> chat;
-      MpiLink link(box, env.size());
-      const auto summary = run_router(router_setup(p, chat), link);
+      std::vector<int> decode, prefill;
+      for (int r = 1; r < env.size(); ++r) (r <= roles.prefill ? prefill : decode).push_back(r);
+      MpiLink link(box, decode, prefill);
+      auto setup = router_setup(p, chat);
+      setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
+      const auto summary = run_router(setup, link);
       log_summary(summary);
     } else {
-      worker_loop(box, *core);
+      worker_loop(box, *core, transport.get());
     }
     MPI_Barrier(env.world());
+    if (transport) {
+      if (Status st = transport->destroy(); !st.ok()) spdlog::warn("closing the KV window: {}", st.to_string());
+    }
+    if (role_comm != MPI_COMM_NULL) MPI_Comm_free(&role_comm);
+    if (workers != MPI_COMM_NULL) MPI_Comm_free(&workers);
   } catch (const Error& e) {
     std::fprintf(stderr, "tandem: error: [rank %d] %s\n", rank, e.what());
     MPI_Abort(env.world(), 3);  // a job that lost a rank cannot finish; stop every rank now

@@ -74,6 +74,7 @@ struct InFlight {
   router::BatchRequest request;
   std::vector<int32_t> prompt;
   int worker = 0;
+  int prefill = -1;  // prefill rank, or -1 when prefilled on `worker`
 };
 
 }  // namespace
@@ -91,8 +92,11 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   std::unordered_set<std::string> seen_ids;
   std::unordered_map<uint64_t, InFlight> in_flight;
   std::map<int, int64_t> load;  // requests in flight per worker
+  std::map<int, int64_t> prefill_queue;  // prompt tokens sent to each prefill rank and not yet finished
   const auto workers = link.workers();
+  const auto prefillers = link.prefill_workers();
   for (int w : workers) load[w] = 0;
+  for (int w : prefillers) prefill_queue[w] = 0;
   const int64_t capacity = s.window_per_worker * static_cast<int64_t>(workers.size());
   // Input order holds finished lines until their turn: bound that too.
   const std::size_t reorder_limit = static_cast<std::size_t>(std::max<int64_t>(capacity * 8, 1024));
@@ -160,8 +164,17 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         if (load[w] < load[best]) best = w;
       f.worker = best;
       ++load[best];
+      // Conditional disaggregation: long prompts go to the least busy prefill rank.
+      if (!prefillers.empty() && static_cast<int64_t>(f.prompt.size()) >= s.local_prefill_tokens) {
+        int p = prefillers.front();
+        for (int q : prefillers)
+          if (prefill_queue[q] < prefill_queue[p]) p = q;
+        f.prefill = p;
+        prefill_queue[p] += static_cast<int64_t>(f.prompt.size());
+      }
       WireRequest w;
       w.id = i;
+      w.prefill_rank = f.prefill;
       w.prompt = f.prompt;
       w.params = f.request.params;
       w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
@@ -178,6 +191,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       if (it == in_flight.end()) continue;
       InFlight& f = it->second;
       --load[f.worker];
+      if (f.prefill >= 0) prefill_queue[f.prefill] -= static_cast<int64_t>(f.prompt.size());
       if (!r.ok) {
         fail(r.id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
       } else {

@@ -21,8 +21,10 @@ namespace tandem::launcher {
 class WorkerLink {
  public:
   virtual ~WorkerLink() = default;
-  // Worker ranks requests can go to.
+  // Worker ranks requests can go to (they decode, and prefill what stays local).
   virtual std::vector<int> workers() const = 0;
+  // Ranks that only prefill (disaggregated); empty in aggregated mode.
+  virtual std::vector<int> prefill_workers() const { return {}; }
   virtual void submit(int worker, const WireRequest& request) = 0;
   // Appends finished results; may block briefly (back-off) when nothing is ready.
   virtual void poll(std::vector<WireResult>& results) = 0;
@@ -36,6 +38,7 @@ struct RouterSetup {
   router::PromptContext prompts;
   router::OutputContext outputs;
   int64_t window_per_worker = 128;  // requests in flight per worker
+  int64_t local_prefill_tokens = 0;  // disaggregated: shorter prompts prefill on their decode rank
 };
 
 // Runs the job; returns the summary. Throws tandem::Error on I/O failure.

@@ -59,19 +59,49 @@ std::vector<runtime::PositionLogprobs> logprobs_from(const json& j) {
 
 }  // namespace
 
-std::vector<uint8_t> encode(const WireRequest& r) {
-  return json::to_cbor(json{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)},
-                            {"rng_key", r.rng_key}, {"prefill_rank", r.prefill_rank}});
+json request_json(const WireRequest& r) {
+  return json{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)}, {"rng_key", r.rng_key},
+              {"prefill_rank", r.prefill_rank}};
 }
 
-WireRequest decode_request(const std::vector<uint8_t>& bytes) {
-  const json j = json::from_cbor(bytes);
+WireRequest request_from(const json& j) {
   WireRequest r;
   r.id = j.at("id");
   r.prompt = j.at("prompt").get<std::vector<int32_t>>();
   r.params = params_from(j.at("params"));
   r.rng_key = j.at("rng_key");
   r.prefill_rank = j.at("prefill_rank");
+  return r;
+}
+
+std::vector<uint8_t> encode(const WireRequest& r) { return json::to_cbor(request_json(r)); }
+WireRequest decode_request(const std::vector<uint8_t>& bytes) { return request_from(json::from_cbor(bytes)); }
+
+std::vector<uint8_t> encode(const WirePrefill& r) {
+  return json::to_cbor(json{{"request", request_json(r.request)}, {"dst", r.dst_blocks}, {"decode", r.decode_rank}});
+}
+
+WirePrefill decode_prefill(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  return WirePrefill{request_from(j.at("request")), j.at("dst").get<std::vector<int32_t>>(), j.at("decode").get<int>()};
+}
+
+std::vector<uint8_t> encode(const WireKvReady& r) {
+  return json::to_cbor(json{{"id", r.id},
+                            {"first", r.handoff.first_token},
+                            {"logprobs", logprobs_json(r.handoff.logprobs)},
+                            {"prompt_logprobs", logprobs_json(r.handoff.prompt_logprobs)},
+                            {"computed", r.prompt_tokens_computed}});
+}
+
+WireKvReady decode_kv_ready(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  WireKvReady r;
+  r.id = j.at("id");
+  r.handoff.first_token = j.at("first");
+  r.handoff.logprobs = logprobs_from(j.at("logprobs"));
+  r.handoff.prompt_logprobs = logprobs_from(j.at("prompt_logprobs"));
+  r.prompt_tokens_computed = j.at("computed");
   return r;
 }
 

@@ -34,6 +34,24 @@ struct WireResult {
   int worker = 0;
 };
 
+// Decode rank -> prefill rank: prefill this request into these blocks of mine.
+struct WirePrefill {
+  WireRequest request;
+  std::vector<int32_t> dst_blocks;
+  int decode_rank = 0;  // world rank
+};
+
+// Prefill rank -> decode rank, after the KV has landed in dst_blocks.
+struct WireKvReady {
+  uint64_t id = 0;
+  runtime::PrefillHandoff handoff;
+  int64_t prompt_tokens_computed = 0;
+};
+
+std::vector<uint8_t> encode(const WirePrefill& r);
+WirePrefill decode_prefill(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode(const WireKvReady& r);
+WireKvReady decode_kv_ready(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireRequest& r);
 WireRequest decode_request(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireResult& r);

@@ -11,8 +11,8 @@ WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& c
                        const runtime::Tokenizer* tokenizer, runtime::EngineOptions options)
     : rank_(rank), role_(std::move(role)), engine_(config, weights, pool, threads, tokenizer, options) {}
 
-void WorkerCore::submit(const WireRequest& w) {
-  runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key};
+void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
+  runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, prefill_only};
   try {
     engine_.add(std::move(r));
   } catch (const Error& e) {
@@ -25,17 +25,28 @@ void WorkerCore::submit(const WireRequest& w) {
   }
 }
 
-std::vector<WireResult> WorkerCore::step() {
-  std::vector<WireResult> out = std::move(refused_);
+WorkerCore::StepOutput WorkerCore::step() {
+  StepOutput out;
+  out.results = std::move(refused_);
   refused_.clear();
   if (!engine_.has_work()) return out;
   const auto t0 = std::chrono::steady_clock::now();
-  const auto before = engine_.stats().prefill_tokens;
   auto outputs = engine_.step();
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  (void)before;
   for (auto& o : outputs) {
     if (!o.finished) continue;
+    if (o.reason == runtime::FinishReason::kPrefilled) {
+      Handoff h;
+      h.id = o.id;
+      h.kv_blocks = std::move(o.kv_blocks);
+      h.ready.id = o.id;
+      h.ready.handoff.first_token = o.tokens.at(0);
+      h.ready.handoff.logprobs = std::move(o.logprobs);
+      h.ready.handoff.prompt_logprobs = std::move(o.prompt_logprobs);
+      h.ready.prompt_tokens_computed = o.prompt_tokens_computed;
+      out.handoffs.push_back(std::move(h));
+      continue;
+    }
     WireResult r;
     r.id = o.id;
     r.tokens = std::move(o.tokens);
@@ -45,11 +56,22 @@ std::vector<WireResult> WorkerCore::step() {
     r.prompt_logprobs = std::move(o.prompt_logprobs);
     r.ttft_s = o.ttft_s;
     r.e2e_s = o.e2e_s;
-    r.prompt_tokens_computed = o.prompt_tokens;
+    r.prompt_tokens_computed = o.prompt_tokens_computed;
+    if (auto it = remote_computed_.find(o.id); it != remote_computed_.end()) {
+      r.prompt_tokens_computed += it->second;
+      remote_computed_.erase(it);
+    }
     r.worker = rank_;
-    out.push_back(std::move(r));
+    out.results.push_back(std::move(r));
   }
   return out;
+}
+
+void WorkerCore::add_prefilled(const WireRequest& w, std::vector<int32_t> blocks, const WireKvReady& ready,
+                               std::chrono::steady_clock::time_point arrival) {
+  runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, false};
+  remote_computed_[w.id] = ready.prompt_tokens_computed;
+  engine_.add_prefilled(std::move(r), std::move(blocks), ready.handoff, arrival);
 }
 
 router::RankReport WorkerCore::report() const {
@@ -61,6 +83,8 @@ router::RankReport WorkerCore::report() const {
   r.prefill_tokens = engine_.stats().prefill_tokens;
   r.decode_tokens = engine_.stats().decode_tokens;
   r.preemptions = engine_.stats().preemptions;
+  r.kv_bytes_sent = kv_bytes_;
+  r.kv_send_seconds = kv_seconds_;
   return r;
 }
 

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "launcher/run/wire.h"
@@ -20,11 +22,35 @@ class WorkerCore {
              runtime::EngineOptions options);
 
   // A request the engine refuses comes back at once as a failed result.
-  void submit(const WireRequest& request);
+  // prefill_only: the disaggregated prefill side (see Handoff).
+  void submit(const WireRequest& request, bool prefill_only = false);
   bool has_work() const { return engine_.has_work() || !refused_.empty(); }
   int64_t load() const { return engine_.num_running() + engine_.num_waiting(); }
-  // One engine step; the results of the requests that finished in it.
-  std::vector<WireResult> step();
+
+  // A prefilled request ready to travel: its KV blocks (still allocated here;
+  // release() them once sent) and what goes with them.
+  struct Handoff {
+    uint64_t id = 0;
+    std::vector<int32_t> kv_blocks;
+    WireKvReady ready;
+  };
+  struct StepOutput {
+    std::vector<WireResult> results;
+    std::vector<Handoff> handoffs;
+  };
+  // One engine step: the requests that finished in it, and prefills to send.
+  StepOutput step();
+
+  // Decode side of disaggregation.
+  std::optional<std::vector<int32_t>> reserve(int64_t n_tokens) { return engine_.reserve_blocks(n_tokens); }
+  void release(const std::vector<int32_t>& blocks) { engine_.release_blocks(blocks); }
+  void add_prefilled(const WireRequest& request, std::vector<int32_t> blocks, const WireKvReady& ready,
+                     std::chrono::steady_clock::time_point arrival);
+
+  void count_kv_sent(int64_t bytes, double seconds) {
+    kv_bytes_ += bytes;
+    kv_seconds_ += seconds;
+  }
   router::RankReport report() const;
 
  private:
@@ -32,7 +58,10 @@ class WorkerCore {
   std::string role_;
   runtime::Engine engine_;
   std::vector<WireResult> refused_;
+  std::unordered_map<uint64_t, int64_t> remote_computed_;  // prompt tokens a prefill rank computed, by request
   double busy_s_ = 0;
+  int64_t kv_bytes_ = 0;
+  double kv_seconds_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 

@@ -13,6 +13,7 @@ std::string_view finish_reason_name(FinishReason r) {
     case FinishReason::kStop: return "stop";
     case FinishReason::kLength: return "length";
     case FinishReason::kAbort: return "abort";
+    case FinishReason::kPrefilled: return "prefilled";
   }
   return "";
 }
@@ -31,6 +32,7 @@ struct Engine::Sequence {
   Clock::time_point added, first_token;
   bool has_first = false;
   int64_t preemptions = 0;
+  int64_t prompt_computed = 0;  // prompt positions run through the model here (recomputation included)
   bool done = false;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
@@ -83,6 +85,40 @@ void Engine::add(EngineRequest request) {
 
 void Engine::abort(uint64_t id) { aborted_.push_back(id); }
 
+std::optional<std::vector<int32_t>> Engine::reserve_blocks(int64_t n_tokens) {
+  const int64_t bs = pool_.layout().block_size;
+  return pool_.allocate((n_tokens + bs - 1) / bs);
+}
+
+void Engine::release_blocks(const std::vector<int32_t>& blocks) { pool_.release(blocks); }
+
+void Engine::add_prefilled(EngineRequest request, std::vector<int32_t> blocks, const PrefillHandoff& handoff,
+                           Clock::time_point arrival) {
+  auto s = std::make_unique<Sequence>();
+  s->req = std::move(request);
+  s->arrival = arrivals_++;
+  s->tokens = s->req.prompt;
+  s->n_prompt = static_cast<int64_t>(s->tokens.size());
+  s->computed = s->n_prompt;
+  s->blocks = std::move(blocks);
+  s->added = arrival;
+  s->first_token = Clock::now();
+  s->has_first = true;
+  s->logprobs = handoff.logprobs;
+  s->prompt_logprobs = handoff.prompt_logprobs;
+  if (tokenizer_) s->decoder.emplace(*tokenizer_, true);
+  s->tokens.push_back(handoff.first_token);
+  const bool stopped = finish_check(*s);
+  const bool length = s->generated() >= s->req.params.max_tokens ||
+                      static_cast<int64_t>(s->tokens.size()) >= max_model_len_;
+  if (stopped || length) {
+    ready_.push_back(finish(*s, stopped ? FinishReason::kStop : FinishReason::kLength));
+    ready_.back().new_tokens = {handoff.first_token};
+    return;
+  }
+  running_.push_back(std::move(s));
+}
+
 bool Engine::ensure_blocks(Sequence& s, int64_t positions) {
   const int64_t bs = pool_.layout().block_size;
   const int64_t need = (positions + bs - 1) / bs - static_cast<int64_t>(s.blocks.size());
@@ -102,9 +138,10 @@ void Engine::preempt(Sequence& s) {
 }
 
 EngineOutput Engine::finish(Sequence& s, FinishReason reason) {
-  pool_.release(s.blocks);
-  s.blocks.clear();
   EngineOutput o;
+  if (reason == FinishReason::kPrefilled) o.kv_blocks = std::move(s.blocks);
+  else pool_.release(s.blocks);
+  s.blocks.clear();
   o.id = s.req.id;
   o.finished = true;
   o.reason = reason;
@@ -114,6 +151,7 @@ EngineOutput Engine::finish(Sequence& s, FinishReason reason) {
   o.logprobs = std::move(s.logprobs);
   o.prompt_logprobs = std::move(s.prompt_logprobs);
   o.prompt_tokens = s.n_prompt;
+  o.prompt_tokens_computed = s.prompt_computed;
   const auto now = Clock::now();
   o.ttft_s = s.has_first ? std::chrono::duration<double>(s.first_token - s.added).count() : 0.0;
   o.e2e_s = std::chrono::duration<double>(now - s.added).count();
@@ -145,7 +183,8 @@ bool Engine::finish_check(Sequence& s) {
 }
 
 std::vector<EngineOutput> Engine::step() {
-  std::vector<EngineOutput> outputs;
+  std::vector<EngineOutput> outputs = std::move(ready_);
+  ready_.clear();
   // Aborts first: they free blocks for everyone else.
   for (uint64_t id : aborted_) {
     auto match = [id](const std::unique_ptr<Sequence>& s) { return s->req.id == id; };
@@ -210,8 +249,12 @@ std::vector<EngineOutput> Engine::step() {
     c.logits_last = s->computed + take == static_cast<int64_t>(s->tokens.size());
     c.logits_all = s->req.params.prompt_logprobs >= 0 && s->computed < s->n_prompt;
     chunks.push_back(c);
-    if (s->computed < s->n_prompt) stats_.prefill_tokens += take;
-    else stats_.decode_tokens += take;
+    if (s->computed < s->n_prompt) {
+      stats_.prefill_tokens += take;
+      s->prompt_computed += std::min(take, s->n_prompt - s->computed);
+    } else {
+      stats_.decode_tokens += take;
+    }
   }
   model_.forward(chunks, logits_);
   ++stats_.steps;
@@ -251,6 +294,12 @@ std::vector<EngineOutput> Engine::step() {
     EngineOutput o;
     o.id = s.req.id;
     o.new_tokens = {tok};
+    if (s.req.prefill_only) {  // disaggregated: the decode rank takes it from here
+      outputs.push_back(finish(s, FinishReason::kPrefilled));
+      outputs.back().new_tokens = {tok};
+      s.done = true;
+      continue;
+    }
     const bool stopped = finish_check(s);
     const bool length = s.generated() >= s.req.params.max_tokens ||
                         static_cast<int64_t>(s.tokens.size()) >= max_model_len_;

@@ -38,10 +38,21 @@ struct EngineRequest {
   std::vector<int32_t> prompt;     // token ids, non-empty
   SamplingParams params;
   uint64_t rng_key = 0;            // keys sampling with the step (see sampling.h)
+  // Disaggregation, prefill side: stop after the first token and keep the KV
+  // blocks for the caller to send (it releases them with release_blocks()).
+  bool prefill_only = false;
 };
 
-enum class FinishReason { kStop, kLength, kAbort };
-std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "abort"
+// What a prefill rank hands over with the KV blocks.
+struct PrefillHandoff {
+  int32_t first_token = 0;
+  std::vector<PositionLogprobs> logprobs;         // the first token's, when asked
+  std::vector<PositionLogprobs> prompt_logprobs;  // when asked
+};
+
+enum class FinishReason { kStop, kLength, kAbort, kPrefilled };
+// "stop", "length", "abort", "prefilled"
+std::string_view finish_reason_name(FinishReason r);
 
 struct EngineOutput {
   uint64_t id = 0;
@@ -53,7 +64,9 @@ struct EngineOutput {
   std::string text;                 // decoded, cut before a stop string; empty without a tokenizer
   std::vector<PositionLogprobs> logprobs;         // per generated token, when asked
   std::vector<PositionLogprobs> prompt_logprobs;  // per prompt token after the first, when asked
+  std::vector<int32_t> kv_blocks;  // kPrefilled: the blocks holding the prompt's KV, still allocated
   int64_t prompt_tokens = 0;
+  int64_t prompt_tokens_computed = 0;  // prompt positions this engine computed for it
   double ttft_s = 0;    // from add() to the first token
   double e2e_s = 0;     // from add() to finish
   int64_t preemptions = 0;
@@ -78,7 +91,16 @@ class Engine {
   // vocabulary, or a prompt that leaves no room in max_model_len.
   void add(EngineRequest request);
   void abort(uint64_t id);  // finishes it with FinishReason::kAbort at the next step
-  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+
+  // Disaggregation, decode side. reserve_blocks: blocks for n_tokens of KV,
+  // or nullopt when the pool has too few free. add_prefilled: a request whose
+  // prompt KV another rank wrote into `blocks`; it continues from the first
+  // token. `arrival`: when the request reached this rank (for TTFT).
+  std::optional<std::vector<int32_t>> reserve_blocks(int64_t n_tokens);
+  void release_blocks(const std::vector<int32_t>& blocks);
+  void add_prefilled(EngineRequest request, std::vector<int32_t> blocks, const PrefillHandoff& handoff,
+                     std::chrono::steady_clock::time_point arrival);
+  bool has_work() const { return !waiting_.empty() || !running_.empty() || !ready_.empty(); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
 
@@ -104,6 +126,7 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;  // FIFO; preempted sequences go back to the front
   std::list<std::unique_ptr<Sequence>> running_;   // oldest first
   std::vector<uint64_t> aborted_;
+  std::vector<EngineOutput> ready_;  // finished outside step() (a handed-off request done at its first token)
   uint64_t arrivals_ = 0;
   EngineStats stats_;
   std::vector<float> logits_;
