@@ -1,29 +1,69 @@
 #include "kv/block_pool.h"
 
-#include <stdexcept>
-
 namespace tandem::kv {
 
 BlockPool::BlockPool(const KvLayout& layout, int64_t n_blocks)
     : layout_(layout), n_blocks_(n_blocks), owned_(new float[static_cast<std::size_t>(n_blocks * layout.block_floats())]()),
-      base_(owned_.get()) {
+      base_(owned_.get()), meta_(static_cast<std::size_t>(n_blocks)) {
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
 BlockPool::BlockPool(const KvLayout& layout, int64_t n_blocks, float* base)
-    : layout_(layout), n_blocks_(n_blocks), base_(base) {
+    : layout_(layout), n_blocks_(n_blocks), base_(base), meta_(static_cast<std::size_t>(n_blocks)) {
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+void BlockPool::unpublish(int32_t block) {
+  Meta& m = meta_[static_cast<std::size_t>(block)];
+  if (m.hash == 0) return;
+  by_hash_.erase(m.hash);
+  m.hash = 0;
 }
 
 std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
   if (n > num_free()) return std::nullopt;
-  std::vector<int32_t> out(free_.end() - n, free_.end());
-  free_.resize(free_.size() - static_cast<std::size_t>(n));
+  std::vector<int32_t> out;
+  out.reserve(static_cast<std::size_t>(n));
+  while (static_cast<int64_t>(out.size()) < n && !free_.empty()) {
+    out.push_back(free_.back());
+    free_.pop_back();
+  }
+  while (static_cast<int64_t>(out.size()) < n) {  // evict the least recently used cached blocks
+    const int32_t b = lru_.front();
+    lru_.pop_front();
+    unpublish(b);
+    out.push_back(b);
+  }
+  for (int32_t b : out) meta_[static_cast<std::size_t>(b)].refs = 1;
   return out;
 }
 
 void BlockPool::release(const std::vector<int32_t>& blocks) {
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) free_.push_back(*it);
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    Meta& m = meta_[static_cast<std::size_t>(*it)];
+    if (--m.refs > 0) continue;
+    if (m.hash != 0) m.lru = lru_.insert(lru_.end(), *it);
+    else free_.push_back(*it);
+  }
+}
+
+std::vector<int32_t> BlockPool::lookup(std::span<const uint64_t> hashes) {
+  std::vector<int32_t> out;
+  for (uint64_t h : hashes) {
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    Meta& m = meta_[static_cast<std::size_t>(it->second)];
+    if (m.refs++ == 0) lru_.erase(m.lru);
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+void BlockPool::publish(int32_t block, uint64_t hash) {
+  Meta& m = meta_[static_cast<std::size_t>(block)];
+  if (m.hash != 0 || hash == 0 || by_hash_.count(hash)) return;
+  m.hash = hash;
+  by_hash_.emplace(hash, block);
 }
 
 }  // namespace tandem::kv

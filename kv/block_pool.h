@@ -1,11 +1,20 @@
 // A worker's KV block pool: the memory (owned, or lent by a transport that
-// registered it, e.g. an MPI window) and a free list of block ids.
-// Not thread-safe: one worker's scheduler owns it.
+// registered it, e.g. an MPI window), reference counts, and the prefix cache.
+//
+// A full block may be published under its chained hash (block_hash.h). When
+// its last user releases it, a published block is not freed but kept,
+// evictable, in LRU order: a later request with the same prefix takes it
+// back (lookup) instead of recomputing it. allocate() uses free blocks first,
+// then evicts the least recently used cached ones. Not thread-safe: one
+// worker's scheduler owns it.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <optional>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "kv/kv_layout.h"
@@ -21,20 +30,38 @@ class BlockPool {
 
   const KvLayout& layout() const { return layout_; }
   int64_t capacity() const { return n_blocks_; }
-  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  // Blocks allocate() can hand out: free ones and evictable cached ones.
+  int64_t num_free() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+  int64_t num_cached() const { return static_cast<int64_t>(by_hash_.size()); }
   float* data() { return base_; }
   const float* data() const { return base_; }
 
-  // n block ids, or nullopt (and nothing taken) when fewer are free.
+  // n block ids (reference count 1), or nullopt (and nothing taken) when fewer are available.
   std::optional<std::vector<int32_t>> allocate(int64_t n);
+  // Drops one reference from each block.
   void release(const std::vector<int32_t>& blocks);
 
+  // The cached blocks holding the longest prefix of `hashes`, each with one more reference.
+  std::vector<int32_t> lookup(std::span<const uint64_t> hashes);
+  // Publishes a full, referenced block under its hash (no-op if the hash is already cached).
+  void publish(int32_t block, uint64_t hash);
+
  private:
+  struct Meta {
+    int32_t refs = 0;
+    uint64_t hash = 0;  // 0: not published
+    std::list<int32_t>::iterator lru;  // valid when refs == 0 and published
+  };
+  void unpublish(int32_t block);
+
   KvLayout layout_;
   int64_t n_blocks_;
   std::unique_ptr<float[]> owned_;
   float* base_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  std::vector<Meta> meta_;
+  std::list<int32_t> lru_;     // cached blocks nobody uses, least recently used first
+  std::unordered_map<uint64_t, int32_t> by_hash_;
 };
 
 }  // namespace tandem::kv

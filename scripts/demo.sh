@@ -28,6 +28,8 @@ s = json.load(open(sys.argv[1]))
 print(f"  {s['requests_ok']} ok, {s['requests_failed']} failed in {s['elapsed_s']:.1f} s: "
       f"{s['requests_per_s']:.1f} req/s, {s['output_tokens_per_s']:.0f} output tok/s")
 print(f"  TTFT p50 {s['ttft_ms']['p50']:.0f} ms, ITL p50 {s['itl_ms']['p50']:.1f} ms, e2e p99 {s['e2e_ms']['p99']:.0f} ms")
+print(f"  prefix cache: {100 * s['prefix_hit_rate']:.0f}% of prompt tokens reused; "
+      f"{s['prompt_tokens_computed']} of {s['prompt_tokens']} computed")
 print(f"  KV moved by MPI RMA: {s['kv_bytes_transferred'] / 2**20:.1f} MiB at {s['kv_transfer_gbps']:.2f} GB/s")
 for r in s["ranks"]:
     print(f"  rank {r['rank']} {r['role']:>7}: busy {100 * r['busy_fraction']:.0f}%, prefill {r['prefill_tokens']} tok, decode {r['decode_tokens']} tok")

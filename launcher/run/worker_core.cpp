@@ -83,6 +83,7 @@ router::RankReport WorkerCore::report() const {
   r.prefill_tokens = engine_.stats().prefill_tokens;
   r.decode_tokens = engine_.stats().decode_tokens;
   r.preemptions = engine_.stats().preemptions;
+  r.prefix_hit_tokens = engine_.stats().prefix_hit_tokens;
   r.kv_bytes_sent = kv_bytes_;
   r.kv_send_seconds = kv_seconds_;
   return r;

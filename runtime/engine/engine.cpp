@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "kv/block_hash.h"
 
 namespace tandem::runtime {
 
@@ -33,6 +34,8 @@ struct Engine::Sequence {
   bool has_first = false;
   int64_t preemptions = 0;
   int64_t prompt_computed = 0;  // prompt positions run through the model here (recomputation included)
+  int64_t published = 0;        // leading blocks published in the prefix cache
+  uint64_t last_hash = kv::kRootHash;
   bool done = false;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
@@ -129,12 +132,44 @@ bool Engine::ensure_blocks(Sequence& s, int64_t positions) {
   return true;
 }
 
-void Engine::preempt(Sequence& s) {
+void Engine::drop_blocks(Sequence& s) {
   pool_.release(s.blocks);
   s.blocks.clear();
   s.computed = 0;
+  s.published = 0;
+  s.last_hash = kv::kRootHash;
+}
+
+void Engine::preempt(Sequence& s) {
+  drop_blocks(s);
   ++s.preemptions;
   ++stats_.preemptions;
+}
+
+// A new (or preempted) sequence starts from the longest cached prefix of its
+// tokens. At least one token is left to compute: its logits are needed.
+void Engine::take_cached_prefix(Sequence& s) {
+  if (!options_.prefix_caching || s.req.params.prompt_logprobs >= 0 || s.computed > 0 || !s.blocks.empty()) return;
+  const int64_t bs = pool_.layout().block_size;
+  auto hashes = kv::full_block_hashes(s.tokens, bs);
+  if (!hashes.empty() && static_cast<int64_t>(hashes.size()) * bs >= static_cast<int64_t>(s.tokens.size()))
+    hashes.pop_back();
+  s.blocks = pool_.lookup(hashes);
+  s.computed = static_cast<int64_t>(s.blocks.size()) * bs;
+  s.published = static_cast<int64_t>(s.blocks.size());
+  s.last_hash = s.blocks.empty() ? kv::kRootHash : hashes[s.blocks.size() - 1];
+}
+
+// Blocks that filled up in this step become findable by their chained hash.
+void Engine::publish_full_blocks(Sequence& s) {
+  if (!options_.prefix_caching) return;
+  const int64_t bs = pool_.layout().block_size;
+  while ((s.published + 1) * bs <= s.computed && s.published < static_cast<int64_t>(s.blocks.size())) {
+    const std::span<const int32_t> block(s.tokens.data() + s.published * bs, static_cast<std::size_t>(bs));
+    s.last_hash = kv::block_hash(s.last_hash, block);
+    pool_.publish(s.blocks[static_cast<std::size_t>(s.published)], s.last_hash);
+    ++s.published;
+  }
 }
 
 EngineOutput Engine::finish(Sequence& s, FinishReason reason) {
@@ -229,8 +264,13 @@ std::vector<EngineOutput> Engine::step() {
   // 2. Admit waiting sequences in order while budgets and blocks allow.
   while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Sequence& s = *waiting_.front();
+    take_cached_prefix(s);
     const int64_t take = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
-    if (!ensure_blocks(s, s.computed + take)) break;
+    if (!ensure_blocks(s, s.computed + take)) {
+      drop_blocks(s);  // gives back the cached prefix it took; it looks again next step
+      break;
+    }
+    if (s.computed > 0 && s.prompt_computed == 0) stats_.prefix_hit_tokens += std::min(s.computed, s.n_prompt);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     plan.push_back({&s, take});
@@ -278,6 +318,7 @@ std::vector<EngineOutput> Engine::step() {
       row += c.tokens.size() - (c.logits_last ? 1 : 0);
     }
     s.computed += plan[i].take;
+    publish_full_blocks(s);
     if (!c.logits_last) continue;
     std::span<float> lg(logits_.data() + row * vocab, vocab);
     ++row;

@@ -31,6 +31,7 @@ struct EngineOptions {
   int64_t max_num_seqs = 64;
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  bool prefix_caching = true;  // reuse cached full blocks of identical prefixes
 };
 
 struct EngineRequest {
@@ -77,6 +78,7 @@ struct EngineStats {
   int64_t prefill_tokens = 0;  // tokens computed as prefill (recomputation included)
   int64_t decode_tokens = 0;
   int64_t preemptions = 0;
+  int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache instead of computed
 };
 
 class Engine {
@@ -114,6 +116,9 @@ class Engine {
   struct Sequence;
   bool ensure_blocks(Sequence& s, int64_t positions);
   void preempt(Sequence& s);
+  void drop_blocks(Sequence& s);
+  void take_cached_prefix(Sequence& s);
+  void publish_full_blocks(Sequence& s);
   bool finish_check(Sequence& s);
   EngineOutput finish(Sequence& s, FinishReason reason);
 

@@ -122,6 +122,10 @@ with tempfile.TemporaryDirectory() as tmp:
             check(f"{name}: decode ranks computed only the short prompts", decode_prefill == local,
                   f"{decode_prefill} vs {local}")
         check(f"{name}: summary counts", summary["requests_ok"] == len(inputs) and summary["requests_failed"] == 0)
+        # Shared prefixes come back from the prefix cache: fewer prompt tokens computed than sent.
+        check(f"{name}: the prefix cache is used", summary["prefix_hit_rate"] > 0.2 and
+              summary["prompt_tokens_computed"] < summary["prompt_tokens"],
+              f"hit rate {summary['prefix_hit_rate']:.2f}, {summary['prompt_tokens_computed']} of {summary['prompt_tokens']}")
 
     # Bad lines: each becomes a 400 line with a message; the rest complete.
     bad_in = tmp / "bad.jsonl"

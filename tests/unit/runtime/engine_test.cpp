@@ -173,6 +173,39 @@ TEST_CASE("out of KV blocks: sequences are preempted and recomputed, outputs unc
   }
 }
 
+TEST_CASE("the prefix cache skips shared prefixes and changes no output", "[engine][prefix]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(21);
+  const auto shared = random_prompt(rng, 70);
+  std::vector<EngineRequest> reqs;
+  for (uint64_t i = 0; i < 8; ++i) {
+    auto p = shared;
+    const auto tail = random_prompt(rng, 3 + static_cast<int64_t>(i));
+    p.insert(p.end(), tail.begin(), tail.end());
+    EngineRequest q{i, p, {}, 50 + i};
+    q.params.max_tokens = 10;
+    q.params.ignore_eos = true;
+    q.params.temperature = i % 2 ? 0.0f : 0.7f;
+    reqs.push_back(q);
+  }
+  auto run = [&](bool caching, EngineStats& stats) {
+    kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 256);
+    cpu::ThreadPool threads(2);
+    EngineOptions opt{4, 64, 0, caching};
+    Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, opt);
+    for (const auto& r : reqs) e.add(r);
+    auto out = run_all(e);
+    stats = e.stats();
+    return out;
+  };
+  EngineStats with, without;
+  const auto a = run(true, with), b = run(false, without);
+  CHECK(with.prefix_hit_tokens >= 4 * 7 * 16);  // later requests reuse the 4 shared full blocks
+  CHECK(without.prefix_hit_tokens == 0);
+  CHECK(with.prefill_tokens < without.prefill_tokens);
+  for (const auto& r : reqs) CHECK(a.at(r.id).tokens == b.at(r.id).tokens);
+}
+
 TEST_CASE("sampling options: stop tokens, stop strings, max_tokens, logprobs, prompt logprobs", "[engine][sampling]") {
   testing::TinyModel tiny;
   auto tok = Tokenizer::load(tiny.dir);
