@@ -17,6 +17,7 @@ void BlockPool::unpublish(int32_t block) {
   Meta& m = meta_[static_cast<std::size_t>(block)];
   if (m.hash == 0) return;
   by_hash_.erase(m.hash);
+  removed_.push_back(m.hash);
   m.hash = 0;
 }
 
@@ -64,6 +65,14 @@ void BlockPool::publish(int32_t block, uint64_t hash) {
   if (m.hash != 0 || hash == 0 || by_hash_.count(hash)) return;
   m.hash = hash;
   by_hash_.emplace(hash, block);
+  stored_.push_back(hash);
+}
+
+void BlockPool::drain_events(std::vector<uint64_t>& stored, std::vector<uint64_t>& removed) {
+  stored = std::move(stored_);
+  removed = std::move(removed_);
+  stored_.clear();
+  removed_.clear();
 }
 
 }  // namespace tandem::kv

@@ -46,6 +46,11 @@ class BlockPool {
   // Publishes a full, referenced block under its hash (no-op if the hash is already cached).
   void publish(int32_t block, uint64_t hash);
 
+  // Hashes published and evicted since the last call (what rank 0's KV-aware
+  // router learns from this worker), then starts a new log.
+  void drain_events(std::vector<uint64_t>& stored, std::vector<uint64_t>& removed);
+  bool has_events() const { return !stored_.empty() || !removed_.empty(); }
+
  private:
   struct Meta {
     int32_t refs = 0;
@@ -62,6 +67,7 @@ class BlockPool {
   std::vector<Meta> meta_;
   std::list<int32_t> lru_;     // cached blocks nobody uses, least recently used first
   std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::vector<uint64_t> stored_, removed_;
 };
 
 }  // namespace tandem::kv

@@ -116,6 +116,9 @@ RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplat
   s.outputs.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   s.outputs.tokenizer = p.tokenizer.get();
   s.window_per_worker = 2 * p.cfg.job.max_num_seqs;
+  s.block_size = p.cfg.kv.block_size;
+  s.route_policy = p.cfg.router.policy;
+  s.overlap_weight = p.cfg.router.overlap_weight_device;
   return s;
 }
 
@@ -132,7 +135,7 @@ class InProcessLink : public WorkerLink {
   explicit InProcessLink(WorkerCore& core) : core_(core) {}
   std::vector<int> workers() const override { return {0}; }
   void submit(int, const WireRequest& r) override { core_.submit(r); }
-  void poll(std::vector<WireResult>& results) override {
+  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>&) override {
     if (core_.has_work()) {
       auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
       results.insert(results.end(), std::make_move_iterator(r.results.begin()),
@@ -153,15 +156,18 @@ class MpiLink : public WorkerLink {
   std::vector<int> workers() const override { return workers_; }
   std::vector<int> prefill_workers() const override { return prefill_; }
   void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
-  void poll(std::vector<WireResult>& results) override {
+  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) override {
     check(box_.progress());
     bool any = false;
-    for (;;) {
-      std::optional<mpi::Message> m;
-      check(box_.try_recv(m, MPI_ANY_SOURCE, mpi::kTagResult));
-      if (!m) break;
-      results.push_back(decode_result(m->bytes));
-      any = true;
+    for (int tag : {mpi::kTagCacheEvents, mpi::kTagResult}) {
+      for (;;) {
+        std::optional<mpi::Message> m;
+        check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
+        if (!m) break;
+        if (tag == mpi::kTagResult) results.push_back(decode_result(m->bytes));
+        else cache_events.push_back(decode_cache_events(m->bytes));
+        any = true;
+      }
     }
     if (any) backoff_.reset();
     else backoff_.idle();
@@ -215,6 +221,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
   std::unordered_map<uint64_t, Destination> destinations;
   mpi::Backoff backoff;
   bool stopping = false;
+  auto last_report = std::chrono::steady_clock::now();
   for (;;) {
     bool any = false;
     for (;;) {
@@ -285,6 +292,12 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         destinations.erase(d);
       }
       any = true;
+    }
+    // Tell rank 0 what the prefix cache gained and lost, at most every 20 ms.
+    if (std::chrono::steady_clock::now() - last_report > std::chrono::milliseconds(20)) {
+      WireCacheEvents events;
+      if (core.drain_cache_events(events)) check(box.send(0, mpi::kTagCacheEvents, encode(events)));
+      last_report = std::chrono::steady_clock::now();
     }
     check(box.progress());
     if (stopping && !core.has_work() && awaiting.empty() && to_reserve.empty()) break;
@@ -435,6 +448,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       MpiLink link(box, decode, prefill);
       auto setup = router_setup(p, chat);
       setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
+      setup.prefill_saturation_tokens = 8 * p.cfg.job.max_batched_tokens;
       const auto summary = run_router(setup, link);
       log_summary(summary);
     } else {

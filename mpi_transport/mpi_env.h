@@ -28,6 +28,7 @@ enum Tag : int {
   kTagKvData = 7,    // two-sided transport: block payloads
   kTagStartup = 8,   // start-up status, all ranks
   kTagCancel = 9,    // rank 0 -> worker: drop a request
+  kTagCacheEvents = 10,  // worker -> rank 0: prefix-cache hashes stored and removed
 };
 
 class MpiEnv {

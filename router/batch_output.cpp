@@ -92,7 +92,8 @@ std::string format_result(const BatchRequest& req, const RequestResult& res, con
                  {"itl_ms", res.itl_ms},
                  {"e2e_ms", res.e2e_ms},
                  {"prompt_tokens_computed", res.prompt_tokens_computed},
-                 {"worker", res.worker}}}};
+                 {"worker", res.worker},
+                 {"prefill_worker", res.prefill_worker}}}};
   return dump(line);
 }
 

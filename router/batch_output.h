@@ -28,6 +28,7 @@ struct RequestResult {
   double ttft_ms = 0, itl_ms = 0, e2e_ms = 0;
   int64_t prompt_tokens_computed = 0;  // prompt tokens this request's ranks computed (not cache hits)
   int worker = 0;                      // decode rank
+  int prefill_worker = -1;             // rank that prefilled it remotely; -1: prefilled on `worker`
 };
 
 struct OutputContext {

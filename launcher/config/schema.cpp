@@ -153,7 +153,7 @@ std::vector<KeySpec> build_schema() {
       key("router", "policy", &C::router, &RouterConfig::policy)
           .choices({"kv_aware", "round_robin", "least_loaded"})
           .doc("How rank 0 picks a decode rank for a request.")
-          .pending(kRun),
+          ,
       key("router", "local_prefill_tokens", &C::router, &RouterConfig::local_prefill_tokens)
           .at_least(0)
           .doc("Prompts with fewer uncached tokens than this prefill on their decode rank; 0: never.")
@@ -165,7 +165,7 @@ std::vector<KeySpec> build_schema() {
       key("router", "overlap_weight_device", &C::router, &RouterConfig::overlap_weight_device)
           .at_least(0)
           .doc("Routing value of a prefix block cached in a worker's pool.")
-          .pending(kRun),
+          ,
       key("router", "overlap_weight_host", &C::router, &RouterConfig::overlap_weight_host)
           .at_least(0)
           .doc("Routing value of a prefix block in host memory (G2).")

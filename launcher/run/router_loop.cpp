@@ -13,7 +13,9 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "kv/block_hash.h"
 #include "launcher/run/worker_core.h"
+#include "router/kv_aware_policy.h"
 
 namespace tandem::launcher {
 namespace {
@@ -75,6 +77,7 @@ struct InFlight {
   std::vector<int32_t> prompt;
   int worker = 0;
   int prefill = -1;  // prefill rank, or -1 when prefilled on `worker`
+  int64_t blocks = 0;  // KV blocks the prompt occupies
 };
 
 }  // namespace
@@ -92,6 +95,12 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   std::unordered_set<std::string> seen_ids;
   std::unordered_map<uint64_t, InFlight> in_flight;
   std::map<int, int64_t> load;  // requests in flight per worker
+  std::map<int, int64_t> active_blocks;  // prompt blocks of those requests
+  router::KvIndex kv_index;
+  const router::RoutePolicy policy = router::parse_route_policy(s.route_policy);
+  const router::RouteWeights weights{1.0, 1.0, s.overlap_weight};
+  uint64_t turn = 0;
+  std::vector<WireCacheEvents> cache_events;
   std::map<int, int64_t> prefill_queue;  // prompt tokens sent to each prefill rank and not yet finished
   const auto workers = link.workers();
   const auto prefillers = link.prefill_workers();
@@ -158,19 +167,30 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         continue;
       }
       InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt)), 0};
-      // Least loaded worker; ties to the lowest rank.
-      int best = workers.front();
-      for (int w : workers)
-        if (load[w] < load[best]) best = w;
-      f.worker = best;
-      ++load[best];
-      // Conditional disaggregation: long prompts go to the least busy prefill rank.
-      if (!prefillers.empty() && static_cast<int64_t>(f.prompt.size()) >= s.local_prefill_tokens) {
-        int p = prefillers.front();
-        for (int q : prefillers)
-          if (prefill_queue[q] < prefill_queue[p]) p = q;
-        f.prefill = p;
-        prefill_queue[p] += static_cast<int64_t>(f.prompt.size());
+      const auto n = static_cast<int64_t>(f.prompt.size());
+      f.blocks = (n + s.block_size - 1) / s.block_size;
+      const auto hashes = kv::full_block_hashes(f.prompt, s.block_size);
+      // The decode (or agg) worker: KV-aware cost over what each has cached and holds.
+      std::vector<router::Candidate> cands;
+      for (int w : workers) cands.push_back({w, kv_index.overlap(w, hashes), active_blocks[w], load[w], 0});
+      const auto& chosen = cands[router::choose_worker(policy, cands, f.blocks, weights, turn++)];
+      f.worker = chosen.rank;
+      ++load[f.worker];
+      active_blocks[f.worker] += f.blocks;
+      // Conditional disaggregation: prefill remotely only what is long enough to
+      // be worth moving (the part the decode rank has not cached), and only
+      // while some prefill rank is not saturated.
+      const int64_t uncached = n - chosen.overlap_blocks * s.block_size;
+      if (!prefillers.empty() && uncached >= s.local_prefill_tokens) {
+        std::vector<router::Candidate> pc;
+        for (int w : prefillers) pc.push_back({w, kv_index.overlap(w, hashes), 0, 0, prefill_queue[w]});
+        const auto& p = pc[router::choose_worker(policy == router::RoutePolicy::kRoundRobin ? router::RoutePolicy::kKvAware
+                                                                                           : policy,
+                                                 pc, f.blocks, weights, turn)];
+        if (p.queued_tokens < s.prefill_saturation_tokens) {
+          f.prefill = p.rank;
+          prefill_queue[p.rank] += n;
+        }
       }
       WireRequest w;
       w.id = i;
@@ -179,18 +199,24 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       w.params = f.request.params;
       w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
                                f.request.custom_id);
-      link.submit(best, w);
+      link.submit(f.worker, w);
       in_flight.emplace(i, std::move(f));
     }
     if (input_done && in_flight.empty()) break;
 
     results.clear();
-    link.poll(results);
+    cache_events.clear();
+    link.poll(results, cache_events);
+    for (const auto& e : cache_events) {
+      kv_index.stored(e.rank, e.stored);
+      kv_index.removed(e.rank, e.removed);
+    }
     for (auto& r : results) {
       auto it = in_flight.find(r.id);
       if (it == in_flight.end()) continue;
       InFlight& f = it->second;
       --load[f.worker];
+      active_blocks[f.worker] -= f.blocks;
       if (f.prefill >= 0) prefill_queue[f.prefill] -= static_cast<int64_t>(f.prompt.size());
       if (!r.ok) {
         fail(r.id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
@@ -208,6 +234,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         res.itl_ms = n > 1 ? (res.e2e_ms - res.ttft_ms) / (n - 1) : 0.0;
         res.prompt_tokens_computed = r.prompt_tokens_computed;
         res.worker = r.worker;
+        res.prefill_worker = f.prefill;
         stats.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
                          res.ttft_ms, res.itl_ms, res.e2e_ms);
         out.put(r.id, router::format_result(f.request, res, s.outputs));

@@ -26,8 +26,9 @@ class WorkerLink {
   // Ranks that only prefill (disaggregated); empty in aggregated mode.
   virtual std::vector<int> prefill_workers() const { return {}; }
   virtual void submit(int worker, const WireRequest& request) = 0;
-  // Appends finished results; may block briefly (back-off) when nothing is ready.
-  virtual void poll(std::vector<WireResult>& results) = 0;
+  // Appends finished results and prefix-cache reports; may block briefly
+  // (back-off) when nothing is ready.
+  virtual void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) = 0;
   // After the last result: stop the workers and collect their counters.
   virtual std::vector<router::RankReport> shutdown() = 0;
 };
@@ -39,6 +40,10 @@ struct RouterSetup {
   router::OutputContext outputs;
   int64_t window_per_worker = 128;  // requests in flight per worker
   int64_t local_prefill_tokens = 0;  // disaggregated: shorter prompts prefill on their decode rank
+  int64_t block_size = 16;
+  std::string route_policy = "kv_aware";
+  double overlap_weight = 1.0;
+  int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
 };
 
 // Runs the job; returns the summary. Throws tandem::Error on I/O failure.

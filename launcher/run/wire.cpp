@@ -77,6 +77,16 @@ WireRequest request_from(const json& j) {
 std::vector<uint8_t> encode(const WireRequest& r) { return json::to_cbor(request_json(r)); }
 WireRequest decode_request(const std::vector<uint8_t>& bytes) { return request_from(json::from_cbor(bytes)); }
 
+std::vector<uint8_t> encode(const WireCacheEvents& r) {
+  return json::to_cbor(json{{"rank", r.rank}, {"stored", r.stored}, {"removed", r.removed}});
+}
+
+WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  return WireCacheEvents{j.at("rank").get<int>(), j.at("stored").get<std::vector<uint64_t>>(),
+                         j.at("removed").get<std::vector<uint64_t>>()};
+}
+
 std::vector<uint8_t> encode(const WirePrefill& r) {
   return json::to_cbor(json{{"request", request_json(r.request)}, {"dst", r.dst_blocks}, {"decode", r.decode_rank}});
 }

@@ -48,6 +48,14 @@ struct WireKvReady {
   int64_t prompt_tokens_computed = 0;
 };
 
+// Worker -> rank 0: what its prefix cache gained and lost (for KV-aware routing).
+struct WireCacheEvents {
+  int rank = 0;
+  std::vector<uint64_t> stored, removed;
+};
+
+std::vector<uint8_t> encode(const WireCacheEvents& r);
+WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WirePrefill& r);
 WirePrefill decode_prefill(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireKvReady& r);

@@ -9,7 +9,7 @@ namespace tandem::launcher {
 WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
                        const runtime::ModelWeights& weights, kv::BlockPool& pool, runtime::cpu::ThreadPool& threads,
                        const runtime::Tokenizer* tokenizer, runtime::EngineOptions options)
-    : rank_(rank), role_(std::move(role)), engine_(config, weights, pool, threads, tokenizer, options) {}
+    : rank_(rank), role_(std::move(role)), pool_(pool), engine_(config, weights, pool, threads, tokenizer, options) {}
 
 void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
   runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, prefill_only};
@@ -65,6 +65,13 @@ WorkerCore::StepOutput WorkerCore::step() {
     out.results.push_back(std::move(r));
   }
   return out;
+}
+
+bool WorkerCore::drain_cache_events(WireCacheEvents& events) {
+  if (!pool_.has_events()) return false;
+  events.rank = rank_;
+  pool_.drain_events(events.stored, events.removed);
+  return true;
 }
 
 void WorkerCore::add_prefilled(const WireRequest& w, std::vector<int32_t> blocks, const WireKvReady& ready,

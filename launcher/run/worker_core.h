@@ -47,6 +47,9 @@ class WorkerCore {
   void add_prefilled(const WireRequest& request, std::vector<int32_t> blocks, const WireKvReady& ready,
                      std::chrono::steady_clock::time_point arrival);
 
+  // The prefix cache's changes since the last call; false when there are none.
+  bool drain_cache_events(WireCacheEvents& events);
+
   void count_kv_sent(int64_t bytes, double seconds) {
     kv_bytes_ += bytes;
     kv_seconds_ += seconds;
@@ -56,6 +59,7 @@ class WorkerCore {
  private:
   int rank_;
   std::string role_;
+  kv::BlockPool& pool_;
   runtime::Engine engine_;
   std::vector<WireResult> refused_;
   std::unordered_map<uint64_t, int64_t> remote_computed_;  // prompt tokens a prefill rank computed, by request

@@ -111,16 +111,21 @@ with tempfile.TemporaryDirectory() as tmp:
         summary = json.loads(Path(str(out) + ".summary.json").read_text())
         if "disagg" in name:
             block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # layers x K,V x block x kv_heads x head_dim x float (tiny preset)
-            travelled = [l for l in lines if l["response"]["body"]["usage"]["prompt_tokens"] >= LOCAL]
+            travelled = [l for l in lines if l["tandem"]["prefill_worker"] >= 0]
+            local = [l for l in lines if l["tandem"]["prefill_worker"] < 0]
             want = sum(-(-l["response"]["body"]["usage"]["prompt_tokens"] // 16) * block_bytes for l in travelled)
             check(f"{name}: kv_bytes_transferred equals the blocks of the prompts that travelled",
-                  summary["kv_bytes_transferred"] == want and want > 0,
+                  summary["kv_bytes_transferred"] == want and len(travelled) >= 20,
                   f"{summary['kv_bytes_transferred']} vs {want} ({len(travelled)} prompts)")
-            local = sum(l["response"]["body"]["usage"]["prompt_tokens"] for l in lines
-                        if l["response"]["body"]["usage"]["prompt_tokens"] < LOCAL)
-            decode_prefill = sum(r["prefill_tokens"] for r in summary["ranks"] if r["role"] == "decode")
-            check(f"{name}: decode ranks computed only the short prompts", decode_prefill == local,
-                  f"{decode_prefill} vs {local}")
+            check(f"{name}: only prompts with at least {LOCAL} uncached tokens travelled",
+                  all(l["response"]["body"]["usage"]["prompt_tokens"] >= LOCAL for l in travelled))
+            by_role = {role: sum(r["prefill_tokens"] for r in summary["ranks"] if r["role"] == role)
+                       for role in ("prefill", "decode")}
+            remote = sum(l["tandem"]["prompt_tokens_computed"] for l in travelled)
+            here = sum(l["tandem"]["prompt_tokens_computed"] for l in local)
+            check(f"{name}: decode ranks computed none of the travelled prompts' tokens",
+                  by_role["decode"] == here and by_role["prefill"] == remote,
+                  f"decode {by_role['decode']} vs local {here}; prefill {by_role['prefill']} vs travelled {remote}")
         check(f"{name}: summary counts", summary["requests_ok"] == len(inputs) and summary["requests_failed"] == 0)
         # Shared prefixes come back from the prefix cache: fewer prompt tokens computed than sent.
         check(f"{name}: the prefix cache is used", summary["prefix_hit_rate"] > 0.2 and

@@ -1,0 +1,65 @@
+#include <catch2/catch.hpp>
+
+#include "router/batch_request.h"
+
+using namespace tandem::router;
+
+namespace {
+std::string error_of(const std::string& line) {
+  auto p = parse_batch_line(line);
+  REQUIRE(std::holds_alternative<LineError>(p));
+  return std::get<LineError>(p).message;
+}
+BatchRequest ok(const std::string& line) {
+  auto p = parse_batch_line(line);
+  if (auto* e = std::get_if<LineError>(&p)) FAIL(e->message);
+  return std::get<BatchRequest>(p);
+}
+}  // namespace
+
+TEST_CASE("Batch lines in both forms, with every option by its OpenAI name", "[router][input]") {
+  auto r = ok(R"({"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"Hi "},{"type":"text","text":"there"}]}],"max_completion_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":5,"min_p":0.1,"presence_penalty":0.2,"frequency_penalty":0.3,"repetition_penalty":1.2,"seed":4,"stop":"END","stop_token_ids":[2],"logprobs":true,"top_logprobs":3,"ignore_eos":true}})");
+  CHECK(r.endpoint == Endpoint::kChat);
+  CHECK(r.model == "m");
+  REQUIRE(r.messages);
+  CHECK((*r.messages)[0].content == "Hi there");
+  CHECK(r.params.max_tokens == 7);
+  CHECK(r.max_tokens_given);
+  CHECK(r.params.temperature == 0.5f);
+  CHECK(r.params.top_k == 5);
+  CHECK(r.params.seed == 4);
+  CHECK(r.seed_given);
+  CHECK(r.params.stop == std::vector<std::string>{"END"});
+  CHECK(r.params.logprobs == 3);
+  CHECK(r.params.ignore_eos);
+
+  auto s = ok(R"({"custom_id":"b","prompt_token_ids":[1,2,3],"max_tokens":4})");
+  CHECK(s.endpoint == Endpoint::kCompletions);
+  CHECK(s.prompt_ids == std::vector<int32_t>{1, 2, 3});
+  auto t = ok(R"({"custom_id":"c","prompt":"x","echo":true,"logprobs":2})");
+  CHECK(t.echo);
+  CHECK(t.params.prompt_logprobs == 2);
+  CHECK(t.params.max_tokens == 16);  // OpenAI's default for completions
+}
+
+TEST_CASE("bad lines say what is wrong and how to fix it", "[router][input]") {
+  CHECK(error_of("{not json") == "not valid JSON; each line must be one JSON object");
+  CHECK(error_of("[1,2]") == "each line must be a JSON object, got an array");
+  CHECK(error_of(R"({"prompt":"x"})") == "missing 'custom_id' (every line needs a unique string id)");
+  CHECK(error_of(R"({"custom_id":7,"prompt":"x"})") == "'custom_id' must be a non-empty string, got 7");
+  CHECK_THAT(error_of(R"({"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{}})"),
+             Catch::StartsWith("unknown 'url' \"/v1/embeddings\"; use \"/v1/completions\" or"));
+  CHECK(error_of(R"({"custom_id":"a","prompt":"x","max_tokens":0})") == "'max_tokens' must be at least 1, got 0");
+  CHECK(error_of(R"({"custom_id":"a","prompt":"x","temperature":"hot"})") == "'temperature' must be a number, got a string");
+  CHECK(error_of(R"({"custom_id":"a","prompt":"x","top_p":1.5})") == "'top_p' must be between 0.0 and 1.0, got 1.5");
+  CHECK(error_of(R"({"custom_id":"a","prompt":"x","n":2})") == "'n' must be 1 (write one line per sample, with different seeds)");
+  CHECK(error_of(R"({"custom_id":"a","prompt":["x","y"]})") ==
+        "'prompt' must be a string or an array of token ids (one prompt per line)");
+  CHECK(error_of(R"({"custom_id":"a","messages":[]})") == "'messages' must be a non-empty array of {role, content}");
+  CHECK(error_of(R"({"custom_id":"a","prompt_token_ids":[1,-2]})") ==
+        "'prompt_token_ids' must hold non-negative integer token ids, got -2");
+  CHECK(error_of(R"({"custom_id":"a"})") == "a completion request needs 'prompt' (or 'prompt_token_ids')");
+  auto p = parse_batch_line(R"({"custom_id":"keep-me","prompt":"x","stop":5})");
+  REQUIRE(std::holds_alternative<LineError>(p));
+  CHECK(std::get<LineError>(p).custom_id == "keep-me");  // the error line carries the id when it could be read
+}

@@ -1,0 +1,49 @@
+#include <catch2/catch.hpp>
+
+#include "router/kv_aware_policy.h"
+
+using namespace tandem::router;
+
+TEST_CASE("KV-aware routing follows Dynamo's cost, ties to the lowest rank", "[router]") {
+  const RouteWeights w;
+  struct Row {
+    const char* what;
+    std::vector<Candidate> candidates;
+    int64_t prompt_blocks;
+    int want_rank;
+  };
+  const std::vector<Row> table = {
+      {"all equal: lowest rank", {{3, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {2, 0, 0, 0, 0}}, 10, 1},
+      {"cached prefix wins", {{1, 0, 0, 0, 0}, {2, 8, 0, 0, 0}}, 10, 2},
+      {"cache outweighed by load", {{1, 0, 0, 0, 0}, {2, 8, 50, 5, 0}}, 10, 1},
+      {"more overlap beats less", {{1, 4, 2, 1, 0}, {2, 9, 2, 1, 0}}, 10, 2},
+      {"overlap beyond the prompt does not go negative", {{1, 30, 5, 0, 0}, {2, 10, 0, 0, 0}}, 10, 2},
+      {"queued prefill tokens count", {{1, 0, 0, 0, 1600}, {2, 0, 0, 0, 0}}, 10, 2},
+  };
+  for (const auto& row : table) {
+    INFO(row.what);
+    const auto i = choose_worker(RoutePolicy::kKvAware, row.candidates, row.prompt_blocks, w, 0);
+    CHECK(row.candidates[i].rank == row.want_rank);
+  }
+}
+
+TEST_CASE("round robin and least loaded", "[router]") {
+  const std::vector<Candidate> c = {{1, 9, 0, 3, 0}, {2, 0, 0, 1, 0}, {3, 0, 0, 1, 0}};
+  CHECK(choose_worker(RoutePolicy::kRoundRobin, c, 4, {}, 0) == 0);
+  CHECK(choose_worker(RoutePolicy::kRoundRobin, c, 4, {}, 4) == 1);
+  CHECK(c[choose_worker(RoutePolicy::kLeastLoaded, c, 4, {}, 0)].rank == 2);
+  CHECK_THROWS_WITH(parse_route_policy("random"), Catch::Contains("router.policy must be"));
+}
+
+TEST_CASE("the KV index follows stored and removed hashes per worker", "[router]") {
+  KvIndex index;
+  const uint64_t prompt[] = {11, 22, 33, 44};
+  const uint64_t stored[] = {11, 22, 44};
+  index.stored(2, stored);
+  CHECK(index.overlap(2, prompt) == 2);  // 33 is missing: the prefix stops there
+  CHECK(index.overlap(1, prompt) == 0);
+  const uint64_t gone[] = {11};
+  index.removed(2, gone);
+  CHECK(index.overlap(2, prompt) == 0);
+  CHECK(index.overlap(9, prompt) == 0);
+}
