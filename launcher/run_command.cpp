@@ -448,7 +448,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       MpiLink link(box, decode, prefill);
       auto setup = router_setup(p, chat);
       setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
-      setup.prefill_saturation_tokens = 8 * p.cfg.job.max_batched_tokens;
+      setup.prefill_saturation_tokens = 64 * p.cfg.job.max_batched_tokens;
       const auto summary = run_router(setup, link);
       log_summary(summary);
     } else {
