@@ -21,6 +21,7 @@
 #include "launcher/run/worker_core.h"
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
+#include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
 
@@ -293,6 +294,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       }
       any = true;
     }
+    if (transport) check(transport->progress());  // two-sided: place blocks sent to us
     // Tell rank 0 what the prefix cache gained and lost, at most every 20 ms.
     if (std::chrono::steady_clock::now() - last_report > std::chrono::milliseconds(20)) {
       WireCacheEvents events;
@@ -331,6 +333,30 @@ Roles plan_roles(const Config& cfg, int world_size) {
                 " worker ranks of this job (ranks - 1); make them add up, or set only one of them");
   }
   return {p, d};
+}
+
+// The KV transport of the workers (collective over them). auto: one-sided RMA
+// where every worker can create its window, else two-sided MPI for all.
+std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
+                                                 int64_t blocks, void** base) {
+  if (backend == "nccl" || backend == "libfabric")
+    throw Error("transport.backend = \"" + backend + "\" is not available yet; use \"auto\"");
+  if (backend == "mpi_rma" || backend == "auto") {
+    auto rma = std::make_unique<mpi::MpiRmaTransport>(workers);
+    const Status st = rma->create_pool(block_bytes, blocks, base);
+    int ok = st.ok() ? 1 : 0, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, workers);
+    if (all_ok) return rma;
+    if (st.ok()) (void)rma->destroy();
+    if (backend == "mpi_rma")
+      throw Error("could not create the KV window (" + st.to_string() + "); set transport.backend = \"auto\"");
+    int wrank = 0;
+    MPI_Comm_rank(workers, &wrank);
+    if (wrank == 0) spdlog::warn("one-sided MPI windows are not available here; KV moves by two-sided MPI instead");
+  }
+  auto two = std::make_unique<mpi::MpiTwoSidedTransport>(workers);
+  if (Status st = two->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
+  return two;
 }
 
 // Rank 0 decides whether the job can start; every rank learns the verdict.
@@ -412,10 +438,8 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     const int64_t blocks = pool_blocks(p, local_workers);
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
     if (roles.prefill > 0) {
-      transport = std::make_unique<mpi::MpiRmaTransport>(workers);
       void* base = nullptr;
-      if (Status st = transport->create_pool(layout.block_bytes(), blocks, &base); !st.ok())
-        throw Error("could not create the KV window: " + st.to_string());
+      transport = open_transport(p.cfg.transport.backend, workers, layout.block_bytes(), blocks, &base);
       pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
     } else {
       pool = std::make_unique<kv::BlockPool>(layout, blocks);

@@ -44,6 +44,9 @@ class KvTransport {
   [[nodiscard]] virtual Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
                                     Transfer& transfer) = 0;
   [[nodiscard]] virtual Status test(Transfer& transfer) = 0;
+  // Drives incoming transfers (two-sided backends place received blocks here);
+  // every rank's main loop calls it. Never blocks.
+  [[nodiscard]] virtual Status progress() { return Status(); }
   // Collective, at the end.
   [[nodiscard]] virtual Status destroy() = 0;
 };

@@ -66,7 +66,7 @@ struct KvConfig {
 };
 
 struct TransportConfig {
-  std::string backend = "mpi_rma";  // mpi_rma | loopback | nccl | libfabric
+  std::string backend = "auto";  // auto | mpi_rma | mpi_two_sided | nccl | libfabric
 };
 
 struct HttpConfig {

@@ -210,9 +210,10 @@ std::vector<KeySpec> build_schema() {
           .pending("KV tiers"),
       // [transport]
       key("transport", "backend", &C::transport, &TransportConfig::backend)
-          .choices({"mpi_rma", "loopback", "nccl", "libfabric"})
-          .doc("How KV blocks move from prefill to decode ranks.")
-          .pending(kRun),
+          .choices({"auto", "mpi_rma", "mpi_two_sided", "nccl", "libfabric"})
+          .doc("How KV blocks move from prefill to decode ranks. auto: MPI one-sided RMA, or two-sided "
+               "MPI where no window can be created (said in one log line). nccl and libfabric come later.")
+          ,
       // [http]
       key("http", "host", &C::http, &HttpConfig::host)
           .doc("Address the HTTP shim binds; keep 127.0.0.1 and tunnel over SSH.")

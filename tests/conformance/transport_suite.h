@@ -42,7 +42,12 @@ inline bool holds(const uint8_t* pool, std::size_t block_bytes, int32_t block, i
 }
 
 inline void wait(mpi::KvTransport& t, mpi::Transfer& x, Failures& f, const std::string& what) {
-  for (int i = 0; i < 1000000 && !x.done; ++i) f.check(t.test(x).ok(), what + ": test() failed");
+  for (int i = 0; i < 10000000 && !x.done; ++i) {
+    if (!t.test(x).ok()) {
+      f.check(false, what + ": test() failed");
+      return;
+    }
+  }
   f.check(x.done, what + ": transfer never completed");
 }
 

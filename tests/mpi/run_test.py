@@ -80,7 +80,9 @@ with tempfile.TemporaryDirectory() as tmp:
                ("disagg 1P+1D", 3, ["job.mode=disagg", "cluster.prefill_ranks=1"]),
                ("disagg 1P+2D", 4, ["job.mode=disagg", "cluster.prefill_ranks=1"]),
                ("disagg 2P+1D", 4, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
-               ("disagg 2P+3D", 6, ["job.mode=disagg", "cluster.prefill_ranks=2"])]
+               ("disagg 2P+3D", 6, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
+               ("disagg 1P+2D two-sided", 4, ["job.mode=disagg", "cluster.prefill_ranks=1",
+                                              "transport.backend=mpi_two_sided"])]
     reference = None
     for name, np, sets in configs:
         out = tmp / f"out-{np}-{len(sets)}-{name[-5:].replace(' ', '')}.jsonl"
