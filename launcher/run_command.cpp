@@ -1,5 +1,6 @@
 // `tandem run`: the batch job. Under mpirun/srun, rank 0 routes and the
 // other ranks run engines; with one rank, router and engine share the process.
+#include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -88,10 +89,18 @@ runtime::EngineOptions engine_options(const Prepared& p) {
   return {p.cfg.job.max_num_seqs, p.cfg.job.max_batched_tokens, p.max_model_len};
 }
 
-router::RankReport router_report() {
+// Rank 0's own CPU use over the job (user + system time / wall time): the
+// router should need a small fraction of a core while the workers compute.
+router::RankReport router_report(std::chrono::steady_clock::time_point started) {
   router::RankReport r;
   r.rank = 0;
   r.role = "router";
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                     static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  r.busy_fraction = wall > 0 ? cpu / wall : 0;
   return r;
 }
 
@@ -176,7 +185,7 @@ class MpiLink : public WorkerLink {
   std::vector<router::RankReport> shutdown() override {
     for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, {}));
     for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, {}));
-    std::vector<router::RankReport> reports{router_report()};
+    std::vector<router::RankReport> reports{router_report(started_)};
     while (reports.size() < workers_.size() + prefill_.size() + 1) {
       std::optional<mpi::Message> m;
       check(box_.try_recv(m, MPI_ANY_SOURCE, mpi::kTagReport));
@@ -194,6 +203,7 @@ class MpiLink : public WorkerLink {
   mpi::Mailbox& box_;
   std::vector<int> workers_, prefill_;
   mpi::Backoff backoff_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 // A worker rank under MPI: run what rank 0 (and, disaggregated, the other

@@ -134,6 +134,17 @@ with tempfile.TemporaryDirectory() as tmp:
               summary["prompt_tokens_computed"] < summary["prompt_tokens"],
               f"hit rate {summary['prefix_hit_rate']:.2f}, {summary['prompt_tokens_computed']} of {summary['prompt_tokens']}")
 
+        if np > 1:
+            router = [r for r in summary["ranks"] if r["role"] == "router"][0]
+            check(f"{name}: rank 0 uses well under a core", router["busy_fraction"] < 0.5,
+                  f"{router['busy_fraction']:.2f} of a core")
+
+    # Input order: the output follows the input line by line.
+    out = tmp / "ordered.jsonl"
+    p = run(4, out, "job.output_order=input", "job.mode=disagg")
+    ids = [l["custom_id"] for l in load(out)] if p.returncode == 0 else []
+    check("output_order = input keeps the input's order", ids == list(inputs), f"{len(ids)} lines")
+
     # Bad lines: each becomes a 400 line with a message; the rest complete.
     bad_in = tmp / "bad.jsonl"
     subprocess.run(["/usr/bin/python3", src / "tests/mpi/make_workload.py", bad_in, "40", "--bad"], check=True)
