@@ -13,23 +13,7 @@ bool py_space(uint32_t cp) {
          cp == 0x3000;
 }
 
-std::string py_trim(std::string_view s) {
-  std::size_t b = 0;
-  while (b < s.size()) {
-    std::size_t i = b;
-    if (!py_space(next_code_point(s, i))) break;
-    b = i;
-  }
-  std::size_t e = s.size();
-  while (e > b) {
-    std::size_t start = e - 1;
-    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    std::size_t i = start;
-    if (!py_space(next_code_point(s, i))) break;
-    e = start;
-  }
-  return std::string(s.substr(b, e - b));
-}
+std::string py_trim(std::string_view s) { return std::string(trim_code_points(s, true, true, py_space)); }
 
 std::string lstrip_newlines(std::string_view s) {
   const auto b = s.find_first_not_of('\n');

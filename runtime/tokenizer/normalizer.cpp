@@ -97,25 +97,11 @@ class Strip : public Normalizer {
  public:
   Strip(bool left, bool right) : left_(left), right_(right) {}
   void normalize(std::string& text) const override {
-    auto is_space = [](uint32_t cp) { return utf8proc_category(cp) == UTF8PROC_CATEGORY_ZS || (cp >= 9 && cp <= 13) || cp == 0x85; };
-    std::size_t b = 0, e = text.size();
-    if (left_) {
-      while (b < e) {
-        std::size_t i = b;
-        if (!is_space(next_code_point(text, i))) break;
-        b = i;
-      }
-    }
-    if (right_) {
-      while (e > b) {
-        std::size_t s = e - 1;
-        while (s > b && (static_cast<unsigned char>(text[s]) & 0xC0) == 0x80) --s;
-        std::size_t i = s;
-        if (!is_space(next_code_point(text, i))) break;
-        e = s;
-      }
-    }
-    text = text.substr(b, e - b);
+    auto is_space = [](uint32_t cp) {
+      return utf8proc_category(static_cast<utf8proc_int32_t>(cp)) == UTF8PROC_CATEGORY_ZS || (cp >= 9 && cp <= 13) ||
+             cp == 0x85;
+    };
+    text = std::string(trim_code_points(text, left_, right_, is_space));
   }
 
  private:

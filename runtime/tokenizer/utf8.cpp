@@ -105,6 +105,23 @@ std::string utf8_lossy(std::string_view bytes) {
   return out;
 }
 
+std::string_view trim_code_points(std::string_view s, bool left, bool right, bool (*strip)(uint32_t)) {
+  std::size_t b = 0, e = s.size();
+  while (left && b < e) {
+    std::size_t i = b;
+    if (!strip(next_code_point(s, i))) break;
+    b = i;
+  }
+  while (right && e > b) {
+    std::size_t start = e - 1;
+    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    std::size_t i = start;
+    if (!strip(next_code_point(s, i))) break;
+    e = start;
+  }
+  return s.substr(b, e - b);
+}
+
 bool ends_with_incomplete_utf8(std::string_view s) {
   // Look back at most 3 bytes for a lead byte whose sequence is cut short.
   for (std::size_t back = 1; back <= 3 && back <= s.size(); ++back) {

@@ -35,6 +35,10 @@ bool is_valid_utf8(std::string_view s);
 // String::from_utf8_lossy does (the WHATWG "maximal subpart" rule).
 std::string utf8_lossy(std::string_view bytes);
 
+// s without the leading (left) and trailing (right) code points for which
+// strip(cp) is true. s must be valid UTF-8.
+std::string_view trim_code_points(std::string_view s, bool left, bool right, bool (*strip)(uint32_t));
+
 // True when s ends inside a multi-byte sequence that more bytes could complete.
 bool ends_with_incomplete_utf8(std::string_view s);
 
