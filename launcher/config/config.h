@@ -32,7 +32,7 @@ struct JobConfig {
   double flush_seconds = 10.0;              // fsync output + checkpoint at least this often
   double progress_seconds = 30.0;           // a progress line this often when stderr is not a terminal
   std::string summary;                      // summary JSON; empty: <output>.summary.json
-  bool resume = true;                       // skip custom_ids already in the checkpoint
+  bool resume = false;                      // continue an existing output (skip what its checkpoint has)
 };
 
 struct ClusterConfig {

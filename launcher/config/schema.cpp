@@ -119,7 +119,7 @@ std::vector<KeySpec> build_schema() {
       key("job", "drain_seconds", &C::job, &JobConfig::drain_seconds)
           .at_least(0)
           .doc("After USR1 or TERM, seconds to let in-flight requests finish before exiting.")
-          .pending("Slurm"),
+          ,
       key("job", "flush_seconds", &C::job, &JobConfig::flush_seconds)
           .at_least(0.01)
           .doc("Output and checkpoint are fsync'd at least this often, in seconds.")
@@ -130,8 +130,9 @@ std::vector<KeySpec> build_schema() {
       key("job", "summary", &C::job, &JobConfig::summary)
           .doc("Where the job's summary JSON goes; empty: next to the output as <output>.summary.json."),
       key("job", "resume", &C::job, &JobConfig::resume)
-          .doc("Skip requests whose custom_id is already in the output's checkpoint.")
-          .pending("Slurm"),
+          .doc("Continue an existing output: skip what its checkpoint (<output>.ckpt) records as done. "
+               "Also --resume; automatic when Slurm requeues the job. Off: an existing output is an error.")
+          ,
       // [cluster]
       key("cluster", "prefill_ranks", &C::cluster, &ClusterConfig::prefill_ranks)
           .at_least(0)

@@ -16,61 +16,57 @@
 #include "kv/block_hash.h"
 #include "launcher/run/worker_core.h"
 #include "router/kv_aware_policy.h"
+#include "slurm/resumable_output.h"
 
 namespace tandem::launcher {
+
+std::atomic<int> g_stop_signal{0};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Appends lines to the output, in completion order or in input order through
-// a reorder buffer; fsyncs at least every flush_seconds.
+// Hands lines to the resumable output, in completion order or in input order
+// through a reorder buffer; commits (fsync + checkpoint) at least every
+// flush_seconds.
 class OutputWriter {
  public:
-  OutputWriter(const std::string& path, bool input_order, double flush_seconds)
-      : path_(path), input_order_(input_order), flush_seconds_(flush_seconds) {
-    file_ = std::fopen(path.c_str(), "a");
-    if (!file_) throw Error(path + ": cannot open the output for appending (" + std::strerror(errno) + ")");
-  }
-  ~OutputWriter() {
-    if (file_) std::fclose(file_);
-  }
-  void put(uint64_t index, std::string line) {
-    if (!input_order_) return write(line);
-    buffer_.emplace(index, std::move(line));
+  OutputWriter(slurm::ResumableOutput& out, bool input_order, double flush_seconds)
+      : out_(out), input_order_(input_order), flush_seconds_(flush_seconds) {}
+  void put(uint64_t index, std::string key, std::string line) {
+    if (!input_order_) return out_.write(key, line);
+    buffer_.emplace(index, std::make_pair(std::move(key), std::move(line)));
     while (!buffer_.empty() && buffer_.begin()->first == next_) {
-      write(buffer_.begin()->second);
+      if (!buffer_.begin()->second.second.empty()) out_.write(buffer_.begin()->second.first, buffer_.begin()->second.second);
       buffer_.erase(buffer_.begin());
       ++next_;
     }
   }
-  // Input order: an index that produces no line (a blank input line) must still advance the order.
+  // Input order: an index that produces no line (a blank or an already-done line) must still advance the order.
   void skip(uint64_t index) {
-    if (input_order_) put(index, std::string());
+    if (input_order_) put(index, std::string(), std::string());
   }
   std::size_t buffered() const { return buffer_.size(); }
-  void sync() {
-    std::fflush(file_);
-    ::fsync(::fileno(file_));
-    last_sync_ = Clock::now();
+  void commit() {
+    out_.commit();
+    last_commit_ = Clock::now();
   }
-  void maybe_sync() {
-    if (std::chrono::duration<double>(Clock::now() - last_sync_).count() >= flush_seconds_) sync();
+  void maybe_commit() {
+    if (std::chrono::duration<double>(Clock::now() - last_commit_).count() >= flush_seconds_) commit();
   }
 
  private:
-  void write(const std::string& line) {
-    if (line.empty()) return;
-    if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) < 0)
-      throw Error(path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
-  }
-  std::string path_;
+  slurm::ResumableOutput& out_;
   bool input_order_;
   double flush_seconds_;
-  std::FILE* file_ = nullptr;
-  std::map<uint64_t, std::string> buffer_;
+  std::map<uint64_t, std::pair<std::string, std::string>> buffer_;
   uint64_t next_ = 0;
-  Clock::time_point last_sync_ = Clock::now();
+  Clock::time_point last_commit_ = Clock::now();
 };
+
+// The key that makes a line "done" in the checkpoint: its custom_id, or its
+// line number when it has no usable one (so its error line is written once too).
+std::string line_key(uint64_t index) { return "#line:" + std::to_string(index + 1); }
 
 struct InFlight {
   router::BatchRequest request;
@@ -86,7 +82,11 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   const Config& cfg = *s.config;
   std::ifstream in(s.input);
   if (!in) throw Error(s.input + ": cannot read the input (" + std::strerror(errno) + ")");
-  OutputWriter out(s.output, cfg.job.output_order == "input", cfg.job.flush_seconds);
+  std::unordered_set<std::string> done;
+  slurm::ResumableOutput file(s.output, s.resume, done);
+  OutputWriter out(file, cfg.job.output_order == "input", cfg.job.flush_seconds);
+  int64_t resumed = 0;
+  if (s.resume) spdlog::info("resuming {}: {} line(s) already done", s.output, done.size());
   router::JobStats stats;
   const auto start = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
@@ -115,20 +115,22 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   int64_t lines_read = 0;
   std::vector<WireResult> results;
 
-  auto fail = [&](uint64_t i, const router::LineError& e) {
-    out.put(i, router::format_error(e, s.outputs));
+  auto fail = [&](uint64_t i, std::string key, const router::LineError& e) {
+    out.put(i, std::move(key), router::format_error(e, s.outputs));
     stats.request_failed();
   };
+  bool stopping = false;
+  Clock::time_point drain_deadline;
   auto progress = [&](bool final) {
     const double el = std::chrono::duration<double>(Clock::now() - start).count();
-    const int64_t done = stats.ok() + stats.failed();
-    const double rps = el > 0 ? static_cast<double>(done) / el : 0;
+    const int64_t finished = stats.ok() + stats.failed();
+    const double rps = el > 0 ? static_cast<double>(finished) / el : 0;
     const double tps = el > 0 ? static_cast<double>(stats.generated_tokens()) / el : 0;
     const std::string total = input_done ? std::to_string(lines_read) : std::to_string(lines_read) + "+";
-    const double eta = input_done && rps > 0 ? static_cast<double>(lines_read - done) / rps : -1;
+    const double eta = input_done && rps > 0 ? static_cast<double>(lines_read - finished) / rps : -1;
     char line[256];
     std::snprintf(line, sizeof line, "%lld/%s done (%lld failed), %.2f req/s, %.1f output tok/s, ETA %s",
-                  static_cast<long long>(done), total.c_str(), static_cast<long long>(stats.failed()), rps, tps,
+                  static_cast<long long>(finished), total.c_str(), static_cast<long long>(stats.failed()), rps, tps,
                   eta < 0 ? "?" : (std::to_string(static_cast<long long>(eta)) + " s").c_str());
     if (tty && !final) std::fprintf(stderr, "\r%s\033[K", line);
     else if (!tty || final) spdlog::info("progress: {}", line);
@@ -136,7 +138,14 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
 
   while (true) {
     // Admit lines while there is room.
-    while (!input_done && static_cast<int64_t>(in_flight.size()) < capacity && out.buffered() < reorder_limit) {
+    if (!stopping && g_stop_signal.load() != 0) {
+      stopping = true;
+      drain_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(cfg.job.drain_seconds * 1e3));
+      spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:.0f} s", g_stop_signal.load(),
+                   in_flight.size(), cfg.job.drain_seconds);
+    }
+    while (!stopping && !input_done && static_cast<int64_t>(in_flight.size()) < capacity &&
+           out.buffered() < reorder_limit) {
       std::string line;
       if (!std::getline(in, line)) {
         input_done = true;
@@ -149,21 +158,40 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       }
       ++lines_read;
       auto parsed = router::parse_batch_line(line);
+      // A line's key in the checkpoint: its custom_id the first time the id
+      // appears, else (no usable id, or a duplicate) its line number. Keys in
+      // `done` were written by an earlier run and are skipped now.
+      auto key_of = [&](const std::string& id) {
+        if (id.empty()) return line_key(i);
+        return seen_ids.insert(id).second ? id : line_key(i);
+      };
       if (auto* e = std::get_if<router::LineError>(&parsed)) {
+        std::string key = key_of(e->custom_id);
+        if (done.count(key)) {
+          ++resumed;
+          out.skip(i);
+          continue;
+        }
         e->message = "line " + std::to_string(i + 1) + ": " + e->message;
-        fail(i, *e);
+        fail(i, std::move(key), *e);
         continue;
       }
       auto& req = std::get<router::BatchRequest>(parsed);
-      if (!seen_ids.insert(req.custom_id).second) {
-        fail(i, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
-                                         "'; every line needs its own"});
+      const std::string key = key_of(req.custom_id);
+      if (done.count(key)) {
+        ++resumed;
+        out.skip(i);
+        continue;
+      }
+      if (key != req.custom_id) {
+        fail(i, key, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
+                                              "'; every line needs its own"});
         continue;
       }
       auto prompt = router::build_prompt(req, s.prompts);
       if (auto* e = std::get_if<router::LineError>(&prompt)) {
         e->message = "line " + std::to_string(i + 1) + ": " + e->message;
-        fail(i, *e);
+        fail(i, req.custom_id, *e);
         continue;
       }
       InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt)), 0};
@@ -202,7 +230,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       link.submit(f.worker, w);
       in_flight.emplace(i, std::move(f));
     }
-    if (input_done && in_flight.empty()) break;
+    if ((input_done || stopping) && in_flight.empty()) break;
+    if (stopping && Clock::now() >= drain_deadline) break;  // the rest is abandoned: not written, redone on resume
 
     results.clear();
     cache_events.clear();
@@ -219,7 +248,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       active_blocks[f.worker] -= f.blocks;
       if (f.prefill >= 0) prefill_queue[f.prefill] -= static_cast<int64_t>(f.prompt.size());
       if (!r.ok) {
-        fail(r.id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
+        fail(r.id, f.request.custom_id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
       } else {
         router::RequestResult res;
         res.prompt_ids = std::move(f.prompt);
@@ -237,23 +266,31 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         res.prefill_worker = f.prefill;
         stats.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
                          res.ttft_ms, res.itl_ms, res.e2e_ms);
-        out.put(r.id, router::format_result(f.request, res, s.outputs));
+        out.put(r.id, f.request.custom_id, router::format_result(f.request, res, s.outputs));
       }
       in_flight.erase(it);
     }
-    out.maybe_sync();
+    out.maybe_commit();
     if (std::chrono::duration<double>(Clock::now() - last_progress).count() >= (tty ? 0.5 : cfg.job.progress_seconds)) {
       progress(false);
       last_progress = Clock::now();
     }
   }
-  out.sync();
+  out.commit();
+  const auto abandoned = static_cast<int64_t>(in_flight.size());
+  if (stopping) {
+    spdlog::warn("stopped by signal {}: {} request(s) in flight abandoned; every written line is committed; "
+                 "rerun with --resume to finish the input", g_stop_signal.load(), abandoned);
+  }
   if (tty) std::fprintf(stderr, "\n");
   progress(true);
 
-  for (const auto& r : link.shutdown()) stats.add_rank(r);
+  for (const auto& r : link.shutdown(abandoned > 0)) stats.add_rank(r);
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json summary = stats.summary(elapsed);
+  summary["requests_resumed"] = resumed;
+  summary["stopped_by_signal"] = stopping;
+  summary["requests_abandoned"] = abandoned;
   std::ofstream sf(s.summary);
   if (!sf) throw Error(s.summary + ": cannot write the summary");
   sf << summary.dump(2) << "\n";

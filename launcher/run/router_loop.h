@@ -5,6 +5,7 @@
 // link sends messages).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,7 +31,8 @@ class WorkerLink {
   // (back-off) when nothing is ready.
   virtual void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) = 0;
   // After the last result: stop the workers and collect their counters.
-  virtual std::vector<router::RankReport> shutdown() = 0;
+  // abandon: the workers drop what they still hold (a signal's drain ran out).
+  virtual std::vector<router::RankReport> shutdown(bool abandon) = 0;
 };
 
 struct RouterSetup {
@@ -44,7 +46,12 @@ struct RouterSetup {
   std::string route_policy = "kv_aware";
   double overlap_weight = 1.0;
   int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
+  bool resume = false;  // continue an existing output (skip what its checkpoint says is done)
 };
+
+// Set by the USR1/TERM handler (Slurm's time limit or preemption warning):
+// rank 0 stops admitting, drains for job.drain_seconds, commits, and ends.
+extern std::atomic<int> g_stop_signal;
 
 // Runs the job; returns the summary. Throws tandem::Error on I/O failure.
 nlohmann::json run_router(const RouterSetup& setup, WorkerLink& link);

@@ -1,0 +1,88 @@
+#include "slurm/resumable_output.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace tandem::slurm {
+namespace {
+
+void sync_file(std::FILE* f, const std::string& path) {
+  if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0)
+    throw Error(path + ": cannot write (" + std::strerror(errno) + "); is the disk full?");
+}
+
+}  // namespace
+
+ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unordered_set<std::string>& done)
+    : path_(path), ckpt_path_(path + ".ckpt") {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool has_output = fs::exists(path_) && fs::file_size(path_, ec) > 0;
+  if (!resume && (has_output || fs::exists(ckpt_path_))) {
+    throw Error(path_ + ": the output already exists; pass --resume (or set job.resume = true) to continue it, "
+                        "or choose another output");
+  }
+  if (resume && fs::exists(ckpt_path_)) {
+    // Replay the checkpoint: keys become done at the commit record that follows them.
+    std::ifstream in(ckpt_path_);
+    std::vector<std::string> keys;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_string()) {
+        keys.push_back(j.get<std::string>());
+      } else if (j.is_object() && j.contains("committed_bytes")) {
+        committed_ = j["committed_bytes"].get<int64_t>();
+        for (auto& k : keys) done.insert(std::move(k));
+        keys.clear();
+      }  // anything else is a torn last record: ignored, like the keys before it
+    }
+    const auto size = has_output ? static_cast<int64_t>(fs::file_size(path_)) : 0;
+    if (size < committed_) {
+      throw Error(path_ + ": is shorter (" + std::to_string(size) + " bytes) than its checkpoint records (" +
+                  std::to_string(committed_) + "); it was changed outside Tandem — restore it or start a new output");
+    }
+    if (size > committed_) fs::resize_file(path_, static_cast<std::uintmax_t>(committed_));  // drop uncommitted lines
+  } else if (resume && has_output) {
+    throw Error(path_ + ": has no checkpoint (" + ckpt_path_ + ") to resume from; move the output away or choose another");
+  }
+  out_ = std::fopen(path_.c_str(), "a");
+  if (!out_) throw Error(path_ + ": cannot open the output for appending (" + std::strerror(errno) + ")");
+  ckpt_ = std::fopen(ckpt_path_.c_str(), "a");
+  if (!ckpt_) throw Error(ckpt_path_ + ": cannot open the checkpoint for appending (" + std::strerror(errno) + ")");
+  written_ = committed_;
+}
+
+ResumableOutput::~ResumableOutput() {
+  if (out_) std::fclose(out_);
+  if (ckpt_) std::fclose(ckpt_);
+}
+
+void ResumableOutput::write(const std::string& key, const std::string& line) {
+  if (std::fputs(line.c_str(), out_) < 0 || std::fputc('\n', out_) < 0)
+    throw Error(path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
+  written_ += static_cast<int64_t>(line.size()) + 1;
+  pending_.push_back(key);
+}
+
+void ResumableOutput::commit() {
+  if (pending_.empty()) return;
+  sync_file(out_, path_);  // the lines first: a checkpoint never promises what is not on disk
+  std::string record;
+  for (const auto& k : pending_) record += nlohmann::json(k).dump() + "\n";
+  record += "{\"committed_bytes\":" + std::to_string(written_) + "}\n";
+  if (std::fputs(record.c_str(), ckpt_) < 0) throw Error(ckpt_path_ + ": write failed (" + std::strerror(errno) + ")");
+  sync_file(ckpt_, ckpt_path_);
+  committed_ = written_;
+  pending_.clear();
+}
+
+}  // namespace tandem::slurm
