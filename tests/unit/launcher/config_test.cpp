@@ -84,7 +84,7 @@ TEST_CASE("a string where a number belongs is a type error with an example", "[c
   CHECK(error_of("[kv]\nblock_size = \"16\"\n") ==
         "job.toml:2:14: kv.block_size must be an integer, got the string \"16\" (e.g. block_size = 16)");
   CHECK(error_of("[job]\nresume = 1\n") ==
-        "job.toml:2:10: job.resume must be a boolean (true or false), got the integer 1 (e.g. resume = true)");
+        "job.toml:2:10: job.resume must be a boolean (true or false), got the integer 1 (e.g. resume = false)");
   CHECK(error_of("[kv]\nblock_size = 16.0\n") ==
         "job.toml:2:14: kv.block_size must be an integer, got the number 16 (e.g. block_size = 16)");
   CHECK_THAT(error_of("kv = 3\n"), Catch::StartsWith("job.toml:1:1: 'kv' must be a section ([kv])"));
