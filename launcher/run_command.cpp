@@ -26,6 +26,7 @@
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
+#include "slurm/slurm_env.h"
 
 namespace tandem::launcher {
 namespace {
@@ -54,6 +55,8 @@ Prepared prepare(const RunOptions& o) {
   if (p.cfg.job.input.empty()) throw Error("no input: set job.input in the job file or pass --input FILE");
   if (p.cfg.job.output.empty()) throw Error("no output: set job.output in the job file or pass --output FILE");
   if (o.resume) p.cfg.job.resume = true;
+  // A job array task writes its own output and takes its own shard of the input.
+  p.cfg.job.output = slurm::shard_output_path(p.cfg.job.output, slurm::SlurmEnv::from_environment());
   // A requeued Slurm job continues its output.
   if (const char* restarts = std::getenv("SLURM_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) p.cfg.job.resume = true;
   if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
@@ -139,6 +142,9 @@ RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplat
   s.outputs.tokenizer = p.tokenizer.get();
   s.window_per_worker = 2 * p.cfg.job.max_num_seqs;
   s.resume = p.cfg.job.resume;
+  const auto slurm_env = slurm::SlurmEnv::from_environment();
+  s.shard_index = slurm_env.shard_index();
+  s.shard_count = slurm_env.shard_count();
   s.block_size = p.cfg.kv.block_size;
   s.route_policy = p.cfg.router.policy;
   s.overlap_weight = p.cfg.router.overlap_weight_device;
@@ -433,6 +439,11 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     spdlog::info("tandem run: {} rank(s); model {} ({}), input {}, output {}", env.size(), p.cfg.model.path,
                  p.model.architecture, p.cfg.job.input, p.cfg.job.output);
     log_effective_config(p.cfg);
+    try {
+      spdlog::info("placement: {}", slurm::SlurmEnv::from_environment().describe());
+    } catch (const Error& e) {
+      spdlog::warn("placement: {}", e.what());
+    }
   }
 
   // Roles: rank 0 routes; workers 1..P prefill, the rest decode (agg: all do both).

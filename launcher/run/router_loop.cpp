@@ -152,8 +152,9 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         break;
       }
       const uint64_t i = index++;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) {
-        out.skip(i);  // blank lines carry no request
+      if (line.find_first_not_of(" \t\r") == std::string::npos ||
+          static_cast<int64_t>(i % static_cast<uint64_t>(s.shard_count)) != s.shard_index) {
+        out.skip(i);  // blank lines carry no request; other array tasks take the other shards
         continue;
       }
       ++lines_read;

@@ -47,6 +47,7 @@ struct RouterSetup {
   double overlap_weight = 1.0;
   int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
   bool resume = false;  // continue an existing output (skip what its checkpoint says is done)
+  int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index
 };
 
 // Set by the USR1/TERM handler (Slurm's time limit or preemption warning):
