@@ -19,7 +19,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/commands.h"
+#include "launcher/run/links.h"
 #include "launcher/run/router_loop.h"
+#include "launcher/run/worker_loop.h"
 #include "launcher/run/worker_core.h"
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
@@ -104,20 +106,6 @@ runtime::EngineOptions engine_options(const Prepared& p) {
   return {p.cfg.job.max_num_seqs, p.cfg.job.max_batched_tokens, p.max_model_len};
 }
 
-// Rank 0's own CPU use over the job (user + system time / wall time): the
-// router should need a small fraction of a core while the workers compute.
-router::RankReport router_report(std::chrono::steady_clock::time_point started) {
-  router::RankReport r;
-  r.rank = 0;
-  r.role = "router";
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-                     static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  r.busy_fraction = wall > 0 ? cpu / wall : 0;
-  return r;
-}
 
 RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat) {
   RouterSetup s;
@@ -156,191 +144,6 @@ void log_summary(const nlohmann::json& s) {
                s["requests_ok"].get<int64_t>(), s["requests_failed"].get<int64_t>(), s["elapsed_s"].get<double>(),
                s["output_tokens_per_s"].get<double>(), s["ttft_ms"]["p50"].get<double>(),
                s["itl_ms"]["p50"].get<double>());
-}
-
-// -np 1: the router steps an engine in this process.
-class InProcessLink : public WorkerLink {
- public:
-  explicit InProcessLink(WorkerCore& core) : core_(core) {}
-  std::vector<int> workers() const override { return {0}; }
-  void submit(int, const WireRequest& r) override { core_.submit(r); }
-  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>&) override {
-    if (core_.has_work()) {
-      auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
-      results.insert(results.end(), std::make_move_iterator(r.results.begin()),
-                     std::make_move_iterator(r.results.end()));
-    }
-  }
-  std::vector<router::RankReport> shutdown(bool) override { return {core_.report()}; }
-
- private:
-  WorkerCore& core_;
-};
-
-// Rank 0 under MPI: requests and results are messages.
-class MpiLink : public WorkerLink {
- public:
-  MpiLink(mpi::Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
-      : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
-  std::vector<int> workers() const override { return workers_; }
-  std::vector<int> prefill_workers() const override { return prefill_; }
-  void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
-  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) override {
-    check(box_.progress());
-    bool any = false;
-    for (int tag : {mpi::kTagCacheEvents, mpi::kTagResult}) {
-      for (;;) {
-        std::optional<mpi::Message> m;
-        check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
-        if (!m) break;
-        if (tag == mpi::kTagResult) results.push_back(decode_result(m->bytes));
-        else cache_events.push_back(decode_cache_events(m->bytes));
-        any = true;
-      }
-    }
-    if (any) backoff_.reset();
-    else backoff_.idle();
-  }
-  std::vector<router::RankReport> shutdown(bool abandon) override {
-    const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
-    for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, how));
-    for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, how));
-    std::vector<router::RankReport> reports{router_report(started_)};
-    while (reports.size() < workers_.size() + prefill_.size() + 1) {
-      std::optional<mpi::Message> m;
-      check(box_.try_recv(m, MPI_ANY_SOURCE, mpi::kTagReport));
-      if (m) reports.push_back(decode_report(m->bytes));
-      else backoff_.idle();
-    }
-    check(box_.flush());
-    return reports;
-  }
-
- private:
-  static void check(const Status& s) {
-    if (!s.ok()) throw Error(s.to_string());
-  }
-  mpi::Mailbox& box_;
-  std::vector<int> workers_, prefill_;
-  mpi::Backoff backoff_;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-};
-
-// A worker rank under MPI: run what rank 0 (and, disaggregated, the other
-// workers) send until rank 0 says stop. One loop serves every role:
-//  - a request with prefill_rank < 0 runs here entirely (agg, or a short prompt);
-//  - with prefill_rank >= 0 (decode side), blocks for the prompt are reserved
-//    here and handed to that prefill rank, and the request continues here
-//    once its KV has landed (kTagKvReady);
-//  - a prefill rank runs kTagPrefill requests to their first token, puts the
-//    KV into the decode rank's blocks through the transport, then notifies it.
-void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transport) {
-  auto check = [](const Status& s) {
-    if (!s.ok()) throw Error(s.to_string());
-  };
-  struct AwaitingKv {
-    WireRequest request;
-    std::vector<int32_t> blocks;
-    std::chrono::steady_clock::time_point arrival;
-  };
-  struct Destination {
-    std::vector<int32_t> blocks;
-    int decode_rank;
-  };
-  std::deque<std::pair<WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
-  std::unordered_map<uint64_t, AwaitingKv> awaiting;
-  std::unordered_map<uint64_t, Destination> destinations;
-  mpi::Backoff backoff;
-  bool stopping = false, abandon = false;
-  auto last_report = std::chrono::steady_clock::now();
-  for (;;) {
-    bool any = false;
-    for (;;) {
-      std::optional<mpi::Message> m;
-      check(box.try_recv(m));
-      if (!m) break;
-      any = true;
-      switch (m->tag) {
-        case mpi::kTagRequest: {
-          WireRequest r = decode_request(m->bytes);
-          if (r.prefill_rank < 0) core.submit(r);
-          else to_reserve.emplace_back(std::move(r), std::chrono::steady_clock::now());
-          break;
-        }
-        case mpi::kTagPrefill: {
-          WirePrefill p = decode_prefill(m->bytes);
-          destinations[p.request.id] = {std::move(p.dst_blocks), p.decode_rank};
-          core.submit(p.request, /*prefill_only=*/true);
-          break;
-        }
-        case mpi::kTagKvReady: {
-          const WireKvReady ready = decode_kv_ready(m->bytes);
-          auto it = awaiting.find(ready.id);
-          if (it == awaiting.end()) break;
-          core.add_prefilled(it->second.request, std::move(it->second.blocks), ready, it->second.arrival);
-          awaiting.erase(it);
-          break;
-        }
-        case mpi::kTagShutdown:
-          stopping = true;
-          abandon = !m->bytes.empty() && m->bytes[0] != 0;
-          break;
-        default: break;
-      }
-    }
-    // Decode side: reserve blocks (oldest first) and send the prefill off.
-    while (!to_reserve.empty()) {
-      auto& [r, arrival] = to_reserve.front();
-      auto blocks = core.reserve(static_cast<int64_t>(r.prompt.size()));
-      if (!blocks) break;  // retried when finished sequences free blocks
-      WirePrefill p{r, *blocks, 0};
-      MPI_Comm_rank(MPI_COMM_WORLD, &p.decode_rank);
-      check(box.send(r.prefill_rank, mpi::kTagPrefill, encode(p)));
-      awaiting[r.id] = {std::move(r), std::move(*blocks), arrival};
-      to_reserve.pop_front();
-      any = true;
-    }
-    if (core.has_work()) {
-      auto out = core.step();
-      for (auto& r : out.results) {
-        if (!r.ok) destinations.erase(r.id);  // refused on a prefill rank: rank 0 hears it from here
-        check(box.send(0, mpi::kTagResult, encode(r)));
-      }
-      for (auto& h : out.handoffs) {
-        auto d = destinations.find(h.id);
-        if (d == destinations.end() || !transport) {
-          core.release(h.kv_blocks);
-          continue;
-        }
-        // Workers' ranks in the transport's communicator are world ranks less one (rank 0 routes).
-        const auto t0 = std::chrono::steady_clock::now();
-        mpi::Transfer x;
-        const auto n = std::min(h.kv_blocks.size(), d->second.blocks.size());
-        check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).first(n),
-                              std::span(d->second.blocks).first(n), x));
-        while (!x.done) check(transport->test(x));
-        core.count_kv_sent(static_cast<int64_t>(x.bytes),
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        core.release(h.kv_blocks);
-        check(box.send(d->second.decode_rank, mpi::kTagKvReady, encode(h.ready)));
-        destinations.erase(d);
-      }
-      any = true;
-    }
-    if (transport) check(transport->progress());  // two-sided: place blocks sent to us
-    // Tell rank 0 what the prefix cache gained and lost, at most every 20 ms.
-    if (std::chrono::steady_clock::now() - last_report > std::chrono::milliseconds(20)) {
-      WireCacheEvents events;
-      if (core.drain_cache_events(events)) check(box.send(0, mpi::kTagCacheEvents, encode(events)));
-      last_report = std::chrono::steady_clock::now();
-    }
-    check(box.progress());
-    if (stopping && (abandon || (!core.has_work() && awaiting.empty() && to_reserve.empty()))) break;
-    if (any) backoff.reset();
-    else backoff.idle();
-  }
-  check(box.send(0, mpi::kTagReport, encode(core.report())));
-  check(box.flush());
 }
 
 struct Roles {

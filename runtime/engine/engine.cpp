@@ -86,7 +86,7 @@ void Engine::add(EngineRequest request) {
   waiting_.push_back(std::move(s));
 }
 
-void Engine::abort(uint64_t id) { aborted_.push_back(id); }
+void Engine::cancel(uint64_t id) { aborted_.push_back(id); }
 
 std::optional<std::vector<int32_t>> Engine::reserve_blocks(int64_t n_tokens) {
   const int64_t bs = pool_.layout().block_size;

@@ -92,7 +92,7 @@ class Engine {
   // Throws tandem::Error (one line) for an empty prompt, a token outside the
   // vocabulary, or a prompt that leaves no room in max_model_len.
   void add(EngineRequest request);
-  void abort(uint64_t id);  // finishes it with FinishReason::kAbort at the next step
+  void cancel(uint64_t id);  // finishes it with FinishReason::kAbort at the next step
 
   // Disaggregation, decode side. reserve_blocks: blocks for n_tokens of KV,
   // or nullopt when the pool has too few free. add_prefilled: a request whose

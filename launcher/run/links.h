@@ -1,0 +1,87 @@
+// How rank 0's router reaches the workers: an engine in this process (-np 1)
+// or MPI messages to worker ranks.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <vector>
+
+#include "common/error.h"
+#include "launcher/run/router_loop.h"
+#include "launcher/run/worker_core.h"
+#include "mpi_transport/mpi_env.h"
+
+namespace tandem::launcher {
+
+// Rank 0's own counters: its CPU use over the job (user + system time / wall time).
+router::RankReport router_report(std::chrono::steady_clock::time_point started);
+
+// -np 1: the router steps an engine in this process.
+class InProcessLink : public WorkerLink {
+ public:
+  explicit InProcessLink(WorkerCore& core) : core_(core) {}
+  std::vector<int> workers() const override { return {0}; }
+  void submit(int, const WireRequest& r) override { core_.submit(r); }
+  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>&) override {
+    if (core_.has_work()) {
+      auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
+      results.insert(results.end(), std::make_move_iterator(r.results.begin()),
+                     std::make_move_iterator(r.results.end()));
+    }
+  }
+  std::vector<router::RankReport> shutdown(bool) override { return {core_.report()}; }
+
+ private:
+  WorkerCore& core_;
+};
+
+// Rank 0 under MPI: requests and results are messages.
+class MpiLink : public WorkerLink {
+ public:
+  MpiLink(mpi::Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
+      : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
+  std::vector<int> workers() const override { return workers_; }
+  std::vector<int> prefill_workers() const override { return prefill_; }
+  void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
+  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) override {
+    check(box_.progress());
+    bool any = false;
+    for (int tag : {mpi::kTagCacheEvents, mpi::kTagResult}) {
+      for (;;) {
+        std::optional<mpi::Message> m;
+        check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
+        if (!m) break;
+        if (tag == mpi::kTagResult) results.push_back(decode_result(m->bytes));
+        else cache_events.push_back(decode_cache_events(m->bytes));
+        any = true;
+      }
+    }
+    if (any) backoff_.reset();
+    else backoff_.idle();
+  }
+  std::vector<router::RankReport> shutdown(bool abandon) override {
+    const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
+    for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, how));
+    for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, how));
+    std::vector<router::RankReport> reports{router_report(started_)};
+    while (reports.size() < workers_.size() + prefill_.size() + 1) {
+      std::optional<mpi::Message> m;
+      check(box_.try_recv(m, MPI_ANY_SOURCE, mpi::kTagReport));
+      if (m) reports.push_back(decode_report(m->bytes));
+      else backoff_.idle();
+    }
+    check(box_.flush());
+    return reports;
+  }
+
+ private:
+  static void check(const Status& s) {
+    if (!s.ok()) throw Error(s.to_string());
+  }
+  mpi::Mailbox& box_;
+  std::vector<int> workers_, prefill_;
+  mpi::Backoff backoff_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace tandem::launcher

@@ -1,0 +1,129 @@
+#include "launcher/run/worker_loop.h"
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+
+#include "common/error.h"
+
+namespace tandem::launcher {
+
+// A worker rank under MPI: run what rank 0 (and, disaggregated, the other
+// workers) send until rank 0 says stop. One loop serves every role:
+//  - a request with prefill_rank < 0 runs here entirely (agg, or a short prompt);
+//  - with prefill_rank >= 0 (decode side), blocks for the prompt are reserved
+//    here and handed to that prefill rank, and the request continues here
+//    once its KV has landed (kTagKvReady);
+//  - a prefill rank runs kTagPrefill requests to their first token, puts the
+//    KV into the decode rank's blocks through the transport, then notifies it.
+void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transport) {
+  auto check = [](const Status& s) {
+    if (!s.ok()) throw Error(s.to_string());
+  };
+  struct AwaitingKv {
+    WireRequest request;
+    std::vector<int32_t> blocks;
+    std::chrono::steady_clock::time_point arrival;
+  };
+  struct Destination {
+    std::vector<int32_t> blocks;
+    int decode_rank;
+  };
+  std::deque<std::pair<WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
+  std::unordered_map<uint64_t, AwaitingKv> awaiting;
+  std::unordered_map<uint64_t, Destination> destinations;
+  mpi::Backoff backoff;
+  bool stopping = false, abandon = false;
+  auto last_report = std::chrono::steady_clock::now();
+  for (;;) {
+    bool any = false;
+    for (;;) {
+      std::optional<mpi::Message> m;
+      check(box.try_recv(m));
+      if (!m) break;
+      any = true;
+      switch (m->tag) {
+        case mpi::kTagRequest: {
+          WireRequest r = decode_request(m->bytes);
+          if (r.prefill_rank < 0) core.submit(r);
+          else to_reserve.emplace_back(std::move(r), std::chrono::steady_clock::now());
+          break;
+        }
+        case mpi::kTagPrefill: {
+          WirePrefill p = decode_prefill(m->bytes);
+          destinations[p.request.id] = {std::move(p.dst_blocks), p.decode_rank};
+          core.submit(p.request, /*prefill_only=*/true);
+          break;
+        }
+        case mpi::kTagKvReady: {
+          const WireKvReady ready = decode_kv_ready(m->bytes);
+          auto it = awaiting.find(ready.id);
+          if (it == awaiting.end()) break;
+          core.add_prefilled(it->second.request, std::move(it->second.blocks), ready, it->second.arrival);
+          awaiting.erase(it);
+          break;
+        }
+        case mpi::kTagShutdown:
+          stopping = true;
+          abandon = !m->bytes.empty() && m->bytes[0] != 0;
+          break;
+        default: break;
+      }
+    }
+    // Decode side: reserve blocks (oldest first) and send the prefill off.
+    while (!to_reserve.empty()) {
+      auto& [r, arrival] = to_reserve.front();
+      auto blocks = core.reserve(static_cast<int64_t>(r.prompt.size()));
+      if (!blocks) break;  // retried when finished sequences free blocks
+      WirePrefill p{r, *blocks, 0};
+      MPI_Comm_rank(MPI_COMM_WORLD, &p.decode_rank);
+      check(box.send(r.prefill_rank, mpi::kTagPrefill, encode(p)));
+      awaiting[r.id] = {std::move(r), std::move(*blocks), arrival};
+      to_reserve.pop_front();
+      any = true;
+    }
+    if (core.has_work()) {
+      auto out = core.step();
+      for (auto& r : out.results) {
+        if (!r.ok) destinations.erase(r.id);  // refused on a prefill rank: rank 0 hears it from here
+        check(box.send(0, mpi::kTagResult, encode(r)));
+      }
+      for (auto& h : out.handoffs) {
+        auto d = destinations.find(h.id);
+        if (d == destinations.end() || !transport) {
+          core.release(h.kv_blocks);
+          continue;
+        }
+        // Workers' ranks in the transport's communicator are world ranks less one (rank 0 routes).
+        const auto t0 = std::chrono::steady_clock::now();
+        mpi::Transfer x;
+        const auto n = std::min(h.kv_blocks.size(), d->second.blocks.size());
+        check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).first(n),
+                              std::span(d->second.blocks).first(n), x));
+        while (!x.done) check(transport->test(x));
+        core.count_kv_sent(static_cast<int64_t>(x.bytes),
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        core.release(h.kv_blocks);
+        check(box.send(d->second.decode_rank, mpi::kTagKvReady, encode(h.ready)));
+        destinations.erase(d);
+      }
+      any = true;
+    }
+    if (transport) check(transport->progress());  // two-sided: place blocks sent to us
+    // Tell rank 0 what the prefix cache gained and lost, at most every 20 ms.
+    if (std::chrono::steady_clock::now() - last_report > std::chrono::milliseconds(20)) {
+      WireCacheEvents events;
+      if (core.drain_cache_events(events)) check(box.send(0, mpi::kTagCacheEvents, encode(events)));
+      last_report = std::chrono::steady_clock::now();
+    }
+    check(box.progress());
+    if (stopping && (abandon || (!core.has_work() && awaiting.empty() && to_reserve.empty()))) break;
+    if (any) backoff.reset();
+    else backoff.idle();
+  }
+  check(box.send(0, mpi::kTagReport, encode(core.report())));
+  check(box.flush());
+}
+
+}  // namespace tandem::launcher
