@@ -44,10 +44,10 @@ inline void tile(const float* x, int64_t ldx, const void* w, int64_t K, float* y
   const auto* wb = static_cast<const char*>(w);
   const std::size_t es = dtype_size(D);
   for (int64_t k = 0; k < K8; k += 8) {
-    // Streaming W from memory: ask for the lines ~1 KiB ahead of each row.
+    // Streaming W from memory: ask for the lines 512 bytes ahead of each row.
     if constexpr (MR == 1) {
       if ((k * static_cast<int64_t>(es)) % 64 == 0)
-        for (int n = 0; n < NR; ++n) _mm_prefetch(wb + (n * K + k) * static_cast<int64_t>(es) + 1024, _MM_HINT_T0);
+        for (int n = 0; n < NR; ++n) _mm_prefetch(wb + (n * K + k) * static_cast<int64_t>(es) + 512, _MM_HINT_T0);
     }
     __m256 wv[NR];
     for (int n = 0; n < NR; ++n) wv[n] = load8<D>(w, n * K + k);
