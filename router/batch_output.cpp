@@ -93,7 +93,8 @@ std::string format_result(const BatchRequest& req, const RequestResult& res, con
                  {"e2e_ms", res.e2e_ms},
                  {"prompt_tokens_computed", res.prompt_tokens_computed},
                  {"worker", res.worker},
-                 {"prefill_worker", res.prefill_worker}}}};
+                 {"prefill_worker", res.prefill_worker},
+                 {"kv_blocks_moved", res.kv_blocks_moved}}}};
   return dump(line);
 }
 

@@ -29,6 +29,7 @@ struct RequestResult {
   int64_t prompt_tokens_computed = 0;  // prompt tokens this request's ranks computed (not cache hits)
   int worker = 0;                      // decode rank
   int prefill_worker = -1;             // rank that prefilled it remotely; -1: prefilled on `worker`
+  int64_t kv_blocks_moved = 0;         // prompt KV blocks that crossed the transport
 };
 
 struct OutputContext {

@@ -265,6 +265,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         res.prompt_tokens_computed = r.prompt_tokens_computed;
         res.worker = r.worker;
         res.prefill_worker = f.prefill;
+        res.kv_blocks_moved = r.kv_blocks_moved;
         stats.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
                          res.ttft_ms, res.itl_ms, res.e2e_ms);
         out.put(r.id, f.request.custom_id, router::format_result(f.request, res, s.outputs));

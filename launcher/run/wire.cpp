@@ -88,12 +88,16 @@ WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes) {
 }
 
 std::vector<uint8_t> encode(const WirePrefill& r) {
-  return json::to_cbor(json{{"request", request_json(r.request)}, {"dst", r.dst_blocks}, {"decode", r.decode_rank}});
+  return json::to_cbor(json{{"request", request_json(r.request)},
+                            {"dst", r.dst_blocks},
+                            {"decode", r.decode_rank},
+                            {"skip", r.skip_blocks}});
 }
 
 WirePrefill decode_prefill(const std::vector<uint8_t>& bytes) {
   const json j = json::from_cbor(bytes);
-  return WirePrefill{request_from(j.at("request")), j.at("dst").get<std::vector<int32_t>>(), j.at("decode").get<int>()};
+  return WirePrefill{request_from(j.at("request")), j.at("dst").get<std::vector<int32_t>>(), j.at("decode").get<int>(),
+                     j.at("skip").get<int64_t>()};
 }
 
 std::vector<uint8_t> encode(const WireKvReady& r) {
@@ -127,6 +131,7 @@ std::vector<uint8_t> encode(const WireResult& r) {
                             {"ttft_s", r.ttft_s},
                             {"e2e_s", r.e2e_s},
                             {"computed", r.prompt_tokens_computed},
+                            {"moved", r.kv_blocks_moved},
                             {"worker", r.worker}});
 }
 
@@ -144,6 +149,7 @@ WireResult decode_result(const std::vector<uint8_t>& bytes) {
   r.ttft_s = j.at("ttft_s");
   r.e2e_s = j.at("e2e_s");
   r.prompt_tokens_computed = j.at("computed");
+  r.kv_blocks_moved = j.at("moved");
   r.worker = j.at("worker");
   return r;
 }

@@ -31,14 +31,16 @@ struct WireResult {
   std::vector<runtime::PositionLogprobs> logprobs, prompt_logprobs;
   double ttft_s = 0, e2e_s = 0;
   int64_t prompt_tokens_computed = 0;
+  int64_t kv_blocks_moved = 0;  // blocks of its prompt that crossed the transport
   int worker = 0;
 };
 
 // Decode rank -> prefill rank: prefill this request into these blocks of mine.
 struct WirePrefill {
   WireRequest request;
-  std::vector<int32_t> dst_blocks;
-  int decode_rank = 0;  // world rank
+  std::vector<int32_t> dst_blocks;  // for the prompt's blocks from skip_blocks on
+  int decode_rank = 0;              // world rank
+  int64_t skip_blocks = 0;          // leading blocks the decode rank has cached: not sent
 };
 
 // Prefill rank -> decode rank, after the KV has landed in dst_blocks.

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include "common/error.h"
+#include "kv/block_hash.h"
 
 namespace tandem::launcher {
 
@@ -57,9 +58,10 @@ WorkerCore::StepOutput WorkerCore::step() {
     r.ttft_s = o.ttft_s;
     r.e2e_s = o.e2e_s;
     r.prompt_tokens_computed = o.prompt_tokens_computed;
-    if (auto it = remote_computed_.find(o.id); it != remote_computed_.end()) {
-      r.prompt_tokens_computed += it->second;
-      remote_computed_.erase(it);
+    if (auto it = remote_.find(o.id); it != remote_.end()) {
+      r.prompt_tokens_computed += it->second.first;
+      r.kv_blocks_moved = it->second.second;
+      remote_.erase(it);
     }
     r.worker = rank_;
     out.results.push_back(std::move(r));
@@ -74,10 +76,14 @@ bool WorkerCore::drain_cache_events(WireCacheEvents& events) {
   return true;
 }
 
+std::vector<int32_t> WorkerCore::cached_prefix(std::span<const int32_t> prompt) {
+  return pool_.lookup(kv::full_block_hashes(prompt, pool_.layout().block_size));
+}
+
 void WorkerCore::add_prefilled(const WireRequest& w, std::vector<int32_t> blocks, const WireKvReady& ready,
-                               std::chrono::steady_clock::time_point arrival) {
+                               std::chrono::steady_clock::time_point arrival, int64_t kv_blocks_moved) {
   runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, false};
-  remote_computed_[w.id] = ready.prompt_tokens_computed;
+  remote_[w.id] = {ready.prompt_tokens_computed, kv_blocks_moved};
   engine_.add_prefilled(std::move(r), std::move(blocks), ready.handoff, arrival);
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -43,9 +44,13 @@ class WorkerCore {
 
   // Decode side of disaggregation.
   std::optional<std::vector<int32_t>> reserve(int64_t n_tokens) { return engine_.reserve_blocks(n_tokens); }
+  int64_t block_size() const { return pool_.layout().block_size; }
+  // The cached blocks holding the longest prefix of prompt's full blocks (referenced; release() them).
+  std::vector<int32_t> cached_prefix(std::span<const int32_t> prompt);
   void release(const std::vector<int32_t>& blocks) { engine_.release_blocks(blocks); }
+  // kv_blocks_moved: how many of blocks came over the transport (the rest were cached here).
   void add_prefilled(const WireRequest& request, std::vector<int32_t> blocks, const WireKvReady& ready,
-                     std::chrono::steady_clock::time_point arrival);
+                     std::chrono::steady_clock::time_point arrival, int64_t kv_blocks_moved);
 
   // The prefix cache's changes since the last call; false when there are none.
   bool drain_cache_events(WireCacheEvents& events);
@@ -62,7 +67,8 @@ class WorkerCore {
   kv::BlockPool& pool_;
   runtime::Engine engine_;
   std::vector<WireResult> refused_;
-  std::unordered_map<uint64_t, int64_t> remote_computed_;  // prompt tokens a prefill rank computed, by request
+  std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
+                                                                       // computed, KV blocks moved)
   double busy_s_ = 0;
   int64_t kv_bytes_ = 0;
   double kv_seconds_ = 0;

@@ -23,12 +23,14 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
   };
   struct AwaitingKv {
     WireRequest request;
-    std::vector<int32_t> blocks;
+    std::vector<int32_t> blocks;  // cached prefix blocks, then the reserved ones
     std::chrono::steady_clock::time_point arrival;
+    int64_t moved = 0;            // how many of blocks the prefill rank sends
   };
   struct Destination {
     std::vector<int32_t> blocks;
     int decode_rank;
+    int64_t skip;  // leading prompt blocks the decode rank already has
   };
   std::deque<std::pair<WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
   std::unordered_map<uint64_t, AwaitingKv> awaiting;
@@ -52,7 +54,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         }
         case mpi::kTagPrefill: {
           WirePrefill p = decode_prefill(m->bytes);
-          destinations[p.request.id] = {std::move(p.dst_blocks), p.decode_rank};
+          destinations[p.request.id] = {std::move(p.dst_blocks), p.decode_rank, p.skip_blocks};
           core.submit(p.request, /*prefill_only=*/true);
           break;
         }
@@ -60,7 +62,8 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
           const WireKvReady ready = decode_kv_ready(m->bytes);
           auto it = awaiting.find(ready.id);
           if (it == awaiting.end()) break;
-          core.add_prefilled(it->second.request, std::move(it->second.blocks), ready, it->second.arrival);
+          core.add_prefilled(it->second.request, std::move(it->second.blocks), ready, it->second.arrival,
+                             it->second.moved);
           awaiting.erase(it);
           break;
         }
@@ -71,15 +74,25 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         default: break;
       }
     }
-    // Decode side: reserve blocks (oldest first) and send the prefill off.
+    // Decode side (oldest first): keep the prompt's prefix this rank has
+    // cached, reserve blocks for the rest, and send the prefill off; only
+    // the blocks after the cached prefix will travel.
     while (!to_reserve.empty()) {
       auto& [r, arrival] = to_reserve.front();
-      auto blocks = core.reserve(static_cast<int64_t>(r.prompt.size()));
-      if (!blocks) break;  // retried when finished sequences free blocks
-      WirePrefill p{r, *blocks, 0};
+      auto cached = core.cached_prefix(r.prompt);
+      const int64_t bs = core.block_size();
+      const int64_t total = (static_cast<int64_t>(r.prompt.size()) + bs - 1) / bs;
+      const auto n_cached = static_cast<int64_t>(cached.size());
+      auto fresh = core.reserve((total - n_cached) * bs);
+      if (!fresh) {  // retried when finished sequences free blocks
+        core.release(cached);
+        break;
+      }
+      WirePrefill p{r, *fresh, 0, n_cached};
       MPI_Comm_rank(MPI_COMM_WORLD, &p.decode_rank);
       check(box.send(r.prefill_rank, mpi::kTagPrefill, encode(p)));
-      awaiting[r.id] = {std::move(r), std::move(*blocks), arrival};
+      cached.insert(cached.end(), fresh->begin(), fresh->end());
+      awaiting[r.id] = {std::move(r), std::move(cached), arrival, total - n_cached};
       to_reserve.pop_front();
       any = true;
     }
@@ -98,8 +111,9 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         // Workers' ranks in the transport's communicator are world ranks less one (rank 0 routes).
         const auto t0 = std::chrono::steady_clock::now();
         mpi::Transfer x;
-        const auto n = std::min(h.kv_blocks.size(), d->second.blocks.size());
-        check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).first(n),
+        const auto skip = std::min<std::size_t>(static_cast<std::size_t>(d->second.skip), h.kv_blocks.size());
+        const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
+        check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).subspan(skip, n),
                               std::span(d->second.blocks).first(n), x));
         while (!x.done) check(transport->test(x));
         core.count_kv_sent(static_cast<int64_t>(x.bytes),

@@ -39,6 +39,8 @@ for i in range(n):
                       "stop": ["\n"], **params})
     elif kind == 4:  # short chat, short form
         lines.append({"custom_id": cid, "messages": [{"role": "user", "content": rng.choice(words)}], **params})
+    elif i % 12 == 5:  # the shared prefix, then a long tail of its own: only the tail's KV needs to travel
+        lines.append({"custom_id": cid, "prompt": shared + " " + " ".join(rng.choices(words, k=120)), **params})
     else:  # medium completion with penalties
         text = " ".join(rng.choices(words, k=rng.randrange(5, 40)))
         lines.append({"custom_id": cid, "prompt": text, "presence_penalty": 0.5, "repetition_penalty": 1.1, **params})

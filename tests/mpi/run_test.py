@@ -115,7 +115,14 @@ with tempfile.TemporaryDirectory() as tmp:
             block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # layers x K,V x block x kv_heads x head_dim x float (tiny preset)
             travelled = [l for l in lines if l["tandem"]["prefill_worker"] >= 0]
             local = [l for l in lines if l["tandem"]["prefill_worker"] < 0]
-            want = sum(-(-l["response"]["body"]["usage"]["prompt_tokens"] // 16) * block_bytes for l in travelled)
+            want = sum(l["tandem"]["kv_blocks_moved"] * block_bytes for l in travelled)
+            check(f"{name}: only the blocks the decode rank lacked travelled",
+                  all(0 <= l["tandem"]["kv_blocks_moved"] <= -(-l["response"]["body"]["usage"]["prompt_tokens"] // 16)
+                      for l in travelled) and all(l["tandem"]["kv_blocks_moved"] == 0 for l in local))
+            partial = [l for l in travelled
+                       if l["tandem"]["kv_blocks_moved"] < -(-l["response"]["body"]["usage"]["prompt_tokens"] // 16)]
+            check(f"{name}: a prefix the decode rank had cached did not travel again", len(partial) > 0,
+                  f"{len(partial)} prompts sent only their uncached blocks")
             check(f"{name}: kv_bytes_transferred equals the blocks of the prompts that travelled",
                   summary["kv_bytes_transferred"] == want and len(travelled) >= 20,
                   f"{summary['kv_bytes_transferred']} vs {want} ({len(travelled)} prompts)")
