@@ -77,6 +77,7 @@ void matmul_t(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n
   if (M < 4) {
     for (int64_t m = 0; m < M; ++m) {
       int64_t n = n0;
+      for (; n + 8 <= n1; n += 8) tile<D, 1, 8>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
       for (; n + 4 <= n1; n += 4) tile<D, 1, 4>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
       for (; n < n1; ++n) tile<D, 1, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
     }
