@@ -133,7 +133,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
                   static_cast<long long>(finished), total.c_str(), static_cast<long long>(stats.failed()), rps, tps,
                   eta < 0 ? "?" : (std::to_string(static_cast<long long>(eta)) + " s").c_str());
     if (tty && !final) std::fprintf(stderr, "\r%s\033[K", line);
-    else if (!tty || final) spdlog::info("progress: {}", line);
+    else spdlog::info("progress: {}", line);
   };
 
   while (true) {

@@ -57,8 +57,6 @@ std::vector<runtime::PositionLogprobs> logprobs_from(const json& j) {
   return out;
 }
 
-}  // namespace
-
 json request_json(const WireRequest& r) {
   return json{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)}, {"rng_key", r.rng_key},
               {"prefill_rank", r.prefill_rank}};
@@ -73,6 +71,8 @@ WireRequest request_from(const json& j) {
   r.prefill_rank = j.at("prefill_rank");
   return r;
 }
+
+}  // namespace
 
 std::vector<uint8_t> encode(const WireRequest& r) { return json::to_cbor(request_json(r)); }
 WireRequest decode_request(const std::vector<uint8_t>& bytes) { return request_from(json::from_cbor(bytes)); }

@@ -111,11 +111,8 @@ void Engine::add_prefilled(EngineRequest request, std::vector<int32_t> blocks, c
   s->prompt_logprobs = handoff.prompt_logprobs;
   if (tokenizer_) s->decoder.emplace(*tokenizer_, true);
   s->tokens.push_back(handoff.first_token);
-  const bool stopped = finish_check(*s);
-  const bool length = s->generated() >= s->req.params.max_tokens ||
-                      static_cast<int64_t>(s->tokens.size()) >= max_model_len_;
-  if (stopped || length) {
-    ready_.push_back(finish(*s, stopped ? FinishReason::kStop : FinishReason::kLength));
+  if (const auto reason = end_reason(*s)) {
+    ready_.push_back(finish(*s, *reason));
     ready_.back().new_tokens = {handoff.first_token};
     return;
   }
@@ -170,6 +167,14 @@ void Engine::publish_full_blocks(Sequence& s) {
     pool_.publish(s.blocks[static_cast<std::size_t>(s.published)], s.last_hash);
     ++s.published;
   }
+}
+
+// After a token was appended: why the sequence ends now, if it does.
+std::optional<FinishReason> Engine::end_reason(Sequence& s) {
+  if (finish_check(s)) return FinishReason::kStop;
+  if (s.generated() >= s.req.params.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_model_len_)
+    return FinishReason::kLength;
+  return std::nullopt;
 }
 
 EngineOutput Engine::finish(Sequence& s, FinishReason reason) {
@@ -341,11 +346,8 @@ std::vector<EngineOutput> Engine::step() {
       s.done = true;
       continue;
     }
-    const bool stopped = finish_check(s);
-    const bool length = s.generated() >= s.req.params.max_tokens ||
-                        static_cast<int64_t>(s.tokens.size()) >= max_model_len_;
-    if (stopped || length) {
-      EngineOutput done = finish(s, stopped ? FinishReason::kStop : FinishReason::kLength);
+    if (const auto reason = end_reason(s)) {
+      EngineOutput done = finish(s, *reason);
       done.new_tokens = {tok};
       outputs.push_back(std::move(done));
       s.done = true;

@@ -120,6 +120,7 @@ class Engine {
   void take_cached_prefix(Sequence& s);
   void publish_full_blocks(Sequence& s);
   bool finish_check(Sequence& s);
+  std::optional<FinishReason> end_reason(Sequence& s);
   EngineOutput finish(Sequence& s, FinishReason reason);
 
   const ModelConfig& config_;
