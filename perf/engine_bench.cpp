@@ -1,6 +1,6 @@
 // The CPU engine against the machine's own limits, measured in the same run.
 //
-//   engine_bench [--model DIR] [--threads N] [--quick]
+//   engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N]
 //
 // Without --model it makes the `bench` model (Qwen3-0.6B's shape, bf16) under
 // build/bench-model once. Prints: STREAM triad and FMA peak; prefill tokens/s
@@ -90,12 +90,14 @@ int main(int argc, char** argv) {
   std::string model_dir;
   int threads_n = 0;
   bool quick = false;
+  std::string only;  // one measurement, for a profiler
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--model") && i + 1 < argc) model_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads_n = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick]\n");
+      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N]\n");
       return 2;
     }
   }
@@ -140,6 +142,12 @@ int main(int argc, char** argv) {
                 std::string(runtime::dtype_name(c.dtype)).c_str(), weight_bytes / 1e9);
 
     const int64_t len = 512;
+    if (!only.empty()) {
+      const bool pre = only == "prefill";
+      const Run r = pre ? prefill(c, *w, threads, 2, 512) : decode(c, *w, threads, std::atol(only.c_str() + 7), 96);
+      std::printf("%s: %.1f tokens/s\n", only.c_str(), static_cast<double>(r.tokens) / r.seconds);
+      return 0;
+    }
     const Run p = prefill(c, *w, threads, quick ? 1 : 2, len);
     const double avg_ctx = len / 2.0;
     const double flops_per_token =

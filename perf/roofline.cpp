@@ -23,9 +23,12 @@ double timed_parallel(int threads, F body) {
 
 // Twelve independent accumulators, written out so they stay in registers
 // (an array of vectors may be spilled and then measures store forwarding).
-#define TANDEM_FMA12(FMA, V)                                                                          \
-  V a0 = init, a1 = init, a2 = init, a3 = init, a4 = init, a5 = init, a6 = init, a7 = init, a8 = init, \
-    a9 = init, a10 = init, a11 = init;                                                                 \
+// Each starts from its own value: twelve chains from one value are twelve
+// copies of one chain, which the compiler computes once (it did: this
+// benchmark once timed a single latency-bound chain and called it the peak).
+#define TANDEM_FMA12(FMA, V)                                                                      \
+  V a0 = init, a1 = init + 1, a2 = init + 2, a3 = init + 3, a4 = init + 4, a5 = init + 5,          \
+    a6 = init + 6, a7 = init + 7, a8 = init + 8, a9 = init + 9, a10 = init + 10, a11 = init + 11; \
   for (long k = 0; k < iters; ++k) {                                                                   \
     a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);                  \
     a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);                  \

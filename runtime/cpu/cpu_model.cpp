@@ -38,9 +38,9 @@ void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Produc
   const int64_t parts = threads_.size();
   threads_.run(parts, [&](int64_t t) {
     for (const Product& p : products) {
-      // Contiguous column ranges, multiples of 12 (both tile widths divide it).
+      // Contiguous column ranges, multiples of 24 (every tile width and the panel divide it).
       const int64_t n = p.w->rows;
-      const int64_t per = ((n + parts - 1) / parts + 11) / 12 * 12;
+      const int64_t per = ((n + parts - 1) / parts + 23) / 24 * 24;
       const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
       if (n0 < n1) kern_.matmul(x, p.w->cols, rows, *p.w, n0, n1, p.y, n);
     }

@@ -34,23 +34,27 @@ inline float fold(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_shuffle_ps(a, a, 1)));
 }
 
-// One MR x NR tile of y: rows x[0..MR), W rows w[0..NR) (each K long).
-template <DType D, int MR, int NR>
-inline void tile(const float* x, int64_t ldx, const void* w, int64_t K, float* y, int64_t ldy) {
+// One MR x NR tile of y: rows x[0..MR) against the W rows whose weights for
+// k..k+7 start at w[n] + KS * k elements (KS = 1 row-major, 8 panels).
+template <DType D, int MR, int NR, int KS>
+inline void tile(const float* x, int64_t ldx, const uint8_t* const* w, int64_t K, float* y, int64_t ldy) {
+  constexpr int64_t es = D == DType::kF32 ? 4 : 2;
   __m256 acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
   const int64_t K8 = K & ~int64_t{7};
-  const auto* wb = static_cast<const char*>(w);
-  const std::size_t es = dtype_size(D);
   for (int64_t k = 0; k < K8; k += 8) {
-    // Streaming W from memory: ask for the lines 512 bytes ahead of each row.
-    if constexpr (MR == 1) {
-      if ((k * static_cast<int64_t>(es)) % 64 == 0)
-        for (int n = 0; n < NR; ++n) _mm_prefetch(wb + (n * K + k) * static_cast<int64_t>(es) + 512, _MM_HINT_T0);
+    // Streaming W from memory: ask for the lines ahead of each row (of the
+    // panel, which is one stream, when the tile is a whole panel).
+    if constexpr (MR == 1 && KS == 1) {
+      if ((k * es) % 64 == 0)
+        for (int n = 0; n < NR; ++n) _mm_prefetch(reinterpret_cast<const char*>(w[n] + k * es + 512), _MM_HINT_T0);
+    } else if constexpr (MR == 1 && NR == 8) {
+      for (int64_t b = 0; b < 8 * 8 * es; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w[0] + KS * k * es + 1024 + b), _MM_HINT_T0);
     }
     __m256 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = load8<D>(w, n * K + k);
+    for (int n = 0; n < NR; ++n) wv[n] = load8<D>(w[n], KS * k);
     for (int m = 0; m < MR; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * ldx + k);
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(xv, wv[n], acc[m][n]);
@@ -59,32 +63,48 @@ inline void tile(const float* x, int64_t ldx, const void* w, int64_t K, float* y
   for (int m = 0; m < MR; ++m) {
     for (int n = 0; n < NR; ++n) {
       float r = fold(acc[m][n]);
-      for (int64_t k = K8; k < K; ++k) r = std::fma(x[m * ldx + k], load1<D>(w, n * K + k), r);
+      for (int64_t k = K8; k < K; ++k) r = std::fma(x[m * ldx + k], load1<D>(w[n], k), r);  // row-major only
       y[m * ldy + n] = r;
     }
   }
 }
 
+// Where each W row's weights start, for tiles of up to eight rows.
+struct RowStarts {
+  const Matrix& W;
+  int64_t es;
+  const uint8_t* p[8];
+  const uint8_t* const* at(int64_t n, int count) {
+    const auto* base = static_cast<const uint8_t*>(W.data);
+    for (int i = 0; i < count; ++i) p[i] = base + static_cast<int64_t>(W.index(n + i, 0)) * es;
+    return p;
+  }
+};
+
 // Rows are walked in cache blocks: a block of x rows stays in L2 while every
 // W row of this call streams past it. Blocking changes no arithmetic.
-template <DType D>
+template <DType D, int KS>
 void matmul_t(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
               int64_t ldy) {
   const int64_t K = W.cols;
-  const std::size_t es = dtype_size(D);
-  const auto* wbase = static_cast<const uint8_t*>(W.data);
-  auto wrow = [&](int64_t n) { return wbase + static_cast<std::size_t>(n * K) * es; };
+  const auto es = static_cast<int64_t>(dtype_size(D));
+  RowStarts rs{W, es, {}};
   if (M < 4) {
     for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * ldx;
+      float* ym = y + m * ldy;
       int64_t n = n0;
-      for (; n + 8 <= n1; n += 8) tile<D, 1, 8>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
-      for (; n + 4 <= n1; n += 4) tile<D, 1, 4>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
-      for (; n < n1; ++n) tile<D, 1, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+      if constexpr (KS == 8) {
+        for (; n < n1 && (n & 7); ++n) tile<D, 1, 1, KS>(xm, ldx, rs.at(n, 1), K, ym + n, ldy);
+      }
+      for (; n + 8 <= n1; n += 8) tile<D, 1, 8, KS>(xm, ldx, rs.at(n, 8), K, ym + n, ldy);
+      for (; n + 4 <= n1; n += 4) tile<D, 1, 4, KS>(xm, ldx, rs.at(n, 4), K, ym + n, ldy);
+      for (; n < n1; ++n) tile<D, 1, 1, KS>(xm, ldx, rs.at(n, 1), K, ym + n, ldy);
     }
     return;
   }
   const int64_t m_block = std::max<int64_t>(4, (int64_t{1} << 20) / (K * 4) / 4 * 4);  // ~1 MiB of x
-  const int64_t n_block = std::max<int64_t>(3, (int64_t{256} << 10) / (K * static_cast<int64_t>(es)) / 3 * 3);
+  const int64_t n_block = std::max<int64_t>(3, (int64_t{256} << 10) / (K * es) / 3 * 3);
   for (int64_t mb = 0; mb < M; mb += m_block) {
     const int64_t me = std::min(M, mb + m_block);
     for (int64_t nb = n0; nb < n1; nb += n_block) {
@@ -92,29 +112,36 @@ void matmul_t(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n
       int64_t m = mb;
       for (; m + 4 <= me; m += 4) {
         int64_t n = nb;
-        for (; n + 3 <= ne; n += 3) tile<D, 4, 3>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
-        for (; n < ne; ++n) tile<D, 4, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+        for (; n + 3 <= ne; n += 3) tile<D, 4, 3, KS>(x + m * ldx, ldx, rs.at(n, 3), K, y + m * ldy + n, ldy);
+        for (; n < ne; ++n) tile<D, 4, 1, KS>(x + m * ldx, ldx, rs.at(n, 1), K, y + m * ldy + n, ldy);
       }
       for (; m < me; ++m) {
         int64_t n = nb;
-        for (; n + 4 <= ne; n += 4) tile<D, 1, 4>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
-        for (; n < ne; ++n) tile<D, 1, 1>(x + m * ldx, ldx, wrow(n), K, y + m * ldy + n, ldy);
+        for (; n + 4 <= ne; n += 4) tile<D, 1, 4, KS>(x + m * ldx, ldx, rs.at(n, 4), K, y + m * ldy + n, ldy);
+        for (; n < ne; ++n) tile<D, 1, 1, KS>(x + m * ldx, ldx, rs.at(n, 1), K, y + m * ldy + n, ldy);
       }
     }
   }
 }
 
+template <DType D>
+void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (W.panels) matmul_t<D, 8>(x, ldx, M, W, n0, n1, y, ldy);
+  else matmul_t<D, 1>(x, ldx, M, W, n0, n1, y, ldy);
+}
+
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   switch (W.dtype) {
-    case DType::kF32: return matmul_t<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
-    case DType::kBF16: return matmul_t<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
-    case DType::kF16: return matmul_t<DType::kF16>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kF32: return matmul_d<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kBF16: return matmul_d<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kF16: return matmul_d<DType::kF16>(x, ldx, M, W, n0, n1, y, ldy);
   }
 }
 
 float dot(const float* a, const float* b, int64_t n) {
   float r;
-  tile<DType::kF32, 1, 1>(a, 0, b, n, &r, 0);
+  const auto* row = reinterpret_cast<const uint8_t*>(b);
+  tile<DType::kF32, 1, 1, 1>(a, 0, &row, n, &r, 0);
   return r;
 }
 

@@ -11,23 +11,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "runtime/cpu/kernels.h"
 
 namespace tandem::runtime::cpu {
 namespace {
 
-// Columns n and n + 1 of W at k, 8 each, as one zmm.
-template <DType D>
+// Columns n and n + 1 of W at k, 8 each, as one zmm: from two row starts, or
+// (Contig) from one, where column n + 1's eight weights follow column n's, as
+// in a panel.
+template <DType D, bool Contig>
 inline __m512 load_pair(const uint8_t* row_n, const uint8_t* row_n1, int64_t k) {
   if constexpr (D == DType::kF32) {
+    if constexpr (Contig) return _mm512_loadu_ps(reinterpret_cast<const float*>(row_n) + k);
     const __m256 lo = _mm256_loadu_ps(reinterpret_cast<const float*>(row_n) + k);
     const __m256 hi = _mm256_loadu_ps(reinterpret_cast<const float*>(row_n1) + k);
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
   } else {
-    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row_n) + k));
-    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row_n1) + k));
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    __m256i both;
+    if constexpr (Contig) {
+      both = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row_n) + k));
+    } else {
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row_n) + k));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row_n1) + k));
+      both = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    }
     if constexpr (D == DType::kBF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(both), 16));
     else return _mm512_cvtph_ps(both);
   }
@@ -40,16 +49,26 @@ inline float fold(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_shuffle_ps(a, a, 1)));
 }
 
-// MR rows of x against NP pairs of W rows (2 * NP output columns).
-template <DType D, int MR, int NP>
-inline void tile(const float* x, int64_t ldx, const uint8_t* w, int64_t row_bytes, int64_t K, float* y, int64_t ldy) {
+// MR rows of x against NP pairs of W rows (2 * NP output columns). Row j's
+// weights for k..k+7 start at w[j] + KS * k elements (KS = 1 row-major, 8 in
+// a panel); with Contig, w[0] alone locates all of them (a whole panel).
+template <DType D, int MR, int NP, int KS, bool Contig>
+inline void tile(const float* x, int64_t ldx, const uint8_t* const* w, int64_t K, float* y, int64_t ldy) {
+  constexpr int64_t es = D == DType::kF32 ? 4 : 2;
   __m512 acc[MR][NP];
   for (int m = 0; m < MR; ++m)
     for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_setzero_ps();
   const int64_t K8 = K & ~int64_t{7};
   for (int64_t k = 0; k < K8; k += 8) {
+    if constexpr (Contig && D != DType::kF32) {  // a panel streaming from memory: one stream, fetched ahead
+      for (int64_t b = 0; b < 2 * NP * 8 * es; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w[0] + (KS * k) * es + 1024 + b), _MM_HINT_T0);
+    }
     __m512 wv[NP];
-    for (int p = 0; p < NP; ++p) wv[p] = load_pair<D>(w + (2 * p) * row_bytes, w + (2 * p + 1) * row_bytes, k);
+    for (int p = 0; p < NP; ++p) {
+      if constexpr (Contig) wv[p] = load_pair<D, true>(w[0] + 16 * p * es, nullptr, KS * k);
+      else wv[p] = load_pair<D, false>(w[2 * p], w[2 * p + 1], KS * k);
+    }
     for (int m = 0; m < MR; ++m) {
       const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + m * ldx + k));
       for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(xv, wv[p], acc[m][p]);
@@ -60,44 +79,124 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* w, int64_t row_byte
       for (int half = 0; half < 2; ++half) {
         const __m256 v = half ? _mm512_extractf32x8_ps(acc[m][p], 1) : _mm512_castps512_ps256(acc[m][p]);
         float r = fold(v);
-        const uint8_t* row = w + (2 * p + half) * row_bytes;
-        for (int64_t k = K8; k < K; ++k) r = std::fma(x[m * ldx + k], load_as_f32(row, D, static_cast<std::size_t>(k)), r);
+        if constexpr (KS == 1) {  // panels have no tail (cols % 8 == 0)
+          const uint8_t* row = w[2 * p + half];
+          for (int64_t k = K8; k < K; ++k) r = std::fma(x[m * ldx + k], load_as_f32(row, D, static_cast<std::size_t>(k)), r);
+        }
         y[m * ldy + 2 * p + half] = r;
       }
     }
   }
 }
 
+// The tile for mr <= MR rows.
+template <DType D, int MR, int NP, int KS, bool Contig>
+inline void tile_rows(int64_t mr, const float* x, int64_t ldx, const uint8_t* const* w, int64_t K, float* y,
+                      int64_t ldy) {
+  if constexpr (MR == 1) {
+    tile<D, 1, NP, KS, Contig>(x, ldx, w, K, y, ldy);
+  } else {
+    if (mr == MR) tile<D, MR, NP, KS, Contig>(x, ldx, w, K, y, ldy);
+    else tile_rows<D, MR - 1, NP, KS, Contig>(mr, x, ldx, w, K, y, ldy);
+  }
+}
+
+// Widens one panel (8 rows x K) to float, in the same panel order, so that
+// every row tile of x reuses converted weights; the conversion is exact.
 template <DType D>
-void matmul_t(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
-              int64_t ldy) {
+const float* panel_as_f32(const uint8_t* panel, int64_t K, std::vector<float>& buf) {
+  if constexpr (D == DType::kF32) {
+    return reinterpret_cast<const float*>(panel);
+  } else {
+    buf.resize(static_cast<std::size_t>(8 * K));
+    float* out = buf.data();
+    for (int64_t i = 0; i < 8 * K; i += 16) {
+      _mm512_storeu_ps(out + i, load_pair<D, true>(panel, nullptr, i));
+    }
+    return out;
+  }
+}
+
+// Splits rows into ceil(rows / MR) tiles of near-equal height (8 rows: 4 + 4,
+// not 6 + 2), and runs each.
+template <DType D, int MR, int NP, int KS, bool Contig>
+inline void row_tiles(int64_t m0, int64_t m1, const float* x, int64_t ldx, const uint8_t* const* w, int64_t K,
+                      float* y, int64_t ldy) {
+  int64_t m = m0;
+  for (int64_t left = (m1 - m0 + MR - 1) / MR; left > 0; --left) {
+    const int64_t mr = (m1 - m + left - 1) / left;
+    tile_rows<D, MR, NP, KS, Contig>(mr, x + m * ldx, ldx, w, K, y + m * ldy, ldy);
+    m += mr;
+  }
+}
+
+// Row-major weights: tiles of 4 x 6 columns, walked in cache blocks (a block
+// of W stays in L2 while the rows of x pass it).
+template <DType D>
+void matmul_rows(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy) {
   const int64_t K = W.cols;
-  const int64_t row_bytes = K * static_cast<int64_t>(dtype_size(D));
+  const auto es = static_cast<int64_t>(dtype_size(D));
   const auto* wbase = static_cast<const uint8_t*>(W.data);
-  // Columns in whole tiles of 6 here; the rest (and small batches) on AVX2.
-  const int64_t n6 = n0 + (n1 - n0) / 6 * 6;
+  const int64_t t1 = n0 + (n1 - n0) / 6 * 6;
   const int64_t m_block = std::max<int64_t>(4, (int64_t{1} << 20) / (K * 4) / 4 * 4);
-  const int64_t n_block = std::max<int64_t>(6, (int64_t{256} << 10) / row_bytes / 6 * 6);
+  const int64_t n_block = std::max<int64_t>(6, (int64_t{256} << 10) / (K * es) / 6 * 6);
+  const uint8_t* rows[6];
   for (int64_t mb = 0; mb < M; mb += m_block) {
     const int64_t me = std::min(M, mb + m_block);
-    for (int64_t nb = n0; nb < n6; nb += n_block) {
-      const int64_t ne = std::min(n6, nb + n_block);
-      int64_t m = mb;
-      for (; m + 4 <= me; m += 4)
-        for (int64_t n = nb; n < ne; n += 6) tile<D, 4, 3>(x + m * ldx, ldx, wbase + n * row_bytes, row_bytes, K, y + m * ldy + n, ldy);
-      for (; m < me; ++m)
-        for (int64_t n = nb; n < ne; n += 6) tile<D, 1, 3>(x + m * ldx, ldx, wbase + n * row_bytes, row_bytes, K, y + m * ldy + n, ldy);
+    for (int64_t nb = n0; nb < t1; nb += n_block) {
+      const int64_t ne = std::min(t1, nb + n_block);
+      for (int64_t n = nb; n < ne; n += 6) {
+        for (int j = 0; j < 6; ++j) rows[j] = wbase + (n + j) * K * es;
+        row_tiles<D, 4, 3, 1, false>(mb, me, x, ldx, rows, K, y + n, ldy);
+      }
     }
   }
-  if (n6 < n1) avx2_kernels()->matmul(x, ldx, M, W, n6, n1, y, ldy);
+  if (t1 < n1) avx2_kernels()->matmul(x, ldx, M, W, t1, n1, y, ldy);
+}
+
+// Panels: each whole panel is widened once per block of x rows, then every
+// row tile (up to 6 x 8 columns) reads it as float. Partial panels at the
+// edges of [n0, n1) go to the AVX2 table.
+template <DType D>
+void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy) {
+  const int64_t K = W.cols;
+  const auto es = static_cast<int64_t>(dtype_size(D));
+  const auto* wbase = static_cast<const uint8_t*>(W.data);
+  const int64_t t0 = std::min(n1, (n0 + 7) / 8 * 8);
+  const int64_t t1 = std::max(t0, n1 / 8 * 8);
+  const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 19) / (K * 4));  // ~512 KiB of x
+  thread_local std::vector<float> wide;
+  constexpr int64_t kWiden = 16;  // fewer rows: converting in registers beats a widened copy
+  for (int64_t mb = 0; mb < M; mb += m_block) {
+    const int64_t me = std::min(M, mb + m_block);
+    for (int64_t n = t0; n < t1; n += 8) {
+      const uint8_t* panel = wbase + n * K * es;
+      if (me - mb < kWiden) {
+        row_tiles<D, 6, 4, 8, true>(mb, me, x, ldx, &panel, K, y + n, ldy);
+      } else {
+        panel = reinterpret_cast<const uint8_t*>(panel_as_f32<D>(panel, K, wide));
+        row_tiles<DType::kF32, 6, 4, 8, true>(mb, me, x, ldx, &panel, K, y + n, ldy);
+      }
+    }
+  }
+  if (n0 < t0) avx2_kernels()->matmul(x, ldx, M, W, n0, t0, y, ldy);
+  if (t1 < n1) avx2_kernels()->matmul(x, ldx, M, W, t1, n1, y, ldy);
+}
+
+template <DType D>
+void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (W.panels) matmul_panels<D>(x, ldx, M, W, n0, n1, y, ldy);
+  else matmul_rows<D>(x, ldx, M, W, n0, n1, y, ldy);
 }
 
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (M < 4) return avx2_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);
   switch (W.dtype) {
-    case DType::kF32: return matmul_t<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
-    case DType::kBF16: return matmul_t<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
-    case DType::kF16: return matmul_t<DType::kF16>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kF32: return matmul_d<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kBF16: return matmul_d<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
+    case DType::kF16: return matmul_d<DType::kF16>(x, ldx, M, W, n0, n1, y, ldy);
   }
 }
 

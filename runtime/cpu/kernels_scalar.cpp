@@ -21,24 +21,23 @@ float dot8(const float* a, LoadB b, int64_t n) {
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t K = W.cols;
   for (int64_t n = n0; n < n1; ++n) {
-    const std::size_t row = static_cast<std::size_t>(n * K);
     for (int64_t m = 0; m < M; ++m) {
       const float* xr = x + m * ldx;
       float r = 0;
       switch (W.dtype) {
         case DType::kF32: {
-          const float* w = static_cast<const float*>(W.data) + row;
-          r = dot8(xr, [w](int64_t k) { return w[k]; }, K);
+          const float* w = static_cast<const float*>(W.data);
+          r = dot8(xr, [&](int64_t k) { return w[W.index(n, k)]; }, K);
           break;
         }
         case DType::kBF16: {
-          const uint16_t* w = static_cast<const uint16_t*>(W.data) + row;
-          r = dot8(xr, [w](int64_t k) { return bf16_to_f32(w[k]); }, K);
+          const uint16_t* w = static_cast<const uint16_t*>(W.data);
+          r = dot8(xr, [&](int64_t k) { return bf16_to_f32(w[W.index(n, k)]); }, K);
           break;
         }
         case DType::kF16: {
-          const uint16_t* w = static_cast<const uint16_t*>(W.data) + row;
-          r = dot8(xr, [w](int64_t k) { return f16_to_f32(w[k]); }, K);
+          const uint16_t* w = static_cast<const uint16_t*>(W.data);
+          r = dot8(xr, [&](int64_t k) { return f16_to_f32(w[W.index(n, k)]); }, K);
           break;
         }
       }

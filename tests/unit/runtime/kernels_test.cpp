@@ -29,6 +29,51 @@ struct RandomMatrix {
 
 }  // namespace
 
+TEST_CASE("the panel layout moves weights, never changes a result bit", "[kernels]") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t N : {5, 8, 37, 100}) {
+      const int64_t K = 72;
+      RandomMatrix w(dt, N, K, rng);
+      PanelStore store;
+      const Matrix p = store.pack(w.m);
+      REQUIRE(p.panels);
+      REQUIRE(store.bytes() == static_cast<std::size_t>((N + 7) / 8 * 8 * K) * dtype_size(dt));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) REQUIRE(p.at(n, k) == w.m.at(n, k));
+      for (int64_t M : {1, 2, 3, 4, 7, 13}) {
+        std::vector<float> x(static_cast<std::size_t>(M * K));
+        for (auto& v : x) v = u(rng);
+        std::vector<float> ref(static_cast<std::size_t>(M * N));
+        scalar_kernels().matmul(x.data(), K, M, w.m, 0, N, ref.data(), N);
+        for (const KernelTable* t : tables) {
+          // The whole matrix, and column ranges that start and end inside panels.
+          for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {N / 3, N}, {1, N - 1}, {N / 2, N / 2 + 1}}) {
+            if (n0 >= n1) continue;
+            std::vector<float> got(ref.size(), -7.0f);
+            t->matmul(x.data(), K, M, p, n0, n1, got.data(), N);
+            INFO(t->name << " dtype " << dtype_name(dt) << " N " << N << " M " << M << " cols " << n0 << ".." << n1);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                const std::size_t i = static_cast<std::size_t>(m * N + n);
+                if (n >= n0 && n < n1) REQUIRE(std::memcmp(&got[i], &ref[i], 4) == 0);
+                else REQUIRE(got[i] == -7.0f);  // nothing written outside the range
+              }
+          }
+        }
+      }
+    }
+  }
+  // A matrix whose rows are not a multiple of eight wide stays row-major.
+  RandomMatrix odd(DType::kBF16, 9, 67, rng);
+  PanelStore store;
+  CHECK_FALSE(store.pack(odd.m).panels);
+}
+
 TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shape", "[kernels]") {
   const KernelTable* avx2 = avx2_kernels();
   if (!avx2) {
