@@ -86,6 +86,45 @@ double triad_gbps(int threads) {
   return 3.0 * 4.0 * static_cast<double>(n) / best / 1e9;
 }
 
+__attribute__((target("avx2"))) float sum_avx2(const float* p, std::size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  float out[8];
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return out[0] + out[7];
+}
+
+double read_gbps(int threads) {
+  const std::size_t n = std::size_t{3} << 25;  // 96 Mi floats = 384 MiB, as the triad's three arrays
+  std::unique_ptr<float[]> a(new float[n]);
+  std::vector<float> sink(static_cast<std::size_t>(threads));
+  auto part = [&](int t, std::size_t& lo, std::size_t& hi) {
+    lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads) / 32 * 32;
+    hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads) / 32 * 32;
+  };
+  timed_parallel(threads, [&](int t) {
+    std::size_t lo, hi;
+    part(t, lo, hi);
+    for (std::size_t i = lo; i < hi; ++i) a[i] = 1.0f;
+  });
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    best = std::min(best, timed_parallel(threads, [&](int t) {
+      std::size_t lo, hi;
+      part(t, lo, hi);
+      sink[static_cast<std::size_t>(t)] = sum_avx2(a.get() + lo, hi - lo);
+    }));
+  }
+  volatile float keep = sink[0];
+  (void)keep;
+  return 4.0 * static_cast<double>(n / 32 * 32) / best / 1e9;
+}
+
 double fma_peak_gflops(int threads, bool avx512) {
   const long iters = 50'000'000;
   std::vector<double> sink(static_cast<std::size_t>(threads));

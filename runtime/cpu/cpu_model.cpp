@@ -59,6 +59,11 @@ void CpuModel::rms_norm(const float* x, const std::vector<float>& w, int64_t n, 
   for (int64_t i = 0; i < n; ++i) y[i] = w[static_cast<std::size_t>(i)] * (x[i] * r);
 }
 
+// Causal attention, in query blocks that share keys and values: up to six
+// consecutive rows of one chunk for one head (prefill), or the heads of one
+// KV head for one row (decode, GQA). Each query's scores, softmax and
+// weighted sum are the same operations in the same order as for the query
+// alone, so the blocking never changes a bit.
 void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
   const auto& L = pool_.layout();
   const int64_t hd = c_.head_dim, heads = c_.heads, group = c_.heads / c_.kv_heads;
@@ -66,37 +71,82 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* pool = pool_.data();
   const int64_t rows = static_cast<int64_t>(rows_.size());
-  threads_.run(rows * heads, [&](int64_t task) {
+  auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+
+  query_blocks_.clear();
+  for (int64_t r = 0; r < rows;) {
+    int64_t end = r + 1;
+    while (end < rows && rows_[sz(end)].chunk == rows_[sz(r)].chunk) ++end;
+    if (end - r == 1) {
+      for (int64_t g = 0; g < c_.kv_heads; ++g) query_blocks_.push_back({r, r + 1, g * group, (g + 1) * group});
+    } else {
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t r0 = r; r0 < end; r0 += 6) query_blocks_.push_back({r0, std::min(end, r0 + 6), h, h + 1});
+    }
+    r = end;
+  }
+
+  threads_.run(static_cast<int64_t>(query_blocks_.size()), [&](int64_t task) {
     thread_local std::vector<float> scores;
     thread_local std::vector<const float*> keys, values;
-    const int64_t r = task / heads, h = task % heads, g = h / group;
-    const SeqChunk& ch = chunks[static_cast<std::size_t>(rows_[static_cast<std::size_t>(r)].chunk)];
-    const int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
-    // Mistral's sliding window: only the last `window` positions are visible.
-    const int64_t first = c_.sliding_window > 0 ? std::max<int64_t>(0, pos - c_.sliding_window + 1) : 0;
-    const int64_t n = pos + 1 - first;
-    keys.resize(static_cast<std::size_t>(n));
-    values.resize(static_cast<std::size_t>(n));
-    scores.resize(static_cast<std::size_t>(n));
-    for (int64_t j = first; j <= pos; ++j) {
-      const int64_t blk = ch.block_table[static_cast<std::size_t>(j / L.block_size)];
-      keys[static_cast<std::size_t>(j - first)] = pool + L.offset(blk, layer, 0, j % L.block_size) + g * hd;
-      values[static_cast<std::size_t>(j - first)] = pool + L.offset(blk, layer, 1, j % L.block_size) + g * hd;
+    const QueryBlock& qb = query_blocks_[sz(task)];
+    const int64_t g = qb.h0 / group;
+    const SeqChunk& ch = chunks[sz(rows_[sz(qb.r0)].chunk)];
+    // Query m is row r0 + m / nh, head h0 + m % nh; it sees positions [first_m, pos_m]
+    // (Mistral's sliding window: only the last `window` of them).
+    const int64_t nh = qb.h1 - qb.h0, M = (qb.r1 - qb.r0) * nh;
+    auto pos_of = [&](int64_t m) { return rows_[sz(qb.r0 + m / nh)].pos; };
+    auto first_of = [&](int64_t m) {
+      return c_.sliding_window > 0 ? std::max<int64_t>(0, pos_of(m) - c_.sliding_window + 1) : int64_t{0};
+    };
+    int64_t lo = INT64_MAX, hi = -1, joint_lo = 0, joint_hi = INT64_MAX;  // joint: seen by every query
+    for (int64_t m = 0; m < M; ++m) {
+      lo = std::min(lo, first_of(m)), hi = std::max(hi, pos_of(m));
+      joint_lo = std::max(joint_lo, first_of(m)), joint_hi = std::min(joint_hi, pos_of(m) + 1);
     }
-    const float* q = q_.data() + r * q_dim + h * hd;
-    kern_.dot_rows(q, keys.data(), n, hd, scores.data());
-    float max = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      scores[static_cast<std::size_t>(j)] *= scale;
-      max = std::max(max, scores[static_cast<std::size_t>(j)]);
+    const int64_t count = hi + 1 - lo;
+    keys.resize(sz(count));
+    values.resize(sz(count));
+    scores.resize(sz(M * count));
+    for (int64_t j = lo; j <= hi; ++j) {
+      const int64_t blk = ch.block_table[sz(j / L.block_size)];
+      keys[sz(j - lo)] = pool + L.offset(blk, layer, 0, j % L.block_size) + g * hd;
+      values[sz(j - lo)] = pool + L.offset(blk, layer, 1, j % L.block_size) + g * hd;
     }
-    float sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      scores[static_cast<std::size_t>(j)] = std::exp(scores[static_cast<std::size_t>(j)] - max);
-      sum += scores[static_cast<std::size_t>(j)];
+    // Queries are hd apart within a row (heads of one KV head) or q_dim apart (one head, many rows).
+    const int64_t ldq = nh > 1 ? hd : q_dim;
+    const float* q = q_.data() + qb.r0 * q_dim + qb.h0 * hd;
+    float* out = attn_.data() + qb.r0 * q_dim + qb.h0 * hd;
+    kern_.dot_rows(q, ldq, M, keys.data(), count, hd, scores.data(), count);
+    for (int64_t m = 0; m < M; ++m) {
+      float* s = scores.data() + m * count + (first_of(m) - lo);
+      const int64_t n = pos_of(m) + 1 - first_of(m);
+      float max = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        s[j] *= scale;
+        max = std::max(max, s[j]);
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        s[j] = std::exp(s[j] - max);
+        sum += s[j];
+      }
+      for (int64_t j = 0; j < n; ++j) s[j] /= sum;
+      // The positions before the joint range, alone (this also zeroes the output).
+      const int64_t pre = std::max<int64_t>(0, std::min(joint_lo, pos_of(m) + 1) - first_of(m));
+      kern_.weighted_sum(s, count, 1, values.data() + (first_of(m) - lo), pre, hd, false, out + m * ldq, ldq);
     }
-    for (int64_t j = 0; j < n; ++j) scores[static_cast<std::size_t>(j)] /= sum;
-    kern_.weighted_sum(scores.data(), values.data(), n, hd, attn_.data() + r * q_dim + h * hd);
+    if (joint_lo < joint_hi) {  // every query's middle part, together
+      kern_.weighted_sum(scores.data() + (joint_lo - lo), count, M, values.data() + (joint_lo - lo),
+                         joint_hi - joint_lo, hd, true, out, ldq);
+    }
+    for (int64_t m = 0; m < M; ++m) {  // the rest, alone
+      const int64_t from = std::max(joint_lo, std::max(joint_hi, first_of(m)));
+      const int64_t n = pos_of(m) + 1 - from;
+      if (n > 0)
+        kern_.weighted_sum(scores.data() + m * count + (from - lo), count, 1, values.data() + (from - lo), n, hd,
+                           true, out + m * ldq, ldq);
+    }
   });
 }
 

@@ -71,6 +71,11 @@ class CpuModel {
     int64_t pos;
   };
   std::vector<RowRef> rows_;
+  // Attention work items: rows [r0, r1) of one chunk x heads [h0, h1) of one KV head.
+  struct QueryBlock {
+    int64_t r0, r1, h0, h1;
+  };
+  std::vector<QueryBlock> query_blocks_;
 };
 
 }  // namespace tandem::runtime::cpu

@@ -153,7 +153,7 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 // Four rows at a time: four independent 8-lane chains, each exactly dot().
-void dot_rows(const float* q, const float* const* rows, int64_t count, int64_t n, float* out) {
+void dot_rows_one(const float* q, const float* const* rows, int64_t count, int64_t n, float* out) {
   const int64_t n8 = n & ~int64_t{7};
   int64_t r = 0;
   for (; r + 4 <= count; r += 4) {
@@ -176,12 +176,17 @@ void dot_rows(const float* q, const float* const* rows, int64_t count, int64_t n
   for (; r < count; ++r) out[r] = dot(q, rows[r], n);
 }
 
+void dot_rows(const float* q, int64_t ldq, int64_t M, const float* const* rows, int64_t count, int64_t n, float* out,
+              int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) dot_rows_one(q + m * ldq, rows, count, n, out + m * ldo);
+}
+
 // Columns in chunks of 64 held in eight registers across every row.
-void weighted_sum(const float* w, const float* const* rows, int64_t count, int64_t n, float* out) {
+void weighted_sum_one(const float* w, const float* const* rows, int64_t count, int64_t n, bool accumulate, float* out) {
   int64_t c = 0;
   for (; c + 64 <= n; c += 64) {
     __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int i = 0; i < 8; ++i) acc[i] = accumulate ? _mm256_loadu_ps(out + c + 8 * i) : _mm256_setzero_ps();
     for (int64_t r = 0; r < count; ++r) {
       const __m256 wv = _mm256_set1_ps(w[r]);
       const float* row = rows[r] + c;
@@ -189,8 +194,14 @@ void weighted_sum(const float* w, const float* const* rows, int64_t count, int64
     }
     for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, acc[i]);
   }
-  for (int64_t i = c; i < n; ++i) out[i] = 0.0f;
+  if (!accumulate)
+    for (int64_t i = c; i < n; ++i) out[i] = 0.0f;
   for (int64_t r = 0; r < count; ++r) axpy(w[r], rows[r] + c, out + c, n - c);
+}
+
+void weighted_sum(const float* w, int64_t ldw, int64_t M, const float* const* rows, int64_t count, int64_t n,
+                  bool accumulate, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) weighted_sum_one(w + m * ldw, rows, count, n, accumulate, out + m * ldo);
 }
 
 }  // namespace

@@ -5,8 +5,10 @@
 // holds the 8-lane accumulators of two output columns side by side (lanes
 // 0-7: column n, lanes 8-15: column n+1), and x's 8 values are repeated in
 // both halves. Every lane thus does exactly the FMA chain of kernels.h; the
-// wider registers only do two columns per instruction. Small batches (fewer
-// than 4 rows, memory-bound) and the other operations use the AVX2 code.
+// wider registers only do two columns per instruction. The attention kernels
+// tile several queries against shared keys and values the same way. Small
+// batches (fewer than 4 rows, memory-bound) and the vector operations use the
+// AVX2 code.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -185,6 +187,57 @@ void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   if (t1 < n1) avx2_kernels()->matmul(x, ldx, M, W, t1, n1, y, ldy);
 }
 
+// Attention scores: the queries are the rows of x, six keys make a tile
+// (three pairs), exactly the matrix tile on row pointers.
+void dot_rows(const float* q, int64_t ldq, int64_t M, const float* const* rows, int64_t count, int64_t n, float* out,
+              int64_t ldo) {
+  const auto* w = reinterpret_cast<const uint8_t* const*>(rows);
+  int64_t r = 0;
+  for (; r + 6 <= count; r += 6) row_tiles<DType::kF32, 6, 3, 1, false>(0, M, q, ldq, w + r, n, out + r, ldo);
+  if (r < count) avx2_kernels()->dot_rows(q, ldq, M, rows + r, count - r, n, out + r, ldo);
+}
+
+// MR weighted sums over 64 columns at a time (the last chunk masked); each
+// output element is its own FMA chain over the rows, so lane width does not
+// matter to the bits.
+template <int MR>
+void weighted_sum_tile(const float* w, int64_t ldw, const float* const* rows, int64_t count, int64_t n,
+                       bool accumulate, float* out, int64_t ldo) {
+  for (int64_t c = 0; c < n; c += 64) {
+    __mmask16 mask[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t left = std::clamp<int64_t>(n - c - 16 * i, 0, 16);
+      mask[i] = static_cast<__mmask16>((1u << left) - 1u);
+    }
+    __m512 acc[MR][4];
+    for (int m = 0; m < MR; ++m)
+      for (int i = 0; i < 4; ++i)
+        acc[m][i] = accumulate ? _mm512_maskz_loadu_ps(mask[i], out + m * ldo + c + 16 * i) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < count; ++r) {
+      __m512 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm512_maskz_loadu_ps(mask[i], rows[r] + c + 16 * i);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 wv = _mm512_set1_ps(w[m * ldw + r]);
+        for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_fmadd_ps(wv, v[i], acc[m][i]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(out + m * ldo + c + 16 * i, mask[i], acc[m][i]);
+  }
+}
+
+void weighted_sum(const float* w, int64_t ldw, int64_t M, const float* const* rows, int64_t count, int64_t n,
+                  bool accumulate, float* out, int64_t ldo) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) weighted_sum_tile<4>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo);
+  switch (M - m) {
+    case 3: weighted_sum_tile<3>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
+    case 2: weighted_sum_tile<2>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
+    case 1: weighted_sum_tile<1>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
+    default: break;
+  }
+}
+
 template <DType D>
 void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (W.panels) matmul_panels<D>(x, ldx, M, W, n0, n1, y, ldy);
@@ -192,7 +245,7 @@ void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n
 }
 
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  if (M < 4) return avx2_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);
+  if (M < 4 && !W.panels) return avx2_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);
   switch (W.dtype) {
     case DType::kF32: return matmul_d<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
     case DType::kBF16: return matmul_d<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
@@ -208,7 +261,7 @@ const KernelTable* avx512_kernels() {
     if (!base || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
       return nullptr;
-    static const KernelTable t{"avx512", matmul, base->dot, base->axpy, base->dot_rows, base->weighted_sum};
+    static const KernelTable t{"avx512", matmul, base->dot, base->axpy, dot_rows, weighted_sum};
     return &t;
   }();
   return table;

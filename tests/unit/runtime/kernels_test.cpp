@@ -118,7 +118,10 @@ TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shap
   scalar.axpy(0.37f, a.data(), y2.data(), 1003);
   CHECK(y1 == y2);
 
-  // The attention kernels against the loops they stand for, on both tables.
+  // The attention kernels against the loops they stand for, on every table,
+  // for several queries at once (strided as in the model) and resumed sums.
+  std::vector<const KernelTable*> tables{avx2, &scalar};
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
   for (int64_t n : {16, 64, 128, 136}) {
     for (int64_t count : {1, 3, 4, 9, 130}) {
       std::vector<std::vector<float>> rows(static_cast<std::size_t>(count), std::vector<float>(static_cast<std::size_t>(n)));
@@ -127,18 +130,35 @@ TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shap
         for (auto& v : r) v = u(rng);
         ptrs.push_back(r.data());
       }
-      std::vector<float> q(static_cast<std::size_t>(n)), w(static_cast<std::size_t>(count));
-      for (auto& v : q) v = u(rng);
-      for (auto& v : w) v = u(rng);
-      for (const KernelTable* t : {avx2, &scalar}) {
-        INFO(t->name << " n " << n << " count " << count);
-        std::vector<float> scores(static_cast<std::size_t>(count));
-        t->dot_rows(q.data(), ptrs.data(), count, n, scores.data());
-        for (int64_t r = 0; r < count; ++r) REQUIRE(scores[r] == scalar.dot(q.data(), ptrs[r], n));
-        std::vector<float> sum(static_cast<std::size_t>(n), 123.0f), ref(static_cast<std::size_t>(n), 0.0f);
-        t->weighted_sum(w.data(), ptrs.data(), count, n, sum.data());
-        for (int64_t r = 0; r < count; ++r) scalar.axpy(w[r], ptrs[r], ref.data(), n);
-        REQUIRE(sum == ref);
+      for (int64_t M : {1, 2, 3, 5, 7}) {
+        const int64_t ldq = n + 3, ldo = count + 2, ldw = count + 1;
+        std::vector<float> q(static_cast<std::size_t>(M * ldq)), w(static_cast<std::size_t>(M * ldw));
+        for (auto& v : q) v = u(rng);
+        for (auto& v : w) v = u(rng);
+        for (const KernelTable* t : tables) {
+          INFO(t->name << " n " << n << " count " << count << " M " << M);
+          std::vector<float> scores(static_cast<std::size_t>(M * ldo), -5.0f);
+          t->dot_rows(q.data(), ldq, M, ptrs.data(), count, n, scores.data(), ldo);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t r = 0; r < count; ++r) REQUIRE(scores[m * ldo + r] == scalar.dot(q.data() + m * ldq, ptrs[r], n));
+            REQUIRE(scores[m * ldo + count] == -5.0f);
+          }
+          // Sums over all rows at once, and split in two calls (the second accumulating).
+          const int64_t ld_out = n + 5, split = count / 3;
+          std::vector<float> sum(static_cast<std::size_t>(M * ld_out), 123.0f), sum2 = sum;
+          t->weighted_sum(w.data(), ldw, M, ptrs.data(), count, n, false, sum.data(), ld_out);
+          t->weighted_sum(w.data(), ldw, M, ptrs.data(), split, n, false, sum2.data(), ld_out);
+          t->weighted_sum(w.data() + split, ldw, M, ptrs.data() + split, count - split, n, true, sum2.data(), ld_out);
+          for (int64_t m = 0; m < M; ++m) {
+            std::vector<float> ref(static_cast<std::size_t>(n), 0.0f);
+            for (int64_t r = 0; r < count; ++r) scalar.axpy(w[m * ldw + r], ptrs[r], ref.data(), n);
+            for (int64_t i = 0; i < n; ++i) {
+              REQUIRE(std::memcmp(&sum[m * ld_out + i], &ref[i], 4) == 0);
+              REQUIRE(std::memcmp(&sum2[m * ld_out + i], &ref[i], 4) == 0);
+            }
+            for (int64_t i = n; i < ld_out && m + 1 < M; ++i) REQUIRE(sum[m * ld_out + i] == 123.0f);
+          }
+        }
       }
     }
   }
