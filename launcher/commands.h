@@ -34,5 +34,6 @@ Action add_make_model_command(CLI::App& root);
 Action add_generate_command(CLI::App& root);
 // argc/argv go to MPI_Init_thread.
 Action add_run_command(CLI::App& root, int argc, char** argv);
+Action add_serve_command(CLI::App& root, int argc, char** argv);
 
 }  // namespace tandem::launcher

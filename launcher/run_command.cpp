@@ -23,6 +23,7 @@
 #include "launcher/run/router_loop.h"
 #include "launcher/run/worker_loop.h"
 #include "launcher/run/worker_core.h"
+#include "launcher/serve/serve.h"
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
@@ -37,6 +38,9 @@ struct RunOptions {
   ConfigOptions config;
   std::string model, input, output;
   bool resume = false;
+  bool serve = false;  // tandem serve: HTTP on rank 0 instead of the input file
+  std::string host;
+  int64_t port = -1;
 };
 
 // Everything a rank needs to start, checked before any rank starts work.
@@ -53,7 +57,18 @@ Prepared prepare(const RunOptions& o) {
   if (!o.model.empty()) p.cfg.model.path = o.model;
   if (!o.input.empty()) p.cfg.job.input = o.input;
   if (!o.output.empty()) p.cfg.job.output = o.output;
+  if (!o.host.empty()) p.cfg.http.host = o.host;
+  if (o.port >= 0) p.cfg.http.port = o.port;
   if (p.cfg.model.path.empty()) throw Error("no model: set model.path in the job file or pass --model DIR");
+  if (o.serve) {
+    if (p.cfg.model.backend != "cpu")
+      throw Error("model.backend = \"" + p.cfg.model.backend + "\" is not available yet; use \"cpu\"");
+    p.model = runtime::ModelConfig::load(p.cfg.model.path);
+    p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);
+    p.max_model_len = p.cfg.model.max_model_len > 0 ? std::min(p.cfg.model.max_model_len, p.model.max_position_embeddings)
+                                                    : p.model.max_position_embeddings;
+    return p;
+  }
   if (p.cfg.job.input.empty()) throw Error("no input: set job.input in the job file or pass --input FILE");
   if (p.cfg.job.output.empty()) throw Error("no output: set job.output in the job file or pass --output FILE");
   if (o.resume) p.cfg.job.resume = true;
@@ -86,7 +101,7 @@ void check_files(const Prepared& p) {
   if (!p.cfg.job.resume && std::filesystem::exists(p.cfg.job.output) && std::filesystem::file_size(p.cfg.job.output, ec) > 0)
     throw Error(p.cfg.job.output + ": the output already exists; pass --resume (or set job.resume = true) to continue "
                 "it, or choose another output");
-  runtime::ModelWeights::load(p.model, p.cfg.model.path);  // maps and shape-checks; reads no weights
+  runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks; reads no weights
 }
 
 // KV blocks for one worker: kv.memory_gib, or room for max_num_seqs full contexts,
@@ -107,27 +122,33 @@ runtime::EngineOptions engine_options(const Prepared& p) {
 }
 
 
+// How prompts are built and outputs named, the same for run and serve.
+void prompt_and_output_contexts(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat,
+                                router::PromptContext& prompts, router::OutputContext& outputs) {
+  prompts.tokenizer = p.tokenizer.get();
+  try {
+    chat = std::make_unique<runtime::ChatTemplate>(
+        runtime::ChatTemplate::select(p.cfg.model.chat_template, p.tokenizer->config(), p.cfg.model.path + "/tokenizer_config.json"));
+  } catch (const Error& e) {
+    prompts.chat_error = e.what();  // completions still run; chat requests get this as their error
+  }
+  prompts.chat = chat.get();
+  prompts.max_model_len = p.max_model_len;
+  prompts.vocab_size = static_cast<int32_t>(p.model.vocab);
+  outputs.served_name = p.cfg.model.served_name.empty() ? std::filesystem::path(p.cfg.model.path).filename().string()
+                                                        : p.cfg.model.served_name;
+  if (outputs.served_name.empty()) outputs.served_name = std::filesystem::path(p.cfg.model.path).parent_path().filename().string();
+  outputs.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  outputs.tokenizer = p.tokenizer.get();
+}
+
 RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat) {
   RouterSetup s;
   s.config = &p.cfg;
   s.input = p.cfg.job.input;
   s.output = p.cfg.job.output;
   s.summary = p.cfg.job.summary;
-  s.prompts.tokenizer = p.tokenizer.get();
-  try {
-    chat = std::make_unique<runtime::ChatTemplate>(
-        runtime::ChatTemplate::select(p.cfg.model.chat_template, p.tokenizer->config(), p.cfg.model.path + "/tokenizer_config.json"));
-  } catch (const Error& e) {
-    s.prompts.chat_error = e.what();  // completions still run; chat lines get this as their error
-  }
-  s.prompts.chat = chat.get();
-  s.prompts.max_model_len = p.max_model_len;
-  s.prompts.vocab_size = static_cast<int32_t>(p.model.vocab);
-  s.outputs.served_name = p.cfg.model.served_name.empty() ? std::filesystem::path(p.cfg.model.path).filename().string()
-                                                          : p.cfg.model.served_name;
-  if (s.outputs.served_name.empty()) s.outputs.served_name = std::filesystem::path(p.cfg.model.path).parent_path().filename().string();
-  s.outputs.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  s.outputs.tokenizer = p.tokenizer.get();
+  prompt_and_output_contexts(p, chat, s.prompts, s.outputs);
   s.window_per_worker = 2 * p.cfg.job.max_num_seqs;
   s.resume = p.cfg.job.resume;
   const auto slurm_env = slurm::SlurmEnv::from_environment();
@@ -212,15 +233,29 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   // Slurm warns of a time limit or preemption with USR1 (--signal=B:USR1@T) or TERM.
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  if (o.serve) {
+    std::signal(SIGINT, on_stop_signal);  // Ctrl-C in an interactive allocation drains too
+    std::signal(SIGPIPE, SIG_IGN);        // a client that hangs up is not our death
+  }
   const int rank = env.rank();
   std::string error;
   Prepared p;
+  std::unique_ptr<runtime::ChatTemplate> serve_chat;
+  ServeSetup serve;
+  FrontendPtr frontend;
   try {
     p = prepare(o);
     plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
-    if (rank == 0) check_files(p);
+    if (rank == 0 && !o.serve) check_files(p);
+    if (rank == 0 && o.serve) {
+      runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks
+      serve.config = &p.cfg;
+      prompt_and_output_contexts(p, serve_chat, serve.prompts, serve.outputs);
+      serve.workers = std::max(1, env.size() - 1);
+      frontend = bind_frontend(serve);  // a busy port stops the job here
+    }
   } catch (const Error& e) {
     error = e.what();
   }
@@ -239,8 +274,12 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     return 2;
   }
   if (rank == 0) {
-    spdlog::info("tandem run: {} rank(s); model {} ({}), input {}, output {}", env.size(), p.cfg.model.path,
-                 p.model.architecture, p.cfg.job.input, p.cfg.job.output);
+    if (o.serve)
+      spdlog::info("tandem serve: {} rank(s); model {} ({}) as '{}'", env.size(), p.cfg.model.path, p.model.architecture,
+                   serve.outputs.served_name);
+    else
+      spdlog::info("tandem run: {} rank(s); model {} ({}), input {}, output {}", env.size(), p.cfg.model.path,
+                   p.model.architecture, p.cfg.job.input, p.cfg.job.output);
     log_effective_config(p.cfg);
     try {
       spdlog::info("placement: {}", slurm::SlurmEnv::from_environment().describe());
@@ -306,7 +345,12 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     if (env.size() == 1) {
       std::unique_ptr<runtime::ChatTemplate> chat;
       InProcessLink link(*core);
-      const auto summary = run_router(router_setup(p, chat), link);
+      auto setup = router_setup(p, chat);
+      if (o.serve) {
+        serve.dispatch = dispatch_options(setup);
+        return run_serve(serve, *frontend, link);
+      }
+      const auto summary = run_router(setup, link);
       log_summary(summary);
       return 0;
     }
@@ -319,8 +363,13 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       auto setup = router_setup(p, chat);
       setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
       setup.prefill_saturation_tokens = 64 * p.cfg.job.max_batched_tokens;
-      const auto summary = run_router(setup, link);
-      log_summary(summary);
+      if (o.serve) {
+        serve.dispatch = dispatch_options(setup);
+        run_serve(serve, *frontend, link);
+      } else {
+        const auto summary = run_router(setup, link);
+        log_summary(summary);
+      }
     } else {
       worker_loop(box, *core, transport.get());
     }
@@ -348,6 +397,18 @@ Action add_run_command(CLI::App& root, int argc, char** argv) {
   cmd->add_option("--output", o->output, "Output JSONL, appended to (overrides job.output)");
   cmd->add_flag("--resume", o->resume,
                 "Continue an existing output: skip what its checkpoint says is done (automatic on a Slurm requeue)");
+  return [o, argc, argv]() { return run_job(*o, argc, argv); };
+}
+
+Action add_serve_command(CLI::App& root, int argc, char** argv) {
+  auto* cmd = root.add_subcommand(
+      "serve", "Serve the model over an OpenAI-compatible HTTP API on rank 0 (same job file and ranks as run)");
+  auto o = std::make_shared<RunOptions>();
+  o->serve = true;
+  o->config.add_to(cmd);
+  cmd->add_option("--model", o->model, "Model directory (overrides model.path)");
+  cmd->add_option("--host", o->host, "Address to listen on (overrides http.host; default 127.0.0.1)");
+  cmd->add_option("--port", o->port, "Port to listen on (overrides http.port; default 8000)")->check(CLI::Range(0, 65535));
   return [o, argc, argv]() { return run_job(*o, argc, argv); };
 }
 

@@ -29,6 +29,8 @@ enum Tag : int {
   kTagStartup = 8,   // start-up status, all ranks
   kTagCancel = 9,    // rank 0 -> worker: drop a request
   kTagCacheEvents = 10,  // worker -> rank 0: prefix-cache hashes stored and removed
+  kTagDeltas = 11,   // worker -> rank 0: tokens of streaming requests, one message per step
+  kTagStats = 12,    // worker -> rank 0: counters now (the first one also says "loaded")
 };
 
 class MpiEnv {

@@ -47,41 +47,55 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 }  // namespace
 
-std::string format_result(const BatchRequest& req, const RequestResult& res, const OutputContext& ctx) {
+std::string derived_id(const std::string& prefix, const std::string& key) { return hex_id(prefix, key); }
+
+json response_body(const BatchRequest& req, const std::vector<RequestResult>& results, const OutputContext& ctx,
+                   const std::string& id) {
   const bool chat = req.endpoint == Endpoint::kChat;
   const std::string model = req.model.empty() ? ctx.served_name : req.model;
-  json choice = {{"index", 0}, {"finish_reason", res.finish_reason}, {"logprobs", nullptr}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", res.text}};
-    if (req.params.logprobs >= 0) choice["logprobs"] = chat_logprobs(res.logprobs, ctx);
-  } else {
-    std::string text = res.text;
-    if (req.echo) text = (req.prompt_text ? *req.prompt_text
-                                          : (ctx.tokenizer ? ctx.tokenizer->decode(res.prompt_ids, false) : "")) + text;
-    choice["text"] = text;
-    if (req.params.logprobs >= 0) choice["logprobs"] = completion_logprobs(res.logprobs, ctx);
-    if (req.params.prompt_logprobs >= 0) {
-      json pl = json::array({nullptr});
-      for (const auto& p : res.prompt_logprobs) {
-        json t = json::object();
-        t[token_text(ctx, p.chosen.token)] = p.chosen.logprob;
-        for (const auto& c : p.top) t[token_text(ctx, c.token)] = c.logprob;
-        pl.push_back(t);
+  json choices = json::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const RequestResult& res = results[i];
+    json choice = {{"index", i}, {"finish_reason", res.finish_reason}, {"logprobs", nullptr}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", res.text}};
+      if (req.params.logprobs >= 0) choice["logprobs"] = chat_logprobs(res.logprobs, ctx);
+    } else {
+      std::string text = res.text;
+      if (req.echo) text = (req.prompt_text ? *req.prompt_text
+                                            : (ctx.tokenizer ? ctx.tokenizer->decode(res.prompt_ids, false) : "")) + text;
+      choice["text"] = text;
+      if (req.params.logprobs >= 0) choice["logprobs"] = completion_logprobs(res.logprobs, ctx);
+      if (req.params.prompt_logprobs >= 0) {
+        json pl = json::array({nullptr});
+        for (const auto& p : res.prompt_logprobs) {
+          json t = json::object();
+          t[token_text(ctx, p.chosen.token)] = p.chosen.logprob;
+          for (const auto& c : p.top) t[token_text(ctx, c.token)] = c.logprob;
+          pl.push_back(t);
+        }
+        choice["prompt_logprobs"] = pl;
       }
-      choice["prompt_logprobs"] = pl;
     }
+    choices.push_back(std::move(choice));
+    prompt_tokens = static_cast<int64_t>(res.prompt_ids.size());
+    completion_tokens += static_cast<int64_t>(res.token_ids.size());
   }
-  const auto prompt_tokens = static_cast<int64_t>(res.prompt_ids.size());
-  const auto completion_tokens = static_cast<int64_t>(res.token_ids.size());
-  json body = {{"id", hex_id(chat ? "chatcmpl-" : "cmpl-", req.custom_id)},
-               {"object", chat ? "chat.completion" : "text_completion"},
-               {"created", ctx.created},
-               {"model", model},
-               {"choices", json::array({choice})},
-               {"usage",
-                {{"prompt_tokens", prompt_tokens},
-                 {"completion_tokens", completion_tokens},
-                 {"total_tokens", prompt_tokens + completion_tokens}}}};
+  return {{"id", id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", ctx.created},
+          {"model", model},
+          {"choices", choices},
+          {"usage",
+           {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
+
+std::string format_result(const BatchRequest& req, const RequestResult& res, const OutputContext& ctx) {
+  const bool chat = req.endpoint == Endpoint::kChat;
+  json body = response_body(req, {res}, ctx, hex_id(chat ? "chatcmpl-" : "cmpl-", req.custom_id));
   json line = {{"id", hex_id("batch_req_", req.custom_id)},
                {"custom_id", req.custom_id},
                {"response", {{"status_code", 200}, {"request_id", hex_id("req_", req.custom_id)}, {"body", body}}},

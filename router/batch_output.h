@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "router/batch_request.h"
 #include "runtime/engine/sampling.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -39,6 +41,13 @@ struct OutputContext {
 };
 
 std::string format_result(const BatchRequest& req, const RequestResult& res, const OutputContext& ctx);
+
+// The response body alone (a text_completion or chat.completion object),
+// one choice per result, for the HTTP shim; usage sums every choice's tokens.
+nlohmann::json response_body(const BatchRequest& req, const std::vector<RequestResult>& choices,
+                             const OutputContext& ctx, const std::string& id);
+// The id format_result gives the body of a batch line: prefix + a hash of key.
+std::string derived_id(const std::string& prefix, const std::string& key);
 std::string format_error(const LineError& err, const OutputContext& ctx);
 
 }  // namespace tandem::router

@@ -69,7 +69,7 @@ std::string message_content(const json& m, std::size_t i) {
   throw Bad{"messages[" + std::to_string(i) + "].content must be a string or an array of text parts"};
 }
 
-void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens) {
+void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http) {
   if (!body.is_object()) throw Bad{"'body' must be an object"};
   if (body.contains("model")) {
     if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
@@ -116,8 +116,27 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens) {
       r.max_tokens_given = true;
     }
   }
-  if (body.contains("n") && !body["n"].is_null() && integer(body, "n", 1) != 1)
+  if (http) {
+    if (body.contains("n") && !body["n"].is_null()) {
+      r.n = integer(body, "n", 1);
+      if (r.n > kMaxChoices) throw Bad{"'n' must be at most " + std::to_string(kMaxChoices)};
+    }
+    if (body.contains("stream") && !body["stream"].is_null()) {
+      if (!body["stream"].is_boolean()) throw Bad{"'stream' must be true or false"};
+      r.stream = body["stream"].get<bool>();
+    }
+    if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+      const json& so = body["stream_options"];
+      if (!so.is_object()) throw Bad{"'stream_options' must be an object"};
+      if (!r.stream) throw Bad{"'stream_options' is only allowed with 'stream': true"};
+      if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+        if (!so["include_usage"].is_boolean()) throw Bad{"'stream_options.include_usage' must be true or false"};
+        r.include_usage = so["include_usage"].get<bool>();
+      }
+    }
+  } else if (body.contains("n") && !body["n"].is_null() && integer(body, "n", 1) != 1) {
     throw Bad{"'n' must be 1 (write one line per sample, with different seeds)"};
+  }
   if (body.contains("temperature") && !body["temperature"].is_null())
     p.temperature = static_cast<float>(number(body, "temperature", 0, 100));
   if (body.contains("top_p") && !body["top_p"].is_null()) p.top_p = static_cast<float>(number(body, "top_p", 0, 1));
@@ -199,11 +218,11 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
       else if (url == "/v1/chat/completions") r.endpoint = Endpoint::kChat;
       else throw Bad{"unknown 'url' " + json(url).dump() + "; use \"/v1/completions\" or \"/v1/chat/completions\""};
       if (j.contains("method") && j["method"] != "POST") throw Bad{"'method' must be \"POST\""};
-      parse_body(j["body"], r, default_max_tokens);
+      parse_body(j["body"], r, default_max_tokens, false);
     } else {
       // Short form: the request's fields sit next to custom_id.
       r.endpoint = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
-      parse_body(j, r, default_max_tokens);
+      parse_body(j, r, default_max_tokens, false);
     }
     return r;
   } catch (const Bad& b) {
@@ -212,6 +231,22 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
   } catch (const json::exception& e) {
     err.message = std::string("malformed request: ") + e.what();
     return err;
+  }
+}
+
+ParsedLine parse_request_body(Endpoint endpoint, std::string_view text, int64_t default_max_tokens) {
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return LineError{"", 400, "the request body is not valid JSON"};
+  if (!body.is_object()) return LineError{"", 400, "the request body must be a JSON object, got " + type_name(body)};
+  try {
+    BatchRequest r;
+    r.endpoint = endpoint;
+    parse_body(body, r, default_max_tokens, true);
+    return r;
+  } catch (const Bad& b) {
+    return LineError{"", 400, b.message};
+  } catch (const json::exception& e) {
+    return LineError{"", 400, std::string("malformed request: ") + e.what()};
   }
 }
 

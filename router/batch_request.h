@@ -37,6 +37,10 @@ struct BatchRequest {
   bool echo = false;              // completions: the prompt precedes the text in the output
   bool seed_given = false;
   bool chat_logprobs = false;     // chat: "logprobs": true
+  // HTTP only (a batch line refuses n > 1 and ignores stream):
+  int64_t n = 1;                  // choices, each sampled on its own
+  bool stream = false;            // Server-Sent Events
+  bool include_usage = false;     // stream_options.include_usage
 };
 
 struct LineError {
@@ -49,5 +53,11 @@ using ParsedLine = std::variant<BatchRequest, LineError>;
 
 // default_max_tokens: for completions without max_tokens (OpenAI's default is 16).
 ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens = 16);
+
+// The body of an HTTP request to `endpoint` (tandem serve): the same fields as
+// a batch line's body, plus n (up to kMaxChoices), stream and
+// stream_options.include_usage. custom_id is left empty for the caller.
+constexpr int64_t kMaxChoices = 16;
+ParsedLine parse_request_body(Endpoint endpoint, std::string_view body, int64_t default_max_tokens = 16);
 
 }  // namespace tandem::router

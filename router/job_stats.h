@@ -20,6 +20,8 @@ struct RankReport {
   int64_t kv_bytes_sent = 0;
   double kv_send_seconds = 0;
   int64_t preemptions = 0;
+  int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)
+  int64_t kv_blocks_total = 0;
 };
 
 class JobStats {

@@ -22,17 +22,27 @@ class InProcessLink : public WorkerLink {
   explicit InProcessLink(WorkerCore& core) : core_(core) {}
   std::vector<int> workers() const override { return {0}; }
   void submit(int, const WireRequest& r) override { core_.submit(r); }
-  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>&) override {
+  void cancel(int, uint64_t id) override { core_.cancel(id); }
+  void poll(LinkEvents& events) override {
     if (core_.has_work()) {
       auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
-      results.insert(results.end(), std::make_move_iterator(r.results.begin()),
-                     std::make_move_iterator(r.results.end()));
+      events.results.insert(events.results.end(), std::make_move_iterator(r.results.begin()),
+                            std::make_move_iterator(r.results.end()));
+      events.deltas.insert(events.deltas.end(), std::make_move_iterator(r.deltas.deltas.begin()),
+                           std::make_move_iterator(r.deltas.deltas.end()));
+    }
+    if (!reported_ || std::chrono::steady_clock::now() - last_stats_ > std::chrono::milliseconds(500)) {
+      events.stats.push_back(core_.report());
+      reported_ = true;
+      last_stats_ = std::chrono::steady_clock::now();
     }
   }
   std::vector<router::RankReport> shutdown(bool) override { return {core_.report()}; }
 
  private:
   WorkerCore& core_;
+  bool reported_ = false;
+  std::chrono::steady_clock::time_point last_stats_;
 };
 
 // Rank 0 under MPI: requests and results are messages.
@@ -43,16 +53,26 @@ class MpiLink : public WorkerLink {
   std::vector<int> workers() const override { return workers_; }
   std::vector<int> prefill_workers() const override { return prefill_; }
   void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
-  void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) override {
+  void cancel(int worker, uint64_t id) override { check(box_.send(worker, mpi::kTagCancel, encode_cancel(id))); }
+  // Deltas before results: a request's last tokens reach rank 0 before its end.
+  void poll(LinkEvents& events) override {
     check(box_.progress());
     bool any = false;
-    for (int tag : {mpi::kTagCacheEvents, mpi::kTagResult}) {
+    for (int tag : {mpi::kTagCacheEvents, mpi::kTagStats, mpi::kTagDeltas, mpi::kTagResult}) {
       for (;;) {
         std::optional<mpi::Message> m;
         check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
         if (!m) break;
-        if (tag == mpi::kTagResult) results.push_back(decode_result(m->bytes));
-        else cache_events.push_back(decode_cache_events(m->bytes));
+        switch (tag) {
+          case mpi::kTagResult: events.results.push_back(decode_result(m->bytes)); break;
+          case mpi::kTagCacheEvents: events.cache_events.push_back(decode_cache_events(m->bytes)); break;
+          case mpi::kTagStats: events.stats.push_back(decode_report(m->bytes)); break;
+          default: {
+            auto d = decode_deltas(m->bytes);
+            events.deltas.insert(events.deltas.end(), std::make_move_iterator(d.deltas.begin()),
+                                 std::make_move_iterator(d.deltas.end()));
+          }
+        }
         any = true;
       }
     }

@@ -13,7 +13,6 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
-#include "kv/block_hash.h"
 #include "launcher/run/worker_core.h"
 #include "router/kv_aware_policy.h"
 #include "slurm/resumable_output.h"
@@ -71,12 +70,20 @@ std::string line_key(uint64_t index) { return "#line:" + std::to_string(index + 
 struct InFlight {
   router::BatchRequest request;
   std::vector<int32_t> prompt;
-  int worker = 0;
-  int prefill = -1;  // prefill rank, or -1 when prefilled on `worker`
-  int64_t blocks = 0;  // KV blocks the prompt occupies
+  int prefill = -1;  // prefill rank, or -1 when prefilled on its worker
 };
 
 }  // namespace
+
+DispatchOptions dispatch_options(const RouterSetup& s) {
+  DispatchOptions o;
+  o.block_size = s.block_size;
+  o.policy = router::parse_route_policy(s.route_policy);
+  o.overlap_weight = s.overlap_weight;
+  o.local_prefill_tokens = s.local_prefill_tokens;
+  o.prefill_saturation_tokens = s.prefill_saturation_tokens;
+  return o;
+}
 
 nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   const Config& cfg = *s.config;
@@ -94,26 +101,15 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
 
   std::unordered_set<std::string> seen_ids;
   std::unordered_map<uint64_t, InFlight> in_flight;
-  std::map<int, int64_t> load;  // requests in flight per worker
-  std::map<int, int64_t> active_blocks;  // prompt blocks of those requests
-  router::KvIndex kv_index;
-  const router::RoutePolicy policy = router::parse_route_policy(s.route_policy);
-  const router::RouteWeights weights{1.0, 1.0, s.overlap_weight};
-  uint64_t turn = 0;
-  std::vector<WireCacheEvents> cache_events;
-  std::map<int, int64_t> prefill_queue;  // prompt tokens sent to each prefill rank and not yet finished
-  const auto workers = link.workers();
-  const auto prefillers = link.prefill_workers();
-  for (int w : workers) load[w] = 0;
-  for (int w : prefillers) prefill_queue[w] = 0;
-  const int64_t capacity = s.window_per_worker * static_cast<int64_t>(workers.size());
+  Dispatcher dispatch(link, dispatch_options(s));
+  LinkEvents events;
+  const int64_t capacity = s.window_per_worker * static_cast<int64_t>(link.workers().size());
   // Input order holds finished lines until their turn: bound that too.
   const std::size_t reorder_limit = static_cast<std::size_t>(std::max<int64_t>(capacity * 8, 1024));
 
   uint64_t index = 0;
   bool input_done = false;
   int64_t lines_read = 0;
-  std::vector<WireResult> results;
 
   auto fail = [&](uint64_t i, std::string key, const router::LineError& e) {
     out.put(i, std::move(key), router::format_error(e, s.outputs));
@@ -195,59 +191,25 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         fail(i, req.custom_id, *e);
         continue;
       }
-      InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt)), 0};
-      const auto n = static_cast<int64_t>(f.prompt.size());
-      f.blocks = (n + s.block_size - 1) / s.block_size;
-      const auto hashes = kv::full_block_hashes(f.prompt, s.block_size);
-      // The decode (or agg) worker: KV-aware cost over what each has cached and holds.
-      std::vector<router::Candidate> cands;
-      for (int w : workers) cands.push_back({w, kv_index.overlap(w, hashes), active_blocks[w], load[w], 0});
-      const auto& chosen = cands[router::choose_worker(policy, cands, f.blocks, weights, turn++)];
-      f.worker = chosen.rank;
-      ++load[f.worker];
-      active_blocks[f.worker] += f.blocks;
-      // Conditional disaggregation: prefill remotely only what is long enough to
-      // be worth moving (the part the decode rank has not cached), and only
-      // while some prefill rank is not saturated.
-      const int64_t uncached = n - chosen.overlap_blocks * s.block_size;
-      if (!prefillers.empty() && uncached >= s.local_prefill_tokens) {
-        std::vector<router::Candidate> pc;
-        for (int w : prefillers) pc.push_back({w, kv_index.overlap(w, hashes), 0, 0, prefill_queue[w]});
-        const auto& p = pc[router::choose_worker(policy == router::RoutePolicy::kRoundRobin ? router::RoutePolicy::kKvAware
-                                                                                           : policy,
-                                                 pc, f.blocks, weights, turn)];
-        if (p.queued_tokens < s.prefill_saturation_tokens) {
-          f.prefill = p.rank;
-          prefill_queue[p.rank] += n;
-        }
-      }
+      InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt))};
       WireRequest w;
       w.id = i;
-      w.prefill_rank = f.prefill;
       w.prompt = f.prompt;
       w.params = f.request.params;
       w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
                                f.request.custom_id);
-      link.submit(f.worker, w);
+      f.prefill = dispatch.submit(std::move(w)).prefill;
       in_flight.emplace(i, std::move(f));
     }
     if ((input_done || stopping) && in_flight.empty()) break;
     if (stopping && Clock::now() >= drain_deadline) break;  // the rest is abandoned: not written, redone on resume
 
-    results.clear();
-    cache_events.clear();
-    link.poll(results, cache_events);
-    for (const auto& e : cache_events) {
-      kv_index.stored(e.rank, e.stored);
-      kv_index.removed(e.rank, e.removed);
-    }
-    for (auto& r : results) {
+    events.clear();
+    dispatch.poll(events);
+    for (auto& r : events.results) {
       auto it = in_flight.find(r.id);
       if (it == in_flight.end()) continue;
       InFlight& f = it->second;
-      --load[f.worker];
-      active_blocks[f.worker] -= f.blocks;
-      if (f.prefill >= 0) prefill_queue[f.prefill] -= static_cast<int64_t>(f.prompt.size());
       if (!r.ok) {
         fail(r.id, f.request.custom_id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
       } else {

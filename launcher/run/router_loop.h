@@ -12,28 +12,13 @@
 #include <vector>
 
 #include "launcher/config/config.h"
+#include "launcher/run/dispatcher.h"
 #include "launcher/run/wire.h"
 #include "router/batch_output.h"
 #include "router/job_stats.h"
 #include "router/prompt_builder.h"
 
 namespace tandem::launcher {
-
-class WorkerLink {
- public:
-  virtual ~WorkerLink() = default;
-  // Worker ranks requests can go to (they decode, and prefill what stays local).
-  virtual std::vector<int> workers() const = 0;
-  // Ranks that only prefill (disaggregated); empty in aggregated mode.
-  virtual std::vector<int> prefill_workers() const { return {}; }
-  virtual void submit(int worker, const WireRequest& request) = 0;
-  // Appends finished results and prefix-cache reports; may block briefly
-  // (back-off) when nothing is ready.
-  virtual void poll(std::vector<WireResult>& results, std::vector<WireCacheEvents>& cache_events) = 0;
-  // After the last result: stop the workers and collect their counters.
-  // abandon: the workers drop what they still hold (a signal's drain ran out).
-  virtual std::vector<router::RankReport> shutdown(bool abandon) = 0;
-};
 
 struct RouterSetup {
   const Config* config = nullptr;
@@ -53,6 +38,8 @@ struct RouterSetup {
 // Set by the USR1/TERM handler (Slurm's time limit or preemption warning):
 // rank 0 stops admitting, drains for job.drain_seconds, commits, and ends.
 extern std::atomic<int> g_stop_signal;
+
+DispatchOptions dispatch_options(const RouterSetup& setup);
 
 // Runs the job; returns the summary. Throws tandem::Error on I/O failure.
 nlohmann::json run_router(const RouterSetup& setup, WorkerLink& link);

@@ -59,7 +59,7 @@ std::vector<runtime::PositionLogprobs> logprobs_from(const json& j) {
 
 json request_json(const WireRequest& r) {
   return json{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)}, {"rng_key", r.rng_key},
-              {"prefill_rank", r.prefill_rank}};
+              {"prefill_rank", r.prefill_rank}, {"stream", r.stream}};
 }
 
 WireRequest request_from(const json& j) {
@@ -69,6 +69,7 @@ WireRequest request_from(const json& j) {
   r.params = params_from(j.at("params"));
   r.rng_key = j.at("rng_key");
   r.prefill_rank = j.at("prefill_rank");
+  r.stream = j.at("stream");
   return r;
 }
 
@@ -76,6 +77,21 @@ WireRequest request_from(const json& j) {
 
 std::vector<uint8_t> encode(const WireRequest& r) { return json::to_cbor(request_json(r)); }
 WireRequest decode_request(const std::vector<uint8_t>& bytes) { return request_from(json::from_cbor(bytes)); }
+
+std::vector<uint8_t> encode(const WireDeltas& r) {
+  json d = json::array();
+  for (const auto& x : r.deltas) d.push_back({x.id, x.tokens});
+  return json::to_cbor(d);
+}
+
+WireDeltas decode_deltas(const std::vector<uint8_t>& bytes) {
+  WireDeltas r;
+  for (const auto& x : json::from_cbor(bytes)) r.deltas.push_back({x[0].get<uint64_t>(), x[1].get<std::vector<int32_t>>()});
+  return r;
+}
+
+std::vector<uint8_t> encode_cancel(uint64_t id) { return json::to_cbor(json(id)); }
+uint64_t decode_cancel(const std::vector<uint8_t>& bytes) { return json::from_cbor(bytes).get<uint64_t>(); }
 
 std::vector<uint8_t> encode(const WireCacheEvents& r) {
   return json::to_cbor(json{{"rank", r.rank}, {"stored", r.stored}, {"removed", r.removed}});
@@ -158,7 +174,8 @@ std::vector<uint8_t> encode(const router::RankReport& r) {
   return json::to_cbor(json{{"rank", r.rank}, {"role", r.role}, {"busy", r.busy_fraction},
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
-                            {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions}});
+                            {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions},
+                            {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total}});
 }
 
 router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
@@ -173,6 +190,8 @@ router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.kv_bytes_sent = j.at("kv_bytes");
   r.kv_send_seconds = j.at("kv_s");
   r.preemptions = j.at("preempt");
+  r.kv_blocks_used = j.at("kv_used");
+  r.kv_blocks_total = j.at("kv_total");
   return r;
 }
 

@@ -18,6 +18,17 @@ struct WireRequest {
   runtime::SamplingParams params;
   uint64_t rng_key = 0;
   int prefill_rank = -1;       // disagg: the worker rank that prefills it; -1: prefill locally
+  bool stream = false;         // send its tokens as they come (WireDeltas)
+};
+
+// Worker -> rank 0, once per step with any: new tokens of streaming requests.
+// The finished result stays authoritative (text cut at a stop string).
+struct WireDeltas {
+  struct Delta {
+    uint64_t id = 0;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Delta> deltas;
 };
 
 // Worker -> rank 0.
@@ -56,6 +67,10 @@ struct WireCacheEvents {
   std::vector<uint64_t> stored, removed;
 };
 
+std::vector<uint8_t> encode(const WireDeltas& r);
+WireDeltas decode_deltas(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode_cancel(uint64_t id);
+uint64_t decode_cancel(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireCacheEvents& r);
 WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WirePrefill& r);

@@ -16,6 +16,7 @@ void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
   runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, prefill_only};
   try {
     engine_.add(std::move(r));
+    if (w.stream && !prefill_only) streaming_.insert(w.id);
   } catch (const Error& e) {
     WireResult res;
     res.id = w.id;
@@ -35,7 +36,11 @@ WorkerCore::StepOutput WorkerCore::step() {
   auto outputs = engine_.step();
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& o : outputs) {
-    if (!o.finished) continue;
+    if (!o.finished) {
+      if (!o.new_tokens.empty() && streaming_.count(o.id)) out.deltas.deltas.push_back({o.id, std::move(o.new_tokens)});
+      continue;
+    }
+    streaming_.erase(o.id);
     if (o.reason == runtime::FinishReason::kPrefilled) {
       Handoff h;
       h.id = o.id;
@@ -69,6 +74,14 @@ WorkerCore::StepOutput WorkerCore::step() {
   return out;
 }
 
+void WorkerCore::abort_outside(uint64_t id) {
+  WireResult r;
+  r.id = id;
+  r.finish_reason = "abort";
+  r.worker = rank_;
+  refused_.push_back(std::move(r));
+}
+
 bool WorkerCore::drain_cache_events(WireCacheEvents& events) {
   if (!pool_.has_events()) return false;
   events.rank = rank_;
@@ -85,6 +98,7 @@ void WorkerCore::add_prefilled(const WireRequest& w, std::vector<int32_t> blocks
   runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, false};
   remote_[w.id] = {ready.prompt_tokens_computed, kv_blocks_moved};
   engine_.add_prefilled(std::move(r), std::move(blocks), ready.handoff, arrival);
+  if (w.stream) streaming_.insert(w.id);
 }
 
 router::RankReport WorkerCore::report() const {
@@ -99,6 +113,8 @@ router::RankReport WorkerCore::report() const {
   r.prefix_hit_tokens = engine_.stats().prefix_hit_tokens;
   r.kv_bytes_sent = kv_bytes_;
   r.kv_send_seconds = kv_seconds_;
+  r.kv_blocks_total = pool_.capacity();
+  r.kv_blocks_used = pool_.capacity() - pool_.num_free();
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "launcher/run/wire.h"
@@ -38,6 +39,7 @@ class WorkerCore {
   struct StepOutput {
     std::vector<WireResult> results;
     std::vector<Handoff> handoffs;
+    WireDeltas deltas;  // new tokens of unfinished streaming requests
   };
   // One engine step: the requests that finished in it, and prefills to send.
   StepOutput step();
@@ -51,6 +53,13 @@ class WorkerCore {
   // kv_blocks_moved: how many of blocks came over the transport (the rest were cached here).
   void add_prefilled(const WireRequest& request, std::vector<int32_t> blocks, const WireKvReady& ready,
                      std::chrono::steady_clock::time_point arrival, int64_t kv_blocks_moved);
+
+  // Drops a request wherever it is in the engine; it comes back as a result
+  // with finish_reason "abort".
+  void cancel(uint64_t id) { engine_.cancel(id); }
+  // A request that never reached the engine (cancelled while its KV was on
+  // the way): reported as aborted at the next step.
+  void abort_outside(uint64_t id);
 
   // The prefix cache's changes since the last call; false when there are none.
   bool drain_cache_events(WireCacheEvents& events);
@@ -67,6 +76,7 @@ class WorkerCore {
   kv::BlockPool& pool_;
   runtime::Engine engine_;
   std::vector<WireResult> refused_;
+  std::unordered_set<uint64_t> streaming_;
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
                                                                        // computed, KV blocks moved)
   double busy_s_ = 0;

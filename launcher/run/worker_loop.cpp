@@ -1,5 +1,6 @@
 #include "launcher/run/worker_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -38,6 +39,10 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
   mpi::Backoff backoff;
   bool stopping = false, abandon = false;
   auto last_report = std::chrono::steady_clock::now();
+  // Counters for rank 0's /health and /metrics: now (this one says the model is
+  // loaded), then every half second.
+  check(box.send(0, mpi::kTagStats, encode(core.report())));
+  auto last_stats = std::chrono::steady_clock::now();
   for (;;) {
     bool any = false;
     for (;;) {
@@ -62,9 +67,29 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
           const WireKvReady ready = decode_kv_ready(m->bytes);
           auto it = awaiting.find(ready.id);
           if (it == awaiting.end()) break;
+          if (it->second.request.params.max_tokens == 0) {  // cancelled while its KV was on the way
+            core.release(it->second.blocks);
+            core.abort_outside(ready.id);
+            awaiting.erase(it);
+            break;
+          }
           core.add_prefilled(it->second.request, std::move(it->second.blocks), ready, it->second.arrival,
                              it->second.moved);
           awaiting.erase(it);
+          break;
+        }
+        case mpi::kTagCancel: {  // the client went away: free its blocks wherever the request is
+          const uint64_t id = decode_cancel(m->bytes);
+          if (auto it = awaiting.find(id); it != awaiting.end()) {
+            it->second.request.params.max_tokens = 0;  // its KV still lands in these blocks; dropped then
+          } else if (auto q = std::find_if(to_reserve.begin(), to_reserve.end(),
+                                           [id](const auto& e) { return e.first.id == id; });
+                     q != to_reserve.end()) {
+            to_reserve.erase(q);
+            core.abort_outside(id);
+          } else {
+            core.cancel(id);
+          }
           break;
         }
         case mpi::kTagShutdown:
@@ -98,6 +123,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     }
     if (core.has_work()) {
       auto out = core.step();
+      if (!out.deltas.deltas.empty()) check(box.send(0, mpi::kTagDeltas, encode(out.deltas)));
       for (auto& r : out.results) {
         if (!r.ok) destinations.erase(r.id);  // refused on a prefill rank: rank 0 hears it from here
         check(box.send(0, mpi::kTagResult, encode(r)));
@@ -130,6 +156,10 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       WireCacheEvents events;
       if (core.drain_cache_events(events)) check(box.send(0, mpi::kTagCacheEvents, encode(events)));
       last_report = std::chrono::steady_clock::now();
+    }
+    if (std::chrono::steady_clock::now() - last_stats > std::chrono::milliseconds(500)) {
+      check(box.send(0, mpi::kTagStats, encode(core.report())));
+      last_stats = std::chrono::steady_clock::now();
     }
     check(box.progress());
     if (stopping && (abandon || (!core.has_work() && awaiting.empty() && to_reserve.empty()))) break;

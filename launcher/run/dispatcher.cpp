@@ -1,0 +1,69 @@
+#include "launcher/run/dispatcher.h"
+
+#include "kv/block_hash.h"
+
+namespace tandem::launcher {
+
+Dispatcher::Dispatcher(WorkerLink& link, DispatchOptions options)
+    : link_(link), o_(options), workers_(link.workers()), prefillers_(link.prefill_workers()) {
+  for (int w : workers_) load_[w] = 0;
+  for (int w : prefillers_) prefill_queue_[w] = 0;
+}
+
+Dispatcher::Placement Dispatcher::submit(WireRequest r) {
+  Placed p;
+  const auto n = static_cast<int64_t>(r.prompt.size());
+  p.prompt_tokens = n;
+  p.blocks = (n + o_.block_size - 1) / o_.block_size;
+  const auto hashes = kv::full_block_hashes(r.prompt, o_.block_size);
+  const router::RouteWeights weights{1.0, 1.0, o_.overlap_weight};
+  // The decode (or agg) worker: KV-aware cost over what each has cached and holds.
+  std::vector<router::Candidate> cands;
+  for (int w : workers_) cands.push_back({w, kv_index_.overlap(w, hashes), active_blocks_[w], load_[w], 0});
+  const auto& chosen = cands[router::choose_worker(o_.policy, cands, p.blocks, weights, turn_++)];
+  p.where.worker = chosen.rank;
+  ++load_[p.where.worker];
+  active_blocks_[p.where.worker] += p.blocks;
+  // Conditional disaggregation: prefill remotely only what is long enough to
+  // be worth moving (the part the decode rank has not cached), and only
+  // while some prefill rank is not saturated.
+  const int64_t uncached = n - chosen.overlap_blocks * o_.block_size;
+  if (!prefillers_.empty() && uncached >= o_.local_prefill_tokens) {
+    std::vector<router::Candidate> pc;
+    for (int w : prefillers_) pc.push_back({w, kv_index_.overlap(w, hashes), 0, 0, prefill_queue_[w]});
+    const auto policy = o_.policy == router::RoutePolicy::kRoundRobin ? router::RoutePolicy::kKvAware : o_.policy;
+    const auto& pre = pc[router::choose_worker(policy, pc, p.blocks, weights, turn_)];
+    if (pre.queued_tokens < o_.prefill_saturation_tokens) {
+      p.where.prefill = pre.rank;
+      prefill_queue_[pre.rank] += n;
+    }
+  }
+  r.prefill_rank = p.where.prefill;
+  const uint64_t id = r.id;
+  link_.submit(p.where.worker, r);
+  placed_[id] = p;
+  return p.where;
+}
+
+void Dispatcher::poll(LinkEvents& events) {
+  link_.poll(events);
+  for (const auto& e : events.cache_events) {
+    kv_index_.stored(e.rank, e.stored);
+    kv_index_.removed(e.rank, e.removed);
+  }
+  for (const auto& r : events.results) {
+    auto it = placed_.find(r.id);
+    if (it == placed_.end()) continue;
+    const Placed& p = it->second;
+    --load_[p.where.worker];
+    active_blocks_[p.where.worker] -= p.blocks;
+    if (p.where.prefill >= 0) prefill_queue_[p.where.prefill] -= p.prompt_tokens;
+    placed_.erase(it);
+  }
+}
+
+void Dispatcher::cancel(uint64_t id) {
+  if (auto it = placed_.find(id); it != placed_.end()) link_.cancel(it->second.where.worker, id);
+}
+
+}  // namespace tandem::launcher

@@ -1,0 +1,92 @@
+// Where each request runs: the router's placement logic, shared by the batch
+// job (`tandem run`) and the HTTP shim (`tandem serve`). It picks the decode
+// (or aggregated) worker by KV-aware cost over what every worker has cached
+// and holds, and, disaggregated, a prefill rank for prompts worth moving;
+// then it keeps the per-worker load those choices add until each result
+// comes back.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "launcher/run/wire.h"
+#include "router/kv_aware_policy.h"
+
+namespace tandem::launcher {
+
+// What a poll of the workers brought.
+struct LinkEvents {
+  std::vector<WireResult> results;
+  std::vector<WireCacheEvents> cache_events;
+  std::vector<WireDeltas::Delta> deltas;   // streaming requests' new tokens
+  std::vector<router::RankReport> stats;   // workers' periodic counters (the first: loaded)
+  void clear() {
+    results.clear();
+    cache_events.clear();
+    deltas.clear();
+    stats.clear();
+  }
+};
+
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  // Worker ranks requests can go to (they decode, and prefill what stays local).
+  virtual std::vector<int> workers() const = 0;
+  // Ranks that only prefill (disaggregated); empty in aggregated mode.
+  virtual std::vector<int> prefill_workers() const { return {}; }
+  virtual void submit(int worker, const WireRequest& request) = 0;
+  // Drop a request on its decode worker; it comes back as an "abort" result.
+  virtual void cancel(int worker, uint64_t id) = 0;
+  // Appends what arrived; may block briefly (back-off) when nothing is ready.
+  virtual void poll(LinkEvents& events) = 0;
+  // After the last result: stop the workers and collect their counters.
+  // abandon: the workers drop what they still hold (a signal's drain ran out).
+  virtual std::vector<router::RankReport> shutdown(bool abandon) = 0;
+};
+
+struct DispatchOptions {
+  int64_t block_size = 16;
+  router::RoutePolicy policy = router::RoutePolicy::kKvAware;
+  double overlap_weight = 1.0;
+  int64_t local_prefill_tokens = 0;  // disaggregated: shorter uncached prompts prefill on their decode rank
+  int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(WorkerLink& link, DispatchOptions options);
+
+  struct Placement {
+    int worker = 0;
+    int prefill = -1;  // prefill rank, or -1 when prefilled on `worker`
+  };
+  // Places and sends a request (r.prefill_rank is set here).
+  Placement submit(WireRequest r);
+  // Polls the link; results release the load their requests added.
+  void poll(LinkEvents& events);
+  // Asks the request's worker to drop it (its result still comes back).
+  void cancel(uint64_t id);
+  std::size_t in_flight() const { return placed_.size(); }
+  WorkerLink& link() { return link_; }
+
+ private:
+  struct Placed {
+    Placement where;
+    int64_t blocks = 0;
+    int64_t prompt_tokens = 0;
+  };
+  WorkerLink& link_;
+  DispatchOptions o_;
+  std::vector<int> workers_, prefillers_;
+  std::map<int, int64_t> load_;           // requests in flight per worker
+  std::map<int, int64_t> active_blocks_;  // prompt blocks of those requests
+  std::map<int, int64_t> prefill_queue_;  // prompt tokens sent to each prefill rank, not yet finished
+  router::KvIndex kv_index_;
+  uint64_t turn_ = 0;
+  std::unordered_map<uint64_t, Placed> placed_;
+};
+
+}  // namespace tandem::launcher

@@ -1,0 +1,43 @@
+// `tandem serve`: the job's rank 0 as an OpenAI-compatible HTTP endpoint.
+//
+// Threads: cpp-httplib's pool answers HTTP (parsing, tokenizing, formatting
+// and streaming responses); the calling thread is the router, the only one
+// that talks to the workers (MPI). They meet in an Inbox: HTTP threads post
+// new requests and cancellations, the router posts tokens and results back to
+// each request's Exchange and wakes the thread that waits on it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "launcher/config/config.h"
+#include "launcher/run/dispatcher.h"
+#include "router/batch_output.h"
+#include "router/prompt_builder.h"
+
+namespace tandem::launcher {
+
+struct ServeSetup {
+  const Config* config = nullptr;
+  router::PromptContext prompts;
+  router::OutputContext outputs;  // served_name: the one model /v1/models lists
+  DispatchOptions dispatch;
+  int64_t workers = 1;            // worker ranks that must load before /health says 200
+};
+
+class HttpFrontend;
+struct FrontendDeleter {
+  void operator()(HttpFrontend* f) const;
+};
+using FrontendPtr = std::unique_ptr<HttpFrontend, FrontendDeleter>;
+
+// Binds host:port now (so a busy port stops the job before workers start);
+// throws tandem::Error with one line when it cannot.
+FrontendPtr bind_frontend(const ServeSetup& setup);
+
+// Serves until SIGTERM/SIGINT/USR1 (g_stop_signal), then finishes in-flight
+// requests for up to http.drain_seconds, stops the workers, and returns 0.
+int run_serve(const ServeSetup& setup, HttpFrontend& frontend, WorkerLink& link);
+
+}  // namespace tandem::launcher

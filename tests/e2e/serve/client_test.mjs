@@ -1,0 +1,177 @@
+// The official `openai` npm client against `tandem serve`.
+//
+//   node client_test.mjs BASE_URL API_KEY MODEL OUT.json
+//
+// Checks completions and chat, streaming and not, n, stop, seed, logprobs,
+// and the client's typed errors (401, 404 model_not_found, 400). Writes the
+// greedy texts it got to OUT.json so the driver can compare them with
+// `tandem run` on the same requests. Exit code 1 on any failure.
+import { writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+
+const require = createRequire(import.meta.url);
+const OpenAI = require(process.env.OPENAI_MODULE).default ?? require(process.env.OPENAI_MODULE);
+
+const [baseURL, apiKey, model, outPath] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120_000 });
+let failed = 0;
+const check = (name, ok, detail = "") => {
+  console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? ": " + detail : ""}`);
+  if (!ok) failed++;
+};
+
+async function streamText(params) {
+  const stream = await client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  const texts = [];
+  let usage = null, finish = [], chunks = 0;
+  for await (const c of stream) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      texts[ch.index] = (texts[ch.index] ?? "") + ch.text;
+      if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+    }
+  }
+  return { texts, usage, finish, chunks };
+}
+
+async function streamChat(params) {
+  const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  const texts = [];
+  let usage = null, finish = [], roles = [];
+  for await (const c of stream) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      if (ch.delta.role) roles[ch.index] = ch.delta.role;
+      texts[ch.index] = (texts[ch.index] ?? "") + (ch.delta.content ?? "");
+      if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+    }
+  }
+  return { texts, usage, finish, roles };
+}
+
+const out = {};
+const prompts = ["The capital of France is", "Once upon a time", "def fibonacci(n):"];
+
+// /v1/models
+const models = await client.models.list();
+check("models lists the served model", models.data.length === 1 && models.data[0].id === model, JSON.stringify(models.data));
+
+// Completions, greedy: streamed text equals non-streamed text.
+out.completions = [];
+for (const prompt of prompts) {
+  const params = { model, prompt, max_tokens: 24, temperature: 0 };
+  const plain = await client.completions.create(params);
+  const s = await streamText(params);
+  const text = plain.choices[0].text;
+  out.completions.push({ prompt, text, finish: plain.choices[0].finish_reason });
+  check(`completion "${prompt}": streamed == non-streamed`, s.texts[0] === text, JSON.stringify([s.texts[0], text]));
+  check(`completion "${prompt}": usage`, plain.usage.completion_tokens > 0 && s.usage &&
+        s.usage.completion_tokens === plain.usage.completion_tokens &&
+        s.usage.prompt_tokens === plain.usage.prompt_tokens, JSON.stringify([plain.usage, s.usage]));
+  check(`completion "${prompt}": finish_reason`, s.finish[0] === plain.choices[0].finish_reason);
+}
+
+// Chat, greedy.
+out.chat = [];
+for (const content of ["Say hello.", "What is 2+2?"]) {
+  const params = { model, messages: [{ role: "user", content }], max_tokens: 20, temperature: 0 };
+  const plain = await client.chat.completions.create(params);
+  const s = await streamChat(params);
+  const text = plain.choices[0].message.content;
+  out.chat.push({ content, text, finish: plain.choices[0].finish_reason });
+  check(`chat "${content}": streamed == non-streamed`, s.texts[0] === text, JSON.stringify([s.texts[0], text]));
+  check(`chat "${content}": role and object`, plain.choices[0].message.role === "assistant" &&
+        s.roles[0] === "assistant" && plain.object === "chat.completion");
+  check(`chat "${content}": usage in the stream`, s.usage && s.usage.completion_tokens === plain.usage.completion_tokens);
+}
+
+// n: several choices, each sampled on its own key; streamed choices equal non-streamed ones.
+{
+  const params = { model, prompt: "Numbers:", max_tokens: 12, temperature: 1.0, seed: 7, n: 3 };
+  const plain = await client.completions.create(params);
+  const texts = plain.choices.map((c) => c.text);
+  check("n=3 gives three choices, indexed", plain.choices.length === 3 && plain.choices.every((c, i) => c.index === i));
+  check("n=3 choices differ", new Set(texts).size > 1, JSON.stringify(texts));
+  const s = await streamText(params);
+  check("n=3 streamed choices equal the non-streamed ones", JSON.stringify(s.texts) === JSON.stringify(texts),
+        JSON.stringify([s.texts, texts]));
+  check("n=3 usage counts every choice", plain.usage.completion_tokens === 36 && s.usage.completion_tokens === 36,
+        JSON.stringify([plain.usage, s.usage]));
+}
+
+// seed: the same seed gives the same text, another seed (very likely) another.
+{
+  const params = { model, prompt: "Random words:", max_tokens: 16, temperature: 1.0 };
+  const a = await client.completions.create({ ...params, seed: 1234 });
+  const b = await client.completions.create({ ...params, seed: 1234 });
+  const c = await client.completions.create({ ...params, seed: 99 });
+  check("same seed, same text", a.choices[0].text === b.choices[0].text);
+  check("other seed, other text", a.choices[0].text !== c.choices[0].text);
+  const s = await streamText({ ...params, seed: 1234 });
+  check("seeded stream equals seeded non-stream", s.texts[0] === a.choices[0].text);
+}
+
+// stop: the text ends before the stop string, streamed or not. The stop string
+// is taken from the greedy text itself, so it is sure to occur.
+{
+  const base = out.completions[1];
+  const words = base.text.trim().split(/\s+/).filter((w) => w.length >= 2);
+  const stop = words.length > 1 ? words[1] : base.text.slice(3, 6);
+  const params = { model, prompt: base.prompt, max_tokens: 24, temperature: 0, stop: [stop] };
+  const plain = await client.completions.create(params);
+  const s = await streamText(params);
+  const want = base.text.slice(0, base.text.indexOf(stop));
+  out.stop = { prompt: base.prompt, stop, text: plain.choices[0].text };
+  check("stop: finish_reason is stop", plain.choices[0].finish_reason === "stop", plain.choices[0].finish_reason);
+  check("stop: text is cut before the stop string", plain.choices[0].text === want, JSON.stringify([plain.choices[0].text, want]));
+  check("stop: streamed text equals it (stop string held back)", s.texts[0] === want, JSON.stringify([s.texts[0], want]));
+  check("stop: streamed finish_reason", s.finish[0] === "stop");
+}
+
+// logprobs: completions (top-n per token) and chat.
+{
+  const r = await client.completions.create({ model, prompt: prompts[0], max_tokens: 5, temperature: 0, logprobs: 3 });
+  const lp = r.choices[0].logprobs;
+  check("completion logprobs: one per token", lp && lp.tokens.length === 5 && lp.token_logprobs.length === 5);
+  check("completion logprobs: top 3 each, chosen is the best (greedy)",
+        lp.top_logprobs.every((t, i) => Object.keys(t).length >= 1 && Object.keys(t).length <= 3 &&
+          Math.max(...Object.values(t)) <= lp.token_logprobs[i] + 1e-5));
+  check("completion logprobs: tokens spell the text", lp.tokens.join("") === r.choices[0].text);
+  const c = await client.chat.completions.create({
+    model, messages: [{ role: "user", content: "Hi" }], max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 });
+  const content = c.choices[0].logprobs?.content ?? [];
+  check("chat logprobs: one entry per token with 2 alternatives",
+        content.length === c.usage.completion_tokens && content.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
+}
+
+// Typed errors from the client.
+async function errorOf(fn) {
+  try {
+    await fn();
+    return null;
+  } catch (e) {
+    return e;
+  }
+}
+{
+  const e = await errorOf(() => client.completions.create({ model: "no-such-model", prompt: "x", max_tokens: 2 }));
+  check("unknown model: 404 model_not_found", e instanceof OpenAI.NotFoundError && e.code === "model_not_found",
+        e && `${e.status} ${e.code}`);
+  const b = await errorOf(() => client.completions.create({ model, prompt: "x", max_tokens: 0 }));
+  check("invalid parameter: 400 with a message", b instanceof OpenAI.BadRequestError && /max_tokens/.test(b.message),
+        b && `${b.status} ${b.message}`);
+  const t = await errorOf(() => client.completions.create({ model, prompt: "x", max_tokens: 2, temperature: "hot" }));
+  check("wrong type: 400", t instanceof OpenAI.BadRequestError, t && `${t.status}`);
+  if (apiKey !== "none") {
+    const bad = new OpenAI({ baseURL, apiKey: "wrong-key", maxRetries: 0 });
+    const a = await errorOf(() => bad.completions.create({ model, prompt: "x", max_tokens: 2 }));
+    check("wrong API key: 401", a instanceof OpenAI.AuthenticationError, a && `${a.status}`);
+    const m = await errorOf(() => bad.models.list());
+    check("wrong API key on /v1/models: 401", m instanceof OpenAI.AuthenticationError, m && `${m.status}`);
+  }
+}
+
+writeFileSync(outPath, JSON.stringify(out, null, 1));
+console.log(failed ? `${failed} check(s) failed` : "all client checks passed");
+process.exit(failed ? 1 : 0);

