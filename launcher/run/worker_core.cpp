@@ -31,6 +31,8 @@ WorkerCore::StepOutput WorkerCore::step() {
   StepOutput out;
   out.results = std::move(refused_);
   refused_.clear();
+  out.deltas.deltas = std::move(first_tokens_);
+  first_tokens_.clear();
   if (!engine_.has_work()) return out;
   const auto t0 = std::chrono::steady_clock::now();
   auto outputs = engine_.step();
@@ -71,6 +73,13 @@ WorkerCore::StepOutput WorkerCore::step() {
     r.worker = rank_;
     out.results.push_back(std::move(r));
   }
+  // A request that finished in this step streams nothing more: its result
+  // carries the text, cut at a stop string the last tokens may have completed.
+  if (!out.results.empty() && !out.deltas.deltas.empty()) {
+    std::unordered_set<uint64_t> ended;
+    for (const auto& r : out.results) ended.insert(r.id);
+    std::erase_if(out.deltas.deltas, [&](const WireDeltas::Delta& d) { return ended.count(d.id) > 0; });
+  }
   return out;
 }
 
@@ -98,7 +107,10 @@ void WorkerCore::add_prefilled(const WireRequest& w, std::vector<int32_t> blocks
   runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, false};
   remote_[w.id] = {ready.prompt_tokens_computed, kv_blocks_moved};
   engine_.add_prefilled(std::move(r), std::move(blocks), ready.handoff, arrival);
-  if (w.stream) streaming_.insert(w.id);
+  if (w.stream) {  // its first token was sampled on the prefill rank: stream it from here
+    streaming_.insert(w.id);
+    first_tokens_.push_back({w.id, {ready.handoff.first_token}});
+  }
 }
 
 router::RankReport WorkerCore::report() const {

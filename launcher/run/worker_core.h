@@ -26,7 +26,7 @@ class WorkerCore {
   // A request the engine refuses comes back at once as a failed result.
   // prefill_only: the disaggregated prefill side (see Handoff).
   void submit(const WireRequest& request, bool prefill_only = false);
-  bool has_work() const { return engine_.has_work() || !refused_.empty(); }
+  bool has_work() const { return engine_.has_work() || !refused_.empty() || !first_tokens_.empty(); }
   int64_t load() const { return engine_.num_running() + engine_.num_waiting(); }
 
   // A prefilled request ready to travel: its KV blocks (still allocated here;
@@ -77,6 +77,7 @@ class WorkerCore {
   runtime::Engine engine_;
   std::vector<WireResult> refused_;
   std::unordered_set<uint64_t> streaming_;
+  std::vector<WireDeltas::Delta> first_tokens_;  // prefilled elsewhere: their first token, not yet streamed
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
                                                                        // computed, KV blocks moved)
   double busy_s_ = 0;

