@@ -79,7 +79,7 @@ std::vector<KeySpec> build_schema() {
           ,
       key("model", "served_name", &C::model, &ModelConfig::served_name)
           .doc("Model name in API responses and /v1/models; empty: the model directory's name.")
-          .pending("tandem serve"),
+          ,
       key("model", "max_model_len", &C::model, &ModelConfig::max_model_len)
           .at_least(0)
           .doc("Longest prompt plus completion, in tokens; 0: the model's max_position_embeddings.")
@@ -218,26 +218,28 @@ std::vector<KeySpec> build_schema() {
       // [http]
       key("http", "host", &C::http, &HttpConfig::host)
           .doc("Address the HTTP shim binds; keep 127.0.0.1 and tunnel over SSH.")
-          .pending("tandem serve"),
+          ,
       key("http", "port", &C::http, &HttpConfig::port)
           .at_least(1).at_most(65535)
           .doc("TCP port of the HTTP shim.")
-          .pending("tandem serve"),
+          ,
       key("http", "api_key_env", &C::http, &HttpConfig::api_key_env)
           .doc("Environment variable whose value clients must send as a Bearer token; empty: none.")
-          .pending("tandem serve"),
+          ,
       key("http", "max_body_bytes", &C::http, &HttpConfig::max_body_bytes)
           .at_least(1024)
           .doc("Largest request body accepted, in bytes.")
-          .pending("tandem serve"),
+          ,
       key("http", "max_in_flight", &C::http, &HttpConfig::max_in_flight)
-          .at_least(1)
-          .doc("Requests in flight at once; more get 429 with Retry-After.")
-          .pending("tandem serve"),
+          .at_least(1).at_most(1000)
+          .doc("Requests in flight at once (each holds one HTTP thread of rank 0); more get 429 with "
+               "Retry-After.")
+          ,
       key("http", "drain_seconds", &C::http, &HttpConfig::drain_seconds)
           .at_least(0)
-          .doc("After SIGTERM, seconds to finish in-flight requests before exiting.")
-          .pending("tandem serve"),
+          .doc("After SIGTERM (or USR1, or Ctrl-C), seconds to finish in-flight requests before exiting; "
+               "what is left is cancelled.")
+          ,
       // [log]
       key("log", "level", &C::log, &LogConfig::level)
           .choices({"trace", "debug", "info", "warn", "error", "off"})
