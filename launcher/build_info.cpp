@@ -35,6 +35,9 @@ std::string build_info() {
 #else
   out += " libfabric=off";
 #endif
+#ifdef TANDEM_SANITIZER
+  out += " sanitizer=" TANDEM_SANITIZER;
+#endif
   out += "\n";
 #ifdef TANDEM_WITH_CUDA
   out += "  " + runtime::cuda::devices_summary() + "\n";

@@ -24,7 +24,10 @@ class InProcessLink : public WorkerLink {
   void submit(int, const WireRequest& r) override { core_.submit(r); }
   void cancel(int, uint64_t id) override { core_.cancel(id); }
   void poll(LinkEvents& events) override {
-    if (core_.has_work()) {
+    if (!core_.has_work()) {
+      idle_.idle();  // serving with nothing to do: wait, do not spin
+    } else {
+      idle_.reset();
       auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
       events.results.insert(events.results.end(), std::make_move_iterator(r.results.begin()),
                             std::make_move_iterator(r.results.end()));
@@ -41,6 +44,7 @@ class InProcessLink : public WorkerLink {
 
  private:
   WorkerCore& core_;
+  mpi::Backoff idle_;
   bool reported_ = false;
   std::chrono::steady_clock::time_point last_stats_;
 };
