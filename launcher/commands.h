@@ -35,5 +35,6 @@ Action add_generate_command(CLI::App& root);
 // argc/argv go to MPI_Init_thread.
 Action add_run_command(CLI::App& root, int argc, char** argv);
 Action add_serve_command(CLI::App& root, int argc, char** argv);
+Action add_simulate_command(CLI::App& root);
 
 }  // namespace tandem::launcher

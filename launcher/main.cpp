@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   add(add_generate_command(app));
   add(add_run_command(app, argc, argv));
   add(add_serve_command(app, argc, argv));
+  add(add_simulate_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,161 @@
+// `tandem simulate`: a Tandem job on a simulated cluster (planner/), for
+// choosing a split or a policy before spending GPU hours, and for seeing
+// where disaggregation pays.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "launcher/commands.h"
+#include "planner/policy.h"
+#include "planner/simulator.h"
+
+namespace tandem::launcher {
+namespace {
+
+struct SimulateOptions {
+  std::string workload, model_config, hardware = "h100", policy = "lookahead";
+  int64_t gpus = 8;
+  planner::SimOptions sim;
+  double ttft_ms = 0, itl_ms = 0;
+  bool json = false;
+};
+
+// "h100" or "b200:2,h100:6" (kinds and counts, adding up to --gpus).
+std::vector<planner::HardwareProfile> hardware_list(const std::string& spec, int64_t gpus) {
+  std::vector<planner::HardwareProfile> out;
+  if (spec.find(':') == std::string::npos || std::filesystem::exists(spec)) {
+    const auto h = planner::HardwareProfile::named(spec);
+    out.assign(static_cast<std::size_t>(gpus), h);
+    return out;
+  }
+  std::stringstream ss(spec);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto colon = part.rfind(':');
+    int64_t n = 0;
+    try {
+      n = colon == std::string::npos ? 0 : std::stoll(part.substr(colon + 1));
+    } catch (const std::exception&) {
+    }
+    if (n < 1) throw Error("--hardware '" + spec + "': write KIND:COUNT[,KIND:COUNT...], e.g. b200:2,h100:6");
+    const auto h = planner::HardwareProfile::named(part.substr(0, colon));
+    for (int64_t i = 0; i < n; ++i) out.push_back(h);
+  }
+  if (static_cast<int64_t>(out.size()) != gpus)
+    throw Error("--hardware '" + spec + "' names " + std::to_string(out.size()) + " GPUs but --gpus is " +
+                std::to_string(gpus));
+  return out;
+}
+
+nlohmann::json result_json(const std::string& policy, const planner::SimResult& r) {
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const auto& e : r.epochs) {
+    epochs.push_back({{"index", e.index},
+                      {"split", e.split.name()},
+                      {"start_s", e.start_s},
+                      {"end_s", e.end_s},
+                      {"predicted_s", e.predicted_s},
+                      {"requests", e.requests},
+                      {"mean_isl", e.mean_isl},
+                      {"mean_osl", e.mean_osl}});
+  }
+  return {{"policy", policy},
+          {"makespan_s", r.makespan_s},
+          {"requests", r.requests},
+          {"output_tokens_per_s", r.output_tokens_per_s()},
+          {"goodput_requests_per_s", r.goodput_per_s()},
+          {"good_requests", r.good_requests},
+          {"ttft_ms", {{"p50", r.ttft_p50_s * 1e3}, {"p90", r.ttft_p90_s * 1e3}, {"p99", r.ttft_p99_s * 1e3}}},
+          {"itl_ms", {{"p50", r.itl_p50_s * 1e3}, {"p90", r.itl_p90_s * 1e3}, {"p99", r.itl_p99_s * 1e3}}},
+          {"epochs", epochs}};
+}
+
+int simulate(const SimulateOptions& o) {
+  const auto spec = planner::WorkloadSpec::load(o.workload);
+  std::filesystem::path cfg = o.model_config;
+  if (std::filesystem::is_directory(cfg)) cfg /= "config.json";
+  std::ifstream f(cfg);
+  if (!f) throw Error(cfg.string() + ": cannot read the model's config.json");
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded()) throw Error(cfg.string() + ": not valid JSON");
+  const auto model = runtime::ModelConfig::parse(j, cfg.string());
+  const auto shape = planner::ModelShape::from(model);
+  const auto hw = hardware_list(o.hardware, o.gpus);
+  std::vector<std::unique_ptr<planner::PerfModel>> owned;
+  std::vector<const planner::PerfModel*> models;
+  for (const auto& h : hw) {
+    if (owned.empty() || owned.back()->hardware().name != h.name) owned.push_back(std::make_unique<planner::PerfModel>(shape, h));
+    models.push_back(owned.back().get());
+  }
+  planner::SimOptions so = o.sim;
+  so.workers = o.gpus;
+  so.ttft_target_s = o.ttft_ms / 1e3;
+  so.itl_target_s = o.itl_ms / 1e3;
+  const auto requests = spec.generate(model.max_position_embeddings);
+  planner::Simulator sim(so, models);
+  std::vector<std::string> policies;
+  if (o.policy == "all") {
+    policies = {"agg"};
+    for (int64_t p = 1; p < o.gpus; ++p)
+      if (o.gpus <= 16 || p % std::max<int64_t>(1, o.gpus / 8) == 0) policies.push_back("static:" + std::to_string(p) + ":" + std::to_string(o.gpus - p));
+    policies.insert(policies.end(), {"sla", "lookahead", "oracle"});
+  } else {
+    policies = {o.policy};
+  }
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& name : policies) {
+    auto policy = planner::make_policy(name, o.gpus);
+    const auto r = sim.run(requests, *policy);
+    all.push_back(result_json(name, r));
+    if (o.json) continue;
+    if (policies.size() > 1) {
+      std::printf("%-14s makespan %10.2f s  %10.0f tok/s  TTFT p50/p99 %8.0f/%8.0f ms  ITL p50/p99 %6.1f/%6.1f ms  good %5.1f%%\n",
+                  name.c_str(), r.makespan_s, r.output_tokens_per_s(), r.ttft_p50_s * 1e3, r.ttft_p99_s * 1e3,
+                  r.itl_p50_s * 1e3, r.itl_p99_s * 1e3, 100.0 * static_cast<double>(r.good_requests) / static_cast<double>(r.requests));
+      continue;
+    }
+    std::printf("%lld requests on %lld GPUs (%s), policy %s\n", static_cast<long long>(r.requests),
+                static_cast<long long>(o.gpus), o.hardware.c_str(), name.c_str());
+    std::printf("makespan %.2f s, %.0f output tokens/s, goodput %.2f req/s\n", r.makespan_s, r.output_tokens_per_s(),
+                r.goodput_per_s());
+    std::printf("TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; ITL p50/p90/p99 %.1f/%.1f/%.1f ms\n", r.ttft_p50_s * 1e3,
+                r.ttft_p90_s * 1e3, r.ttft_p99_s * 1e3, r.itl_p50_s * 1e3, r.itl_p90_s * 1e3, r.itl_p99_s * 1e3);
+    std::string prev;
+    for (const auto& e : r.epochs) {
+      const std::string s = e.split.name();
+      std::printf("epoch %lld: %s%s, %lld requests (isl %.0f, osl %.0f), %.2f s (predicted %.2f s)\n",
+                  static_cast<long long>(e.index), prev.empty() || prev == s ? "" : (prev + " -> ").c_str(), s.c_str(),
+                  static_cast<long long>(e.requests), e.mean_isl, e.mean_osl, e.end_s - e.start_s, e.predicted_s);
+      prev = s;
+    }
+  }
+  if (o.json) std::cout << (all.size() == 1 ? all[0] : all).dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Action add_simulate_command(CLI::App& root) {
+  auto* cmd = root.add_subcommand("simulate", "Simulate a job on a cluster of GPUs (discrete events, virtual time)");
+  auto o = std::make_shared<SimulateOptions>();
+  cmd->add_option("--workload", o->workload, "Workload TOML: [[phase]] tables (requests, isl, osl, arrival)")->required();
+  cmd->add_option("--model-config", o->model_config, "The model's Hugging Face config.json (or its directory)")->required();
+  cmd->add_option("--hardware", o->hardware, "h100, h200, b200, a profile TOML, or kinds with counts: b200:2,h100:6");
+  cmd->add_option("--gpus", o->gpus, "GPUs (one worker each)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--policy", o->policy, "static:P:D, agg, sla, lookahead, oracle, or all (a comparison table)");
+  cmd->add_option("--epoch-requests", o->sim.epoch_requests, "Requests per planning epoch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--max-num-seqs", o->sim.max_num_seqs, "Sequences per worker at once")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-batched-tokens", o->sim.max_batched_tokens, "Tokens per engine step")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--local-prefill-tokens", o->sim.local_prefill_tokens, "Shorter prompts prefill on their decode worker");
+  cmd->add_option("--ttft-ms", o->ttft_ms, "TTFT target for goodput and the sla policy");
+  cmd->add_option("--itl-ms", o->itl_ms, "ITL target for goodput and the sla policy");
+  cmd->add_flag("--json", o->json, "Print JSON");
+  return [o]() { return simulate(*o); };
+}
+
+}  // namespace tandem::launcher

@@ -1,0 +1,73 @@
+#include "planner/hardware.h"
+
+#include <toml++/toml.h>
+
+#include "common/error.h"
+
+namespace tandem::planner {
+namespace {
+
+HardwareProfile builtin(const std::string& name, double tflops, double tbps, double gb, double link_gbps) {
+  HardwareProfile h;
+  h.name = name;
+  h.peak_flops = tflops * 1e12;
+  h.hbm_bytes_per_s = tbps * 1e12;
+  h.hbm_bytes = gb * 1e9;
+  h.link_bytes_per_s = link_gbps * 1e9;
+  h.link_latency_s = 10e-6;
+  h.step_overhead_s = 1e-3;  // assumed: CUDA-graph-free launch and scheduling cost per step
+  return h;
+}
+
+}  // namespace
+
+HardwareProfile HardwareProfile::named(const std::string& n) {
+  if (n == "h100") return builtin("h100", 989, 3.35, 80, 450);
+  if (n == "h200") return builtin("h200", 989, 4.8, 141, 450);
+  if (n == "b200") return builtin("b200", 2250, 8.0, 180, 900);
+  if (std::filesystem::exists(n)) return from_toml(n);
+  throw Error("unknown hardware '" + n + "': use h100, h200, b200 or a TOML profile file");
+}
+
+HardwareProfile HardwareProfile::from_toml(const std::filesystem::path& file) {
+  toml::table t;
+  try {
+    t = toml::parse_file(file.string());
+  } catch (const toml::parse_error& e) {
+    throw Error(file.string() + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+  }
+  HardwareProfile h;
+  h.name = t["name"].value_or(file.stem().string());
+  struct Field {
+    const char* key;
+    double* value;
+    bool required;
+  };
+  const Field fields[] = {{"peak_flops", &h.peak_flops, true},        {"hbm_bytes_per_s", &h.hbm_bytes_per_s, true},
+                          {"hbm_bytes", &h.hbm_bytes, true},          {"link_bytes_per_s", &h.link_bytes_per_s, true},
+                          {"link_latency_s", &h.link_latency_s, false}, {"mfu", &h.mfu, false},
+                          {"mbu", &h.mbu, false},                      {"step_overhead_s", &h.step_overhead_s, false},
+                          {"kv_memory_fraction", &h.kv_memory_fraction, false}};
+  for (const auto& f : fields) {
+    auto node = t[f.key];
+    if (!node) {
+      if (f.required) throw Error(file.string() + ": missing '" + f.key + "' (a number)");
+      continue;
+    }
+    auto v = node.value<double>();
+    if (!v || *v < 0) throw Error(file.string() + ": '" + f.key + "' must be a non-negative number");
+    *f.value = *v;
+  }
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str());
+    bool known = key == "name";
+    for (const auto& f : fields) known = known || key == f.key;
+    if (!known) throw Error(file.string() + ": unknown key '" + key + "' in a hardware profile");
+  }
+  if (h.peak_flops <= 0 || h.hbm_bytes_per_s <= 0 || h.link_bytes_per_s <= 0 || h.mfu <= 0 || h.mfu > 1 || h.mbu <= 0 ||
+      h.mbu > 1)
+    throw Error(file.string() + ": peak_flops, hbm_bytes_per_s and link_bytes_per_s must be above 0, mfu and mbu in (0, 1]");
+  return h;
+}
+
+}  // namespace tandem::planner

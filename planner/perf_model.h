@@ -1,0 +1,60 @@
+// How long a worker's engine step takes, from the model's shape and the
+// worker's hardware: a roofline. A step that runs T tokens (prefill chunks
+// and decode tokens together, as Tandem's engine batches them) does
+//   flops = 2 * matmul_params * T + attention flops + 2 * hidden * vocab * rows needing logits
+//   bytes = weights (read once per step) + KV read by attention + KV written
+// and takes max(flops / (peak * mfu), bytes / (bandwidth * mbu)) + a fixed overhead.
+//
+// This one formula is all the simulator knows about batching: a decode-only
+// step is memory-bound, so co-batched prefill tokens are nearly free until the
+// step turns compute-bound, after which every prefill token slows the decodes
+// sharing the step — the trade-off chunked prefill makes (Sarathi-Serve,
+// Agrawal et al., OSDI 2024) and disaggregation avoids (DistServe, Zhong et al.,
+// OSDI 2024; Splitwise, Patel et al., ISCA 2024). Nothing in it is tuned to a
+// policy; mfu, mbu and the overhead come from the hardware profile.
+#pragma once
+
+#include <cstdint>
+
+#include "planner/hardware.h"
+#include "runtime/model/model_config.h"
+
+namespace tandem::planner {
+
+struct ModelShape {
+  double matmul_params = 0;     // parameters of the linear layers (per token: 2 flops each)
+  double lm_head_params = 0;
+  double weight_bytes = 0;      // everything read once per step
+  double kv_bytes_per_token = 0;
+  double attn_flops_per_ctx = 0;  // per (query token, context token): 4 * layers * heads * head_dim
+  double bytes_per_param = 2;   // bf16
+
+  static ModelShape from(const runtime::ModelConfig& c, double bytes_per_param = 2);
+};
+
+// One step's work.
+struct StepLoad {
+  double prefill_tokens = 0;
+  double prefill_ctx = 0;   // sum over prefill tokens of the positions each attends to
+  double decode_seqs = 0;
+  double decode_ctx = 0;    // sum over decoding sequences of their context length
+  double logit_rows = 0;    // rows that need the LM head (decode seqs + finished prompts)
+};
+
+class PerfModel {
+ public:
+  PerfModel(ModelShape shape, HardwareProfile hw) : m_(shape), hw_(std::move(hw)) {}
+  double step_seconds(const StepLoad& s) const;
+  // KV of n tokens from one worker to another.
+  double transfer_seconds(double tokens) const;
+  // Tokens of KV a worker can hold after its weights (0 when the weights do not fit).
+  double kv_capacity_tokens() const;
+  const ModelShape& shape() const { return m_; }
+  const HardwareProfile& hardware() const { return hw_; }
+
+ private:
+  ModelShape m_;
+  HardwareProfile hw_;
+};
+
+}  // namespace tandem::planner

@@ -1,0 +1,250 @@
+#include "planner/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/error.h"
+
+namespace tandem::planner {
+namespace {
+
+struct Lengths {
+  double n = 0, mean_isl = 0, mean_osl = 0, prompt_tokens = 0, output_tokens = 0, max_osl = 0;
+};
+
+Lengths lengths(std::span<const Request> rs) {
+  Lengths l;
+  l.n = static_cast<double>(rs.size());
+  for (const auto& r : rs) {
+    l.prompt_tokens += static_cast<double>(r.isl - (r.prefix_group >= 0 ? r.prefix_tokens : 0));
+    l.output_tokens += static_cast<double>(r.osl);
+    l.max_osl = std::max(l.max_osl, static_cast<double>(r.osl));
+  }
+  if (l.n > 0) {
+    double isl = 0;
+    for (const auto& r : rs) isl += static_cast<double>(r.isl);
+    l.mean_isl = isl / l.n;
+    l.mean_osl = l.output_tokens / l.n;
+  }
+  return l;
+}
+
+// Workers in the order roles are given: fastest first (prefill goes there).
+std::vector<const PerfModel*> by_speed(const PlanContext& ctx) {
+  auto m = ctx.models;
+  std::stable_sort(m.begin(), m.end(), [](const PerfModel* a, const PerfModel* b) {
+    return a->hardware().peak_flops > b->hardware().peak_flops;
+  });
+  return m;
+}
+
+// Sequences a worker runs at once for these lengths: slots, KV, and how many there are to run.
+double concurrency(const PerfModel& pm, const SimOptions& o, const Lengths& l, double workers) {
+  const double per_seq = std::max(1.0, l.mean_isl + l.mean_osl);
+  return std::max(1.0, std::min({static_cast<double>(o.max_num_seqs), std::floor(pm.kv_capacity_tokens() / per_seq),
+                                 std::ceil(l.n / std::max(1.0, workers))}));
+}
+
+// One prefill-only step of `tokens` prompt tokens of mean length isl.
+double prefill_step(const PerfModel& pm, double tokens, double isl) {
+  StepLoad s;
+  s.prefill_tokens = tokens;
+  s.prefill_ctx = tokens * std::min(isl, tokens) / 2.0 + tokens * std::max(0.0, isl - tokens) / 2.0;
+  s.logit_rows = std::max(1.0, tokens / std::max(1.0, isl));
+  return pm.step_seconds(s);
+}
+
+double decode_step(const PerfModel& pm, double seqs, double ctx, double prefill_tokens = 0, double isl = 1) {
+  StepLoad s;
+  s.decode_seqs = seqs;
+  s.decode_ctx = seqs * ctx;
+  s.logit_rows = seqs + (prefill_tokens > 0 ? std::max(1.0, prefill_tokens / std::max(1.0, isl)) : 0);
+  s.prefill_tokens = prefill_tokens;
+  s.prefill_ctx = prefill_tokens * isl / 2.0;
+  return pm.step_seconds(s);
+}
+
+}  // namespace
+
+std::vector<Split> all_splits(int64_t workers) {
+  std::vector<Split> out{{0, workers}};
+  for (int64_t p = 1; p < workers; ++p) out.push_back({p, workers - p});
+  return out;
+}
+
+double estimate_epoch_seconds(std::span<const Request> requests, const Split& split, const PlanContext& ctx) {
+  if (requests.empty()) return 0;
+  const SimOptions& o = *ctx.options;
+  const Lengths l = lengths(requests);
+  const auto models = by_speed(ctx);
+  const double n_workers = static_cast<double>(models.size());
+  const double B = static_cast<double>(o.max_batched_tokens);
+  const double ctx_len = l.mean_isl + l.mean_osl / 2.0;
+  if (split.agg()) {
+    // Every worker decodes its b sequences each step; prompts arrive in
+    // bursts as slots free (one prompt per step at a time, as Tandem's engine
+    // schedules them), so a step with a prompt in it costs the prompt's
+    // compute on top of the decode step, unless both fit under the memory time.
+    double total = 0;
+    for (const PerfModel* pm : models) {
+      const double b = std::min(concurrency(*pm, o, l, n_workers), B - 1);
+      const double chunk = std::max(1.0, std::min(B - b, l.prompt_tokens / std::max(1.0, l.n)));
+      const double decode_steps = l.output_tokens / (n_workers * b);
+      const double prefill_steps = l.prompt_tokens / (n_workers * chunk);
+      const double plain = decode_step(*pm, b, ctx_len);
+      const double mixed = decode_step(*pm, b, ctx_len, chunk, l.mean_isl);
+      const double t = prefill_steps <= decode_steps
+                           ? decode_steps * plain + prefill_steps * (mixed - plain)
+                           : prefill_steps * mixed + l.mean_osl * plain;  // prompts are the bottleneck
+      total += t;
+    }
+    return total / n_workers;
+  }
+  // Disaggregated: prefill pool and decode pool work in a pipeline.
+  double prefill_rate = 0, decode_rate = 0, decode_step_s = 0, first_prefill = 0;
+  const auto P = static_cast<std::size_t>(split.prefill);
+  for (std::size_t k = 0; k < models.size(); ++k) {
+    const PerfModel& pm = *models[k];
+    if (k < P) {
+      const double t = prefill_step(pm, B, l.mean_isl);
+      prefill_rate += B / t;
+      first_prefill = std::max(first_prefill, prefill_step(pm, std::min(B, l.mean_isl), l.mean_isl) +
+                                                  pm.transfer_seconds(l.mean_isl));
+    } else {
+      const double b = concurrency(pm, o, l, static_cast<double>(split.decode));
+      const double t = decode_step(pm, b, ctx_len);
+      decode_rate += b / t;
+      decode_step_s = std::max(decode_step_s, t);
+    }
+  }
+  const double prefill_done = l.prompt_tokens / prefill_rate;
+  const double decode_done = l.output_tokens / decode_rate;
+  // The last prompts still decode after the prefills end; the decodes cannot finish before the first arrive.
+  return std::max(prefill_done + l.mean_osl * decode_step_s, decode_done + first_prefill);
+}
+
+namespace {
+
+class Static : public Policy {
+ public:
+  explicit Static(Split s) : s_(s) {}
+  std::string name() const override { return s_.agg() ? "agg" : "static:" + std::to_string(s_.prefill) + ":" + std::to_string(s_.decode); }
+  Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
+    predicted = estimate_epoch_seconds(e.requests, s_, ctx);
+    return s_;
+  }
+
+ private:
+  Split s_;
+};
+
+// Dynamo's SLA planner (components/planner, "SLA-based planner"), as a value:
+//   prefill replicas = ceil(load_isl / prefill throughput per GPU at the TTFT target)
+//   decode replicas  = ceil(load_osl / decode throughput per GPU at the ITL target)
+// with the load predicted as the last epoch's (Dynamo's constant predictor), and
+// the per-GPU throughputs from profiling (here: the performance model). The
+// workers are fixed, so replicas become a proportion of them. Epoch 0 has
+// nothing observed: an even split, as tandem's default prefill_fraction.
+class Sla : public Policy {
+ public:
+  std::string name() const override { return "sla"; }
+  Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
+    const auto n = static_cast<int64_t>(ctx.models.size());
+    Split s{std::clamp<int64_t>(n / 2, 1, n - 1), n - std::clamp<int64_t>(n / 2, 1, n - 1)};
+    if (n < 2) s = {0, n};
+    if (n >= 2 && e.history && !e.history->empty()) {
+      const EpochRecord& last = e.history->back();
+      const SimOptions& o = *ctx.options;
+      const PerfModel& pm = *ctx.models.front();
+      // Prefill throughput per GPU: the biggest batch whose step meets the TTFT target.
+      double tokens = static_cast<double>(o.max_batched_tokens);
+      if (o.ttft_target_s > 0)
+        while (tokens > 16 && prefill_step(pm, tokens, last.mean_isl) > o.ttft_target_s) tokens /= 2;
+      const double prefill_tps = tokens / prefill_step(pm, tokens, last.mean_isl);
+      // Decode throughput per GPU: the biggest batch whose step meets the ITL target.
+      const double ctx_len = last.mean_isl + last.mean_osl / 2.0;
+      double b = std::max(1.0, std::min(static_cast<double>(o.max_num_seqs), std::floor(pm.kv_capacity_tokens() / std::max(1.0, last.mean_isl + last.mean_osl))));
+      if (o.itl_target_s > 0)
+        while (b > 1 && decode_step(pm, b, ctx_len) > o.itl_target_s) b = std::floor(b / 2);
+      const double decode_tps = b / decode_step(pm, b, ctx_len);
+      const double need_p = last.prompt_tokens / prefill_tps, need_d = last.output_tokens / decode_tps;
+      const auto p = std::clamp<int64_t>(std::llround(static_cast<double>(n) * need_p / (need_p + need_d)), 1, n - 1);
+      s = {p, n - p};
+    }
+    predicted = estimate_epoch_seconds(e.requests, s, ctx);
+    return s;
+  }
+};
+
+// Ours: the next epoch's lengths are known; estimate every split and take the
+// best. With a target, splits whose estimated decode step breaks the ITL
+// target are passed over while any split meets it. A split within 2% of the
+// best that is already in place is kept: a re-split drains workers.
+class Lookahead : public Policy {
+ public:
+  std::string name() const override { return "lookahead"; }
+  Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
+    const auto n = static_cast<int64_t>(ctx.models.size());
+    Split best{0, n};
+    double best_t = std::numeric_limits<double>::infinity();
+    double current_t = std::numeric_limits<double>::infinity();
+    for (const Split& s : all_splits(n)) {
+      const double t = estimate_epoch_seconds(e.requests, s, ctx);
+      if (t < best_t) best = s, best_t = t;
+      if (s == e.current) current_t = t;
+    }
+    if (e.index > 0 && current_t <= best_t * 1.02) {
+      predicted = current_t;
+      return e.current;
+    }
+    predicted = best_t;
+    return best;
+  }
+};
+
+// Evaluation only: runs the true simulation ahead for every split.
+class Oracle : public Policy {
+ public:
+  std::string name() const override { return "oracle"; }
+  Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
+    if (!e.evaluate) throw Error("the oracle policy needs the simulator (it is for `tandem simulate` only)");
+    const auto n = static_cast<int64_t>(ctx.models.size());
+    Split best{0, n};
+    double best_t = std::numeric_limits<double>::infinity();
+    for (const Split& s : all_splits(n)) {
+      const double t = e.evaluate(s);
+      if (t < best_t) best = s, best_t = t;
+    }
+    predicted = best_t;
+    return best;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_policy(const std::string& spec, int64_t workers) {
+  if (spec == "agg") return std::make_unique<Static>(Split{0, workers});
+  if (spec == "sla") return std::make_unique<Sla>();
+  if (spec == "lookahead") return std::make_unique<Lookahead>();
+  if (spec == "oracle") return std::make_unique<Oracle>();
+  if (spec.rfind("static:", 0) == 0) {
+    const auto colon = spec.find(':', 7);
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no D");
+      std::size_t used = 0;
+      const int64_t p = std::stoll(spec.substr(7, colon - 7), &used);
+      const int64_t d = std::stoll(spec.substr(colon + 1));
+      if (p < 1 || d < 1 || p + d != workers)
+        throw Error("policy '" + spec + "': P and D must be at least 1 and add up to the " + std::to_string(workers) +
+                    " workers");
+      return std::make_unique<Static>(Split{p, d});
+    } catch (const std::invalid_argument&) {
+    } catch (const std::out_of_range&) {
+    }
+    throw Error("policy '" + spec + "': write static:P:D with whole numbers, e.g. static:2:6");
+  }
+  throw Error("unknown policy '" + spec + "': use static:P:D, agg, sla, lookahead or oracle");
+}
+
+}  // namespace tandem::planner

@@ -1,0 +1,58 @@
+// Planner policies: at each epoch boundary, the split of the workers for the
+// next epoch. One interface, values chosen by name:
+//   static:P:D  the same split throughout
+//   agg         every worker prefills and decodes (chunked prefill)
+//   sla         Dynamo's SLA planner, reimplemented: prefill and decode
+//               replicas from the last epoch's observed load and the per-GPU
+//               throughputs that meet the TTFT/ITL targets, scaled to the
+//               workers there are (it reacts; it cannot see ahead)
+//   lookahead   ours: the next epoch's prompt and output lengths are known
+//               (batch look-ahead); it estimates each split's duration of
+//               that epoch (or goodput under targets) and takes the best,
+//               aggregated mode included
+//   oracle      exhaustive search over splits with the true simulator, for
+//               evaluation only
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "planner/simulator.h"
+
+namespace tandem::planner {
+
+struct EpochView {
+  int64_t index = 0;
+  std::span<const Request> requests;        // this epoch's, known ahead (batch look-ahead)
+  const std::vector<EpochRecord>* history = nullptr;  // finished epochs, and the current one so far
+  Split current;
+  double now_s = 0;
+  // Only for the oracle: the true time until this epoch's last request
+  // finishes if it runs with `split` (a copy of the simulation, run ahead).
+  std::function<double(const Split&)> evaluate;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+  // predicted_s: the policy's prediction of the epoch's duration (0 if it makes none).
+  virtual Split choose(const EpochView& epoch, const PlanContext& ctx, double& predicted_s) = 0;
+};
+
+// "static:P:D", "agg", "sla", "lookahead", "oracle"; throws tandem::Error on
+// an unknown name or a split that does not fit the workers.
+std::unique_ptr<Policy> make_policy(const std::string& spec, int64_t workers);
+
+// Every split of n workers a policy may choose: agg, then 1P:(n-1)D … (n-1)P:1D.
+std::vector<Split> all_splits(int64_t workers);
+
+// The look-ahead estimate: how long `requests` take on the workers under
+// `split`, from the performance models alone (no simulation). Used by the
+// lookahead policy and `tandem plan`.
+double estimate_epoch_seconds(std::span<const Request> requests, const Split& split, const PlanContext& ctx);
+
+}  // namespace tandem::planner

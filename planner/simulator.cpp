@@ -1,0 +1,537 @@
+#include "planner/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <queue>
+
+#include "common/error.h"
+#include "planner/policy.h"
+#include "router/kv_aware_policy.h"
+
+namespace tandem::planner {
+
+std::string Split::name() const {
+  return agg() ? std::string("agg") : std::to_string(prefill) + "P:" + std::to_string(decode) + "D";
+}
+
+enum class Role : uint8_t { kAgg, kPrefill, kDecode };
+
+struct ReqState {
+  double dispatched = -1, first_token = -1, finished = -1;
+  int32_t decode_worker = -1;
+  int32_t prefill_worker = -1;  // -1: prefilled on its decode worker
+  int64_t cached = 0;           // prompt tokens its prefilling worker had cached
+};
+
+struct WorkerState {
+  const PerfModel* pm = nullptr;
+  double kv_cap = 0;
+  Role role = Role::kAgg, next_role = Role::kAgg;
+  bool draining = false;
+  bool busy = false;
+  // Decode / agg side.
+  std::deque<int32_t> reserve_q;   // routed here, waiting for a slot and KV
+  int64_t reserved = 0;            // sequences holding a slot (prefilling, travelling, running)
+  double kv_used = 0;              // tokens reserved
+  int64_t n_running = 0;
+  double ctx_sum = 0;
+  int64_t step_no = 0;
+  std::priority_queue<std::pair<int64_t, int32_t>, std::vector<std::pair<int64_t, int32_t>>, std::greater<>> finish;
+  std::vector<int32_t> joining;    // first token arrived during a step: decode from the next one
+  // Prefill (any role that prefills): prompts in order, the head partly done.
+  std::deque<int32_t> prefill_q;
+  int64_t head_done = 0;
+  double queued_prefill_tokens = 0;
+  int64_t in_transit = 0;          // prefilled elsewhere, KV on the way here
+  // Router's view.
+  int64_t load = 0;
+  int64_t active_blocks = 0;
+  std::vector<int32_t> cached_groups;  // prefix groups whose blocks are cached here
+  // The step in progress.
+  int64_t step_decoders = 0;
+  std::vector<std::pair<int32_t, int64_t>> step_chunks;  // (prompt, tokens) in queue order
+
+  bool holds_work() const {
+    return !reserve_q.empty() || reserved > 0 || !prefill_q.empty() || in_transit > 0 || busy;
+  }
+  bool has_cached(int32_t g) const {
+    return g >= 0 && std::find(cached_groups.begin(), cached_groups.end(), g) != cached_groups.end();
+  }
+  void cache(int32_t g) {
+    if (g >= 0 && !has_cached(g)) cached_groups.push_back(g);
+  }
+};
+
+struct Event {
+  double t;
+  uint64_t seq;
+  int32_t worker;
+  int32_t req;  // -1: the worker's step ends; else req's KV lands on the worker
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+// The whole state of a run (copyable: the oracle runs copies ahead).
+struct SimState {
+  const SimOptions* o = nullptr;
+  const std::vector<Request>* reqs = nullptr;
+  std::vector<ReqState> rs;
+  std::vector<WorkerState> w;
+  std::vector<int32_t> by_speed;  // workers, fastest (peak_flops) first: prefill roles go there
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
+  uint64_t seq = 0;
+  double now = 0;
+  int64_t next_dispatch = 0;  // the next request to place
+  int64_t in_flight = 0;
+  int64_t finished = 0;
+  double output_tokens_done = 0;
+  uint64_t turn = 0;
+  Split split;
+  std::vector<EpochRecord> epochs;
+  std::vector<int64_t> epoch_left;  // requests of each epoch not finished
+  std::vector<SimResult::Sample> timeline;
+  double sample_every = 0.5, next_sample = 0, last_sample_tokens = 0;
+  std::vector<int32_t> touched;  // workers to try starting a step on
+
+  int64_t epoch_of(int64_t i) const { return i / o->epoch_requests; }
+  const Request& req(int32_t i) const { return (*reqs)[static_cast<std::size_t>(i)]; }
+  ReqState& st(int32_t i) { return rs[static_cast<std::size_t>(i)]; }
+  WorkerState& wk(int32_t k) { return w[static_cast<std::size_t>(k)]; }
+  void push(double t, int32_t worker, int32_t r) { events.push({t, seq++, worker, r}); }
+
+  void apply_split(const Split& s) {
+    split = s;
+    const auto n = static_cast<int64_t>(w.size());
+    for (int64_t k = 0; k < n; ++k) {
+      const int32_t id = by_speed[static_cast<std::size_t>(k)];
+      WorkerState& ws = wk(id);
+      const Role r = s.agg() ? Role::kAgg : (k < s.prefill ? Role::kPrefill : Role::kDecode);
+      if (r == (ws.draining ? ws.next_role : ws.role)) continue;
+      // Only a move into or out of prefill-only drains (a decode worker must
+      // finish its sequences, a prefill worker its queue); agg <-> decode is a
+      // change of what the router sends, at once.
+      if (r == ws.role || (r != Role::kPrefill && ws.role != Role::kPrefill)) {
+        ws.role = r;
+        ws.draining = false;
+        touched.push_back(id);
+        continue;
+      }
+      ws.next_role = r;
+      ws.draining = true;
+      maybe_switch(id);
+    }
+  }
+
+  void maybe_switch(int32_t k) {
+    WorkerState& ws = wk(k);
+    if (!ws.draining || ws.holds_work()) return;
+    ws.role = ws.next_role;
+    ws.draining = false;
+    touched.push_back(k);
+  }
+
+  bool takes_decode(const WorkerState& ws) const { return !ws.draining && ws.role != Role::kPrefill; }
+  bool takes_prefill(const WorkerState& ws) const { return !ws.draining && ws.role == Role::kPrefill; }
+
+  int64_t decode_workers() const {
+    int64_t n = 0;
+    for (const auto& ws : w) n += takes_decode(ws) ? 1 : 0;
+    return n;
+  }
+
+  // The router: place arrived requests while the window has room.
+  template <class OnEpoch>
+  void dispatch(OnEpoch&& on_epoch) {
+    const auto n_req = static_cast<int64_t>(reqs->size());
+    std::vector<router::Candidate> cands;
+    std::vector<int32_t> ids;
+    while (next_dispatch < n_req) {
+      const Request& r = req(static_cast<int32_t>(next_dispatch));
+      if (r.arrival_s > now) break;
+      if (next_dispatch % o->epoch_requests == 0 &&
+          static_cast<int64_t>(epochs.size()) <= epoch_of(next_dispatch))
+        on_epoch(epoch_of(next_dispatch));
+      if (in_flight >= 2 * o->max_num_seqs * std::max<int64_t>(1, decode_workers())) break;
+      const int64_t blocks = (r.isl + o->block_size - 1) / o->block_size;
+      cands.clear();
+      ids.clear();
+      for (std::size_t k = 0; k < w.size(); ++k) {
+        const WorkerState& ws = w[k];
+        if (!takes_decode(ws)) continue;
+        const int64_t overlap = ws.has_cached(r.prefix_group) ? r.prefix_tokens / o->block_size : 0;
+        cands.push_back({static_cast<int>(k), overlap, ws.active_blocks, ws.load, 0});
+        ids.push_back(static_cast<int32_t>(k));
+      }
+      if (cands.empty()) break;  // every decode-capable worker is switching roles: wait for one
+      const auto pick = router::choose_worker(router::RoutePolicy::kKvAware, cands, blocks, {}, turn++);
+      const int32_t d = ids[pick];
+      const auto i = static_cast<int32_t>(next_dispatch++);
+      ReqState& s = st(i);
+      s.dispatched = now;
+      s.decode_worker = d;
+      WorkerState& dw = wk(d);
+      ++dw.load;
+      dw.active_blocks += blocks;
+      if (epochs[static_cast<std::size_t>(epoch_of(i))].start_s < 0) epochs[static_cast<std::size_t>(epoch_of(i))].start_s = now;
+      // Conditional disaggregation, as the router does it: remote prefill only
+      // for prompts long enough, to the prefill worker with the least queued.
+      const int64_t uncached = r.isl - cands[pick].overlap_blocks * o->block_size;
+      if (dw.role == Role::kDecode && uncached >= o->local_prefill_tokens) {
+        int32_t best = -1;
+        for (std::size_t k = 0; k < w.size(); ++k) {
+          if (!takes_prefill(w[k])) continue;
+          if (best < 0 || w[k].queued_prefill_tokens < wk(best).queued_prefill_tokens) best = static_cast<int32_t>(k);
+        }
+        s.prefill_worker = best;
+        if (best >= 0) wk(best).queued_prefill_tokens += static_cast<double>(r.isl);  // counted now, as the router does
+      }
+      dw.reserve_q.push_back(i);
+      ++in_flight;
+      admit(d);
+    }
+  }
+
+  // A decode/agg worker reserves a slot and KV for what was routed to it, in order.
+  void admit(int32_t d) {
+    WorkerState& dw = wk(d);
+    while (!dw.reserve_q.empty()) {
+      const int32_t i = dw.reserve_q.front();
+      const Request& r = req(i);
+      const double need = static_cast<double>(r.isl + r.osl);
+      if (dw.reserved >= o->max_num_seqs || (dw.kv_used + need > dw.kv_cap && dw.reserved > 0)) break;
+      dw.reserve_q.pop_front();
+      ++dw.reserved;
+      dw.kv_used += need;
+      ReqState& s = st(i);
+      if (s.prefill_worker >= 0) {  // the router's provisional count becomes the real one, or goes
+        wk(s.prefill_worker).queued_prefill_tokens -= static_cast<double>(r.isl);
+        if (wk(s.prefill_worker).role != Role::kPrefill) s.prefill_worker = -1;  // it changed roles meanwhile
+      }
+      if (s.prefill_worker >= 0) {
+        WorkerState& pw = wk(s.prefill_worker);
+        s.cached = pw.has_cached(r.prefix_group) ? r.prefix_tokens : 0;
+        pw.prefill_q.push_back(i);
+        pw.queued_prefill_tokens += static_cast<double>(r.isl - s.cached);
+        ++dw.in_transit;
+        touched.push_back(s.prefill_worker);
+      } else {
+        s.cached = dw.has_cached(r.prefix_group) ? r.prefix_tokens : 0;
+        dw.prefill_q.push_back(i);
+        dw.queued_prefill_tokens += static_cast<double>(r.isl - s.cached);
+        touched.push_back(d);
+      }
+    }
+  }
+
+  // Starts a step on an idle worker with work: every running sequence decodes
+  // one token; prompts in queue order fill the rest of the token budget.
+  void start_step(int32_t k) {
+    WorkerState& ws = wk(k);
+    if (ws.busy) return;
+    StepLoad load;
+    const bool decodes = ws.role != Role::kPrefill;
+    ws.step_decoders = decodes ? ws.n_running : 0;
+    load.decode_seqs = static_cast<double>(ws.step_decoders);
+    load.decode_ctx = decodes ? ws.ctx_sum : 0;
+    load.logit_rows = load.decode_seqs;
+    int64_t budget = o->max_batched_tokens - ws.step_decoders;
+    ws.step_chunks.clear();
+    for (std::size_t q = 0; q < ws.prefill_q.size() && budget > 0; ++q) {
+      const int32_t i = ws.prefill_q[q];
+      const Request& r = req(i);
+      const int64_t start = st(i).cached + (q == 0 ? ws.head_done : 0);
+      const int64_t take = std::min(budget, r.isl - start);
+      load.prefill_tokens += static_cast<double>(take);
+      // Each prompt token attends to every position up to its own.
+      load.prefill_ctx += static_cast<double>(take) * (static_cast<double>(start) + static_cast<double>(take + 1) / 2.0);
+      budget -= take;
+      ws.step_chunks.emplace_back(i, take);
+      if (start + take >= r.isl) load.logit_rows += 1;
+    }
+    if (load.prefill_tokens == 0 && load.decode_seqs == 0) return;
+    ws.busy = true;
+    push(now + ws.pm->step_seconds(load), k, -1);
+  }
+
+  void sequence_ends(int32_t d, int32_t i) {
+    WorkerState& dw = wk(d);
+    const Request& r = req(i);
+    st(i).finished = now;
+    --dw.reserved;
+    dw.kv_used -= static_cast<double>(r.isl + r.osl);
+    --dw.load;
+    dw.active_blocks -= (r.isl + o->block_size - 1) / o->block_size;
+    --in_flight;
+    ++finished;
+    output_tokens_done += static_cast<double>(r.osl);
+    const auto e = static_cast<std::size_t>(epoch_of(i));
+    if (--epoch_left[e] == 0) epochs[e].end_s = now;
+    touched.push_back(d);  // a slot is free: admit
+  }
+
+  // A sequence with its first token joins the decoding set of worker d.
+  void join(int32_t d, int32_t i) {
+    WorkerState& dw = wk(d);
+    const Request& r = req(i);
+    dw.cache(r.prefix_group);
+    if (r.osl <= 1) return sequence_ends(d, i);
+    ++dw.n_running;
+    dw.ctx_sum += static_cast<double>(r.isl + 1);
+    dw.finish.push({dw.step_no + r.osl - 1, i});
+  }
+
+  void step_end(int32_t k) {
+    WorkerState& ws = wk(k);
+    ws.busy = false;
+    if (ws.step_decoders > 0) {
+      ++ws.step_no;
+      ws.ctx_sum += static_cast<double>(ws.step_decoders);
+      while (!ws.finish.empty() && ws.finish.top().first <= ws.step_no) {
+        const int32_t i = ws.finish.top().second;
+        ws.finish.pop();
+        --ws.n_running;
+        ws.ctx_sum -= static_cast<double>(req(i).isl + req(i).osl);
+        sequence_ends(k, i);
+      }
+    }
+    for (int32_t i : ws.joining) join(k, i);
+    ws.joining.clear();
+    for (const auto& [i, take] : ws.step_chunks) {
+      const Request& r = req(i);
+      ReqState& s = st(i);
+      const bool head = ws.prefill_q.front() == i;
+      const int64_t start = s.cached + (head ? ws.head_done : 0);
+      if (start + take < r.isl) {  // only the head can be partial, and it is last
+        ws.head_done += take;
+        ws.queued_prefill_tokens -= static_cast<double>(take);
+        break;
+      }
+      ws.prefill_q.pop_front();
+      ws.queued_prefill_tokens -= static_cast<double>(take);
+      ws.head_done = 0;
+      s.first_token = now;
+      if (ws.role == Role::kPrefill && s.prefill_worker == k) {
+        ws.cache(r.prefix_group);
+        const bool decode_has = wk(s.decode_worker).has_cached(r.prefix_group);
+        const double moved = static_cast<double>(r.isl - (decode_has ? r.prefix_tokens : 0));
+        push(now + ws.pm->transfer_seconds(moved), s.decode_worker, i);
+      } else {
+        join(k, i);
+      }
+    }
+    ws.step_chunks.clear();
+    ws.step_decoders = 0;
+    touched.push_back(k);
+  }
+
+  void kv_lands(int32_t d, int32_t i) {
+    WorkerState& dw = wk(d);
+    --dw.in_transit;
+    st(i).first_token = now;  // the client sees its first token once the decode worker has the KV
+    if (dw.busy) dw.joining.push_back(i);
+    else join(d, i);
+    touched.push_back(d);
+  }
+
+  void sample(bool force) {
+    if (!force && now < next_sample) return;
+    SimResult::Sample s;
+    s.t = now;
+    for (const auto& ws : w) {
+      const Role r = ws.role;
+      (r == Role::kPrefill ? s.prefill : r == Role::kDecode ? s.decode : s.agg) += 1;
+    }
+    const double dt = timeline.empty() ? now : now - timeline.back().t;
+    s.output_tokens_per_s = dt > 0 ? (output_tokens_done - last_sample_tokens) / dt : 0;
+    last_sample_tokens = output_tokens_done;
+    timeline.push_back(s);
+    if (timeline.size() > 4000) {  // keep it small: double the interval, drop every other sample
+      std::vector<SimResult::Sample> kept;
+      for (std::size_t j = 0; j < timeline.size(); j += 2) kept.push_back(timeline[j]);
+      timeline.swap(kept);
+      sample_every *= 2;
+    }
+    next_sample = now + sample_every;
+  }
+
+  // Runs events until every request has finished, or stop() says so.
+  template <class OnEpoch, class Stop>
+  void run(OnEpoch&& on_epoch, Stop&& stop) {
+    const auto n_req = static_cast<int64_t>(reqs->size());
+    for (;;) {
+      dispatch(on_epoch);
+      while (!touched.empty()) {
+        std::vector<int32_t> t;
+        t.swap(touched);
+        std::sort(t.begin(), t.end());
+        t.erase(std::unique(t.begin(), t.end()), t.end());
+        for (int32_t k : t) {
+          if (wk(k).role != Role::kPrefill) admit(k);
+        }
+        for (int32_t k : t) start_step(k);
+        for (int32_t k : t) maybe_switch(k);
+        if (!touched.empty()) dispatch(on_epoch);  // a switched worker may take requests now
+      }
+      if (finished == n_req || stop()) return;
+      if (events.empty()) {
+        // Nothing running: the next request arrives later (Poisson), or the router waits on draining workers.
+        if (next_dispatch < n_req && req(static_cast<int32_t>(next_dispatch)).arrival_s > now) {
+          now = req(static_cast<int32_t>(next_dispatch)).arrival_s;
+          continue;
+        }
+        throw Error("internal: the simulation stalled with " + std::to_string(n_req - finished) +
+                    " request(s) unfinished");
+      }
+      const Event e = events.top();
+      // Arrivals between now and the next event are placed when they come.
+      if (next_dispatch < n_req && req(static_cast<int32_t>(next_dispatch)).arrival_s < e.t &&
+          req(static_cast<int32_t>(next_dispatch)).arrival_s > now) {
+        now = req(static_cast<int32_t>(next_dispatch)).arrival_s;
+        continue;
+      }
+      events.pop();
+      now = e.t;
+      if (e.req < 0) step_end(e.worker);
+      else kv_lands(e.worker, e.req);
+      sample(false);
+    }
+  }
+};
+
+namespace {
+
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  const auto k = static_cast<std::size_t>(std::min<double>(static_cast<double>(v.size() - 1), std::floor(p * static_cast<double>(v.size()))));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+// A policy that always answers the same: the oracle's look-ahead copies use it.
+class Fixed : public Policy {
+ public:
+  explicit Fixed(Split s) : s_(s) {}
+  std::string name() const override { return s_.name(); }
+  Split choose(const EpochView&, const PlanContext&, double&) override { return s_; }
+
+ private:
+  Split s_;
+};
+
+}  // namespace
+
+Simulator::Simulator(SimOptions options, std::vector<const PerfModel*> models)
+    : o_(options), models_(std::move(models)) {
+  if (o_.workers < 1 || static_cast<int64_t>(models_.size()) != o_.workers)
+    throw Error("simulator: need one performance model per worker (" + std::to_string(o_.workers) + ")");
+  if (o_.epoch_requests < 1) throw Error("simulator: epoch_requests must be at least 1");
+  ctx_.options = &o_;
+  ctx_.models = models_;
+}
+
+// Starts, runs or continues a state; `policy` chooses each epoch's split.
+static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Simulator* sim, int64_t stop_after_epoch) {
+  auto on_epoch = [&](int64_t e) {
+    const auto n_req = static_cast<int64_t>(s.reqs->size());
+    const int64_t lo = e * s.o->epoch_requests, hi = std::min(n_req, lo + s.o->epoch_requests);
+    EpochRecord rec;
+    rec.index = e;
+    rec.start_s = -1;
+    rec.requests = hi - lo;
+    for (int64_t i = lo; i < hi; ++i) {
+      rec.prompt_tokens += static_cast<double>((*s.reqs)[static_cast<std::size_t>(i)].isl);
+      rec.output_tokens += static_cast<double>((*s.reqs)[static_cast<std::size_t>(i)].osl);
+    }
+    rec.mean_isl = rec.prompt_tokens / static_cast<double>(rec.requests);
+    rec.mean_osl = rec.output_tokens / static_cast<double>(rec.requests);
+    EpochView view;
+    view.index = e;
+    view.requests = std::span<const Request>(s.reqs->data() + lo, static_cast<std::size_t>(hi - lo));
+    view.history = &s.epochs;
+    view.current = s.split;
+    view.now_s = s.now;
+    if (sim) {
+      view.evaluate = [&s, sim, hi](const Split& split) { return sim->finish_epoch_with(s, split, hi); };
+    }
+    double predicted = 0;
+    rec.split = policy.choose(view, ctx, predicted);
+    rec.predicted_s = predicted;
+    s.epochs.push_back(rec);
+    s.epoch_left.push_back(rec.requests);
+    s.apply_split(rec.split);
+    s.sample(true);
+  };
+  auto stop = [&] {
+    return stop_after_epoch >= 0 && s.epoch_left.size() > static_cast<std::size_t>(stop_after_epoch) &&
+           s.epoch_left[static_cast<std::size_t>(stop_after_epoch)] == 0;
+  };
+  s.run(on_epoch, stop);
+}
+
+double Simulator::finish_epoch_with(const SimState& state, const Split& split, int64_t) const {
+  // Receding horizon: the rest of the run with `split` from this epoch on; the
+  // next epoch decides again. (Scoring only this epoch's own requests is
+  // myopic: a split can finish them sooner and everything else later.)
+  SimState copy = state;
+  Fixed fixed(split);
+  drive(copy, fixed, ctx_, nullptr, -1);  // the epoch being decided has no record yet: `fixed` gives it
+  double end = 0;
+  for (const auto& r : copy.rs) end = std::max(end, r.finished);
+  return end - state.now;
+}
+
+SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
+  SimState s;
+  s.o = &o_;
+  s.reqs = &requests;
+  s.rs.resize(requests.size());
+  s.w.resize(static_cast<std::size_t>(o_.workers));
+  for (std::size_t k = 0; k < s.w.size(); ++k) {
+    s.w[k].pm = models_[k];
+    s.w[k].kv_cap = models_[k]->kv_capacity_tokens();
+    if (s.w[k].kv_cap < 1)
+      throw Error("simulator: the model's weights (" + std::to_string(models_[k]->shape().weight_bytes / 1e9) +
+                  " GB) do not fit worker " + std::to_string(k) + "'s memory (" + models_[k]->hardware().name + ")");
+    s.by_speed.push_back(static_cast<int32_t>(k));
+  }
+  std::stable_sort(s.by_speed.begin(), s.by_speed.end(), [&](int32_t a, int32_t b) {
+    return models_[static_cast<std::size_t>(a)]->hardware().peak_flops > models_[static_cast<std::size_t>(b)]->hardware().peak_flops;
+  });
+  for (const auto& r : requests) {
+    const double need = static_cast<double>(r.isl + r.osl);
+    for (const auto& ws : s.w)
+      if (need > ws.kv_cap)
+        throw Error("simulator: a request of " + std::to_string(r.isl + r.osl) +
+                    " tokens does not fit one worker's KV memory (" + std::to_string(static_cast<int64_t>(ws.kv_cap)) + " tokens)");
+  }
+  drive(s, policy, ctx_, this, -1);
+
+  SimResult res;
+  res.requests = static_cast<int64_t>(requests.size());
+  std::vector<double> ttft, itl;
+  ttft.reserve(requests.size());
+  itl.reserve(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const ReqState& r = s.rs[i];
+    res.makespan_s = std::max(res.makespan_s, r.finished);
+    res.output_tokens += static_cast<double>(requests[i].osl);
+    const double t = r.first_token - requests[i].arrival_s;
+    const double l = requests[i].osl > 1 ? (r.finished - r.first_token) / static_cast<double>(requests[i].osl - 1) : 0;
+    ttft.push_back(t);
+    if (requests[i].osl > 1) itl.push_back(l);
+    const bool good = (o_.ttft_target_s <= 0 || t <= o_.ttft_target_s) && (o_.itl_target_s <= 0 || l <= o_.itl_target_s);
+    res.good_requests += good ? 1 : 0;
+  }
+  res.ttft_p50_s = percentile(ttft, 0.5);
+  res.ttft_p90_s = percentile(ttft, 0.9);
+  res.ttft_p99_s = percentile(ttft, 0.99);
+  res.itl_p50_s = percentile(itl, 0.5);
+  res.itl_p90_s = percentile(itl, 0.9);
+  res.itl_p99_s = percentile(itl, 0.99);
+  s.sample(true);
+  res.epochs = std::move(s.epochs);
+  res.timeline = std::move(s.timeline);
+  return res;
+}
+
+}  // namespace tandem::planner

@@ -1,0 +1,112 @@
+// A discrete-event simulation of a Tandem job: the router places requests on
+// workers with the same cost function as `tandem run` (router::choose_worker),
+// each worker runs engine steps whose duration comes from the PerfModel
+// roofline, prefilled KV travels over the link, and at every epoch boundary a
+// planner Policy chooses the next prefill:decode split (or aggregated mode).
+// Time is virtual; nothing runs a model.
+//
+// What a worker does, as Tandem's engine does it: continuous batching up to
+// max_num_seqs sequences and max_batched_tokens tokens per step; every
+// running sequence decodes one token per step; prompts prefill in chunks in
+// the same steps (aggregated) or on prefill-only workers (disaggregated, and
+// then the KV moves to the decode worker, which admits the sequence when it
+// lands). Short prompts (under local_prefill_tokens) prefill on their decode
+// worker, as the router does. KV for a sequence's whole length is reserved at
+// admission; a worker admits no more than its KV memory holds.
+//
+// At a re-split only the workers whose role changes drain: they take no new
+// work and switch once empty; the others keep working.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "planner/perf_model.h"
+#include "planner/workload.h"
+
+namespace tandem::planner {
+
+// A split of the workers: `prefill` prefill-only and the rest decode, or all
+// aggregated (prefill == 0).
+struct Split {
+  int64_t prefill = 0;
+  int64_t decode = 0;
+  bool agg() const { return prefill == 0; }
+  std::string name() const;  // "agg" or "3P:5D"
+  bool operator==(const Split&) const = default;
+};
+
+struct SimOptions {
+  int64_t workers = 8;               // GPUs, one worker each
+  int64_t max_num_seqs = 256;        // per worker
+  int64_t max_batched_tokens = 8192; // per step
+  int64_t epoch_requests = 1024;
+  int64_t local_prefill_tokens = 0;  // disaggregated: shorter prompts prefill on their decode worker
+  int64_t block_size = 16;
+  double ttft_target_s = 0;          // for goodput and the sla/lookahead targets; 0: none
+  double itl_target_s = 0;
+};
+
+// What one epoch looked like, as the planner sees it afterwards.
+struct EpochRecord {
+  int64_t index = 0;
+  Split split;
+  double start_s = 0, end_s = 0;       // first dispatch; last of its requests finished
+  double predicted_s = 0;              // the policy's prediction of its duration (0: none)
+  int64_t requests = 0;
+  double prompt_tokens = 0, output_tokens = 0;
+  double mean_isl = 0, mean_osl = 0;
+};
+
+struct SimResult {
+  double makespan_s = 0;
+  int64_t requests = 0;
+  double output_tokens = 0;
+  double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
+  double itl_p50_s = 0, itl_p90_s = 0, itl_p99_s = 0;
+  int64_t good_requests = 0;  // meeting both targets (all when there are none)
+  std::vector<EpochRecord> epochs;
+  struct Sample {
+    double t = 0;
+    int64_t prefill = 0, decode = 0, agg = 0;  // workers per role at t
+    double output_tokens_per_s = 0;           // over the last interval
+  };
+  std::vector<Sample> timeline;
+  double output_tokens_per_s() const { return makespan_s > 0 ? output_tokens / makespan_s : 0; }
+  double goodput_per_s() const { return makespan_s > 0 ? static_cast<double>(good_requests) / makespan_s : 0; }
+};
+
+class Policy;
+struct SimState;
+
+// The models a policy may consult: one per worker (heterogeneous clusters
+// have several kinds), in worker order.
+struct PlanContext {
+  const SimOptions* options = nullptr;
+  std::vector<const PerfModel*> models;  // per worker; prefill roles go to the fastest (peak_flops) first
+};
+
+class Simulator {
+ public:
+  // models: one per worker (the same pointer for identical GPUs); must outlive the simulator.
+  Simulator(SimOptions options, std::vector<const PerfModel*> models);
+  SimResult run(const std::vector<Request>& requests, Policy& policy);
+
+  // For the oracle: the makespan of the rest of the run from `state` when the
+  // current epoch uses `split` and later epochs keep it.
+  double finish_epoch_with(const SimState& state, const Split& split, int64_t epoch_end) const;
+
+  const PlanContext& context() const { return ctx_; }
+
+ private:
+  SimOptions o_;
+  std::vector<const PerfModel*> models_;
+  PlanContext ctx_;
+};
+
+// The state of a run between events (copyable: the oracle tries splits on copies).
+struct SimState;
+
+}  // namespace tandem::planner

@@ -1,0 +1,163 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "planner/policy.h"
+#include "planner/simulator.h"
+
+using namespace tandem;
+using namespace tandem::planner;
+
+namespace {
+
+runtime::ModelConfig qwen3_8b() {
+  std::ifstream f(TANDEM_SOURCE_DIR "/jobs/sim/qwen3-8b.json");
+  return runtime::ModelConfig::parse(nlohmann::json::parse(f), "qwen3-8b.json");
+}
+
+struct Cluster {
+  PerfModel model;
+  std::vector<const PerfModel*> workers;
+  explicit Cluster(int64_t n, const std::string& hw = "h100")
+      : model(ModelShape::from(qwen3_8b()), HardwareProfile::named(hw)), workers(static_cast<std::size_t>(n), &model) {}
+};
+
+std::filesystem::path temp_file(const std::string& name, const std::string& text) {
+  const auto p = std::filesystem::temp_directory_path() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+SimResult simulate(const std::vector<Request>& reqs, const std::string& policy, int64_t gpus, int64_t epoch) {
+  Cluster c(gpus);
+  SimOptions o;
+  o.workers = gpus;
+  o.epoch_requests = epoch;
+  Simulator sim(o, c.workers);
+  auto p = make_policy(policy, gpus);
+  return sim.run(reqs, *p);
+}
+
+}  // namespace
+
+TEST_CASE("the roofline: decode is bound by memory, prefill by compute", "[planner]") {
+  Cluster c(1);
+  const PerfModel& m = c.model;
+  const auto& hw = m.hardware();
+  StepLoad one;
+  one.decode_seqs = 1;
+  one.decode_ctx = 100;
+  one.logit_rows = 1;
+  const double weights_s = m.shape().weight_bytes / (hw.hbm_bytes_per_s * hw.mbu);
+  CHECK(m.step_seconds(one) == Approx(weights_s + hw.step_overhead_s).epsilon(0.01));
+  StepLoad big;
+  big.prefill_tokens = 8192;
+  big.prefill_ctx = 8192 * 4096.5;
+  big.logit_rows = 1;
+  const double compute_s = (2 * m.shape().matmul_params * 8192 + m.shape().attn_flops_per_ctx * big.prefill_ctx +
+                            2 * m.shape().lm_head_params) / (hw.peak_flops * hw.mfu);
+  CHECK(m.step_seconds(big) == Approx(compute_s + hw.step_overhead_s).epsilon(1e-9));
+  // Qwen3-8B in bf16 is ~16 GB; its KV is 144 KiB per token.
+  CHECK(m.shape().weight_bytes / 1e9 == Approx(15.1).epsilon(0.02));
+  CHECK(m.shape().kv_bytes_per_token == 2 * 36 * 8 * 128 * 2);
+  CHECK(m.transfer_seconds(1000) == Approx(hw.link_latency_s + 1000 * m.shape().kv_bytes_per_token / hw.link_bytes_per_s));
+  CHECK(m.kv_capacity_tokens() > 300000);
+}
+
+TEST_CASE("workload files: phases, distributions, one clear error", "[planner]") {
+  const auto ok = temp_file("tandem_wl_ok.toml", R"(seed = 9
+[[phase]]
+requests = 20000
+isl = { dist = "lognormal", mean = 1000, sigma = 0.5 }
+osl = { dist = "uniform", min = 10, max = 30 }
+[[phase]]
+requests = 100
+isl = { dist = "fixed", value = 64 }
+osl = { dist = "fixed", value = 8 }
+shared_prefix_tokens = 32
+arrival = { rate = 10.0 }
+)");
+  const auto w = WorkloadSpec::load(ok);
+  const auto a = w.generate(32768), b = w.generate(32768);
+  REQUIRE(a.size() == 20100);
+  CHECK(a[123].isl == b[123].isl);  // same seed, same requests
+  double isl = 0;
+  for (std::size_t i = 0; i < 20000; ++i) isl += static_cast<double>(a[i].isl);
+  CHECK(isl / 20000 == Approx(1000).epsilon(0.03));  // lognormal with the asked mean
+  CHECK(a[0].arrival_s == 0);
+  CHECK(a[20099].arrival_s > 5);  // Poisson at 10/s: ~10 s for 100
+  CHECK(a[20050].prefix_group == 1);
+  CHECK(a[20050].prefix_tokens == 32);
+  auto error_of = [](const std::string& text) {
+    try {
+      WorkloadSpec::load(temp_file("tandem_wl_bad.toml", text));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error_of("seed = 1\n").find("no [[phase]]") != std::string::npos);
+  CHECK(error_of("[[phase]]\nrequests = 5\nisl = { dist = \"zipf\" }\nosl = { dist = \"fixed\", value = 1 }\n")
+            .find(":3: isl: dist must be") != std::string::npos);
+  CHECK(error_of("[[phase]]\nrequests = 5\nisl = { dist = \"fixed\", value = 3 }\nosl = { dist = \"fixed\", value = 1 }\n"
+                 "colour = 1\n").find("unknown key 'colour'") != std::string::npos);
+}
+
+TEST_CASE("every request finishes once, and no faster than the hardware allows", "[planner]") {
+  const auto spec = WorkloadSpec::load(TANDEM_SOURCE_DIR "/jobs/sim/shifting.toml");
+  const auto reqs = spec.generate(40960);
+  for (const std::string policy : {"agg", "static:3:5", "lookahead"}) {
+    const auto r = simulate(reqs, policy, 8, 4000);
+    INFO(policy);
+    CHECK(r.requests == static_cast<int64_t>(reqs.size()));
+    double out = 0;
+    for (const auto& q : reqs) out += static_cast<double>(q.osl);
+    CHECK(r.output_tokens == out);
+    CHECK(r.ttft_p50_s > 0);
+    CHECK(r.epochs.size() == 3);
+    // A lower bound: reading the weights once per generated token of the longest request.
+    Cluster c(1);
+    int64_t longest = 0;
+    for (const auto& q : reqs) longest = std::max(longest, q.osl);
+    CHECK(r.makespan_s > static_cast<double>(longest) * c.model.shape().weight_bytes /
+                             (c.model.hardware().hbm_bytes_per_s * c.model.hardware().mbu));
+  }
+}
+
+// The issue's bar, kept as a test with fixed seeds: on a stationary and a
+// shifting workload, lookahead is within 5% of the oracle, never more than 1%
+// worse than the best fixed configuration, and beats sla where the mix shifts.
+TEST_CASE("lookahead against the oracle, every fixed split and sla", "[planner]") {
+  for (const std::string name : {"stationary", "shifting"}) {
+    const auto reqs = WorkloadSpec::load(TANDEM_SOURCE_DIR "/jobs/sim/" + name + ".toml").generate(40960);
+    const int64_t gpus = 8, epoch = 4000;
+    double best_fixed = 1e30;
+    for (const Split& s : all_splits(gpus)) {
+      const std::string p = s.agg() ? "agg" : "static:" + std::to_string(s.prefill) + ":" + std::to_string(s.decode);
+      best_fixed = std::min(best_fixed, simulate(reqs, p, gpus, epoch).makespan_s);
+    }
+    const double look = simulate(reqs, "lookahead", gpus, epoch).makespan_s;
+    const double oracle = simulate(reqs, "oracle", gpus, epoch).makespan_s;
+    const double sla = simulate(reqs, "sla", gpus, epoch).makespan_s;
+    INFO(name << ": lookahead " << look << " s, oracle " << oracle << " s, best fixed " << best_fixed << " s, sla " << sla << " s");
+    CHECK(look <= oracle * 1.05);
+    CHECK(look <= best_fixed * 1.01);
+    if (name == "shifting") CHECK(look < sla);
+  }
+}
+
+TEST_CASE("policies by name; bad names and splits are one clear error", "[planner]") {
+  CHECK(make_policy("static:2:6", 8)->name() == "static:2:6");
+  CHECK(make_policy("agg", 8)->name() == "agg");
+  CHECK_THROWS_WITH(make_policy("static:3:3", 8), Catch::Contains("add up to the 8 workers"));
+  CHECK_THROWS_WITH(make_policy("static:x:y", 8), Catch::Contains("static:P:D"));
+  CHECK_THROWS_WITH(make_policy("best", 8), Catch::Contains("unknown policy 'best'"));
+  CHECK(all_splits(4).size() == 4);
+  CHECK(all_splits(4)[0].agg());
+  CHECK(all_splits(4)[3].name() == "3P:1D");
+}
