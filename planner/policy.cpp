@@ -73,37 +73,61 @@ std::vector<Split> all_splits(int64_t workers) {
   return out;
 }
 
-double estimate_epoch_seconds(std::span<const Request> requests, const Split& split, const PlanContext& ctx) {
-  if (requests.empty()) return 0;
+EpochEstimate estimate_epoch(std::span<const Request> requests, const Split& split, const PlanContext& ctx) {
+  EpochEstimate est;
+  if (requests.empty()) return est;
   const SimOptions& o = *ctx.options;
   const Lengths l = lengths(requests);
   const auto models = by_speed(ctx);
   const double n_workers = static_cast<double>(models.size());
   const double B = static_cast<double>(o.max_batched_tokens);
   const double ctx_len = l.mean_isl + l.mean_osl / 2.0;
+  // Requests that arrive over time (Poisson phases) cannot finish before they arrive;
+  // and the pools then run only as full as the arrivals make them (Little's law).
+  double first = requests.front().arrival_s, last = first;
+  for (const auto& r : requests) first = std::min(first, r.arrival_s), last = std::max(last, r.arrival_s);
+  const double span = last - first;
+  const double rate = span > 0 ? l.n / span : 0;  // requests/s; 0: all at once
   if (split.agg()) {
     // Every worker decodes its b sequences each step; prompts arrive in
     // bursts as slots free (one prompt per step at a time, as Tandem's engine
     // schedules them), so a step with a prompt in it costs the prompt's
     // compute on top of the decode step, unless both fit under the memory time.
-    double total = 0;
+    double total = 0, itl = 0, ttft = 0;
     for (const PerfModel* pm : models) {
-      const double b = std::min(concurrency(*pm, o, l, n_workers), B - 1);
+      double b = std::min(concurrency(*pm, o, l, n_workers), B - 1);
       const double chunk = std::max(1.0, std::min(B - b, l.prompt_tokens / std::max(1.0, l.n)));
+      double plain = decode_step(*pm, b, ctx_len), mixed = decode_step(*pm, b, ctx_len, chunk, l.mean_isl);
+      double step = 0;
+      for (int it = 0; it < 8; ++it) {  // with arrivals, only as many run as arrive: b = rate * osl * step / workers
+        const double decode_steps = l.output_tokens / (n_workers * b), prefill_steps = l.prompt_tokens / (n_workers * chunk);
+        step = (decode_steps * plain + prefill_steps * (mixed - plain)) / decode_steps;
+        if (rate <= 0) break;
+        const double want = std::max(1.0, rate / n_workers * l.mean_osl * step);
+        if (want >= b) break;
+        b = want;
+        plain = decode_step(*pm, b, ctx_len);
+        mixed = decode_step(*pm, b, ctx_len, chunk, l.mean_isl);
+      }
       const double decode_steps = l.output_tokens / (n_workers * b);
       const double prefill_steps = l.prompt_tokens / (n_workers * chunk);
-      const double plain = decode_step(*pm, b, ctx_len);
-      const double mixed = decode_step(*pm, b, ctx_len, chunk, l.mean_isl);
       const double t = prefill_steps <= decode_steps
                            ? decode_steps * plain + prefill_steps * (mixed - plain)
                            : prefill_steps * mixed + l.mean_osl * plain;  // prompts are the bottleneck
       total += t;
+      itl += step;
+      ttft += mixed;
     }
-    return total / n_workers;
+    est.seconds = std::max(total / n_workers, span);
+    est.itl_s = itl / n_workers;
+    est.ttft_s = ttft / n_workers;
+    est.overloaded = rate > 0 && total / n_workers > span * 1.05;
+    return est;
   }
   // Disaggregated: prefill pool and decode pool work in a pipeline.
   double prefill_rate = 0, decode_rate = 0, decode_step_s = 0, first_prefill = 0;
   const auto P = static_cast<std::size_t>(split.prefill);
+  const double D = static_cast<double>(split.decode);
   for (std::size_t k = 0; k < models.size(); ++k) {
     const PerfModel& pm = *models[k];
     if (k < P) {
@@ -112,8 +136,14 @@ double estimate_epoch_seconds(std::span<const Request> requests, const Split& sp
       first_prefill = std::max(first_prefill, prefill_step(pm, std::min(B, l.mean_isl), l.mean_isl) +
                                                   pm.transfer_seconds(l.mean_isl));
     } else {
-      const double b = concurrency(pm, o, l, static_cast<double>(split.decode));
-      const double t = decode_step(pm, b, ctx_len);
+      double b = concurrency(pm, o, l, D);
+      double t = decode_step(pm, b, ctx_len);
+      for (int it = 0; it < 8 && rate > 0; ++it) {
+        const double want = std::max(1.0, rate / D * l.mean_osl * t);
+        if (want >= b) break;
+        b = want;
+        t = decode_step(pm, b, ctx_len);
+      }
       decode_rate += b / t;
       decode_step_s = std::max(decode_step_s, t);
     }
@@ -121,7 +151,19 @@ double estimate_epoch_seconds(std::span<const Request> requests, const Split& sp
   const double prefill_done = l.prompt_tokens / prefill_rate;
   const double decode_done = l.output_tokens / decode_rate;
   // The last prompts still decode after the prefills end; the decodes cannot finish before the first arrive.
-  return std::max(prefill_done + l.mean_osl * decode_step_s, decode_done + first_prefill);
+  const double work = std::max(prefill_done + l.mean_osl * decode_step_s, decode_done + first_prefill);
+  est.seconds = std::max(work, span + first_prefill + l.mean_osl * decode_step_s);
+  est.itl_s = decode_step_s;
+  est.ttft_s = first_prefill;
+  if (rate > 0) {
+    // Prompts queue for the prefill pool: an M/D/1 wait, Wq = rho * s / (2 (1 - rho)),
+    // with s one prompt's prefill on one worker.
+    const double s = l.mean_isl / (prefill_rate / static_cast<double>(split.prefill));
+    const double rho = rate * l.mean_isl / prefill_rate;
+    est.ttft_s += rho < 1 ? rho * s / (2 * (1 - rho)) : std::numeric_limits<double>::infinity();
+  }
+  est.overloaded = rate > 0 && (prefill_done > span * 1.05 || decode_done > span * 1.05);
+  return est;
 }
 
 namespace {
@@ -186,13 +228,25 @@ class Lookahead : public Policy {
   std::string name() const override { return "lookahead"; }
   Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
     const auto n = static_cast<int64_t>(ctx.models.size());
+    const SimOptions& o = *ctx.options;
+    // With targets: only splits expected to meet them compete (all, if none is).
+    std::vector<std::pair<Split, EpochEstimate>> est;
+    bool any_meets = false;
+    auto meets = [&](const EpochEstimate& x) {
+      return !x.overloaded && (o.itl_target_s <= 0 || x.itl_s <= o.itl_target_s) &&
+             (o.ttft_target_s <= 0 || x.ttft_s <= o.ttft_target_s);
+    };
+    for (const Split& s : all_splits(n)) {
+      est.emplace_back(s, estimate_epoch(e.requests, s, ctx));
+      any_meets = any_meets || meets(est.back().second);
+    }
     Split best{0, n};
     double best_t = std::numeric_limits<double>::infinity();
     double current_t = std::numeric_limits<double>::infinity();
-    for (const Split& s : all_splits(n)) {
-      const double t = estimate_epoch_seconds(e.requests, s, ctx);
-      if (t < best_t) best = s, best_t = t;
-      if (s == e.current) current_t = t;
+    for (const auto& [s, x] : est) {
+      if (any_meets && !meets(x)) continue;
+      if (x.seconds < best_t) best = s, best_t = x.seconds;
+      if (s == e.current) current_t = x.seconds;
     }
     if (e.index > 0 && current_t <= best_t * 1.02) {
       predicted = current_t;

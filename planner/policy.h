@@ -30,8 +30,9 @@ struct EpochView {
   const std::vector<EpochRecord>* history = nullptr;  // finished epochs, and the current one so far
   Split current;
   double now_s = 0;
-  // Only for the oracle: the true time until this epoch's last request
-  // finishes if it runs with `split` (a copy of the simulation, run ahead).
+  // Only for the oracle: the true outcome of the rest of the run if it goes on
+  // with `split` (a copy of the simulation, run ahead): its cost, lower is
+  // better — the remaining makespan, or without targets met, minus goodput.
   std::function<double(const Split&)> evaluate;
 };
 
@@ -50,9 +51,19 @@ std::unique_ptr<Policy> make_policy(const std::string& spec, int64_t workers);
 // Every split of n workers a policy may choose: agg, then 1P:(n-1)D … (n-1)P:1D.
 std::vector<Split> all_splits(int64_t workers);
 
-// The look-ahead estimate: how long `requests` take on the workers under
-// `split`, from the performance models alone (no simulation). Used by the
-// lookahead policy and `tandem plan`.
-double estimate_epoch_seconds(std::span<const Request> requests, const Split& split, const PlanContext& ctx);
+// The look-ahead estimate of `requests` on the workers under `split`, from the
+// performance models alone (no simulation): how long they take, and the
+// typical inter-token latency and time to first token they would see (for
+// the targets). Used by the lookahead policy and `tandem plan`.
+struct EpochEstimate {
+  double seconds = 0;
+  double itl_s = 0;
+  double ttft_s = 0;
+  bool overloaded = false;  // arrivals outpace a pool: queues (and TTFT) grow without bound
+};
+EpochEstimate estimate_epoch(std::span<const Request> requests, const Split& split, const PlanContext& ctx);
+inline double estimate_epoch_seconds(std::span<const Request> requests, const Split& split, const PlanContext& ctx) {
+  return estimate_epoch(requests, split, ctx).seconds;
+}
 
 }  // namespace tandem::planner

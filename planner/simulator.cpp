@@ -476,8 +476,17 @@ double Simulator::finish_epoch_with(const SimState& state, const Split& split, i
   Fixed fixed(split);
   drive(copy, fixed, ctx_, nullptr, -1);  // the epoch being decided has no record yet: `fixed` gives it
   double end = 0;
-  for (const auto& r : copy.rs) end = std::max(end, r.finished);
-  return end - state.now;
+  int64_t good = 0;
+  for (std::size_t i = 0; i < copy.rs.size(); ++i) {
+    const ReqState& r = copy.rs[i];
+    const Request& q = (*copy.reqs)[i];
+    end = std::max(end, r.finished);
+    const double l = q.osl > 1 ? (r.finished - r.first_token) / static_cast<double>(q.osl - 1) : 0;
+    good += (o_.ttft_target_s <= 0 || r.first_token - q.arrival_s <= o_.ttft_target_s) &&
+            (o_.itl_target_s <= 0 || l <= o_.itl_target_s);
+  }
+  if (o_.ttft_target_s <= 0 && o_.itl_target_s <= 0) return end - state.now;
+  return -static_cast<double>(good) / std::max(end, 1e-9);  // goodput over the whole run, negated
 }
 
 SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
