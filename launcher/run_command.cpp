@@ -60,23 +60,16 @@ Prepared prepare(const RunOptions& o) {
   if (!o.host.empty()) p.cfg.http.host = o.host;
   if (o.port >= 0) p.cfg.http.port = o.port;
   if (p.cfg.model.path.empty()) throw Error("no model: set model.path in the job file or pass --model DIR");
-  if (o.serve) {
-    if (p.cfg.model.backend != "cpu")
-      throw Error("model.backend = \"" + p.cfg.model.backend + "\" is not available yet; use \"cpu\"");
-    p.model = runtime::ModelConfig::load(p.cfg.model.path);
-    p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);
-    p.max_model_len = p.cfg.model.max_model_len > 0 ? std::min(p.cfg.model.max_model_len, p.model.max_position_embeddings)
-                                                    : p.model.max_position_embeddings;
-    return p;
+  if (!o.serve) {  // serve reads no input file and writes no output
+    if (p.cfg.job.input.empty()) throw Error("no input: set job.input in the job file or pass --input FILE");
+    if (p.cfg.job.output.empty()) throw Error("no output: set job.output in the job file or pass --output FILE");
+    if (o.resume) p.cfg.job.resume = true;
+    // A job array task writes its own output and takes its own shard of the input.
+    p.cfg.job.output = slurm::shard_output_path(p.cfg.job.output, slurm::SlurmEnv::from_environment());
+    // A requeued Slurm job continues its output.
+    if (const char* restarts = std::getenv("SLURM_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) p.cfg.job.resume = true;
+    if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
   }
-  if (p.cfg.job.input.empty()) throw Error("no input: set job.input in the job file or pass --input FILE");
-  if (p.cfg.job.output.empty()) throw Error("no output: set job.output in the job file or pass --output FILE");
-  if (o.resume) p.cfg.job.resume = true;
-  // A job array task writes its own output and takes its own shard of the input.
-  p.cfg.job.output = slurm::shard_output_path(p.cfg.job.output, slurm::SlurmEnv::from_environment());
-  // A requeued Slurm job continues its output.
-  if (const char* restarts = std::getenv("SLURM_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) p.cfg.job.resume = true;
-  if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
   if (p.cfg.model.backend != "cpu")
     throw Error("model.backend = \"" + p.cfg.model.backend + "\" is not available yet; use \"cpu\"");
   p.model = runtime::ModelConfig::load(p.cfg.model.path);

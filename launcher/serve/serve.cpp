@@ -1,6 +1,9 @@
 #include "launcher/serve/serve.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -127,6 +130,7 @@ class HttpFrontend {
       throw Error("cannot listen on " + http_.host + ":" + std::to_string(http_.port) +
                   " (in use, or not an address of this host); set http.port / http.host");
     }
+    widen_backlog();
   }
 
   void start() {
@@ -364,6 +368,27 @@ class HttpFrontend {
             metrics_.request(label, 200);
           }
         });
+  }
+
+  // Debian's cpp-httplib 0.11 is compiled with a listen backlog of 5: a burst
+  // of new connections overflows it, SYNs are dropped and clients wait out
+  // retransmissions (1, 3, 7 s), past their connect timeouts on a loaded
+  // node. Listening again on the same socket sets a new backlog (Linux), so
+  // find our listening socket and give it SOMAXCONN.
+  void widen_backlog() const {
+    for (int fd = 3; fd < 4096; ++fd) {
+      int listening = 0;
+      socklen_t len = sizeof listening;
+      if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+      sockaddr_storage addr{};
+      socklen_t alen = sizeof addr;
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+      const int port = addr.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+                       : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                                    : -1;
+      if (port == http_.port && ::listen(fd, SOMAXCONN) == 0) return;
+    }
+    spdlog::warn("could not raise the HTTP listen backlog; bursts of new connections may be slow to connect");
   }
 
   const ServeSetup& s_;

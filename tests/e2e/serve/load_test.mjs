@@ -69,6 +69,7 @@ async function burst(n) {
       return 200;
     } catch (e) {
       if (e.status === 429 && !e.headers?.get?.("retry-after")) return -429;  // 429 without Retry-After
+      if (e.status !== 429) console.error(`burst request ${i}: ${e.status ?? ""} ${e.name} ${e.message} ${e.cause?.code ?? ""}`);
       return e.status ?? -1;
     }
   }));
