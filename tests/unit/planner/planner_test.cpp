@@ -179,6 +179,25 @@ TEST_CASE("lookahead under TTFT and ITL targets: goodput against the oracle, fix
   CHECK(best_fixed > agg * 2);  // where disaggregation pays, in this model
 }
 
+TEST_CASE("heterogeneous workers: prefill roles go to the fastest GPUs, wherever they are listed", "[planner]") {
+  const auto reqs = WorkloadSpec::load(TANDEM_SOURCE_DIR "/jobs/sim/stationary.toml").generate(40960);
+  const auto shape = ModelShape::from(qwen3_8b());
+  const PerfModel h100(shape, HardwareProfile::named("h100")), b200(shape, HardwareProfile::named("b200"));
+  SimOptions o;
+  o.workers = 8;
+  o.epoch_requests = 4000;
+  auto run = [&](std::vector<const PerfModel*> w) {
+    Simulator sim(o, std::move(w));
+    auto p = make_policy("static:2:6", 8);
+    return sim.run(reqs, *p).makespan_s;
+  };
+  const double first = run({&b200, &b200, &h100, &h100, &h100, &h100, &h100, &h100});
+  const double last = run({&h100, &h100, &h100, &h100, &h100, &h100, &b200, &b200});
+  const double all_h100 = run(std::vector<const PerfModel*>(8, &h100));
+  CHECK(first == last);
+  CHECK(first < all_h100 * 0.9);  // compute-dense prefill GPUs (Splitwise's point) pay
+}
+
 TEST_CASE("policies by name; bad names and splits are one clear error", "[planner]") {
   CHECK(make_policy("static:2:6", 8)->name() == "static:2:6");
   CHECK(make_policy("agg", 8)->name() == "agg");
