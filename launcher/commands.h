@@ -36,5 +36,6 @@ Action add_generate_command(CLI::App& root);
 Action add_run_command(CLI::App& root, int argc, char** argv);
 Action add_serve_command(CLI::App& root, int argc, char** argv);
 Action add_simulate_command(CLI::App& root);
+Action add_plan_command(CLI::App& root);
 
 }  // namespace tandem::launcher

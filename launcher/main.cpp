@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   add(add_run_command(app, argc, argv));
   add(add_serve_command(app, argc, argv));
   add(add_simulate_command(app));
+  add(add_plan_command(app));
 
   try {
     app.parse(argc, argv);

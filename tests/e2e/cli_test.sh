@@ -69,5 +69,20 @@ check "tokenize --chat renders ChatML" test "$(cat "$tmp/chat")" = '"<|im_start|
 check "tokenize: a missing model directory exits 2 with one line" test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1
 check "tokenize: the message names the directory" grep -qF "$tmp/no-such-model: not a directory" "$tmp/err"
 
+# tandem plan: the planner's dry run over a job's input (prompt lengths from the real tokenizer).
+"$tandem" make-model --arch qwen3 --preset tiny --tokenizer "$qwen" --out "$tmp/tiny" > /dev/null
+{ for i in $(seq 1 30); do printf '{"custom_id": "l%d", "prompt": "%s", "max_tokens": 8}\n' "$i" "$(printf 'word %.0s' $(seq 1 300))"; done
+  for i in $(seq 1 30); do printf '{"custom_id": "s%d", "prompt": "hi", "max_tokens": 400}\n' "$i"; done
+  echo '{broken'; } > "$tmp/plan.jsonl"
+printf '[model]\npath = "%s"\n[job]\ninput = "%s"\nepoch_requests = 30\n' "$tmp/tiny" "$tmp/plan.jsonl" > "$tmp/plan.toml"
+"$tandem" plan -c "$tmp/plan.toml" --workers 4 > "$tmp/plan" 2>&1; rc=$?
+check "plan exits 0" test $rc -eq 0
+check "plan: one line per epoch, bad lines counted" \
+  test "$(grep -c '^epoch ' "$tmp/plan")" -eq 2 -a "$(grep -c '60 requests (1 bad lines left out)' "$tmp/plan")" -eq 1
+check "plan: a predicted makespan" grep -q '^predicted makespan [0-9.]* s' "$tmp/plan"
+"$tandem" plan -c "$tmp/plan.toml" --workers 4 --policy static:3:3 > /dev/null 2> "$tmp/err"; rc=$?
+check "plan: a split that does not fit is one line, exit 2" \
+  test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'add up to the 4 workers' "$tmp/err")" -eq 1
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]
