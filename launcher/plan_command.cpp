@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "launcher/commands.h"
-#include "planner/policy.h"
+#include "planner/epoch_planner.h"
 #include "router/prompt_builder.h"
 #include "runtime/tokenizer/chat_template.h"
 
@@ -77,45 +77,18 @@ int plan(const PlanOptions& o) {
   so.local_prefill_tokens = cfg.router.local_prefill_tokens;
   so.ttft_target_s = cfg.planner.ttft_ms / 1e3;
   so.itl_target_s = cfg.planner.itl_ms / 1e3;
-  planner::PlanContext ctx;
-  ctx.options = &so;
-  ctx.models.assign(static_cast<std::size_t>(o.workers), &pm);
   const std::string policy_name = o.policy.empty() ? cfg.planner.policy : o.policy;
-  auto policy = planner::make_policy(policy_name, o.workers);
-
+  planner::EpochPlanner planner(so, std::vector<const planner::PerfModel*>(static_cast<std::size_t>(o.workers), &pm),
+                                policy_name);
   std::printf("%zu requests (%lld bad lines left out), %lld workers (%s), policy %s, epochs of %lld requests\n",
               reqs.size(), static_cast<long long>(bad), static_cast<long long>(o.workers), o.hardware.c_str(),
               policy_name.c_str(), static_cast<long long>(so.epoch_requests));
-  std::vector<planner::EpochRecord> history;
-  planner::Split current{0, o.workers};
   double total = 0;
   for (std::size_t lo = 0; lo < reqs.size(); lo += static_cast<std::size_t>(so.epoch_requests)) {
     const std::size_t hi = std::min(reqs.size(), lo + static_cast<std::size_t>(so.epoch_requests));
-    planner::EpochView view;
-    view.index = static_cast<int64_t>(history.size());
-    view.requests = std::span<const planner::Request>(reqs.data() + lo, hi - lo);
-    view.history = &history;
-    view.current = current;
-    double predicted = 0;
-    const planner::Split s = policy->choose(view, ctx, predicted);
-    planner::EpochRecord rec;
-    rec.index = view.index;
-    rec.split = s;
-    rec.predicted_s = predicted;
-    rec.requests = static_cast<int64_t>(hi - lo);
-    for (const auto& r : view.requests) {
-      rec.prompt_tokens += static_cast<double>(r.isl);
-      rec.output_tokens += static_cast<double>(r.osl);
-    }
-    rec.mean_isl = rec.prompt_tokens / static_cast<double>(rec.requests);
-    rec.mean_osl = rec.output_tokens / static_cast<double>(rec.requests);
-    std::printf("epoch %lld: %s%s, %lld requests (isl %.0f, max_tokens %.0f), predicted %.2f s\n",
-                static_cast<long long>(rec.index),
-                rec.index > 0 && !(s == current) ? (current.name() + " -> ").c_str() : "", s.name().c_str(),
-                static_cast<long long>(rec.requests), rec.mean_isl, rec.mean_osl, predicted);
-    total += predicted;
-    current = s;
-    history.push_back(rec);
+    const auto d = planner.decide(std::span<const planner::Request>(reqs.data() + lo, hi - lo));
+    std::printf("%s\n", d.describe().c_str());
+    total += d.predicted_s;
   }
   std::printf("predicted makespan %.2f s (epochs one after another; outputs assumed to reach max_tokens)\n", total);
   return 0;

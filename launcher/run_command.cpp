@@ -24,6 +24,8 @@
 #include "launcher/run/worker_loop.h"
 #include "launcher/run/worker_core.h"
 #include "launcher/serve/serve.h"
+#include "planner/epoch_planner.h"
+#include "planner/machine.h"
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
@@ -239,6 +241,11 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   try {
     p = prepare(o);
     plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
+    if (p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve) {  // so does a policy that cannot plan these workers
+      if (p.cfg.planner.policy == "oracle")
+        throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
+      planner::make_policy(p.cfg.planner.policy, env.size() - 1);
+    }
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
     if (rank == 0 && !o.serve) check_files(p);
@@ -315,7 +322,8 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path);
     const int64_t blocks = pool_blocks(p, local_workers);
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
-    if (roles.prefill > 0) {
+    const bool planned = p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve;  // roles may change: KV must be able to move
+    if (roles.prefill > 0 || planned) {
       void* base = nullptr;
       transport = open_transport(p.cfg.transport.backend, workers, layout.block_bytes(), blocks, &base);
       pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
@@ -356,6 +364,36 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       auto setup = router_setup(p, chat);
       setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
       setup.prefill_saturation_tokens = 64 * p.cfg.job.max_batched_tokens;
+      // job.mode = "auto": the planner re-splits the workers between epochs,
+      // from a profile of this CPU measured now and the model's shape.
+      std::unique_ptr<planner::PerfModel> cpu_model;
+      std::unique_ptr<planner::EpochPlanner> epoch_planner;
+      if (p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve) {
+        const int threads_each = p.cfg.cluster.threads_per_rank > 0
+                                     ? static_cast<int>(p.cfg.cluster.threads_per_rank)
+                                     : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
+        const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)), 4);
+        const double pool_bytes = static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size * shape.kv_bytes_per_token;
+        const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
+        spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
+                     hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
+        cpu_model = std::make_unique<planner::PerfModel>(shape, hw);
+        planner::SimOptions so;
+        so.workers = env.size() - 1;
+        so.max_num_seqs = p.cfg.job.max_num_seqs;
+        so.max_batched_tokens = p.cfg.job.max_batched_tokens;
+        so.epoch_requests = p.cfg.job.epoch_requests;
+        so.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
+        so.block_size = p.cfg.kv.block_size;
+        so.ttft_target_s = p.cfg.planner.ttft_ms / 1e3;
+        so.itl_target_s = p.cfg.planner.itl_ms / 1e3;
+        epoch_planner = std::make_unique<planner::EpochPlanner>(
+            so, std::vector<const planner::PerfModel*>(static_cast<std::size_t>(so.workers), cpu_model.get()),
+            p.cfg.planner.policy);
+        setup.planner = epoch_planner.get();
+        setup.epoch_requests = p.cfg.job.epoch_requests;
+        for (int r = 1; r < env.size(); ++r) setup.worker_ranks.push_back(r);
+      }
       if (o.serve) {
         serve.dispatch = dispatch_options(setup);
         run_serve(serve, *frontend, link);
@@ -364,7 +402,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
         log_summary(summary);
       }
     } else {
-      worker_loop(box, *core, transport.get());
+      WorkerComms comms{workers, role_comm, rank};
+      worker_loop(box, *core, transport.get(), comms);
+      role_comm = comms.role;
     }
     MPI_Barrier(env.world());
     if (transport) {

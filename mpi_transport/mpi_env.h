@@ -31,6 +31,7 @@ enum Tag : int {
   kTagCacheEvents = 10,  // worker -> rank 0: prefix-cache hashes stored and removed
   kTagDeltas = 11,   // worker -> rank 0: tokens of streaming requests, one message per step
   kTagStats = 12,    // worker -> rank 0: counters now (the first one also says "loaded")
+  kTagRoles = 13,    // rank 0 -> workers: the next epoch's prefill ranks (re-split)
 };
 
 class MpiEnv {

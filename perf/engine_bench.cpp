@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "perf/roofline.h"
+#include "planner/machine.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/make_model.h"
 #include "runtime/model/weights.h"
@@ -145,10 +145,10 @@ int main(int argc, char** argv) {
     // the better of one just before and one just after it. Batch 1, the
     // bandwidth-bound case, is measured in several such rounds and the median
     // round reported.
-    const double read_bw = perf::read_gbps(T);
-    const double peak2 = perf::fma_peak_gflops(T, false);
-    const bool has512 = perf::cpu_has_avx512();
-    const double peak512 = has512 ? perf::fma_peak_gflops(T, true) : 0;
+    const double read_bw = planner::read_gbps(T);
+    const double peak2 = planner::fma_peak_gflops(T, false);
+    const bool has512 = planner::cpu_has_avx512();
+    const double peak512 = has512 ? planner::fma_peak_gflops(T, true) : 0;
     const double peak = has512 ? peak512 : peak2;
 
     const Run p = prefill(c, *w, threads, quick ? 1 : 2, len);
@@ -160,9 +160,9 @@ int main(int argc, char** argv) {
     std::vector<Decode> decodes;
     double triad_lo = 1e30, triad_hi = 0;
     auto measure = [&](int64_t n) {
-      const double before = perf::triad_gbps(T);
+      const double before = planner::triad_gbps(T);
       Run d = decode(c, *w, threads, n, quick ? 8 : 24);
-      const double after = perf::triad_gbps(T);
+      const double after = planner::triad_gbps(T);
       triad_lo = std::min({triad_lo, before, after});
       triad_hi = std::max({triad_hi, before, after});
       return Decode{n, d, std::max(before, after)};

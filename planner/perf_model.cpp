@@ -4,7 +4,7 @@
 
 namespace tandem::planner {
 
-ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_param) {
+ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_param, double kv_bytes_per_value) {
   ModelShape m;
   const double h = static_cast<double>(c.hidden), hd = static_cast<double>(c.head_dim);
   const double q = static_cast<double>(c.heads) * hd, kv = static_cast<double>(c.kv_heads) * hd;
@@ -15,7 +15,7 @@ ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_para
   // Read once per step: the linear layers and the LM head. (An untied embedding
   // table is only looked up, a few rows per step.)
   m.weight_bytes = (m.matmul_params + m.lm_head_params) * bytes_per_param;
-  m.kv_bytes_per_token = 2 * static_cast<double>(c.layers) * kv * bytes_per_param;
+  m.kv_bytes_per_token = 2 * static_cast<double>(c.layers) * kv * (kv_bytes_per_value > 0 ? kv_bytes_per_value : bytes_per_param);
   m.attn_flops_per_ctx = 4 * static_cast<double>(c.layers) * static_cast<double>(c.heads) * hd;
   return m;
 }

@@ -29,7 +29,8 @@ struct ModelShape {
   double attn_flops_per_ctx = 0;  // per (query token, context token): 4 * layers * heads * head_dim
   double bytes_per_param = 2;   // bf16
 
-  static ModelShape from(const runtime::ModelConfig& c, double bytes_per_param = 2);
+  // kv_bytes_per_value: 0 means the same as bytes_per_param (the CPU engine keeps KV in fp32: 4).
+  static ModelShape from(const runtime::ModelConfig& c, double bytes_per_param = 2, double kv_bytes_per_value = 0);
 };
 
 // One step's work.

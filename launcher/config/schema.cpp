@@ -87,8 +87,9 @@ std::vector<KeySpec> build_schema() {
       // [job]
       key("job", "mode", &C::job, &JobConfig::mode)
           .choices({"disagg", "agg", "auto"})
-          .doc("disagg: separate prefill and decode ranks; agg: every worker does both (the "
-               "baseline); auto: the planner chooses per epoch (until it lands: disagg).")
+          .doc("disagg: separate prefill and decode ranks ([cluster] sets the split); agg: every worker "
+               "does both (the baseline); auto: the planner (planner.policy) chooses the split, or agg, "
+               "for each epoch of job.epoch_requests input lines (tandem run; serve uses the static split).")
           ,
       key("job", "input", &C::job, &JobConfig::input)
           .doc("Input file, OpenAI-Batch JSONL.")
@@ -102,8 +103,9 @@ std::vector<KeySpec> build_schema() {
           ,
       key("job", "epoch_requests", &C::job, &JobConfig::epoch_requests)
           .at_least(1)
-          .doc("Requests per epoch; the planner may re-split ranks between epochs.")
-          .pending("planner"),
+          .doc("Input lines per planning epoch (job.mode = \"auto\"): the planner reads each epoch "
+               "ahead and may re-split the ranks before it.")
+          ,
       key("job", "max_num_seqs", &C::job, &JobConfig::max_num_seqs)
           .at_least(1).at_most(65536)
           .doc("Sequences running at once on one worker.")
@@ -178,17 +180,17 @@ std::vector<KeySpec> build_schema() {
       // [planner]
       key("planner", "policy", &C::planner, &PlannerConfig::policy)
           .check(check_planner_policy)
-          .doc("lookahead (sizes pools for the next epoch's known lengths), sla, agg, oracle, "
-               "or static:P:D.")
-          .pending("planner"),
+          .doc("lookahead (sizes pools for the next epoch's known lengths), sla, agg, or static:P:D "
+               "(oracle: tandem simulate only).")
+          ,
       key("planner", "ttft_ms", &C::planner, &PlannerConfig::ttft_ms)
           .at_least(0)
           .doc("Time-to-first-token target in ms; 0: minimise the epoch's makespan.")
-          .pending("planner"),
+          ,
       key("planner", "itl_ms", &C::planner, &PlannerConfig::itl_ms)
           .at_least(0)
           .doc("Inter-token latency target in ms; 0: minimise the epoch's makespan.")
-          .pending("planner"),
+          ,
       // [kv]
       key("kv", "block_size", &C::kv, &KvConfig::block_size)
           .at_least(1).at_most(1024)

@@ -62,6 +62,13 @@ void Dispatcher::poll(LinkEvents& events) {
   }
 }
 
+void Dispatcher::refresh() {
+  workers_ = link_.workers();
+  prefillers_ = link_.prefill_workers();
+  for (int w : workers_) load_.try_emplace(w, 0);
+  for (int w : prefillers_) prefill_queue_.try_emplace(w, 0);
+}
+
 void Dispatcher::cancel(uint64_t id) {
   if (auto it = placed_.find(id); it != placed_.end()) link_.cancel(it->second.where.worker, id);
 }

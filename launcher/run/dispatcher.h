@@ -45,6 +45,9 @@ class WorkerLink {
   // After the last result: stop the workers and collect their counters.
   // abandon: the workers drop what they still hold (a signal's drain ran out).
   virtual std::vector<router::RankReport> shutdown(bool abandon) = 0;
+  // A re-split: from now on `prefill` ranks only prefill and the other
+  // workers decode (none prefill: aggregated). False where roles cannot change.
+  virtual bool set_roles(int64_t, const std::vector<int>&) { return false; }
 };
 
 struct DispatchOptions {
@@ -69,6 +72,8 @@ class Dispatcher {
   void poll(LinkEvents& events);
   // Asks the request's worker to drop it (its result still comes back).
   void cancel(uint64_t id);
+  // The link's roles changed (a re-split): place on its current workers from now on.
+  void refresh();
   std::size_t in_flight() const { return placed_.size(); }
   WorkerLink& link() { return link_; }
 

@@ -2,6 +2,7 @@
 // or MPI messages to worker ranks.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <vector>
@@ -56,6 +57,18 @@ class MpiLink : public WorkerLink {
       : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
   std::vector<int> workers() const override { return workers_; }
   std::vector<int> prefill_workers() const override { return prefill_; }
+  bool set_roles(int64_t epoch, const std::vector<int>& prefill) override {
+    std::vector<int> all = workers_;
+    all.insert(all.end(), prefill_.begin(), prefill_.end());
+    std::sort(all.begin(), all.end());
+    prefill_ = prefill;
+    workers_.clear();
+    for (int w : all)
+      if (std::find(prefill.begin(), prefill.end(), w) == prefill.end()) workers_.push_back(w);
+    const auto bytes = encode(WireRoles{epoch, prefill});
+    for (int w : all) check(box_.send(w, mpi::kTagRoles, bytes));
+    return true;
+  }
   void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
   void cancel(int worker, uint64_t id) override { check(box_.send(worker, mpi::kTagCancel, encode_cancel(id))); }
   // Deltas before results: a request's last tokens reach rank 0 before its end.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -111,6 +112,63 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   bool input_done = false;
   int64_t lines_read = 0;
 
+  // Input lines, with the planner's look-ahead: at the first line of an epoch
+  // the whole epoch is read, its prompts built (kept for admission), and the
+  // planner chooses the epoch's split before any of it is placed.
+  std::deque<std::string> ahead;
+  struct Built {
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 0;
+  };
+  std::unordered_map<uint64_t, Built> built;
+  struct EpochClock {
+    Clock::time_point first;
+    Clock::time_point last;
+    int64_t open = 0;
+    bool started = false;
+  };
+  std::map<int64_t, EpochClock> epoch_clock;
+  auto epoch_of = [&](uint64_t i) { return static_cast<int64_t>(i / static_cast<uint64_t>(std::max<int64_t>(1, s.epoch_requests))); };
+  auto plan_epoch = [&](uint64_t first) {
+    for (int64_t k = static_cast<int64_t>(ahead.size()); k < s.epoch_requests; ++k) {
+      std::string l;
+      if (!std::getline(in, l)) break;
+      ahead.push_back(std::move(l));
+    }
+    std::vector<planner::Request> reqs;
+    for (std::size_t k = 0; k < ahead.size(); ++k) {
+      const uint64_t i = first + k;
+      const std::string& l = ahead[k];
+      if (l.find_first_not_of(" \t\r") == std::string::npos ||
+          static_cast<int64_t>(i % static_cast<uint64_t>(s.shard_count)) != s.shard_index)
+        continue;
+      auto parsed = router::parse_batch_line(l);
+      if (!std::holds_alternative<router::BatchRequest>(parsed)) continue;
+      auto& req = std::get<router::BatchRequest>(parsed);
+      auto ids = router::build_prompt(req, s.prompts);
+      if (!std::holds_alternative<std::vector<int32_t>>(ids)) continue;
+      Built b{std::get<std::vector<int32_t>>(std::move(ids)), req.params.max_tokens};
+      reqs.push_back({static_cast<int64_t>(b.prompt.size()), b.max_tokens, 0, 0, -1});
+      built.emplace(i, std::move(b));
+    }
+    if (reqs.empty()) return;
+    const auto d = s.planner->decide(reqs);
+    if (d.changed()) {
+      std::vector<int> prefill(s.worker_ranks.begin(), s.worker_ranks.begin() + d.split.prefill);
+      if (link.set_roles(d.epoch, prefill)) dispatch.refresh();
+    }
+    spdlog::info("{}", d.describe());
+  };
+  auto read_line = [&](uint64_t i, std::string& l) {
+    if (s.planner && i % static_cast<uint64_t>(s.epoch_requests) == 0) plan_epoch(i);
+    if (!ahead.empty()) {
+      l = std::move(ahead.front());
+      ahead.pop_front();
+      return true;
+    }
+    return static_cast<bool>(std::getline(in, l));
+  };
+
   auto fail = [&](uint64_t i, std::string key, const router::LineError& e) {
     out.put(i, std::move(key), router::format_error(e, s.outputs));
     stats.request_failed();
@@ -143,7 +201,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     while (!stopping && !input_done && static_cast<int64_t>(in_flight.size()) < capacity &&
            out.buffered() < reorder_limit) {
       std::string line;
-      if (!std::getline(in, line)) {
+      if (!read_line(index, line)) {
         input_done = true;
         break;
       }
@@ -185,7 +243,14 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
                                               "'; every line needs its own"});
         continue;
       }
-      auto prompt = router::build_prompt(req, s.prompts);
+      std::variant<std::vector<int32_t>, router::LineError> prompt;
+      if (auto b = built.find(i); b != built.end()) {  // built when the planner read ahead
+        req.params.max_tokens = b->second.max_tokens;
+        prompt = std::move(b->second.prompt);
+        built.erase(b);
+      } else {
+        prompt = router::build_prompt(req, s.prompts);
+      }
       if (auto* e = std::get_if<router::LineError>(&prompt)) {
         e->message = "line " + std::to_string(i + 1) + ": " + e->message;
         fail(i, req.custom_id, *e);
@@ -199,6 +264,11 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
                                f.request.custom_id);
       f.prefill = dispatch.submit(std::move(w)).prefill;
+      if (s.planner) {
+        EpochClock& c = epoch_clock[epoch_of(i)];
+        if (!c.started) c.first = Clock::now(), c.started = true;
+        ++c.open;
+      }
       in_flight.emplace(i, std::move(f));
     }
     if ((input_done || stopping) && in_flight.empty()) break;
@@ -233,6 +303,11 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         out.put(r.id, f.request.custom_id, router::format_result(f.request, res, s.outputs));
       }
       in_flight.erase(it);
+      if (s.planner) {
+        EpochClock& c = epoch_clock[epoch_of(r.id)];
+        c.last = Clock::now();
+        if (--c.open == 0) s.planner->measured(epoch_of(r.id), std::chrono::duration<double>(c.last - c.first).count());
+      }
     }
     out.maybe_commit();
     if (std::chrono::duration<double>(Clock::now() - last_progress).count() >= (tty ? 0.5 : cfg.job.progress_seconds)) {
@@ -253,6 +328,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json summary = stats.summary(elapsed);
   summary["requests_resumed"] = resumed;
+  if (s.planner) summary["epochs"] = s.planner->summary();
   summary["stopped_by_signal"] = stopping;
   summary["requests_abandoned"] = abandoned;
   std::ofstream sf(s.summary);

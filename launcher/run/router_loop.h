@@ -16,6 +16,7 @@
 #include "launcher/run/wire.h"
 #include "router/batch_output.h"
 #include "router/job_stats.h"
+#include "planner/epoch_planner.h"
 #include "router/prompt_builder.h"
 
 namespace tandem::launcher {
@@ -33,6 +34,12 @@ struct RouterSetup {
   int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
   bool resume = false;  // continue an existing output (skip what its checkpoint says is done)
   int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index
+  // job.mode = "auto": before each epoch of epoch_requests input lines, the
+  // planner reads the epoch's requests ahead and chooses the split; the
+  // first P of worker_ranks then prefill. Null: the split never changes.
+  planner::EpochPlanner* planner = nullptr;
+  int64_t epoch_requests = 1024;
+  std::vector<int> worker_ranks;
 };
 
 // Set by the USR1/TERM handler (Slurm's time limit or preemption warning):

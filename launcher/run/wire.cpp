@@ -90,6 +90,15 @@ WireDeltas decode_deltas(const std::vector<uint8_t>& bytes) {
   return r;
 }
 
+std::vector<uint8_t> encode(const WireRoles& r) {
+  return json::to_cbor(json{{"epoch", r.epoch}, {"prefill", r.prefill_ranks}});
+}
+
+WireRoles decode_roles(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  return WireRoles{j.at("epoch").get<int64_t>(), j.at("prefill").get<std::vector<int>>()};
+}
+
 std::vector<uint8_t> encode_cancel(uint64_t id) { return json::to_cbor(json(id)); }
 uint64_t decode_cancel(const std::vector<uint8_t>& bytes) { return json::from_cbor(bytes).get<uint64_t>(); }
 

@@ -71,6 +71,14 @@ std::vector<uint8_t> encode(const WireDeltas& r);
 WireDeltas decode_deltas(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode_cancel(uint64_t id);
 uint64_t decode_cancel(const std::vector<uint8_t>& bytes);
+// Rank 0 -> every worker at an epoch boundary: which ranks prefill from now on
+// (empty: aggregated, every worker does both).
+struct WireRoles {
+  int64_t epoch = 0;
+  std::vector<int> prefill_ranks;
+};
+std::vector<uint8_t> encode(const WireRoles& r);
+WireRoles decode_roles(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireCacheEvents& r);
 WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WirePrefill& r);

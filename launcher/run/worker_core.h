@@ -69,6 +69,7 @@ class WorkerCore {
     kv_seconds_ += seconds;
   }
   router::RankReport report() const;
+  void set_role(std::string role) { role_ = std::move(role); }
 
  private:
   int rank_;

@@ -6,7 +6,11 @@
 #include <optional>
 #include <unordered_map>
 
+#include <spdlog/spdlog.h>
+
 #include "common/error.h"
+#include "common/log.h"
+#include "mpi_transport/mpi_check.h"
 
 namespace tandem::launcher {
 
@@ -18,9 +22,19 @@ namespace tandem::launcher {
 //    once its KV has landed (kTagKvReady);
 //  - a prefill rank runs kTagPrefill requests to their first token, puts the
 //    KV into the decode rank's blocks through the transport, then notifies it.
-void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transport) {
+//
+// Re-splits (kTagRoles, at rank 0's epoch boundaries) change no behaviour
+// here — rank 0 routes by role — only the role communicator and the rank's
+// name. The loop goes on working while the workers agree on the split: a
+// non-blocking barrier first (once it completes every worker has seen the
+// new roles and holds back new KV sends), then MPI_Comm_split, which is then
+// safe because no transfer can be waiting on a rank inside it.
+void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transport, WorkerComms& comms) {
   auto check = [](const Status& s) {
     if (!s.ok()) throw Error(s.to_string());
+  };
+  auto mpi_call = [&](int rc, const char* call) {
+    if (rc != MPI_SUCCESS) check(mpi::mpi_status(rc, call, __FILE__, __LINE__));
   };
   struct AwaitingKv {
     WireRequest request;
@@ -36,9 +50,33 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
   std::deque<std::pair<WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
   std::unordered_map<uint64_t, AwaitingKv> awaiting;
   std::unordered_map<uint64_t, Destination> destinations;
+  std::deque<WireRoles> resplits;          // in the order rank 0 sent them
+  MPI_Request resplit_barrier = MPI_REQUEST_NULL;
+  std::vector<WorkerCore::Handoff> held;   // prefills finished during a re-split: sent after it
   mpi::Backoff backoff;
   bool stopping = false, abandon = false;
   auto last_report = std::chrono::steady_clock::now();
+  // A finished prefill: its KV into the decode rank's blocks, then "ready" to that rank.
+  auto send_handoff = [&](WorkerCore::Handoff& h) {
+    auto d = destinations.find(h.id);
+    if (d == destinations.end() || !transport) {
+      core.release(h.kv_blocks);
+      return;
+    }
+    // Workers' ranks in the transport's communicator are world ranks less one (rank 0 routes).
+    const auto t0 = std::chrono::steady_clock::now();
+    mpi::Transfer x;
+    const auto skip = std::min<std::size_t>(static_cast<std::size_t>(d->second.skip), h.kv_blocks.size());
+    const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
+    check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).subspan(skip, n),
+                          std::span(d->second.blocks).first(n), x));
+    while (!x.done) check(transport->test(x));
+    core.count_kv_sent(static_cast<int64_t>(x.bytes),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    core.release(h.kv_blocks);
+    check(box.send(d->second.decode_rank, mpi::kTagKvReady, encode(h.ready)));
+    destinations.erase(d);
+  };
   // Counters for rank 0's /health and /metrics: now (this one says the model is
   // loaded), then every half second.
   check(box.send(0, mpi::kTagStats, encode(core.report())));
@@ -92,6 +130,9 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
           }
           break;
         }
+        case mpi::kTagRoles:
+          resplits.push_back(decode_roles(m->bytes));
+          break;
         case mpi::kTagShutdown:
           stopping = true;
           abandon = !m->bytes.empty() && m->bytes[0] != 0;
@@ -129,28 +170,36 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         check(box.send(0, mpi::kTagResult, encode(r)));
       }
       for (auto& h : out.handoffs) {
-        auto d = destinations.find(h.id);
-        if (d == destinations.end() || !transport) {
-          core.release(h.kv_blocks);
-          continue;
-        }
-        // Workers' ranks in the transport's communicator are world ranks less one (rank 0 routes).
-        const auto t0 = std::chrono::steady_clock::now();
-        mpi::Transfer x;
-        const auto skip = std::min<std::size_t>(static_cast<std::size_t>(d->second.skip), h.kv_blocks.size());
-        const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
-        check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).subspan(skip, n),
-                              std::span(d->second.blocks).first(n), x));
-        while (!x.done) check(transport->test(x));
-        core.count_kv_sent(static_cast<int64_t>(x.bytes),
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        core.release(h.kv_blocks);
-        check(box.send(d->second.decode_rank, mpi::kTagKvReady, encode(h.ready)));
-        destinations.erase(d);
+        if (resplit_barrier != MPI_REQUEST_NULL) held.push_back(std::move(h));
+        else send_handoff(h);
       }
       any = true;
     }
     if (transport) check(transport->progress());  // two-sided: place blocks sent to us
+    // Re-splits, one at a time: barrier (non-blocking), then the split.
+    if (resplit_barrier == MPI_REQUEST_NULL && !resplits.empty()) {
+      mpi_call(MPI_Ibarrier(comms.workers, &resplit_barrier), "MPI_Ibarrier");
+    } else if (resplit_barrier != MPI_REQUEST_NULL) {
+      int done = 0;
+      mpi_call(MPI_Test(&resplit_barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) {
+        const WireRoles r = resplits.front();
+        resplits.pop_front();
+        const bool prefill = std::find(r.prefill_ranks.begin(), r.prefill_ranks.end(), comms.world_rank) !=
+                             r.prefill_ranks.end();
+        MPI_Comm next = MPI_COMM_NULL;
+        mpi_call(MPI_Comm_split(comms.workers, prefill ? 1 : 0, comms.world_rank, &next), "MPI_Comm_split");
+        if (comms.role != MPI_COMM_NULL) mpi_call(MPI_Comm_free(&comms.role), "MPI_Comm_free");
+        comms.role = next;
+        const std::string role = r.prefill_ranks.empty() ? "worker" : prefill ? "prefill" : "decode";
+        core.set_role(role);
+        log::set_identity(comms.world_rank, role);
+        spdlog::debug("epoch {}: now {}", r.epoch, role);
+        for (auto& h : held) send_handoff(h);
+        held.clear();
+        any = true;
+      }
+    }
     // Tell rank 0 what the prefix cache gained and lost, at most every 20 ms.
     if (std::chrono::steady_clock::now() - last_report > std::chrono::milliseconds(20)) {
       WireCacheEvents events;
@@ -162,7 +211,8 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       last_stats = std::chrono::steady_clock::now();
     }
     check(box.progress());
-    if (stopping && (abandon || (!core.has_work() && awaiting.empty() && to_reserve.empty()))) break;
+    const bool resplitting = resplit_barrier != MPI_REQUEST_NULL || !resplits.empty();
+    if (stopping && !resplitting && (abandon || (!core.has_work() && awaiting.empty() && to_reserve.empty()))) break;
     if (any) backoff.reset();
     else backoff.idle();
   }

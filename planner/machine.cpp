@@ -1,4 +1,4 @@
-#include "perf/roofline.h"
+#include "planner/machine.h"
 
 #include <immintrin.h>
 
@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-namespace tandem::perf {
+namespace tandem::planner {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -138,4 +138,26 @@ double fma_peak_gflops(int threads, bool avx512) {
   return 2.0 * lanes * 12.0 * static_cast<double>(iters) * threads / best / 1e9;
 }
 
-}  // namespace tandem::perf
+}  // namespace tandem::planner
+
+namespace tandem::planner {
+
+HardwareProfile measure_cpu_profile(int threads, double memory_bytes) {
+  HardwareProfile h;
+  h.name = "cpu";
+  const bool avx512 = cpu_has_avx512();
+  h.peak_flops = fma_peak_gflops(threads, avx512) * 1e9;
+  h.hbm_bytes_per_s = triad_gbps(threads) * 1e9;
+  h.hbm_bytes = memory_bytes;
+  h.kv_memory_fraction = 1.0;
+  h.link_bytes_per_s = h.hbm_bytes_per_s / 2;  // one copy between ranks' memory on a node
+  h.link_latency_s = 20e-6;
+  // What our kernels reach of those (perf/engine_bench on the development
+  // machine): ~55% of the FMA peak in prefill, ~90% of the triad in decode.
+  h.mfu = 0.55;
+  h.mbu = 0.9;
+  h.step_overhead_s = 200e-6;
+  return h;
+}
+
+}  // namespace tandem::planner

