@@ -78,8 +78,7 @@ int plan(const PlanOptions& o) {
   so.ttft_target_s = cfg.planner.ttft_ms / 1e3;
   so.itl_target_s = cfg.planner.itl_ms / 1e3;
   const std::string policy_name = o.policy.empty() ? cfg.planner.policy : o.policy;
-  planner::EpochPlanner planner(so, std::vector<const planner::PerfModel*>(static_cast<std::size_t>(o.workers), &pm),
-                                policy_name);
+  planner::EpochPlanner planner(so, shape, pm.hardware(), policy_name);
   std::printf("%zu requests (%lld bad lines left out), %lld workers (%s), policy %s, epochs of %lld requests\n",
               reqs.size(), static_cast<long long>(bad), static_cast<long long>(o.workers), o.hardware.c_str(),
               policy_name.c_str(), static_cast<long long>(so.epoch_requests));

@@ -366,7 +366,6 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       setup.prefill_saturation_tokens = 64 * p.cfg.job.max_batched_tokens;
       // job.mode = "auto": the planner re-splits the workers between epochs,
       // from a profile of this CPU measured now and the model's shape.
-      std::unique_ptr<planner::PerfModel> cpu_model;
       std::unique_ptr<planner::EpochPlanner> epoch_planner;
       if (p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve) {
         const int threads_each = p.cfg.cluster.threads_per_rank > 0
@@ -377,7 +376,6 @@ int run_job(const RunOptions& o, int argc, char** argv) {
         const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
         spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
                      hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
-        cpu_model = std::make_unique<planner::PerfModel>(shape, hw);
         planner::SimOptions so;
         so.workers = env.size() - 1;
         so.max_num_seqs = p.cfg.job.max_num_seqs;
@@ -387,9 +385,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
         so.block_size = p.cfg.kv.block_size;
         so.ttft_target_s = p.cfg.planner.ttft_ms / 1e3;
         so.itl_target_s = p.cfg.planner.itl_ms / 1e3;
-        epoch_planner = std::make_unique<planner::EpochPlanner>(
-            so, std::vector<const planner::PerfModel*>(static_cast<std::size_t>(so.workers), cpu_model.get()),
-            p.cfg.planner.policy);
+        epoch_planner = std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
         setup.planner = epoch_planner.get();
         setup.epoch_requests = p.cfg.job.epoch_requests;
         for (int r = 1; r < env.size(); ++r) setup.worker_ranks.push_back(r);

@@ -18,7 +18,7 @@ namespace tandem::launcher {
 namespace {
 
 struct SimulateOptions {
-  std::string workload, model_config, hardware = "h100", policy = "lookahead";
+  std::string workload, trace, model_config, hardware = "h100", policy = "lookahead";
   int64_t gpus = 8;
   planner::SimOptions sim;
   double ttft_ms = 0, itl_ms = 0;
@@ -75,8 +75,29 @@ nlohmann::json result_json(const std::string& policy, const planner::SimResult& 
           {"epochs", epochs}};
 }
 
+// A finished job's requests, from its output: prompt and completion tokens of
+// every successful line, in the output's order, all known at once.
+std::vector<planner::Request> trace_requests(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot read the trace (a tandem run output file)");
+  std::vector<planner::Request> out;
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("response")) throw Error(path + ":" + std::to_string(n) + ": not an output line");
+    const auto& r = j["response"];
+    if (r.value("status_code", 0) != 200) continue;
+    const auto& u = r["body"]["usage"];
+    out.push_back({u["prompt_tokens"].get<int64_t>(), u["completion_tokens"].get<int64_t>(), 0, 0, -1});
+  }
+  if (out.empty()) throw Error(path + ": no successful requests to replay");
+  return out;
+}
+
 int simulate(const SimulateOptions& o) {
-  const auto spec = planner::WorkloadSpec::load(o.workload);
+  if (o.workload.empty() == o.trace.empty()) throw Error("give one of --workload W.toml or --trace OUTPUT.jsonl");
   std::filesystem::path cfg = o.model_config;
   if (std::filesystem::is_directory(cfg)) cfg /= "config.json";
   std::ifstream f(cfg);
@@ -96,7 +117,8 @@ int simulate(const SimulateOptions& o) {
   so.workers = o.gpus;
   so.ttft_target_s = o.ttft_ms / 1e3;
   so.itl_target_s = o.itl_ms / 1e3;
-  const auto requests = spec.generate(model.max_position_embeddings);
+  const auto requests = o.trace.empty() ? planner::WorkloadSpec::load(o.workload).generate(model.max_position_embeddings)
+                                        : trace_requests(o.trace);
   planner::Simulator sim(so, models);
   std::vector<std::string> policies;
   if (o.policy == "all") {
@@ -143,7 +165,8 @@ int simulate(const SimulateOptions& o) {
 Action add_simulate_command(CLI::App& root) {
   auto* cmd = root.add_subcommand("simulate", "Simulate a job on a cluster of GPUs (discrete events, virtual time)");
   auto o = std::make_shared<SimulateOptions>();
-  cmd->add_option("--workload", o->workload, "Workload TOML: [[phase]] tables (requests, isl, osl, arrival)")->required();
+  cmd->add_option("--workload", o->workload, "Workload TOML: [[phase]] tables (requests, isl, osl, arrival)");
+  cmd->add_option("--trace", o->trace, "Replay a finished job: its tandem run output JSONL (prompt and output lengths)");
   cmd->add_option("--model-config", o->model_config, "The model's Hugging Face config.json (or its directory)")->required();
   cmd->add_option("--hardware", o->hardware, "h100, h200, b200, a profile TOML, or kinds with counts: b200:2,h100:6");
   cmd->add_option("--gpus", o->gpus, "GPUs (one worker each)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -9,12 +9,56 @@
 
 namespace tandem::planner {
 
-EpochPlanner::EpochPlanner(SimOptions options, std::vector<const PerfModel*> models, const std::string& policy)
-    : o_(options), policy_(make_policy(policy, options.workers)) {
+EpochPlanner::EpochPlanner(SimOptions options, const ModelShape& shape, const HardwareProfile& base,
+                           const std::string& policy)
+    : o_(options), shape_(shape), base_(base), model_(std::make_unique<PerfModel>(shape, base)),
+      policy_(make_policy(policy, options.workers)) {
   if (policy == "oracle") throw Error("planner.policy = \"oracle\" needs the simulator; use it with `tandem simulate`");
+  fit_.profile = base;
   ctx_.options = &o_;
-  ctx_.models = std::move(models);
+  ctx_.models.assign(static_cast<std::size_t>(o_.workers), model_.get());
   current_ = {0, o_.workers};
+}
+
+void EpochPlanner::observe(std::span<const StepSample> steps) {
+  samples_.insert(samples_.end(), steps.begin(), steps.end());
+  constexpr std::size_t kKeep = 20000;  // the most recent steps
+  if (samples_.size() > kKeep) samples_.erase(samples_.begin(), samples_.end() - static_cast<std::ptrdiff_t>(kKeep));
+}
+
+ProfileFit EpochPlanner::refit() {
+  if (samples_.size() >= 32 && samples_.size() != fitted_at_) {
+    fit_ = fit_profile(shape_, base_, samples_);
+    fitted_at_ = samples_.size();
+    if (fit_.samples > 0) {
+      model_ = std::make_unique<PerfModel>(shape_, fit_.profile);
+      ctx_.models.assign(static_cast<std::size_t>(o_.workers), model_.get());
+    }
+  }
+  return fit_;
+}
+
+nlohmann::json EpochPlanner::profile_json() const {
+  const auto& h = fit_.profile;
+  return {{"name", h.name},
+          {"fitted_from_steps", fit_.samples},
+          {"rms_log_error", fit_.rms_log_error},
+          {"effective_flops", h.peak_flops * h.mfu},
+          {"effective_bytes_per_s", h.hbm_bytes_per_s * h.mbu},
+          {"step_overhead_s", h.step_overhead_s}};
+}
+
+std::string EpochPlanner::profile_toml() const {
+  const auto& h = fit_.profile;
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "# Fitted by tandem run from %zu measured engine steps (rms log error %.3f).\n"
+                "name = \"%s\"\npeak_flops = %.6g\nhbm_bytes_per_s = %.6g\nhbm_bytes = %.6g\n"
+                "link_bytes_per_s = %.6g\nlink_latency_s = %.6g\nmfu = %.6g\nmbu = %.6g\nstep_overhead_s = %.6g\n"
+                "kv_memory_fraction = %.6g\n",
+                fit_.samples, fit_.rms_log_error, h.name.c_str(), h.peak_flops, h.hbm_bytes_per_s, h.hbm_bytes,
+                h.link_bytes_per_s, h.link_latency_s, h.mfu, h.mbu, h.step_overhead_s, h.kv_memory_fraction);
+  return buf;
 }
 
 std::string EpochPlanner::Decision::describe() const {
@@ -30,6 +74,7 @@ std::string EpochPlanner::Decision::describe() const {
 }
 
 EpochPlanner::Decision EpochPlanner::decide(std::span<const Request> requests) {
+  refit();
   Decision d;
   d.epoch = static_cast<int64_t>(history_.size());
   d.previous = current_;

@@ -10,14 +10,20 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "planner/fit.h"
 #include "planner/policy.h"
 
 namespace tandem::planner {
 
 class EpochPlanner {
  public:
-  // models: one per worker (they must outlive the planner). policy: a name for make_policy.
-  EpochPlanner(SimOptions options, std::vector<const PerfModel*> models, const std::string& policy);
+  // Identical workers of `base` hardware running a model of `shape`. policy: a name for make_policy.
+  EpochPlanner(SimOptions options, const ModelShape& shape, const HardwareProfile& base, const std::string& policy);
+
+  // Engine steps the workers measured: from now on the profile is fitted to
+  // them (refit at every decision once there are enough).
+  void observe(std::span<const StepSample> steps);
+  ProfileFit refit();
 
   struct Decision {
     int64_t epoch = 0;
@@ -33,9 +39,18 @@ class EpochPlanner {
   const Split& current() const { return current_; }
   // Per epoch: split, requests, predicted_s, measured_s.
   nlohmann::json summary() const;
+  // The profile now in use and how it was fitted, as JSON and as a TOML profile for `tandem simulate --hardware`.
+  nlohmann::json profile_json() const;
+  std::string profile_toml() const;
 
  private:
   SimOptions o_;
+  ModelShape shape_;
+  HardwareProfile base_;
+  std::unique_ptr<PerfModel> model_;
+  std::vector<StepSample> samples_;
+  std::size_t fitted_at_ = 0;
+  ProfileFit fit_;
   PlanContext ctx_;
   std::unique_ptr<Policy> policy_;
   std::vector<EpochRecord> history_;

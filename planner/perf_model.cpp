@@ -20,12 +20,17 @@ ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_para
   return m;
 }
 
-double PerfModel::step_seconds(const StepLoad& s) const {
+std::pair<double, double> PerfModel::work(const StepLoad& s) const {
   const double tokens = s.prefill_tokens + s.decode_seqs;
-  if (tokens <= 0) return 0;
   const double flops = 2 * m_.matmul_params * tokens + m_.attn_flops_per_ctx * (s.prefill_ctx + s.decode_ctx) +
                        2 * m_.lm_head_params * s.logit_rows;
   const double bytes = m_.weight_bytes + m_.kv_bytes_per_token * (s.decode_ctx + tokens);
+  return {flops, bytes};
+}
+
+double PerfModel::step_seconds(const StepLoad& s) const {
+  if (s.prefill_tokens + s.decode_seqs <= 0) return 0;
+  const auto [flops, bytes] = work(s);
   return std::max(flops / (hw_.peak_flops * hw_.mfu), bytes / (hw_.hbm_bytes_per_s * hw_.mbu)) + hw_.step_overhead_s;
 }
 

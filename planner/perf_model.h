@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "planner/hardware.h"
 #include "runtime/model/model_config.h"
@@ -46,6 +47,8 @@ class PerfModel {
  public:
   PerfModel(ModelShape shape, HardwareProfile hw) : m_(shape), hw_(std::move(hw)) {}
   double step_seconds(const StepLoad& s) const;
+  // The step's flops and bytes, as step_seconds counts them.
+  std::pair<double, double> work(const StepLoad& s) const;
   // KV of n tokens from one worker to another.
   double transfer_seconds(double tokens) const;
   // Tokens of KV a worker can hold after its weights (0 when the weights do not fit).

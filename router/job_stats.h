@@ -2,6 +2,7 @@
 // (logged, and saved as JSON next to the output).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ struct RankReport {
   int64_t preemptions = 0;
   int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)
   int64_t kv_blocks_total = 0;
+  // Engine steps since the last report, for the planner's fit: prefill tokens,
+  // prefill context, decode sequences, decode context, logit rows, seconds.
+  std::vector<std::array<double, 6>> step_samples;
 };
 
 class JobStats {

@@ -96,7 +96,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   int64_t resumed = 0;
   if (s.resume) spdlog::info("resuming {}: {} line(s) already done", s.output, done.size());
   router::JobStats stats;
-  const auto start = Clock::now();
+  auto start = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
   auto last_progress = start;
 
@@ -104,9 +104,28 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   std::unordered_map<uint64_t, InFlight> in_flight;
   Dispatcher dispatch(link, dispatch_options(s));
   LinkEvents events;
-  const int64_t capacity = s.window_per_worker * static_cast<int64_t>(link.workers().size());
+  // Workers load the model while rank 0 starts: wait for every one of them, so
+  // the job's clock (elapsed_s, TTFT, epochs) measures the work, not the loading.
+  {
+    std::unordered_set<int> loaded;
+    const std::size_t want = link.workers().size() + link.prefill_workers().size();
+    while (loaded.size() < want && g_stop_signal.load() == 0) {
+      events.clear();
+      dispatch.poll(events);
+      for (const auto& r : events.stats) {
+        loaded.insert(r.rank);
+        if (s.planner) s.planner->observe(r.step_samples);
+      }
+    }
+    const double load_s = std::chrono::duration<double>(Clock::now() - start).count();
+    spdlog::info("{} worker(s) loaded in {:.1f} s", want, load_s);
+    start = Clock::now();
+    last_progress = start;
+  }
+  // Requests in flight: a window per decode worker (their number changes when the planner re-splits).
+  auto capacity = [&] { return s.window_per_worker * static_cast<int64_t>(link.workers().size()); };
   // Input order holds finished lines until their turn: bound that too.
-  const std::size_t reorder_limit = static_cast<std::size_t>(std::max<int64_t>(capacity * 8, 1024));
+  const std::size_t reorder_limit = static_cast<std::size_t>(std::max<int64_t>(capacity() * 8, 1024));
 
   uint64_t index = 0;
   bool input_done = false;
@@ -198,7 +217,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:.0f} s", g_stop_signal.load(),
                    in_flight.size(), cfg.job.drain_seconds);
     }
-    while (!stopping && !input_done && static_cast<int64_t>(in_flight.size()) < capacity &&
+    while (!stopping && !input_done && static_cast<int64_t>(in_flight.size()) < capacity() &&
            out.buffered() < reorder_limit) {
       std::string line;
       if (!read_line(index, line)) {
@@ -276,6 +295,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
 
     events.clear();
     dispatch.poll(events);
+    if (s.planner)
+      for (const auto& r : events.stats) s.planner->observe(r.step_samples);
     for (auto& r : events.results) {
       auto it = in_flight.find(r.id);
       if (it == in_flight.end()) continue;
@@ -324,11 +345,22 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   if (tty) std::fprintf(stderr, "\n");
   progress(true);
 
-  for (const auto& r : link.shutdown(abandoned > 0)) stats.add_rank(r);
+  for (const auto& r : link.shutdown(abandoned > 0)) {
+    stats.add_rank(r);
+    if (s.planner) s.planner->observe(r.step_samples);
+  }
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json summary = stats.summary(elapsed);
   summary["requests_resumed"] = resumed;
-  if (s.planner) summary["epochs"] = s.planner->summary();
+  if (s.planner) {
+    // The profile fitted to every step this job measured: for `tandem simulate --hardware`.
+    s.planner->refit();
+    summary["epochs"] = s.planner->summary();
+    summary["planner_profile"] = s.planner->profile_json();
+    const std::string profile_path = s.output + ".profile.toml";
+    std::ofstream(profile_path) << s.planner->profile_toml();
+    summary["planner_profile"]["file"] = profile_path;
+  }
   summary["stopped_by_signal"] = stopping;
   summary["requests_abandoned"] = abandoned;
   std::ofstream sf(s.summary);

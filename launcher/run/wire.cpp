@@ -184,7 +184,8 @@ std::vector<uint8_t> encode(const router::RankReport& r) {
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions},
-                            {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total}});
+                            {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
+                            {"steps", r.step_samples}});
 }
 
 router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
@@ -201,6 +202,7 @@ router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.preemptions = j.at("preempt");
   r.kv_blocks_used = j.at("kv_used");
   r.kv_blocks_total = j.at("kv_total");
+  r.step_samples = j.at("steps").get<std::vector<std::array<double, 6>>>();
   return r;
 }
 

@@ -36,7 +36,13 @@ WorkerCore::StepOutput WorkerCore::step() {
   if (!engine_.has_work()) return out;
   const auto t0 = std::chrono::steady_clock::now();
   auto outputs = engine_.step();
-  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  busy_s_ += dt;
+  const auto& shape = engine_.last_step();
+  if (shape.prefill_tokens + shape.decode_seqs > 0) {
+    samples_.push_back({shape.prefill_tokens, shape.prefill_ctx, shape.decode_seqs, shape.decode_ctx, shape.logit_rows, dt});
+    if (samples_.size() > 512) samples_.pop_front();
+  }
   for (auto& o : outputs) {
     if (!o.finished) {
       if (!o.new_tokens.empty() && streaming_.count(o.id)) out.deltas.deltas.push_back({o.id, std::move(o.new_tokens)});
@@ -80,6 +86,12 @@ WorkerCore::StepOutput WorkerCore::step() {
     for (const auto& r : out.results) ended.insert(r.id);
     std::erase_if(out.deltas.deltas, [&](const WireDeltas::Delta& d) { return ended.count(d.id) > 0; });
   }
+  return out;
+}
+
+std::vector<std::array<double, 6>> WorkerCore::take_step_samples() {
+  std::vector<std::array<double, 6>> out(samples_.begin(), samples_.end());
+  samples_.clear();
   return out;
 }
 

@@ -3,7 +3,9 @@
 // worker loop alike.
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -69,6 +71,8 @@ class WorkerCore {
     kv_seconds_ += seconds;
   }
   router::RankReport report() const;
+  // Engine steps since the last call (at most the last 512), for the planner.
+  std::vector<std::array<double, 6>> take_step_samples();
   void set_role(std::string role) { role_ = std::move(role); }
 
  private:
@@ -78,7 +82,8 @@ class WorkerCore {
   runtime::Engine engine_;
   std::vector<WireResult> refused_;
   std::unordered_set<uint64_t> streaming_;
-  std::vector<WireDeltas::Delta> first_tokens_;  // prefilled elsewhere: their first token, not yet streamed
+  std::vector<WireDeltas::Delta> first_tokens_;
+  std::deque<std::array<double, 6>> samples_;  // prefilled elsewhere: their first token, not yet streamed
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
                                                                        // computed, KV blocks moved)
   double busy_s_ = 0;

@@ -207,7 +207,9 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       last_report = std::chrono::steady_clock::now();
     }
     if (std::chrono::steady_clock::now() - last_stats > std::chrono::milliseconds(500)) {
-      check(box.send(0, mpi::kTagStats, encode(core.report())));
+      auto report = core.report();
+      report.step_samples = core.take_step_samples();
+      check(box.send(0, mpi::kTagStats, encode(report)));
       last_stats = std::chrono::steady_clock::now();
     }
     check(box.progress());
@@ -216,7 +218,9 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     if (any) backoff.reset();
     else backoff.idle();
   }
-  check(box.send(0, mpi::kTagReport, encode(core.report())));
+  auto final_report = core.report();
+  final_report.step_samples = core.take_step_samples();
+  check(box.send(0, mpi::kTagReport, encode(final_report)));
   check(box.flush());
 }
 

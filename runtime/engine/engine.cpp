@@ -286,6 +286,7 @@ std::vector<EngineOutput> Engine::step() {
   // 3. One forward pass over every planned chunk.
   std::vector<cpu::SeqChunk> chunks;
   chunks.reserve(plan.size());
+  last_step_ = {};
   for (const auto& [s, take] : plan) {
     cpu::SeqChunk c;
     c.start_pos = s->computed;
@@ -294,6 +295,15 @@ std::vector<EngineOutput> Engine::step() {
     c.logits_last = s->computed + take == static_cast<int64_t>(s->tokens.size());
     c.logits_all = s->req.params.prompt_logprobs >= 0 && s->computed < s->n_prompt;
     chunks.push_back(c);
+    const auto t = static_cast<double>(take), start = static_cast<double>(s->computed);
+    if (s->computed < s->n_prompt) {
+      last_step_.prefill_tokens += t;
+      last_step_.prefill_ctx += t * start + t * (t + 1) / 2;
+    } else {
+      last_step_.decode_seqs += t;
+      last_step_.decode_ctx += t * (start + 1);
+    }
+    last_step_.logit_rows += c.logits_all ? t : (c.logits_last ? 1 : 0);
     if (s->computed < s->n_prompt) {
       stats_.prefill_tokens += take;
       s->prompt_computed += std::min(take, s->n_prompt - s->computed);

