@@ -101,12 +101,22 @@ class MpiLink : public WorkerLink {
     for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, how));
     for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, how));
     std::vector<router::RankReport> reports{router_report(started_)};
+    // Every tag, in each worker's send order: the counters, deltas and cache
+    // reports still on their way must be received too, or a worker whose
+    // larger messages wait for a matching receive would never finish sending.
     while (reports.size() < workers_.size() + prefill_.size() + 1) {
       std::optional<mpi::Message> m;
-      check(box_.try_recv(m, MPI_ANY_SOURCE, mpi::kTagReport));
-      if (m) reports.push_back(decode_report(m->bytes));
-      else backoff_.idle();
+      check(box_.try_recv(m, MPI_ANY_SOURCE, MPI_ANY_TAG));
+      if (!m) {
+        backoff_.idle();
+        continue;
+      }
+      if (m->tag == mpi::kTagReport) reports.push_back(decode_report(m->bytes));
+      else if (m->tag == mpi::kTagStats) late_stats_.push_back(decode_report(m->bytes));
     }
+    for (const auto& late : late_stats_)  // their measured steps still count
+      for (auto& r : reports)
+        if (r.rank == late.rank) r.step_samples.insert(r.step_samples.end(), late.step_samples.begin(), late.step_samples.end());
     check(box_.flush());
     return reports;
   }
@@ -119,6 +129,7 @@ class MpiLink : public WorkerLink {
   std::vector<int> workers_, prefill_;
   mpi::Backoff backoff_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::vector<router::RankReport> late_stats_;  // counters that arrived during shutdown
 };
 
 }  // namespace tandem::launcher

