@@ -1,7 +1,10 @@
 // `tandem simulate`: a Tandem job on a simulated cluster (planner/), for
 // choosing a split or a policy before spending GPU hours, and for seeing
 // where disaggregation pays.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -18,7 +21,7 @@ namespace tandem::launcher {
 namespace {
 
 struct SimulateOptions {
-  std::string workload, trace, model_config, hardware = "h100", policy = "lookahead";
+  std::string workload, trace, model_config, hardware = "h100", policy = "lookahead", plot;
   int64_t gpus = 8;
   planner::SimOptions sim;
   double ttft_ms = 0, itl_ms = 0;
@@ -96,6 +99,33 @@ std::vector<planner::Request> trace_requests(const std::string& path) {
   return out;
 }
 
+// The split and the output throughput over (virtual) time, as a PNG drawn by
+// gnuplot (Debian's gnuplot-nox; `make setup` installs it).
+void plot(const std::string& file, const std::string& title, const planner::SimResult& r) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
+    throw Error("--plot needs gnuplot: apt install gnuplot-nox (make setup installs it)");
+  const auto dir = std::filesystem::temp_directory_path() / ("tandem-plot-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream d(dir / "timeline.dat");
+    for (const auto& s : r.timeline)
+      d << s.t << " " << s.prefill << " " << s.decode << " " << s.agg << " " << s.output_tokens_per_s << "\n";
+    std::ofstream g(dir / "plot.gp");
+    g << "set terminal pngcairo size 1000,600 noenhanced\n"
+      << "set output '" << file << "'\n"
+      << "set title '" << title << "'\n"
+      << "set xlabel 'time (s)'\nset ylabel 'workers'\nset y2label 'output tokens/s'\n"
+      << "set ytics nomirror\nset y2tics\nset key outside bottom center horizontal\nset grid\n"
+      << "plot '" << (dir / "timeline.dat").string() << "' using 1:2 with steps lw 2 title 'prefill', "
+      << "'' using 1:3 with steps lw 2 title 'decode', '' using 1:4 with steps lw 2 title 'aggregated', "
+      << "'' using 1:5 axes x1y2 with lines lw 1 title 'output tokens/s'\n";
+  }
+  const std::string cmd = "gnuplot '" + (dir / "plot.gp").string() + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::filesystem::remove_all(dir);
+  if (rc != 0 || !std::filesystem::exists(file)) throw Error(file + ": gnuplot could not write the plot");
+}
+
 int simulate(const SimulateOptions& o) {
   if (o.workload.empty() == o.trace.empty()) throw Error("give one of --workload W.toml or --trace OUTPUT.jsonl");
   std::filesystem::path cfg = o.model_config;
@@ -129,11 +159,14 @@ int simulate(const SimulateOptions& o) {
   } else {
     policies = {o.policy};
   }
+  if (!o.plot.empty() && policies.size() > 1) throw Error("--plot draws one policy's run; give --policy NAME, not all");
   nlohmann::json all = nlohmann::json::array();
   for (const auto& name : policies) {
     auto policy = planner::make_policy(name, o.gpus);
     const auto r = sim.run(requests, *policy);
     all.push_back(result_json(name, r));
+    if (!o.plot.empty())
+      plot(o.plot, name + " on " + std::to_string(o.gpus) + " x " + o.hardware + ": workers by role and output tokens/s", r);
     if (o.json) continue;
     if (policies.size() > 1) {
       std::printf("%-14s makespan %10.2f s  %10.0f tok/s  TTFT p50/p99 %8.0f/%8.0f ms  ITL p50/p99 %6.1f/%6.1f ms  good %5.1f%%\n",
@@ -178,6 +211,7 @@ Action add_simulate_command(CLI::App& root) {
   cmd->add_option("--ttft-ms", o->ttft_ms, "TTFT target for goodput and the sla policy");
   cmd->add_option("--itl-ms", o->itl_ms, "ITL target for goodput and the sla policy");
   cmd->add_flag("--json", o->json, "Print JSON");
+  cmd->add_option("--plot", o->plot, "Draw the split and the throughput over time into this PNG (needs gnuplot)");
   return [o]() { return simulate(*o); };
 }
 

@@ -342,8 +342,12 @@ struct SimState {
       (r == Role::kPrefill ? s.prefill : r == Role::kDecode ? s.decode : s.agg) += 1;
     }
     const double dt = timeline.empty() ? now : now - timeline.back().t;
-    s.output_tokens_per_s = dt > 0 ? (output_tokens_done - last_sample_tokens) / dt : 0;
-    last_sample_tokens = output_tokens_done;
+    if (dt < sample_every / 4 && !timeline.empty()) {  // too short a window for a rate (a forced sample): keep the last
+      s.output_tokens_per_s = timeline.back().output_tokens_per_s;
+    } else {
+      s.output_tokens_per_s = dt > 0 ? (output_tokens_done - last_sample_tokens) / dt : 0;
+      last_sample_tokens = output_tokens_done;
+    }
     timeline.push_back(s);
     if (timeline.size() > 4000) {  // keep it small: double the interval, drop every other sample
       std::vector<SimResult::Sample> kept;

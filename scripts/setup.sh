@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 APT_BUILD=(cmake g++ make pkg-config git
   libopenmpi-dev openmpi-bin libfabric-dev libhdf5-dev
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev catch2
-  nlohmann-json3-dev libpcre2-dev libxxhash-dev libutf8proc-dev libcpp-httplib-dev)
+  nlohmann-json3-dev libpcre2-dev libxxhash-dev libutf8proc-dev libcpp-httplib-dev
+  gnuplot-nox)  # tandem simulate --plot
 # Test tiers: torch reference, HDF5 read-back, a real Slurm cluster, Node.js for
 # the reference tokenizer and the official OpenAI client.
 APT_TEST=(python3 python3-torch python3-numpy python3-h5py hdf5-tools

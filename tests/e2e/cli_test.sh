@@ -84,5 +84,11 @@ check "plan: a predicted makespan" grep -q '^predicted makespan [0-9.]* s' "$tmp
 check "plan: a split that does not fit is one line, exit 2" \
   test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'add up to the 4 workers' "$tmp/err")" -eq 1
 
+# tandem simulate --plot: a PNG of the split and the throughput over time.
+"$tandem" simulate --workload "$src/jobs/sim/steady_arrivals.toml" --model-config "$src/jobs/sim/qwen3-8b.json" \
+  --gpus 8 --policy sla --epoch-requests 1000 --plot "$tmp/sim.png" > /dev/null 2> "$tmp/err"; rc=$?
+check "simulate --plot exits 0" test $rc -eq 0
+check "simulate --plot writes a PNG" test "$(head -c 4 "$tmp/sim.png" 2>/dev/null | tail -c 3)" = "PNG" -a "$(stat -c %s "$tmp/sim.png" 2>/dev/null || echo 0)" -gt 10000
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]
