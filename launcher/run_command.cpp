@@ -221,6 +221,30 @@ bool agree_to_start(const mpi::MpiEnv& env, std::string& error) {
   return false;
 }
 
+// The planner of a job with job.mode = "auto", on rank 0: a roofline profile
+// of this CPU measured now (then fitted to the steps the workers report) and
+// the model's shape (weights in their dtype, KV in fp32).
+std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers) {
+  const int threads_each = p.cfg.cluster.threads_per_rank > 0
+                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
+                               : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
+  const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)), 4);
+  const double pool_bytes = static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size * shape.kv_bytes_per_token;
+  const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
+  spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
+               hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
+  planner::SimOptions so;
+  so.workers = workers;
+  so.max_num_seqs = p.cfg.job.max_num_seqs;
+  so.max_batched_tokens = p.cfg.job.max_batched_tokens;
+  so.epoch_requests = p.cfg.job.epoch_requests;
+  so.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
+  so.block_size = p.cfg.kv.block_size;
+  so.ttft_target_s = p.cfg.planner.ttft_ms / 1e3;
+  so.itl_target_s = p.cfg.planner.itl_ms / 1e3;
+  return std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
+}
+
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 int run_job(const RunOptions& o, int argc, char** argv) {
@@ -241,7 +265,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   try {
     p = prepare(o);
     plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
-    if (p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve) {  // so does a policy that cannot plan these workers
+    if (p.cfg.job.mode == "auto" && env.size() > 2) {  // so does a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
       planner::make_policy(p.cfg.planner.policy, env.size() - 1);
@@ -288,6 +312,8 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     }
   }
 
+  // job.mode = "auto": roles may change between epochs, so KV must be able to move from the start.
+  const bool planned = p.cfg.job.mode == "auto" && env.size() > 2;
   // Roles: rank 0 routes; workers 1..P prefill, the rest decode (agg: all do both).
   const Roles roles = plan_roles(p.cfg, env.size());
   const bool prefill_rank = rank >= 1 && rank <= roles.prefill;
@@ -322,7 +348,6 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path);
     const int64_t blocks = pool_blocks(p, local_workers);
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
-    const bool planned = p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve;  // roles may change: KV must be able to move
     if (roles.prefill > 0 || planned) {
       void* base = nullptr;
       transport = open_transport(p.cfg.transport.backend, workers, layout.block_bytes(), blocks, &base);
@@ -364,31 +389,18 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       auto setup = router_setup(p, chat);
       setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
       setup.prefill_saturation_tokens = 64 * p.cfg.job.max_batched_tokens;
-      // job.mode = "auto": the planner re-splits the workers between epochs,
-      // from a profile of this CPU measured now and the model's shape.
+      // job.mode = "auto": the planner re-splits the workers between epochs.
       std::unique_ptr<planner::EpochPlanner> epoch_planner;
-      if (p.cfg.job.mode == "auto" && env.size() > 2 && !o.serve) {
-        const int threads_each = p.cfg.cluster.threads_per_rank > 0
-                                     ? static_cast<int>(p.cfg.cluster.threads_per_rank)
-                                     : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
-        const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)), 4);
-        const double pool_bytes = static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size * shape.kv_bytes_per_token;
-        const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
-        spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
-                     hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
-        planner::SimOptions so;
-        so.workers = env.size() - 1;
-        so.max_num_seqs = p.cfg.job.max_num_seqs;
-        so.max_batched_tokens = p.cfg.job.max_batched_tokens;
-        so.epoch_requests = p.cfg.job.epoch_requests;
-        so.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
-        so.block_size = p.cfg.kv.block_size;
-        so.ttft_target_s = p.cfg.planner.ttft_ms / 1e3;
-        so.itl_target_s = p.cfg.planner.itl_ms / 1e3;
-        epoch_planner = std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
+      if (planned) {
+        epoch_planner = make_epoch_planner(p, env.size() - 1, local_workers);
+        std::vector<int> ranks;
+        for (int r = 1; r < env.size(); ++r) ranks.push_back(r);
         setup.planner = epoch_planner.get();
         setup.epoch_requests = p.cfg.job.epoch_requests;
-        for (int r = 1; r < env.size(); ++r) setup.worker_ranks.push_back(r);
+        setup.worker_ranks = ranks;
+        serve.planner = epoch_planner.get();
+        serve.epoch_seconds = p.cfg.job.epoch_seconds;
+        serve.worker_ranks = ranks;
       }
       if (o.serve) {
         serve.dispatch = dispatch_options(setup);

@@ -25,6 +25,7 @@ struct JobConfig {
   std::string output;           // OpenAI-Batch output JSONL (append-only)
   std::string output_order = "completion";  // completion | input
   int64_t epoch_requests = 1024;            // requests per planning epoch
+  double epoch_seconds = 60.0;              // tandem serve: seconds per planning epoch
   int64_t max_num_seqs = 64;                // sequences running at once per worker
   int64_t max_batched_tokens = 2048;        // tokens per engine step per worker
   int64_t seed = 0;                         // sampling seed for requests without one

@@ -89,7 +89,7 @@ std::vector<KeySpec> build_schema() {
           .choices({"disagg", "agg", "auto"})
           .doc("disagg: separate prefill and decode ranks ([cluster] sets the split); agg: every worker "
                "does both (the baseline); auto: the planner (planner.policy) chooses the split, or agg, "
-               "for each epoch of job.epoch_requests input lines (tandem run; serve uses the static split).")
+               "for each epoch (job.epoch_requests input lines in tandem run, job.epoch_seconds in serve).")
           ,
       key("job", "input", &C::job, &JobConfig::input)
           .doc("Input file, OpenAI-Batch JSONL.")
@@ -105,6 +105,11 @@ std::vector<KeySpec> build_schema() {
           .at_least(1)
           .doc("Input lines per planning epoch (job.mode = \"auto\"): the planner reads each epoch "
                "ahead and may re-split the ranks before it.")
+          ,
+      key("job", "epoch_seconds", &C::job, &JobConfig::epoch_seconds)
+          .at_least(0.1)
+          .doc("tandem serve with job.mode = \"auto\": seconds per planning epoch; the planner sizes the "
+               "next epoch from the requests of the last one (a server cannot see ahead).")
           ,
       key("job", "max_num_seqs", &C::job, &JobConfig::max_num_seqs)
           .at_least(1).at_most(65536)

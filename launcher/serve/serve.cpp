@@ -426,6 +426,9 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
   std::vector<std::shared_ptr<Exchange>> fresh, cancelled;
   bool draining = false, cancelled_all = false;
   Clock::time_point deadline;
+  // The planner's epochs: the requests placed in the current one.
+  std::vector<planner::Request> epoch_requests;
+  auto epoch_start = Clock::now();
   bool announced = false;
 
   auto post = [](Exchange& ex, Event e) {
@@ -462,6 +465,8 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
         w.stream = ex->req.stream;
         ex->wire_ids.push_back(w.id);
         live[w.id] = {ex, static_cast<int>(c)};
+        if (s.planner)
+          epoch_requests.push_back({static_cast<int64_t>(w.prompt.size()), w.params.max_tokens, 0, 0, -1});
         dispatch.submit(std::move(w));
       }
     }
@@ -472,6 +477,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
     events.clear();
     dispatch.poll(events);
     for (const auto& r : events.stats) {
+      if (s.planner) s.planner->observe(r.step_samples);
       loaded[r.rank] = true;
       front.metrics().set_rank({r.rank, r.role, r.kv_blocks_used, r.kv_blocks_total, r.kv_bytes_sent, r.prefix_hit_tokens});
     }
@@ -499,6 +505,20 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
       post(*ex, Event{choice, {}, std::move(r)});
     }
     front.metrics().set_in_flight(static_cast<int64_t>(live.size()), static_cast<int64_t>(front.inbox().waiting()));
+    // An epoch ends: a server cannot see ahead, so the next one is sized from the last.
+    if (s.planner && !draining &&
+        std::chrono::duration<double>(Clock::now() - epoch_start).count() >= s.epoch_seconds) {
+      if (!epoch_requests.empty()) {
+        const auto d = s.planner->decide(epoch_requests);
+        if (d.changed()) {
+          std::vector<int> prefill(s.worker_ranks.begin(), s.worker_ranks.begin() + d.split.prefill);
+          if (link.set_roles(d.epoch, prefill)) dispatch.refresh();
+        }
+        spdlog::info("{} (from the last {:.0f} s: {} requests)", d.describe(), s.epoch_seconds, epoch_requests.size());
+        epoch_requests.clear();
+      }
+      epoch_start = Clock::now();
+    }
 
     if (draining) {
       if (live.empty() && front.inbox().waiting() == 0 && front.active() == 0) break;

@@ -13,6 +13,7 @@
 
 #include "launcher/config/config.h"
 #include "launcher/run/dispatcher.h"
+#include "planner/epoch_planner.h"
 #include "router/batch_output.h"
 #include "router/prompt_builder.h"
 
@@ -24,6 +25,11 @@ struct ServeSetup {
   router::OutputContext outputs;  // served_name: the one model /v1/models lists
   DispatchOptions dispatch;
   int64_t workers = 1;            // worker ranks that must load before /health says 200
+  // job.mode = "auto": every epoch_seconds the planner sizes the next epoch
+  // from the requests of the last one; the first P of worker_ranks prefill.
+  planner::EpochPlanner* planner = nullptr;
+  double epoch_seconds = 60;
+  std::vector<int> worker_ranks;
 };
 
 class HttpFrontend;

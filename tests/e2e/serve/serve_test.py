@@ -15,7 +15,10 @@ and 1 decode rank) answering the official `openai` npm client.
      blocks in use back at the idle level.
   6. Burst past http.max_in_flight: 429s with Retry-After, nothing else; the
      server still answers afterwards.
+  7. job.mode = "auto": the planner re-splits the ranks between epochs of
+     job.epoch_seconds while requests flow; none fails, none changes its text.
 Usage: serve_test.py TANDEM SRC_DIR"""
+import concurrent.futures
 import json
 import os
 import re
@@ -63,11 +66,11 @@ def http(method, url, body=None, headers=None, timeout=60):
 
 
 class Server:
-    def __init__(self, tmp, name, np, extra):  # np 1: no mpirun, router and engine in one process
+    def __init__(self, tmp, name, np, extra, job_extra=""):  # np 1: no mpirun, router and engine in one process
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.job = tmp / f"{name}.toml"
-        self.job.write_text(f'[model]\npath = "{model}"\n[job]\nmax_num_seqs = 64\n'
+        self.job.write_text(f'[model]\npath = "{model}"\n[job]\nmax_num_seqs = 64\n{job_extra}'
                             f'[http]\nport = {self.port}\n{extra}\n')
         self.log = open(tmp / f"{name}.log", "w")
         launch = [] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]
@@ -281,6 +284,31 @@ with tempfile.TemporaryDirectory() as d:
     check("after the burst the server still answers", st == 200)
     code = s.stop(signal.SIGTERM)
     check("second server exits 0", code == 0, code)
+
+    # --- 7: re-splitting while serving ----------------------------------------------------------------------
+    s = Server(tmp, "auto", 5, '[planner]\npolicy = "sla"', job_extra='mode = "auto"\nepoch_seconds = 0.5\n')
+    check("auto server up", s.ready)
+
+    def complete(body):
+        st, text, _ = http("POST", s.base + "/v1/completions", body, timeout=120)
+        return json.loads(text)["choices"][0]["text"] if st == 200 else None
+
+    phases = [{"prompt": "word " * 400, "max_tokens": 4, "temperature": 0, "ignore_eos": True},
+              {"prompt": "hi", "max_tokens": 120, "temperature": 0, "ignore_eos": True}]
+    texts = []
+    for body in phases:
+        first = complete(body)  # before the planner sees this phase
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(complete, [body] * 24))
+        texts.append((first, got))
+        time.sleep(1.2)  # let an epoch end on this phase
+    check("auto: every request answered, each the same text as before any re-split",
+          all(first is not None and all(g == first for g in got) for first, got in texts))
+    code = s.stop(signal.SIGTERM)
+    log = (tmp / "auto.log").read_text()
+    resplits = re.findall(r"epoch \d+: \S+ -> \S+, predicted", log)
+    check("auto: the planner re-split the ranks while serving", len(resplits) >= 1, log[-1500:])
+    check("auto server exits 0", code == 0, code)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
