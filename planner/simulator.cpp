@@ -455,7 +455,7 @@ static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Sim
     view.current = s.split;
     view.now_s = s.now;
     if (sim) {
-      view.evaluate = [&s, sim, hi](const Split& split) { return sim->finish_epoch_with(s, split, hi); };
+      view.evaluate = [&s, sim](const Split& split) { return sim->rest_of_run_cost(s, split); };
     }
     double predicted = 0;
     rec.split = policy.choose(view, ctx, predicted);
@@ -472,7 +472,7 @@ static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Sim
   s.run(on_epoch, stop);
 }
 
-double Simulator::finish_epoch_with(const SimState& state, const Split& split, int64_t) const {
+double Simulator::rest_of_run_cost(const SimState& state, const Split& split) const {
   // Receding horizon: the rest of the run with `split` from this epoch on; the
   // next epoch decides again. (Scoring only this epoch's own requests is
   // myopic: a split can finish them sooner and everything else later.)

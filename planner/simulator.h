@@ -79,7 +79,7 @@ struct SimResult {
 };
 
 class Policy;
-struct SimState;
+struct SimState;  // the state of a run between events (copyable: the oracle tries splits on copies)
 
 // The models a policy may consult: one per worker (heterogeneous clusters
 // have several kinds), in worker order.
@@ -94,9 +94,10 @@ class Simulator {
   Simulator(SimOptions options, std::vector<const PerfModel*> models);
   SimResult run(const std::vector<Request>& requests, Policy& policy);
 
-  // For the oracle: the makespan of the rest of the run from `state` when the
-  // current epoch uses `split` and later epochs keep it.
-  double finish_epoch_with(const SimState& state, const Split& split, int64_t epoch_end) const;
+  // For the oracle: the cost of the rest of the run from `state` when the
+  // epoch being decided and every later one use `split` — the remaining
+  // makespan, or with targets, minus the run's goodput.
+  double rest_of_run_cost(const SimState& state, const Split& split) const;
 
   const PlanContext& context() const { return ctx_; }
 
@@ -105,8 +106,5 @@ class Simulator {
   std::vector<const PerfModel*> models_;
   PlanContext ctx_;
 };
-
-// The state of a run between events (copyable: the oracle tries splits on copies).
-struct SimState;
 
 }  // namespace tandem::planner

@@ -125,8 +125,7 @@ class HttpFrontend {
       api_key_ = key;
     }
     routes();
-    port_ = static_cast<int>(http_.port);
-    if (!server_.bind_to_port(http_.host, port_)) {
+    if (!server_.bind_to_port(http_.host, static_cast<int>(http_.port))) {
       throw Error("cannot listen on " + http_.host + ":" + std::to_string(http_.port) +
                   " (in use, or not an address of this host); set http.port / http.host");
     }
@@ -395,7 +394,6 @@ class HttpFrontend {
   HttpConfig http_;
   std::string api_key_;
   httplib::Server server_;
-  int port_ = 0;
   std::thread thread_;
   Inbox inbox_;
   router::Metrics metrics_;
