@@ -7,24 +7,37 @@
 namespace tandem::planner {
 namespace {
 
-HardwareProfile builtin(const std::string& name, double tflops, double tbps, double gb, double link_gbps) {
+// Efficiencies are published measurements, not tuned (see docs/planner.md, "Where the figures come from"):
+//  - mfu: best-shape bf16 matmul ("Maximum Achievable Matmul FLOPS" table, S. Bekman, ML Engineering,
+//    compute/accelerator/README.md): H100 SXM 794.5 of 989 TFLOP/s = 0.80 ("H200 is the same"),
+//    B200 1745 of 2250 = 0.776. FlashAttention-3 (arXiv 2407.08608) reaches 0.75 on H100 attention.
+//  - mbu: 0.78 of HBM bandwidth for a whole Llama-3.2-1B batch-1 forward pass on H100 (Hazy Research,
+//    "Look Ma, No Bubbles!", 2025-05-27); a device copy reaches 0.867. No H200/B200 figure was found:
+//    the H100 one is used for them.
+//  - step_overhead_s: 0.5 ms, derived from the same blog: vLLM/SGLang reach at most 50% of bandwidth on
+//    that model's 0.74 ms step where the fused kernel reaches 78%, leaving ~0.5 ms per step of kernel
+//    boundaries and launches (vLLM before multi-step scheduling had ~4 ms: vllm-project/vllm#6854).
+HardwareProfile builtin(const std::string& name, double tflops, double tbps, double gb, double link_gbps,
+                        double mfu) {
   HardwareProfile h;
+  h.mfu = mfu;
+  h.mbu = 0.78;
   h.name = name;
   h.peak_flops = tflops * 1e12;
   h.hbm_bytes_per_s = tbps * 1e12;
   h.hbm_bytes = gb * 1e9;
   h.link_bytes_per_s = link_gbps * 1e9;
   h.link_latency_s = 10e-6;
-  h.step_overhead_s = 1e-3;  // assumed: CUDA-graph-free launch and scheduling cost per step
+  h.step_overhead_s = 0.5e-3;
   return h;
 }
 
 }  // namespace
 
 HardwareProfile HardwareProfile::named(const std::string& n) {
-  if (n == "h100") return builtin("h100", 989, 3.35, 80, 450);
-  if (n == "h200") return builtin("h200", 989, 4.8, 141, 450);
-  if (n == "b200") return builtin("b200", 2250, 8.0, 180, 900);
+  if (n == "h100") return builtin("h100", 989, 3.35, 80, 450, 0.80);
+  if (n == "h200") return builtin("h200", 989, 4.8, 141, 450, 0.80);
+  if (n == "b200") return builtin("b200", 2250, 8.0, 180, 900, 0.776);
   if (std::filesystem::exists(n)) return from_toml(n);
   throw Error("unknown hardware '" + n + "': use h100, h200, b200 or a TOML profile file");
 }

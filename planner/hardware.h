@@ -24,9 +24,9 @@ struct HardwareProfile {
   double hbm_bytes = 0;         // memory size (weights + KV must fit)
   double link_bytes_per_s = 0;  // KV transfer between workers, per direction
   double link_latency_s = 0;    // per transfer
-  double mfu = 0.6;             // achieved share of peak_flops in large matrix products (assumed)
-  double mbu = 0.8;             // achieved share of hbm_bytes_per_s when streaming weights and KV (assumed)
-  double step_overhead_s = 0;   // fixed cost of one engine step (assumed)
+  double mfu = 0.6;             // achieved share of peak_flops in large matrix products
+  double mbu = 0.8;             // achieved share of hbm_bytes_per_s when streaming weights and KV
+  double step_overhead_s = 0;   // fixed cost of one engine step, seconds
   double kv_memory_fraction = 0.9;  // share of memory left after weights that holds KV
 
   // "h100", "h200", "b200" or a TOML file with the same keys; throws tandem::Error.
