@@ -32,6 +32,8 @@ std::optional<std::vector<int32_t>> BlockPool::allocate(int64_t n) {
   while (static_cast<int64_t>(out.size()) < n) {  // evict the least recently used cached blocks
     const int32_t b = lru_.front();
     lru_.pop_front();
+    const Meta& m = meta_[static_cast<std::size_t>(b)];
+    if (lower_ && m.hash != 0) lower_->evicted(m.hash, base_ + b * layout_.block_floats(), m.uses);
     unpublish(b);
     out.push_back(b);
   }
@@ -48,14 +50,34 @@ void BlockPool::release(const std::vector<int32_t>& blocks) {
   }
 }
 
-std::vector<int32_t> BlockPool::lookup(std::span<const uint64_t> hashes) {
+std::vector<int32_t> BlockPool::lookup(std::span<const uint64_t> hashes, std::array<int64_t, kTiers>* from) {
   std::vector<int32_t> out;
   for (uint64_t h : hashes) {
-    auto it = by_hash_.find(h);
-    if (it == by_hash_.end()) break;
-    Meta& m = meta_[static_cast<std::size_t>(it->second)];
-    if (m.refs++ == 0) lru_.erase(m.lru);
-    out.push_back(it->second);
+    if (auto it = by_hash_.find(h); it != by_hash_.end()) {
+      Meta& m = meta_[static_cast<std::size_t>(it->second)];
+      if (m.refs++ == 0) lru_.erase(m.lru);
+      ++m.uses;
+      if (lower_) lower_->used(h, base_ + it->second * layout_.block_floats(), m.uses);
+      out.push_back(it->second);
+      if (from) ++(*from)[static_cast<int>(Tier::kDevice)];
+      continue;
+    }
+    // Not here: onboard it from below into a block of its own, if there is one to take.
+    if (!lower_ || num_free() == 0 || !lower_->holds(h)) break;
+    auto got = allocate(1);
+    const int32_t b = got->front();
+    float* dst = base_ + b * layout_.block_floats();
+    const auto found = lower_->onboard(h, dst);
+    if (!found) {
+      release(*got);
+      break;
+    }
+    publish(b, h);
+    Meta& m = meta_[static_cast<std::size_t>(b)];
+    m.uses = found->uses + 1;
+    lower_->used(h, dst, m.uses);
+    out.push_back(b);
+    if (from) ++(*from)[static_cast<int>(found->tier)];
   }
   return out;
 }
@@ -64,8 +86,10 @@ void BlockPool::publish(int32_t block, uint64_t hash) {
   Meta& m = meta_[static_cast<std::size_t>(block)];
   if (m.hash != 0 || hash == 0 || by_hash_.count(hash)) return;
   m.hash = hash;
+  m.uses = 1;
   by_hash_.emplace(hash, block);
   stored_.push_back(hash);
+  if (lower_) lower_->used(hash, base_ + block * layout_.block_floats(), 1);
 }
 
 void BlockPool::drain_events(std::vector<uint64_t>& stored, std::vector<uint64_t>& removed) {

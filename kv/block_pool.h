@@ -7,8 +7,14 @@
 // back (lookup) instead of recomputing it. allocate() uses free blocks first,
 // then evicts the least recently used cached ones. Not thread-safe: one
 // worker's scheduler owns it.
+//
+// Below the pool may sit slower tiers (kv/tiers.h: host memory, the HDF5
+// store): an evicted block is handed down before its memory is reused, and a
+// lookup that runs out of cached blocks asks the tier below for the next ones
+// and copies them in (onboarding) instead of leaving them to be recomputed.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -20,6 +26,28 @@
 #include "kv/kv_layout.h"
 
 namespace tandem::kv {
+
+// Where a block of a lookup came from.
+enum class Tier { kDevice = 0, kHost = 1, kDisk = 2 };
+inline constexpr int kTiers = 3;
+
+// What the pool needs from the tiers below it. Called on the pool's thread.
+class LowerTier {
+ public:
+  virtual ~LowerTier() = default;
+  // A published block is about to be reused: data is its content, uses how often it served.
+  virtual void evicted(uint64_t hash, const float* data, int64_t uses) = 0;
+  // A published block served once more (uses counts its computation as 1).
+  virtual void used(uint64_t hash, const float* data, int64_t uses) = 0;
+  virtual bool holds(uint64_t hash) const = 0;
+  // Copies the block into dst when the tier holds it: where it came from and
+  // its uses so far; nullopt when absent.
+  struct Found {
+    Tier tier = Tier::kHost;
+    int64_t uses = 0;
+  };
+  virtual std::optional<Found> onboard(uint64_t hash, float* dst) = 0;
+};
 
 class BlockPool {
  public:
@@ -41,8 +69,13 @@ class BlockPool {
   // Drops one reference from each block.
   void release(const std::vector<int32_t>& blocks);
 
-  // The cached blocks holding the longest prefix of `hashes`, each with one more reference.
-  std::vector<int32_t> lookup(std::span<const uint64_t> hashes);
+  // The cached blocks holding the longest prefix of `hashes`, each with one
+  // more reference; with a lower tier, blocks found there are copied in.
+  // from (optional): how many of them came from each Tier.
+  std::vector<int32_t> lookup(std::span<const uint64_t> hashes, std::array<int64_t, kTiers>* from = nullptr);
+  bool contains(uint64_t hash) const { return by_hash_.count(hash) > 0; }
+  // The tiers below (not owned; null: none).
+  void set_lower(LowerTier* lower) { lower_ = lower; }
   // Publishes a full, referenced block under its hash (no-op if the hash is already cached).
   void publish(int32_t block, uint64_t hash);
 
@@ -55,6 +88,7 @@ class BlockPool {
   struct Meta {
     int32_t refs = 0;
     uint64_t hash = 0;  // 0: not published
+    int64_t uses = 0;   // computations and lookups it served, for the store's threshold
     std::list<int32_t>::iterator lru;  // valid when refs == 0 and published
   };
   void unpublish(int32_t block);
@@ -68,6 +102,7 @@ class BlockPool {
   std::list<int32_t> lru_;     // cached blocks nobody uses, least recently used first
   std::unordered_map<uint64_t, int32_t> by_hash_;
   std::vector<uint64_t> stored_, removed_;
+  LowerTier* lower_ = nullptr;
 };
 
 }  // namespace tandem::kv
