@@ -29,6 +29,8 @@
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
+#include "kv/tiers.h"
+#include "runtime/model/fingerprint.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "slurm/slurm_env.h"
@@ -152,7 +154,43 @@ RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplat
   s.block_size = p.cfg.kv.block_size;
   s.route_policy = p.cfg.router.policy;
   s.overlap_weight = p.cfg.router.overlap_weight_device;
+  s.overlap_weight_host = p.cfg.router.overlap_weight_host;
+  s.overlap_weight_disk = p.cfg.router.overlap_weight_disk;
   return s;
+}
+
+// The tiers under a worker's pool (kv.host_cache_gib, kv.store_path), or
+// null. Problems with the store are warnings (the job runs colder, never
+// stops); the first worker logs them, the others at debug level.
+std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& layout, bool first_worker) {
+  const auto& kvc = p.cfg.kv;
+  if (kvc.host_cache_gib <= 0 && kvc.store_path.empty()) return nullptr;
+  kv::TierOptions t;
+  t.host_bytes = static_cast<int64_t>(kvc.host_cache_gib * static_cast<double>(1 << 30));
+  t.store_min_hits = kvc.store_min_hits;
+  if (!kvc.store_path.empty()) {
+    t.store.dir = kvc.store_path;
+    t.store.id = {runtime::model_fingerprint(p.cfg.model.path, p.model), p.model.architecture + " at " + p.cfg.model.path,
+                  layout};
+    t.store.max_bytes = static_cast<int64_t>(kvc.store_max_gib * static_cast<double>(1 << 30));
+  }
+  std::vector<std::string> warnings;
+  auto tiers = std::make_unique<kv::KvTiers>(layout, t, warnings);
+  for (const auto& w : warnings) {
+    if (first_worker) spdlog::warn("{}", w);
+    else spdlog::debug("{}", w);
+  }
+  const auto s = tiers->stats();
+  if (first_worker) {
+    std::string store = "off";
+    if (s.store_enabled)
+      store = kvc.store_path + " (" + std::to_string(s.store_blocks_at_open) + " blocks in " +
+              std::to_string(s.store_files_at_open) + " files" + (s.store_writable ? "" : ", read-only") + ")";
+    spdlog::info("KV tiers: host memory {} blocks ({:.2f} GiB), disk store {}", s.host_capacity_blocks,
+                 static_cast<double>(s.host_capacity_blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
+                 store);
+  }
+  return tiers;
 }
 
 void log_summary(const nlohmann::json& s) {
@@ -343,6 +381,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   std::unique_ptr<mpi::KvTransport> transport;
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<runtime::cpu::ThreadPool> threads;
+  std::unique_ptr<kv::KvTiers> tiers;
   std::unique_ptr<WorkerCore> core;
   if (rank != 0 || env.size() == 1) {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path);
@@ -359,8 +398,11 @@ int run_job(const RunOptions& o, int argc, char** argv) {
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                               : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
     threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
+    tiers = open_tiers(p, layout, rank <= 1);
+    if (tiers) pool->set_lower(tiers.get());
     core = std::make_unique<WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model, *weights, *pool,
-                                        *threads, p.tokenizer.get(), engine_options(p));
+                                        *threads, p.tokenizer.get(), engine_options(p), tiers.get());
+    if (tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
     spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {} kernels", blocks,
                  p.cfg.kv.block_size, static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
                  transport ? std::string(", ") + std::string(transport->name()) + " window" : std::string(), n_threads,

@@ -24,6 +24,91 @@ void JobStats::request_ok(int64_t prompt_tokens, int64_t generated, double ttft_
   e2e_.push_back(e2e_ms);
 }
 
+nlohmann::json tiers_json(const kv::TierStats& t) {
+  return {{"host_offloaded", t.host_offloaded},     {"host_onboarded", t.host_onboarded},
+          {"disk_onboarded", t.disk_onboarded},     {"host_bytes", t.host_bytes},
+          {"host_seconds", t.host_seconds},         {"disk_read", t.disk_read},
+          {"disk_read_failed", t.disk_read_failed}, {"disk_read_bytes", t.disk_read_bytes},
+          {"disk_read_seconds", t.disk_read_seconds}, {"disk_written", t.disk_written},
+          {"disk_write_dropped", t.disk_write_dropped}, {"disk_write_bytes", t.disk_write_bytes},
+          {"disk_write_seconds", t.disk_write_seconds}, {"store_blocks_at_open", t.store_blocks_at_open},
+          {"store_files_at_open", t.store_files_at_open}, {"store_enabled", t.store_enabled},
+          {"store_writable", t.store_writable},     {"host_capacity_blocks", t.host_capacity_blocks}};
+}
+
+kv::TierStats tiers_from_json(const nlohmann::json& j) {
+  kv::TierStats t;
+  t.host_offloaded = j.at("host_offloaded");
+  t.host_onboarded = j.at("host_onboarded");
+  t.disk_onboarded = j.at("disk_onboarded");
+  t.host_bytes = j.at("host_bytes");
+  t.host_seconds = j.at("host_seconds");
+  t.disk_read = j.at("disk_read");
+  t.disk_read_failed = j.at("disk_read_failed");
+  t.disk_read_bytes = j.at("disk_read_bytes");
+  t.disk_read_seconds = j.at("disk_read_seconds");
+  t.disk_written = j.at("disk_written");
+  t.disk_write_dropped = j.at("disk_write_dropped");
+  t.disk_write_bytes = j.at("disk_write_bytes");
+  t.disk_write_seconds = j.at("disk_write_seconds");
+  t.store_blocks_at_open = j.at("store_blocks_at_open");
+  t.store_files_at_open = j.at("store_files_at_open");
+  t.store_enabled = j.at("store_enabled");
+  t.store_writable = j.at("store_writable");
+  t.host_capacity_blocks = j.at("host_capacity_blocks");
+  return t;
+}
+
+namespace {
+
+double gbps(double bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0.0; }
+
+// The job's tiers, summed over the worker ranks: why prompt tokens were not computed, and what moved.
+nlohmann::json tier_summary(const std::vector<RankReport>& ranks) {
+  std::array<int64_t, 3> hits{};
+  kv::TierStats t;
+  for (const auto& r : ranks) {
+    for (int i = 0; i < 3; ++i) hits[static_cast<std::size_t>(i)] += r.hit_tokens_by_tier[static_cast<std::size_t>(i)];
+    const kv::TierStats& x = r.tiers;
+    t.host_offloaded += x.host_offloaded;
+    t.host_onboarded += x.host_onboarded;
+    t.disk_onboarded += x.disk_onboarded;
+    t.host_bytes += x.host_bytes;
+    t.host_seconds += x.host_seconds;
+    t.disk_read += x.disk_read;
+    t.disk_read_failed += x.disk_read_failed;
+    t.disk_read_bytes += x.disk_read_bytes;
+    t.disk_read_seconds += x.disk_read_seconds;
+    t.disk_written += x.disk_written;
+    t.disk_write_dropped += x.disk_write_dropped;
+    t.disk_write_bytes += x.disk_write_bytes;
+    t.disk_write_seconds += x.disk_write_seconds;
+    t.store_blocks_at_open = std::max(t.store_blocks_at_open, x.store_blocks_at_open);
+    t.store_files_at_open = std::max(t.store_files_at_open, x.store_files_at_open);
+    t.store_enabled = t.store_enabled || x.store_enabled;
+    t.store_writable = t.store_writable || x.store_writable;
+  }
+  return {{"hit_tokens", {{"device", hits[0]}, {"host", hits[1]}, {"disk", hits[2]}}},
+          {"host", {{"offloaded_blocks", t.host_offloaded},
+                    {"onboarded_blocks", t.host_onboarded},
+                    {"bytes", t.host_bytes},
+                    {"gbps", gbps(t.host_bytes, t.host_seconds)}}},
+          {"disk", {{"enabled", t.store_enabled},
+                    {"writable", t.store_writable},
+                    {"blocks_at_open", t.store_blocks_at_open},
+                    {"files_at_open", t.store_files_at_open},
+                    {"read_blocks", t.disk_read},
+                    {"read_failed", t.disk_read_failed},
+                    {"onboarded_blocks", t.disk_onboarded},
+                    {"read_gbps", gbps(t.disk_read_bytes, t.disk_read_seconds)},
+                    {"written_blocks", t.disk_written},
+                    {"write_dropped", t.disk_write_dropped},
+                    {"written_bytes", t.disk_write_bytes},
+                    {"write_gbps", gbps(t.disk_write_bytes, t.disk_write_seconds)}}}};
+}
+
+}  // namespace
+
 nlohmann::json JobStats::summary(double elapsed_s) const {
   auto dist = [](const std::vector<double>& v) {
     return nlohmann::json{{"p50", percentile(v, 50)}, {"p90", percentile(v, 90)}, {"p99", percentile(v, 99)}};
@@ -43,7 +128,9 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
                      {"decode_tokens", r.decode_tokens},
                      {"prefix_hit_tokens", r.prefix_hit_tokens},
                      {"kv_bytes_sent", r.kv_bytes_sent},
-                     {"preemptions", r.preemptions}});
+                     {"preemptions", r.preemptions},
+                     {"hit_tokens_by_tier", r.hit_tokens_by_tier},
+                     {"kv_tiers", tiers_json(r.tiers)}});
   }
   const double secs = std::max(elapsed_s, 1e-9);
   return {{"requests_ok", ok_},
@@ -60,6 +147,7 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
           {"prefix_hit_rate", prompt_tokens_ > 0 ? static_cast<double>(hits) / static_cast<double>(prompt_tokens_) : 0.0},
           {"kv_bytes_transferred", kv_bytes},
           {"kv_transfer_gbps", kv_seconds > 0 ? static_cast<double>(kv_bytes) / kv_seconds / 1e9 : 0.0},
+          {"kv_tiers", tier_summary(ranks_)},
           {"ranks", ranks}};
 }
 

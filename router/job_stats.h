@@ -9,6 +9,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kv/tiers.h"
+
 namespace tandem::router {
 
 struct RankReport {
@@ -23,6 +25,10 @@ struct RankReport {
   int64_t preemptions = 0;
   int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)
   int64_t kv_blocks_total = 0;
+  // Prompt tokens taken from cached KV instead of computed, by where the
+  // blocks were: the pool (device), host memory, the disk store.
+  std::array<int64_t, 3> hit_tokens_by_tier{};
+  kv::TierStats tiers;  // blocks and bytes moved between tiers
   // Engine steps since the last report, for the planner's fit: prefill tokens,
   // prefill context, decode sequences, decode context, logit rows, seconds.
   std::vector<std::array<double, 6>> step_samples;
@@ -46,6 +52,10 @@ class JobStats {
   std::vector<double> ttft_, itl_, e2e_;
   std::vector<RankReport> ranks_;
 };
+
+// The tier counters as JSON (summary, wire) and back.
+nlohmann::json tiers_json(const kv::TierStats& t);
+kv::TierStats tiers_from_json(const nlohmann::json& j);
 
 // p-th percentile (0..100) by linear interpolation; 0 for no values.
 double percentile(std::vector<double> values, double p);

@@ -20,8 +20,10 @@ std::size_t choose_worker(RoutePolicy policy, std::span<const Candidate> c, int6
   auto cost = [&](const Candidate& x) {
     if (policy == RoutePolicy::kLeastLoaded)
       return static_cast<double>(x.active_requests) + static_cast<double>(x.queued_tokens) * 1e-6;
-    const double uncached = std::max(0.0, static_cast<double>(prompt_blocks) -
-                                              w.overlap_weight * static_cast<double>(x.overlap_blocks));
+    const double overlap = w.overlap_weight * static_cast<double>(x.overlap_blocks) +
+                           w.overlap_weight_host * static_cast<double>(x.overlap_host) +
+                           w.overlap_weight_disk * static_cast<double>(x.overlap_disk);
+    const double uncached = std::max(0.0, static_cast<double>(prompt_blocks) - overlap);
     return w.prefill_load_scale * (uncached + static_cast<double>(x.queued_tokens) / 16.0) +
            static_cast<double>(x.active_blocks) + w.request_weight * static_cast<double>(x.active_requests);
   };
@@ -33,25 +35,33 @@ std::size_t choose_worker(RoutePolicy policy, std::span<const Candidate> c, int6
   return best;
 }
 
-void KvIndex::stored(int rank, std::span<const uint64_t> hashes) {
-  if (rank >= static_cast<int>(by_rank_.size())) by_rank_.resize(static_cast<std::size_t>(rank) + 1);
-  by_rank_[static_cast<std::size_t>(rank)].insert(hashes.begin(), hashes.end());
+void KvIndex::stored(int rank, std::span<const uint64_t> hashes, Where where) {
+  auto& sets = where == Where::kDevice ? device_ : host_;
+  if (rank >= static_cast<int>(sets.size())) sets.resize(static_cast<std::size_t>(rank) + 1);
+  sets[static_cast<std::size_t>(rank)].insert(hashes.begin(), hashes.end());
 }
 
-void KvIndex::removed(int rank, std::span<const uint64_t> hashes) {
-  if (rank >= static_cast<int>(by_rank_.size())) return;
-  for (uint64_t h : hashes) by_rank_[static_cast<std::size_t>(rank)].erase(h);
+void KvIndex::removed(int rank, std::span<const uint64_t> hashes, Where where) {
+  auto& sets = where == Where::kDevice ? device_ : host_;
+  if (rank >= static_cast<int>(sets.size())) return;
+  for (uint64_t h : hashes) sets[static_cast<std::size_t>(rank)].erase(h);
 }
 
-int64_t KvIndex::overlap(int rank, std::span<const uint64_t> prompt) const {
-  if (rank >= static_cast<int>(by_rank_.size())) return 0;
-  const auto& set = by_rank_[static_cast<std::size_t>(rank)];
-  int64_t n = 0;
+void KvIndex::stored_on_disk(std::span<const uint64_t> hashes) { disk_.insert(hashes.begin(), hashes.end()); }
+
+Overlap KvIndex::overlap(int rank, std::span<const uint64_t> prompt) const {
+  static const std::unordered_set<uint64_t> kNone;
+  const auto r = static_cast<std::size_t>(rank);
+  const auto& dev = rank >= 0 && r < device_.size() ? device_[r] : kNone;
+  const auto& host = rank >= 0 && r < host_.size() ? host_[r] : kNone;
+  Overlap o;
   for (uint64_t h : prompt) {
-    if (!set.count(h)) break;
-    ++n;
+    if (dev.count(h)) ++o.device;
+    else if (host.count(h)) ++o.host;
+    else if (disk_.count(h)) ++o.disk;
+    else break;
   }
-  return n;
+  return o;
 }
 
 }  // namespace tandem::router

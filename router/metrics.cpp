@@ -142,6 +142,36 @@ std::string Metrics::render() const {
   for (const auto& [r, v] : ranks_)
     o += "tandem_prefix_cache_hit_tokens_total{rank=\"" + std::to_string(r) + "\"} " +
          std::to_string(v.prefix_hit_tokens) + "\n";
+  // KV tiers: where reused prompt tokens came from, and blocks and bytes moved between tiers.
+  static const char* const kTier[] = {"device", "host", "disk"};
+  header(o, "tandem_kv_tier_hit_tokens_total", "counter",
+         "Prompt tokens taken from cached KV instead of computed, by the tier the blocks were in.");
+  for (const auto& [r, v] : ranks_)
+    for (std::size_t t = 0; t < 3; ++t)
+      o += "tandem_kv_tier_hit_tokens_total{rank=\"" + std::to_string(r) + "\",tier=\"" + kTier[t] + "\"} " +
+           std::to_string(v.hit_tokens_by_tier[t]) + "\n";
+  header(o, "tandem_kv_offloaded_blocks_total", "counter",
+         "KV blocks copied down a tier: evicted from the pool to host memory, or written to the disk store.");
+  for (const auto& [r, v] : ranks_) {
+    const std::string rank = "{rank=\"" + std::to_string(r) + "\",tier=\"";
+    o += "tandem_kv_offloaded_blocks_total" + rank + "host\"} " + std::to_string(v.tiers.host_offloaded) + "\n";
+    o += "tandem_kv_offloaded_blocks_total" + rank + "disk\"} " + std::to_string(v.tiers.disk_written) + "\n";
+  }
+  header(o, "tandem_kv_onboarded_blocks_total", "counter",
+         "KV blocks copied back into the pool instead of recomputed, by the tier they came from.");
+  for (const auto& [r, v] : ranks_) {
+    const std::string rank = "{rank=\"" + std::to_string(r) + "\",tier=\"";
+    o += "tandem_kv_onboarded_blocks_total" + rank + "host\"} " + std::to_string(v.tiers.host_onboarded) + "\n";
+    o += "tandem_kv_onboarded_blocks_total" + rank + "disk\"} " + std::to_string(v.tiers.disk_onboarded) + "\n";
+  }
+  header(o, "tandem_kv_tier_bytes_total", "counter",
+         "Bytes of KV copied between the pool and host memory (host), read from and written to the disk store.");
+  for (const auto& [r, v] : ranks_) {
+    const std::string rank = "{rank=\"" + std::to_string(r) + "\",tier=\"";
+    o += "tandem_kv_tier_bytes_total" + rank + "host\",direction=\"both\"} " + num(v.tiers.host_bytes) + "\n";
+    o += "tandem_kv_tier_bytes_total" + rank + "disk\",direction=\"read\"} " + num(v.tiers.disk_read_bytes) + "\n";
+    o += "tandem_kv_tier_bytes_total" + rank + "disk\",direction=\"write\"} " + num(v.tiers.disk_write_bytes) + "\n";
+  }
   return o;
 }
 

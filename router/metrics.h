@@ -4,11 +4,14 @@
 // the router thread update it; /metrics renders it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "kv/tiers.h"
 
 namespace tandem::router {
 
@@ -26,6 +29,8 @@ class Metrics {
     int rank = 0;
     std::string role;
     int64_t kv_blocks_used = 0, kv_blocks_total = 0, kv_bytes_sent = 0, prefix_hit_tokens = 0;
+    std::array<int64_t, 3> hit_tokens_by_tier{};  // device, host, disk
+    kv::TierStats tiers;
   };
   void set_rank(const Rank& r);
   void set_workers_loaded(int64_t loaded, int64_t total);

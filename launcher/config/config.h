@@ -64,6 +64,7 @@ struct KvConfig {
   double host_cache_gib = 0.0;  // host-memory tier (G2); 0: off
   std::string store_path;       // HDF5 prefix store (G3) on a shared filesystem; empty: off
   int64_t store_min_hits = 2;   // a block goes to the store after this many uses
+  double store_max_gib = 100.0;  // the store stops growing past this; 0: no limit
 };
 
 struct TransportConfig {

@@ -177,11 +177,11 @@ std::vector<KeySpec> build_schema() {
       key("router", "overlap_weight_host", &C::router, &RouterConfig::overlap_weight_host)
           .at_least(0)
           .doc("Routing value of a prefix block in host memory (G2).")
-          .pending("KV tiers"),
+          ,
       key("router", "overlap_weight_disk", &C::router, &RouterConfig::overlap_weight_disk)
           .at_least(0)
           .doc("Routing value of a prefix block in the HDF5 store (G3).")
-          .pending("KV tiers"),
+          ,
       // [planner]
       key("planner", "policy", &C::planner, &PlannerConfig::policy)
           .check(check_planner_policy)
@@ -207,15 +207,21 @@ std::vector<KeySpec> build_schema() {
           ,
       key("kv", "host_cache_gib", &C::kv, &KvConfig::host_cache_gib)
           .at_least(0)
-          .doc("Host-memory tier (G2) for evicted blocks, in GiB; 0: off.")
-          .pending("KV tiers"),
+          .doc("Host-memory tier (G2) per worker for blocks evicted from its pool, in GiB; 0: off.")
+          ,
       key("kv", "store_path", &C::kv, &KvConfig::store_path)
-          .doc("Directory of the persistent HDF5 prefix store (G3), shared between jobs; empty: off.")
-          .pending("KV tiers"),
+          .doc("Directory of the persistent HDF5 prefix store (G3) on a shared filesystem, reused by later "
+               "jobs of the same model; empty: off.")
+          ,
       key("kv", "store_min_hits", &C::kv, &KvConfig::store_min_hits)
           .at_least(1)
-          .doc("A block is written to the store once it has been used this many times.")
-          .pending("KV tiers"),
+          .doc("A block is written to the store once it has served this many prompts (its computation counts); "
+               "1 stores every full block, for reruns of the same input.")
+          ,
+      key("kv", "store_max_gib", &C::kv, &KvConfig::store_max_gib)
+          .at_least(0)
+          .doc("The store stops growing past this size, in GiB (one warning); 0: no limit.")
+          ,
       // [transport]
       key("transport", "backend", &C::transport, &TransportConfig::backend)
           .choices({"auto", "mpi_rma", "mpi_two_sided", "nccl", "libfabric"})

@@ -16,10 +16,14 @@ Dispatcher::Placement Dispatcher::submit(WireRequest r) {
   p.prompt_tokens = n;
   p.blocks = (n + o_.block_size - 1) / o_.block_size;
   const auto hashes = kv::full_block_hashes(r.prompt, o_.block_size);
-  const router::RouteWeights weights{1.0, 1.0, o_.overlap_weight};
+  const router::RouteWeights weights{1.0, 1.0, o_.overlap_weight, o_.overlap_weight_host, o_.overlap_weight_disk};
+  auto candidate = [&](int w, int64_t blocks, int64_t requests, int64_t queued) {
+    const router::Overlap ov = kv_index_.overlap(w, hashes);
+    return router::Candidate{w, ov.device, blocks, requests, queued, ov.host, ov.disk};
+  };
   // The decode (or agg) worker: KV-aware cost over what each has cached and holds.
   std::vector<router::Candidate> cands;
-  for (int w : workers_) cands.push_back({w, kv_index_.overlap(w, hashes), active_blocks_[w], load_[w], 0});
+  for (int w : workers_) cands.push_back(candidate(w, active_blocks_[w], load_[w], 0));
   const auto& chosen = cands[router::choose_worker(o_.policy, cands, p.blocks, weights, turn_++)];
   p.where.worker = chosen.rank;
   ++load_[p.where.worker];
@@ -27,10 +31,11 @@ Dispatcher::Placement Dispatcher::submit(WireRequest r) {
   // Conditional disaggregation: prefill remotely only what is long enough to
   // be worth moving (the part the decode rank has not cached), and only
   // while some prefill rank is not saturated.
-  const int64_t uncached = n - chosen.overlap_blocks * o_.block_size;
+  // Blocks in its pool or host memory are copied in, not moved or computed.
+  const int64_t uncached = n - (chosen.overlap_blocks + chosen.overlap_host) * o_.block_size;
   if (!prefillers_.empty() && uncached >= o_.local_prefill_tokens) {
     std::vector<router::Candidate> pc;
-    for (int w : prefillers_) pc.push_back({w, kv_index_.overlap(w, hashes), 0, 0, prefill_queue_[w]});
+    for (int w : prefillers_) pc.push_back(candidate(w, 0, 0, prefill_queue_[w]));
     const auto policy = o_.policy == router::RoutePolicy::kRoundRobin ? router::RoutePolicy::kKvAware : o_.policy;
     const auto& pre = pc[router::choose_worker(policy, pc, p.blocks, weights, turn_)];
     if (pre.queued_tokens < o_.prefill_saturation_tokens) {
@@ -47,9 +52,13 @@ Dispatcher::Placement Dispatcher::submit(WireRequest r) {
 
 void Dispatcher::poll(LinkEvents& events) {
   link_.poll(events);
+  using Where = router::KvIndex::Where;
   for (const auto& e : events.cache_events) {
     kv_index_.stored(e.rank, e.stored);
     kv_index_.removed(e.rank, e.removed);
+    kv_index_.stored(e.rank, e.host_stored, Where::kHost);
+    kv_index_.removed(e.rank, e.host_removed, Where::kHost);
+    kv_index_.stored_on_disk(e.disk_stored);
   }
   for (const auto& r : events.results) {
     auto it = placed_.find(r.id);

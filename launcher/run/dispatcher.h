@@ -53,7 +53,9 @@ class WorkerLink {
 struct DispatchOptions {
   int64_t block_size = 16;
   router::RoutePolicy policy = router::RoutePolicy::kKvAware;
-  double overlap_weight = 1.0;
+  double overlap_weight = 1.0;       // router.overlap_weight_device
+  double overlap_weight_host = 0.75;  // router.overlap_weight_host
+  double overlap_weight_disk = 0.25;  // router.overlap_weight_disk
   int64_t local_prefill_tokens = 0;  // disaggregated: shorter uncached prompts prefill on their decode rank
   int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
 };

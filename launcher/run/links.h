@@ -28,8 +28,9 @@ class InProcessLink : public WorkerLink {
     if (!core_.has_work()) {
       idle_.idle();  // serving with nothing to do: wait, do not spin
     } else {
-      idle_.reset();
       auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
+      if (r.progress) idle_.reset();
+      else idle_.idle();  // only requests waiting on the disk store
       events.results.insert(events.results.end(), std::make_move_iterator(r.results.begin()),
                             std::make_move_iterator(r.results.end()));
       events.deltas.insert(events.deltas.end(), std::make_move_iterator(r.deltas.deltas.begin()),
@@ -41,7 +42,10 @@ class InProcessLink : public WorkerLink {
       last_stats_ = std::chrono::steady_clock::now();
     }
   }
-  std::vector<router::RankReport> shutdown(bool) override { return {core_.report()}; }
+  std::vector<router::RankReport> shutdown(bool) override {
+    core_.close_tiers();
+    return {core_.report()};
+  }
 
  private:
   WorkerCore& core_;

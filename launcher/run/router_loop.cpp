@@ -81,6 +81,8 @@ DispatchOptions dispatch_options(const RouterSetup& s) {
   o.block_size = s.block_size;
   o.policy = router::parse_route_policy(s.route_policy);
   o.overlap_weight = s.overlap_weight;
+  o.overlap_weight_host = s.overlap_weight_host;
+  o.overlap_weight_disk = s.overlap_weight_disk;
   o.local_prefill_tokens = s.local_prefill_tokens;
   o.prefill_saturation_tokens = s.prefill_saturation_tokens;
   return o;

@@ -30,7 +30,7 @@ struct RouterSetup {
   int64_t local_prefill_tokens = 0;  // disaggregated: shorter prompts prefill on their decode rank
   int64_t block_size = 16;
   std::string route_policy = "kv_aware";
-  double overlap_weight = 1.0;
+  double overlap_weight = 1.0, overlap_weight_host = 0.75, overlap_weight_disk = 0.25;
   int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
   bool resume = false;  // continue an existing output (skip what its checkpoint says is done)
   int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index

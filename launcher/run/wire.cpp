@@ -103,13 +103,19 @@ std::vector<uint8_t> encode_cancel(uint64_t id) { return json::to_cbor(json(id))
 uint64_t decode_cancel(const std::vector<uint8_t>& bytes) { return json::from_cbor(bytes).get<uint64_t>(); }
 
 std::vector<uint8_t> encode(const WireCacheEvents& r) {
-  return json::to_cbor(json{{"rank", r.rank}, {"stored", r.stored}, {"removed", r.removed}});
+  return json::to_cbor(json{{"rank", r.rank},
+                            {"stored", r.stored},
+                            {"removed", r.removed},
+                            {"host_stored", r.host_stored},
+                            {"host_removed", r.host_removed},
+                            {"disk_stored", r.disk_stored}});
 }
 
 WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes) {
   const json j = json::from_cbor(bytes);
-  return WireCacheEvents{j.at("rank").get<int>(), j.at("stored").get<std::vector<uint64_t>>(),
-                         j.at("removed").get<std::vector<uint64_t>>()};
+  using V = std::vector<uint64_t>;
+  return WireCacheEvents{j.at("rank").get<int>(),  j.at("stored").get<V>(),       j.at("removed").get<V>(),
+                         j.at("host_stored").get<V>(), j.at("host_removed").get<V>(), j.at("disk_stored").get<V>()};
 }
 
 std::vector<uint8_t> encode(const WirePrefill& r) {
@@ -185,7 +191,8 @@ std::vector<uint8_t> encode(const router::RankReport& r) {
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions},
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
-                            {"steps", r.step_samples}});
+                            {"steps", r.step_samples}, {"tier_hits", r.hit_tokens_by_tier},
+                            {"tiers", router::tiers_json(r.tiers)}});
 }
 
 router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
@@ -203,6 +210,8 @@ router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.kv_blocks_used = j.at("kv_used");
   r.kv_blocks_total = j.at("kv_total");
   r.step_samples = j.at("steps").get<std::vector<std::array<double, 6>>>();
+  r.hit_tokens_by_tier = j.at("tier_hits").get<std::array<int64_t, 3>>();
+  r.tiers = router::tiers_from_json(j.at("tiers"));
   return r;
 }
 

@@ -61,10 +61,15 @@ struct WireKvReady {
   int64_t prompt_tokens_computed = 0;
 };
 
-// Worker -> rank 0: what its prefix cache gained and lost (for KV-aware routing).
+// Worker -> rank 0: what its prefix cache gained and lost (for KV-aware
+// routing), in its pool and in host memory, and what it added to the disk
+// store (the first worker also sends the store's whole index once: any
+// worker can read it).
 struct WireCacheEvents {
   int rank = 0;
   std::vector<uint64_t> stored, removed;
+  std::vector<uint64_t> host_stored, host_removed;
+  std::vector<uint64_t> disk_stored;
 };
 
 std::vector<uint8_t> encode(const WireDeltas& r);

@@ -2,6 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
 #include "common/error.h"
 #include "kv/block_hash.h"
 
@@ -9,10 +13,22 @@ namespace tandem::launcher {
 
 WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
                        const runtime::ModelWeights& weights, kv::BlockPool& pool, runtime::cpu::ThreadPool& threads,
-                       const runtime::Tokenizer* tokenizer, runtime::EngineOptions options)
-    : rank_(rank), role_(std::move(role)), pool_(pool), engine_(config, weights, pool, threads, tokenizer, options) {}
+                       const runtime::Tokenizer* tokenizer, runtime::EngineOptions options, kv::KvTiers* tiers)
+    : rank_(rank), role_(std::move(role)), pool_(pool), tiers_(tiers),
+      engine_(config, weights, pool, threads, tokenizer, options) {}
 
 void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
+  if (tiers_ && tiers_->store_enabled()) {
+    auto hashes = kv::full_block_hashes(w.prompt, pool_.layout().block_size);
+    if (!tiers_->prefetch(hashes, pool_)) {
+      staged_.push_back({w, prefill_only, std::move(hashes)});
+      return;
+    }
+  }
+  admit(w, prefill_only);
+}
+
+void WorkerCore::admit(const WireRequest& w, bool prefill_only) {
   runtime::EngineRequest r{w.id, w.prompt, w.params, w.rng_key, prefill_only};
   try {
     engine_.add(std::move(r));
@@ -27,13 +43,41 @@ void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
   }
 }
 
+void WorkerCore::poll_tiers() {
+  if (!tiers_) return;
+  std::vector<std::string> warnings;
+  tiers_->poll(warnings);
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  // Requests whose stored prefix has come up to host memory go on (in arrival order).
+  while (!staged_.empty() && !tiers_->reading(staged_.front().hashes)) {
+    admit(staged_.front().request, staged_.front().prefill_only);
+    staged_.pop_front();
+  }
+}
+
+bool WorkerCore::prefix_ready(std::span<const int32_t> prompt) {
+  if (!tiers_ || !tiers_->store_enabled()) return true;
+  poll_tiers();
+  return tiers_->prefetch(kv::full_block_hashes(prompt, pool_.layout().block_size), pool_);
+}
+
+void WorkerCore::close_tiers() {
+  if (!tiers_) return;
+  std::vector<std::string> warnings;
+  tiers_->close(warnings);
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+}
+
 WorkerCore::StepOutput WorkerCore::step() {
   StepOutput out;
+  poll_tiers();
   out.results = std::move(refused_);
   refused_.clear();
   out.deltas.deltas = std::move(first_tokens_);
   first_tokens_.clear();
+  out.progress = !out.results.empty() || !out.deltas.deltas.empty();
   if (!engine_.has_work()) return out;
+  out.progress = true;
   const auto t0 = std::chrono::steady_clock::now();
   auto outputs = engine_.step();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -95,6 +139,13 @@ std::vector<std::array<double, 6>> WorkerCore::take_step_samples() {
   return out;
 }
 
+void WorkerCore::cancel(uint64_t id) {
+  auto it = std::find_if(staged_.begin(), staged_.end(), [id](const Staged& st) { return st.request.id == id; });
+  if (it == staged_.end()) return engine_.cancel(id);
+  staged_.erase(it);
+  abort_outside(id);
+}
+
 void WorkerCore::abort_outside(uint64_t id) {
   WireResult r;
   r.id = id;
@@ -104,10 +155,18 @@ void WorkerCore::abort_outside(uint64_t id) {
 }
 
 bool WorkerCore::drain_cache_events(WireCacheEvents& events) {
-  if (!pool_.has_events()) return false;
   events.rank = rank_;
   pool_.drain_events(events.stored, events.removed);
-  return true;
+  if (tiers_) {
+    tiers_->drain_events(events.host_stored, events.host_removed, events.disk_stored);
+    if (store_index_pending_) {
+      const auto all = tiers_->store_index();
+      events.disk_stored.insert(events.disk_stored.end(), all.begin(), all.end());
+      store_index_pending_ = false;
+    }
+  }
+  return !events.stored.empty() || !events.removed.empty() || !events.host_stored.empty() ||
+         !events.host_removed.empty() || !events.disk_stored.empty();
 }
 
 std::vector<int32_t> WorkerCore::cached_prefix(std::span<const int32_t> prompt) {
@@ -139,6 +198,8 @@ router::RankReport WorkerCore::report() const {
   r.kv_send_seconds = kv_seconds_;
   r.kv_blocks_total = pool_.capacity();
   r.kv_blocks_used = pool_.capacity() - pool_.num_free();
+  r.hit_tokens_by_tier = engine_.stats().hit_tokens_by_tier;
+  if (tiers_) r.tiers = tiers_->stats();
   return r;
 }
 

@@ -21,14 +21,20 @@ namespace tandem::launcher {
 
 class WorkerCore {
  public:
+  // tiers: host memory and the disk store under the pool (null: none); the
+  // pool must already have them as its lower tier.
   WorkerCore(int rank, std::string role, const runtime::ModelConfig& config, const runtime::ModelWeights& weights,
              kv::BlockPool& pool, runtime::cpu::ThreadPool& threads, const runtime::Tokenizer* tokenizer,
-             runtime::EngineOptions options);
+             runtime::EngineOptions options, kv::KvTiers* tiers = nullptr);
 
   // A request the engine refuses comes back at once as a failed result.
-  // prefill_only: the disaggregated prefill side (see Handoff).
+  // prefill_only: the disaggregated prefill side (see Handoff). A request
+  // whose prefix is being read from the disk store waits aside until it is
+  // in host memory; the engine meanwhile runs the others.
   void submit(const WireRequest& request, bool prefill_only = false);
-  bool has_work() const { return engine_.has_work() || !refused_.empty() || !first_tokens_.empty(); }
+  bool has_work() const {
+    return engine_.has_work() || !refused_.empty() || !first_tokens_.empty() || !staged_.empty();
+  }
   int64_t load() const { return engine_.num_running() + engine_.num_waiting(); }
 
   // A prefilled request ready to travel: its KV blocks (still allocated here;
@@ -42,6 +48,7 @@ class WorkerCore {
     std::vector<WireResult> results;
     std::vector<Handoff> handoffs;
     WireDeltas deltas;  // new tokens of unfinished streaming requests
+    bool progress = false;  // false: nothing ran (only requests waiting on the disk store): back off
   };
   // One engine step: the requests that finished in it, and prefills to send.
   StepOutput step();
@@ -51,6 +58,8 @@ class WorkerCore {
   int64_t block_size() const { return pool_.layout().block_size; }
   // The cached blocks holding the longest prefix of prompt's full blocks (referenced; release() them).
   std::vector<int32_t> cached_prefix(std::span<const int32_t> prompt);
+  // Starts reading the prompt's stored prefix blocks; false while some are still on the way.
+  bool prefix_ready(std::span<const int32_t> prompt);
   void release(const std::vector<int32_t>& blocks) { engine_.release_blocks(blocks); }
   // kv_blocks_moved: how many of blocks came over the transport (the rest were cached here).
   void add_prefilled(const WireRequest& request, std::vector<int32_t> blocks, const WireKvReady& ready,
@@ -58,13 +67,17 @@ class WorkerCore {
 
   // Drops a request wherever it is in the engine; it comes back as a result
   // with finish_reason "abort".
-  void cancel(uint64_t id) { engine_.cancel(id); }
+  void cancel(uint64_t id);
   // A request that never reached the engine (cancelled while its KV was on
   // the way): reported as aborted at the next step.
   void abort_outside(uint64_t id);
 
   // The prefix cache's changes since the last call; false when there are none.
+  // share_store_index: the first call also lists every block of the disk store.
   bool drain_cache_events(WireCacheEvents& events);
+  void share_store_index() { store_index_pending_ = true; }
+  // Writes what the disk store still has queued and closes it (end of the job).
+  void close_tiers();
 
   void count_kv_sent(int64_t bytes, double seconds) {
     kv_bytes_ += bytes;
@@ -76,10 +89,21 @@ class WorkerCore {
   void set_role(std::string role) { role_ = std::move(role); }
 
  private:
+  struct Staged {
+    WireRequest request;
+    bool prefill_only;
+    std::vector<uint64_t> hashes;
+  };
+  void poll_tiers();
+  void admit(const WireRequest& request, bool prefill_only);
+
   int rank_;
   std::string role_;
   kv::BlockPool& pool_;
+  kv::KvTiers* tiers_;
   runtime::Engine engine_;
+  std::deque<Staged> staged_;
+  bool store_index_pending_ = false;
   std::vector<WireResult> refused_;
   std::unordered_set<uint64_t> streaming_;
   std::vector<WireDeltas::Delta> first_tokens_;

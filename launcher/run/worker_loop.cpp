@@ -145,6 +145,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     // the blocks after the cached prefix will travel.
     while (!to_reserve.empty()) {
       auto& [r, arrival] = to_reserve.front();
+      if (!core.prefix_ready(r.prompt)) break;  // its stored prefix is on the way up from disk
       auto cached = core.cached_prefix(r.prompt);
       const int64_t bs = core.block_size();
       const int64_t total = (static_cast<int64_t>(r.prompt.size()) + bs - 1) / bs;
@@ -169,11 +170,11 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         if (!r.ok) destinations.erase(r.id);  // refused on a prefill rank: rank 0 hears it from here
         check(box.send(0, mpi::kTagResult, encode(r)));
       }
+      any = any || out.progress || !out.handoffs.empty();
       for (auto& h : out.handoffs) {
         if (resplit_barrier != MPI_REQUEST_NULL) held.push_back(std::move(h));
         else send_handoff(h);
       }
-      any = true;
     }
     if (transport) check(transport->progress());  // two-sided: place blocks sent to us
     // Re-splits, one at a time: barrier (non-blocking), then the split.
@@ -218,6 +219,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     if (any) backoff.reset();
     else backoff.idle();
   }
+  core.close_tiers();
   auto final_report = core.report();
   final_report.step_samples = core.take_step_samples();
   check(box.send(0, mpi::kTagReport, encode(final_report)));

@@ -477,7 +477,8 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
     for (const auto& r : events.stats) {
       if (s.planner) s.planner->observe(r.step_samples);
       loaded[r.rank] = true;
-      front.metrics().set_rank({r.rank, r.role, r.kv_blocks_used, r.kv_blocks_total, r.kv_bytes_sent, r.prefix_hit_tokens});
+      front.metrics().set_rank({r.rank, r.role, r.kv_blocks_used, r.kv_blocks_total, r.kv_bytes_sent, r.prefix_hit_tokens,
+                                r.hit_tokens_by_tier, r.tiers});
     }
     front.set_loaded(static_cast<int64_t>(loaded.size()));
     front.metrics().set_workers_loaded(static_cast<int64_t>(loaded.size()), s.workers);

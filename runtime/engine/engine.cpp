@@ -36,6 +36,7 @@ struct Engine::Sequence {
   int64_t prompt_computed = 0;  // prompt positions run through the model here (recomputation included)
   int64_t published = 0;        // leading blocks published in the prefix cache
   uint64_t last_hash = kv::kRootHash;
+  std::array<int64_t, kv::kTiers> cached_from{};  // blocks of the cached prefix, by tier
   bool done = false;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
@@ -151,7 +152,8 @@ void Engine::take_cached_prefix(Sequence& s) {
   auto hashes = kv::full_block_hashes(s.tokens, bs);
   if (!hashes.empty() && static_cast<int64_t>(hashes.size()) * bs >= static_cast<int64_t>(s.tokens.size()))
     hashes.pop_back();
-  s.blocks = pool_.lookup(hashes);
+  s.cached_from = {};
+  s.blocks = pool_.lookup(hashes, &s.cached_from);
   s.computed = static_cast<int64_t>(s.blocks.size()) * bs;
   s.published = static_cast<int64_t>(s.blocks.size());
   s.last_hash = s.blocks.empty() ? kv::kRootHash : hashes[s.blocks.size() - 1];
@@ -275,7 +277,11 @@ std::vector<EngineOutput> Engine::step() {
       drop_blocks(s);  // gives back the cached prefix it took; it looks again next step
       break;
     }
-    if (s.computed > 0 && s.prompt_computed == 0) stats_.prefix_hit_tokens += std::min(s.computed, s.n_prompt);
+    if (s.computed > 0 && s.prompt_computed == 0) {
+      stats_.prefix_hit_tokens += std::min(s.computed, s.n_prompt);
+      for (std::size_t t = 0; t < s.cached_from.size(); ++t)
+        stats_.hit_tokens_by_tier[t] += s.cached_from[t] * pool_.layout().block_size;
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     plan.push_back({&s, take});

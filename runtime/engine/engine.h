@@ -11,6 +11,7 @@
 // preemption never changes an output. Not thread-safe: one thread drives it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -88,6 +89,7 @@ struct EngineStats {
   int64_t decode_tokens = 0;
   int64_t preemptions = 0;
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache instead of computed
+  std::array<int64_t, kv::kTiers> hit_tokens_by_tier{};  // the same, by where the blocks were (kv::Tier)
 };
 
 class Engine {

@@ -19,6 +19,10 @@ TEST_CASE("KV-aware routing follows Dynamo's cost, ties to the lowest rank", "[r
       {"more overlap beats less", {{1, 4, 2, 1, 0}, {2, 9, 2, 1, 0}}, 10, 2},
       {"overlap beyond the prompt does not go negative", {{1, 30, 5, 0, 0}, {2, 10, 0, 0, 0}}, 10, 2},
       {"queued prefill tokens count", {{1, 0, 0, 0, 1600}, {2, 0, 0, 0, 0}}, 10, 2},
+      // Tiers: 8 blocks in host memory (0.75 each) beat 5 in the pool; 8 on disk (0.25 each) do not.
+      {"host blocks count at 0.75", {{1, 5, 0, 0, 0}, {2, 0, 0, 0, 0, 8, 0}}, 10, 2},
+      {"disk blocks count at 0.25", {{1, 5, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 8}}, 10, 1},
+      {"disk blocks still beat nothing", {{1, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 8}}, 10, 2},
   };
   for (const auto& row : table) {
     INFO(row.what);
@@ -40,10 +44,30 @@ TEST_CASE("the KV index follows stored and removed hashes per worker", "[router]
   const uint64_t prompt[] = {11, 22, 33, 44};
   const uint64_t stored[] = {11, 22, 44};
   index.stored(2, stored);
-  CHECK(index.overlap(2, prompt) == 2);  // 33 is missing: the prefix stops there
-  CHECK(index.overlap(1, prompt) == 0);
+  CHECK(index.overlap(2, prompt).device == 2);  // 33 is missing: the prefix stops there
+  CHECK(index.overlap(1, prompt).total() == 0);
   const uint64_t gone[] = {11};
   index.removed(2, gone);
-  CHECK(index.overlap(2, prompt) == 0);
-  CHECK(index.overlap(9, prompt) == 0);
+  CHECK(index.overlap(2, prompt).total() == 0);
+  CHECK(index.overlap(9, prompt).total() == 0);
+}
+
+TEST_CASE("the KV index counts each leading block at the fastest tier holding it", "[router]") {
+  KvIndex index;
+  const uint64_t prompt[] = {1, 2, 3, 4, 5};
+  const uint64_t dev[] = {1}, host[] = {2, 4}, disk[] = {3, 4};
+  index.stored(1, dev);
+  index.stored(1, host, KvIndex::Where::kHost);
+  index.stored_on_disk(disk);
+  const Overlap o = index.overlap(1, prompt);
+  CHECK(o.device == 1);
+  CHECK(o.host == 2);  // block 4 is in host memory and on disk: host counts
+  CHECK(o.disk == 1);
+  CHECK(o.total() == 4);  // 5 is nowhere
+  CHECK(index.overlap(2, prompt).total() == 0);  // another worker: not its pool, and block 1 is on no disk
+  const uint64_t more[] = {1, 2};
+  index.stored_on_disk(more);
+  CHECK(index.overlap(2, prompt).disk == 4);  // the store is every worker's
+  index.removed(1, host, KvIndex::Where::kHost);
+  CHECK(index.overlap(1, prompt).host == 0);
 }

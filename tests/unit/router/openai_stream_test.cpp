@@ -118,8 +118,11 @@ TEST_CASE("metrics render as valid Prometheus text", "[http]") {
   m.request("completions", 429);
   m.generation(0.02, 0.004, 0.3, 10, 20, 4);
   m.generation(7.0, 0.2, 9.0, 10, 1, 10);
-  m.set_rank({1, "prefill", 0, 100, 4096, 0});
-  m.set_rank({2, "decode", 7, 100, 0, 16});
+  m.set_rank({1, "prefill", 0, 100, 4096, 0, {}, {}});
+  tandem::kv::TierStats tiers;
+  tiers.host_offloaded = 5;
+  tiers.disk_onboarded = 3;
+  m.set_rank({2, "decode", 7, 100, 0, 16, {16, 32, 48}, tiers});
   const std::string text = m.render();
   // Every sample line: a valid metric name, optional labels, a number.
   const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+0-9.eEInf]+$)");
@@ -134,6 +137,9 @@ TEST_CASE("metrics render as valid Prometheus text", "[http]") {
   }
   CHECK(samples > 40);
   CHECK(text.find("tandem_requests_total{endpoint=\"chat\",status=\"200\"} 2\n") != std::string::npos);
+  CHECK(text.find("tandem_kv_tier_hit_tokens_total{rank=\"2\",tier=\"disk\"} 48\n") != std::string::npos);
+  CHECK(text.find("tandem_kv_offloaded_blocks_total{rank=\"2\",tier=\"host\"} 5\n") != std::string::npos);
+  CHECK(text.find("tandem_kv_onboarded_blocks_total{rank=\"2\",tier=\"disk\"} 3\n") != std::string::npos);
   CHECK(text.find("tandem_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n") != std::string::npos);
   CHECK(text.find("tandem_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n") != std::string::npos);
   CHECK(text.find("tandem_time_to_first_token_seconds_count 2\n") != std::string::npos);
