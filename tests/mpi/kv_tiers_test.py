@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""KV tiers in real jobs: host memory (G2) and the HDF5 prefix store (G3).
+
+Checks, each against the tokens of a run without any tier:
+ - two consecutive jobs with kv.store_path on a shared-system-prompt input:
+   the second computes >= 90% fewer prompt tokens, outputs are identical, and
+   its summary says why (hits by tier);
+ - the store read back by h5py and h5dump: block count, dtype and shapes as
+   the summary and the model say; no unfinished .part file left;
+ - the default store_min_hits = 2 stores only blocks used twice;
+ - a truncated file, a corrupted block, another model's store and a store
+   without write permission: one warning line each, correct outputs;
+ - a pool holding a third of the working set: identical outputs, hits move
+   to host memory, and (with the store) to disk.
+Usage: kv_tiers_test.py TANDEM SRC_DIR"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testlib import Checks, make_model, mpi_env  # noqa: E402
+
+tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
+env = mpi_env("info")
+check = Checks()
+WORDS = "cluster node rank queue token model prefill decode block cache epoch router slurm array".split()
+
+
+def write_input(path, n, docs, doc_words, seed):
+    """n chat requests; request i has system prompt i % docs (long) and its own short question."""
+    rng = random.Random(seed)
+    systems = [" ".join(rng.choices(WORDS, k=doc_words)) for _ in range(docs)]
+    with open(path, "w") as f:
+        for i in range(n):
+            body = {"messages": [{"role": "system", "content": systems[i % docs]},
+                                 {"role": "user", "content": " ".join(rng.choices(WORDS, k=12))}],
+                    "max_tokens": 8, "temperature": 0}
+            f.write(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": body}) + "\n")
+
+
+def store_warnings(text):
+    return [l for l in text.splitlines() if "[warning]" in l and "kv store" in l]
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = Path(d)
+    os.chmod(tmp, 0o755)  # the no-permission case runs as nobody
+    model = make_model(tandem, src, tmp / "model", "tiny", 2)
+    other = make_model(tandem, src, tmp / "other", "tiny", 9)  # same shapes, other weights
+    shared = tmp / "shared.jsonl"
+    write_input(shared, 48, docs=1, doc_words=400, seed=3)
+    reuse = tmp / "reuse.jsonl"
+    write_input(reuse, 36, docs=6, doc_words=300, seed=4)
+
+    def run(name, kv="", ranks=1, inp=shared, mdl=model, as_nobody=False, extra=""):
+        job = tmp / f"{name}.toml"
+        job.write_text(f'[model]\npath = "{mdl}"\n[job]\ninput = "{inp}"\n{extra}[kv]\n{kv}')
+        outdir = tmp / "out"
+        outdir.mkdir(exist_ok=True)
+        os.chmod(outdir, 0o777)
+        out = outdir / f"{name}.jsonl"
+        cmd = [tandem, "run", "-c", str(job), "--output", str(out)]
+        if ranks > 1:
+            cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
+        if as_nobody:
+            cmd = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        if p.returncode != 0:
+            print(p.stdout[-3000:], p.stderr[-3000:])
+        tokens = {}
+        if out.exists():
+            for line in out.read_text().splitlines():
+                o = json.loads(line)
+                if o.get("tandem"):
+                    tokens[o["custom_id"]] = o["tandem"]["token_ids"]
+        summary = json.loads(Path(str(out) + ".summary.json").read_text()) if p.returncode == 0 else {}
+        return p, tokens, summary, store_warnings(p.stdout + p.stderr)
+
+    # The reference: no tier at all.
+    p, cold, cold_s, _ = run("cold", ranks=3)
+    check("cold run completes", p.returncode == 0 and len(cold) == 48)
+
+    # 1. Two consecutive jobs sharing a store (a rerun: every full block stored).
+    store = tmp / "store"
+    kv1 = f'store_path = "{store}"\nstore_min_hits = 1\n'
+    p, first, s1, w1 = run("first", kv1, ranks=3)
+    check("first job with the store: completes, outputs equal the cold run", p.returncode == 0 and first == cold)
+    check("first job: no store warnings", not w1, "; ".join(w1))
+    written = s1.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
+    check("first job wrote blocks to the store", written > 0, json.dumps(s1.get("kv_tiers")))
+    p, second, s2, w2 = run("second", kv1, ranks=3)
+    c1, c2 = s1.get("prompt_tokens_computed", 0), s2.get("prompt_tokens_computed", 1 << 30)
+    check("second job: outputs identical", p.returncode == 0 and second == cold)
+    check("second job computes >= 90% fewer prompt tokens", c2 <= 0.1 * c1, f"{c1} -> {c2} prompt tokens computed")
+    t2 = s2.get("kv_tiers", {})
+    check("second job's summary says why: hits from disk, blocks read",
+          t2.get("hit_tokens", {}).get("disk", 0) > 0 and t2.get("disk", {}).get("read_blocks", 0) > 0
+          and t2.get("disk", {}).get("blocks_at_open", 0) > 0, json.dumps(t2))
+    print(f"     prompt tokens computed: first {c1}, second {c2} ({100 * (1 - c2 / max(c1, 1)):.1f}% fewer); "
+          f"second's hits by tier {t2.get('hit_tokens')}")
+
+    # 2. An independent reader: h5py, and the h5dump tool.
+    cfg = json.loads((model / "config.json").read_text())
+    files = sorted(store.glob("*.h5"))
+    rows, hashes, shapes_ok = 0, [], True
+    for f in files:
+        with h5py.File(f, "r") as h:
+            n = int(h.attrs["blocks"])
+            rows += n
+            kvset = h["kv"]
+            shapes_ok &= kvset.dtype == np.float32 and h["hash"].dtype == np.uint64
+            shapes_ok &= kvset.shape[1:] == (cfg["num_hidden_layers"], 2, 16, cfg["num_key_value_heads"], cfg["head_dim"])
+            shapes_ok &= kvset.shape[0] >= n and h.attrs["dtype"] == "float32" and int(h.attrs["block_size"]) == 16
+            shapes_ok &= bool(np.isfinite(kvset[:n]).all()) and bool(np.abs(kvset[:n]).sum() > 0)
+            hashes += list(h["hash"][:n])
+    check("h5py: blocks in the files = blocks the summary says were written", files and rows == written,
+          f"{len(files)} files, {rows} rows, summary {written}")
+    check("h5py: float32 [n][layers][2][block][kv_heads][head_dim], uint64 hashes, finite non-zero data", shapes_ok)
+    check("no unfinished .part file left", not list(store.glob("*.part")))
+    dump = subprocess.run(["h5dump", "-H", "-A", str(files[0])], capture_output=True, text=True) if files else None
+    check("h5dump reads the file's header and attributes",
+          dump is not None and dump.returncode == 0 and "model_fingerprint" in dump.stdout and
+          "H5T_IEEE_F32LE" in dump.stdout, (dump.stderr if dump else "")[-300:])
+
+    # 3. The default filter: only blocks used at least twice reach the store.
+    store2 = tmp / "store2"
+    p, _, s, _ = run("twice", f'store_path = "{store2}"\n')
+    only_shared = s.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
+    p1, _, s_all, _ = run("every", f'store_path = "{tmp / "store_all"}"\nstore_min_hits = 1\n')
+    every = s_all.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
+    # One system prompt of ~430 tokens: ~26 full blocks shared by all 48; each question adds 1-2 of its own.
+    check("store_min_hits = 2 stores the shared prefix only", 20 <= only_shared <= 32 and every >= only_shared + 40,
+          f"{only_shared} blocks with min 2 hits, {every} with 1")
+
+    # 4. Damaged, foreign and read-only stores: one warning line each, outputs as cold.
+    single = tmp / "store_all"  # one file (one worker)
+
+    def copy_store(name):
+        dst = tmp / name
+        shutil.copytree(single, dst)
+        return dst, sorted(dst.glob("*.h5"))[0]
+
+    bad, f = copy_store("truncated")
+    os.truncate(f, f.stat().st_size // 2)
+    p, tokens, s, w = run("truncated", f'store_path = "{bad}"\n')
+    check("truncated file: one warning line, outputs correct", p.returncode == 0 and tokens == cold and len(w) == 1
+          and "cannot be read" in w[0], "; ".join(w))
+
+    bad, f = copy_store("flipped")
+    with h5py.File(f, "r") as h:
+        offset = h["kv"].id.get_chunk_info(3).byte_offset  # the fourth stored block's bytes
+    with open(f, "r+b") as fh:
+        fh.seek(offset + 100)
+        byte = fh.read(1)
+        fh.seek(offset + 100)
+        fh.write(bytes([byte[0] ^ 0x40]))
+    p, tokens, s, w = run("flipped", f'store_path = "{bad}"\n')
+    check("corrupted block: one warning line (checksum), outputs correct",
+          p.returncode == 0 and tokens == cold and len(w) == 1 and "checksum" in w[0], "; ".join(w))
+
+    before = sorted(x.name for x in single.iterdir())
+    p, tokens_other, s, w = run("foreign", f'store_path = "{single}"\n', mdl=other)
+    p_cold, cold_other, _, _ = run("foreign_cold", "", mdl=other)
+    check("another model's store: one warning line, not used, not added to, outputs correct",
+          p.returncode == 0 and tokens_other == cold_other and len(tokens_other) == 48 and len(w) == 1 and
+          "another model" in w[0] and sorted(x.name for x in single.iterdir()) == before and
+          s.get("kv_tiers", {}).get("hit_tokens", {}).get("disk", 1) == 0, "; ".join(w))
+
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        for x in (model, tmp / "shared.jsonl"):
+            subprocess.run(["chmod", "-R", "a+rX", str(x)], check=True)
+        locked = tmp / "locked"
+        locked.mkdir()
+        os.chmod(locked, 0o755)  # root's: nobody may not write
+        p, tokens, s, w = run("readonly_empty", f'store_path = "{locked}"\n', as_nobody=True)
+        check("store without write permission: one warning line, cold run, outputs correct",
+              p.returncode == 0 and tokens == cold and len(w) == 1 and "cannot write" in w[0], "; ".join(w))
+        readable, _ = copy_store("readable")
+        subprocess.run(["chmod", "-R", "a+rX,go-w", str(readable)], check=True)
+        p, tokens, s, w = run("readonly_full", f'store_path = "{readable}"\n', as_nobody=True)
+        check("a read-only store that holds blocks is still read (warm), with one warning line",
+              p.returncode == 0 and tokens == cold and len(w) == 1 and
+              s.get("kv_tiers", {}).get("hit_tokens", {}).get("disk", 0) > 0, "; ".join(w))
+    else:
+        print("skip store without write permission: needs root and setpriv to run the job as nobody")
+
+    # 5. A pool holding a third of the working set (6 documents of ~20 blocks, interleaved).
+    p, big, sb, _ = run("reuse_big", inp=reuse)
+    block = 2 * 2 * 16 * 2 * 16 * 4  # layers * K,V * tokens * kv_heads * head_dim * float
+    small_pool = f"memory_gib = {40 * block / 2**30:.9f}\n"  # 40 blocks of a ~125-block working set
+    p1, small, ss, _ = run("reuse_small", small_pool, inp=reuse)
+    p2, tiered, st, _ = run("reuse_small_host", small_pool + "host_cache_gib = 0.01\n", inp=reuse)
+    computed = {k: s.get("prompt_tokens_computed") for k, s in (("big", sb), ("small", ss), ("small+host", st))}
+    check("small pool: completes with identical outputs, with and without host memory",
+          p1.returncode == 0 and p2.returncode == 0 and small == big and tiered == big and len(big) == 36)
+    ht = st.get("kv_tiers", {})
+    check("small pool + host memory: hits move to the host tier, blocks go down and come back",
+          ht.get("hit_tokens", {}).get("host", 0) > 0 and ht.get("host", {}).get("offloaded_blocks", 0) > 0 and
+          ht.get("host", {}).get("onboarded_blocks", 0) > 0, json.dumps(ht))
+    check("host memory saves most of what the small pool recomputes",
+          computed["small+host"] < computed["small"] * 0.6, json.dumps(computed))
+    store3 = tmp / "store3"
+    run("reuse_fill", small_pool + f'store_path = "{store3}"\n', inp=reuse)
+    p3, disk, sd, _ = run("reuse_disk", small_pool + f'store_path = "{store3}"\n', inp=reuse)
+    dt = sd.get("kv_tiers", {})
+    check("small pool + store, second run: identical outputs, hits from disk",
+          p3.returncode == 0 and disk == big and dt.get("hit_tokens", {}).get("disk", 0) > 0, json.dumps(dt))
+    print(f"     prompt tokens computed: {json.dumps(computed)}; with the store: {sd.get('prompt_tokens_computed')}")
+
+sys.exit(check.exit_code())
