@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "common/error.h"
 #include "kv/block_hash.h"
@@ -247,6 +248,27 @@ std::vector<EngineOutput> Engine::step() {
   std::vector<Planned> plan;
   int64_t budget = options_.max_batched_tokens;
 
+  // Full prompt blocks this step's chunks complete: a waiting sequence whose
+  // next block is among them waits a step and then takes it from the cache,
+  // so a prefix shared by requests arriving together is computed once.
+  std::unordered_set<uint64_t> computing;
+  const int64_t bs = pool_.layout().block_size;
+  auto note_computing = [&](const Sequence& s, int64_t take) {
+    if (!options_.prefix_caching) return;
+    uint64_t h = s.last_hash;
+    for (int64_t b = s.published; (b + 1) * bs <= std::min(s.computed + take, s.n_prompt); ++b) {
+      h = kv::block_hash(h, std::span<const int32_t>(s.tokens.data() + b * bs, static_cast<std::size_t>(bs)));
+      computing.insert(h);
+    }
+  };
+  auto next_block_computing = [&](const Sequence& s) {
+    if (computing.empty() || s.req.params.prompt_logprobs >= 0 ||
+        (s.published + 1) * bs >= static_cast<int64_t>(s.tokens.size()))
+      return false;
+    const std::span<const int32_t> next(s.tokens.data() + s.published * bs, static_cast<std::size_t>(bs));
+    return computing.count(kv::block_hash(s.last_hash, next)) > 0;
+  };
+
   // 1. Running sequences, oldest first. Out of blocks: preempt the youngest.
   for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
     Sequence& s = **it;
@@ -264,14 +286,21 @@ std::vector<EngineOutput> Engine::step() {
       it = running_.erase(it);
       continue;
     }
+    if (s.computed < s.n_prompt) note_computing(s, take);
     plan.push_back({&s, take});
     budget -= take;
     ++it;
   }
   // 2. Admit waiting sequences in order while budgets and blocks allow.
-  while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
-    Sequence& s = *waiting_.front();
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && budget > 0 && static_cast<int64_t>(running_.size()) < options_.max_num_seqs;) {
+    Sequence& s = **it;
     take_cached_prefix(s);
+    if (next_block_computing(s)) {  // another sequence computes its next block right now
+      drop_blocks(s);
+      ++it;
+      continue;
+    }
     const int64_t take = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
     if (!ensure_blocks(s, s.computed + take)) {
       drop_blocks(s);  // gives back the cached prefix it took; it looks again next step
@@ -282,8 +311,9 @@ std::vector<EngineOutput> Engine::step() {
       for (std::size_t t = 0; t < s.cached_from.size(); ++t)
         stats_.hit_tokens_by_tier[t] += s.cached_from[t] * pool_.layout().block_size;
     }
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    note_computing(s, take);
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
     plan.push_back({&s, take});
     budget -= take;
   }

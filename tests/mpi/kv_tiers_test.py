@@ -34,17 +34,36 @@ check = Checks()
 WORDS = "cluster node rank queue token model prefill decode block cache epoch router slurm array".split()
 
 
-def write_input(path, n, docs, doc_words, seed):
-    """n chat requests; request i has system prompt i % docs (long) and its own short question."""
+def write_input(path, n, docs, doc_words, seed, question_words=128):
+    """n chat requests; request i has system prompt i % docs (long) and its own question."""
     rng = random.Random(seed)
     systems = [" ".join(rng.choices(WORDS, k=doc_words)) for _ in range(docs)]
+    chats = []
     with open(path, "w") as f:
         for i in range(n):
-            body = {"messages": [{"role": "system", "content": systems[i % docs]},
-                                 {"role": "user", "content": " ".join(rng.choices(WORDS, k=12))}],
-                    "max_tokens": 8, "temperature": 0}
+            chat = [{"role": "system", "content": systems[i % docs]},
+                    {"role": "user", "content": " ".join(rng.choices(WORDS, k=question_words))}]
+            chats.append(chat)
+            body = {"messages": chat, "max_tokens": 8, "temperature": 0}
             f.write(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
                                 "body": body}) + "\n")
+    return chats
+
+
+def shared_blocks(model, chats, block=16):
+    """Full blocks (as whole prefixes) that at least two of the prompts contain: what store_min_hits = 2 keeps."""
+    def tokenize(args, lines):
+        p = subprocess.run([tandem, "tokenize", "--model", str(model)] + args, input="\n".join(lines) + "\n",
+                           capture_output=True, text=True, check=True)
+        return [json.loads(l) for l in p.stdout.splitlines()]
+    texts = tokenize(["--chat"], [json.dumps(c) for c in chats])
+    ids = tokenize([], [json.dumps(t) for t in texts])
+    seen = {}
+    for t in ids:
+        for b in range(len(t) // block):
+            key = tuple(t[:(b + 1) * block])
+            seen[key] = seen.get(key, 0) + 1
+    return sum(1 for n in seen.values() if n >= 2)
 
 
 def store_warnings(text):
@@ -57,9 +76,9 @@ with tempfile.TemporaryDirectory() as d:
     model = make_model(tandem, src, tmp / "model", "tiny", 2)
     other = make_model(tandem, src, tmp / "other", "tiny", 9)  # same shapes, other weights
     shared = tmp / "shared.jsonl"
-    write_input(shared, 48, docs=1, doc_words=400, seed=3)
+    shared_chats = write_input(shared, 48, docs=1, doc_words=400, seed=3)
     reuse = tmp / "reuse.jsonl"
-    write_input(reuse, 36, docs=6, doc_words=300, seed=4)
+    write_input(reuse, 36, docs=6, doc_words=300, seed=4, question_words=12)
 
     def run(name, kv="", ranks=1, inp=shared, mdl=model, as_nobody=False, extra=""):
         job = tmp / f"{name}.toml"
@@ -137,9 +156,10 @@ with tempfile.TemporaryDirectory() as d:
     only_shared = s.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
     p1, _, s_all, _ = run("every", f'store_path = "{tmp / "store_all"}"\nstore_min_hits = 1\n')
     every = s_all.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
-    # One system prompt of ~430 tokens: ~26 full blocks shared by all 48; each question adds 1-2 of its own.
-    check("store_min_hits = 2 stores the shared prefix only", 20 <= only_shared <= 32 and every >= only_shared + 40,
-          f"{only_shared} blocks with min 2 hits, {every} with 1")
+    want = shared_blocks(model, shared_chats)
+    check("store_min_hits = 2 stores exactly the blocks two or more prompts share",
+          only_shared == want and every > only_shared, f"{only_shared} blocks with min 2 hits (want {want}), "
+          f"{every} with 1")
 
     # 4. Damaged, foreign and read-only stores: one warning line each, outputs as cold.
     single = tmp / "store_all"  # one file (one worker)

@@ -206,6 +206,41 @@ TEST_CASE("the prefix cache skips shared prefixes and changes no output", "[engi
   for (const auto& r : reqs) CHECK(a.at(r.id).tokens == b.at(r.id).tokens);
 }
 
+// Requests arriving together with a shared prefix: the first computes it, the
+// others wait one step for its blocks instead of computing them in parallel.
+TEST_CASE("a prefix shared by requests admitted together is computed once", "[engine][prefix]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(22);
+  const auto shared = random_prompt(rng, 96);  // six full blocks
+  std::vector<EngineRequest> reqs;
+  int64_t tails = 0;
+  for (uint64_t i = 0; i < 8; ++i) {
+    auto p = shared;
+    const auto tail = random_prompt(rng, 5 + static_cast<int64_t>(i));
+    tails += static_cast<int64_t>(tail.size());
+    p.insert(p.end(), tail.begin(), tail.end());
+    EngineRequest q{i, p, {}, 70 + i};
+    q.params.max_tokens = 4;
+    q.params.ignore_eos = true;
+    reqs.push_back(q);
+  }
+  auto run = [&](bool caching, EngineStats& stats) {
+    kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 256);
+    cpu::ThreadPool threads(2);
+    Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, EngineOptions{16, 2048, 0, caching});
+    for (const auto& r : reqs) e.add(r);  // all fit in the first step's token budget
+    auto out = run_all(e);
+    stats = e.stats();
+    return out;
+  };
+  EngineStats with, without;
+  const auto a = run(true, with), b = run(false, without);
+  CHECK(with.prefill_tokens == 96 + tails);
+  CHECK(with.prefix_hit_tokens == 7 * 96);
+  CHECK(without.prefill_tokens == 8 * 96 + tails);
+  for (const auto& r : reqs) CHECK(a.at(r.id).tokens == b.at(r.id).tokens);
+}
+
 TEST_CASE("sampling options: stop tokens, stop strings, max_tokens, logprobs, prompt logprobs", "[engine][sampling]") {
   testing::TinyModel tiny;
   auto tok = Tokenizer::load(tiny.dir);
