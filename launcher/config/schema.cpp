@@ -168,8 +168,9 @@ std::vector<KeySpec> build_schema() {
           ,
       key("router", "reorder_window", &C::router, &RouterConfig::reorder_window)
           .at_least(0)
-          .doc("Upcoming requests searched for shared prefixes to schedule together; 0: off.")
-          .pending("KV tiers"),
+          .doc("Upcoming input lines searched for a prompt sharing the last placed one's prefix, so requests with a common "
+               "prefix are placed together and it is computed once; 0: input order.")
+          ,
       key("router", "overlap_weight_device", &C::router, &RouterConfig::overlap_weight_device)
           .at_least(0)
           .doc("Routing value of a prefix block cached in a worker's pool.")

@@ -15,7 +15,9 @@
 
 #include "common/error.h"
 #include "launcher/run/worker_core.h"
+#include "kv/block_hash.h"
 #include "router/kv_aware_policy.h"
+#include "router/prefix_order.h"
 #include "slurm/resumable_output.h"
 
 namespace tandem::launcher {
@@ -211,88 +213,121 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     else spdlog::info("progress: {}", line);
   };
 
+  // Requests built and waiting to be placed (the reorder window).
+  struct Ready {
+    uint64_t i;
+    InFlight f;
+    WireRequest w;
+    std::vector<uint64_t> hashes;  // the prompt's full blocks, when reordering
+  };
+  const int64_t window_size = std::max<int64_t>(1, cfg.router.reorder_window);
+  std::deque<Ready> window;
+  std::vector<uint64_t> last_placed;
+  // Reads the next input line: skipped, failed (its error record written), or built into the window.
+  auto read_one = [&]() {
+    std::string line;
+    if (!read_line(index, line)) {
+      input_done = true;
+      return;
+    }
+    const uint64_t i = index++;
+    if (line.find_first_not_of(" \t\r") == std::string::npos ||
+        static_cast<int64_t>(i % static_cast<uint64_t>(s.shard_count)) != s.shard_index) {
+      out.skip(i);  // blank lines carry no request; other array tasks take the other shards
+      return;
+    }
+    ++lines_read;
+    auto parsed = router::parse_batch_line(line);
+    // A line's key in the checkpoint: its custom_id the first time the id
+    // appears, else (no usable id, or a duplicate) its line number. Keys in
+    // `done` were written by an earlier run and are skipped now.
+    auto key_of = [&](const std::string& id) {
+      if (id.empty()) return line_key(i);
+      return seen_ids.insert(id).second ? id : line_key(i);
+    };
+    if (auto* e = std::get_if<router::LineError>(&parsed)) {
+      std::string key = key_of(e->custom_id);
+      if (done.count(key)) {
+        ++resumed;
+        out.skip(i);
+        return;
+      }
+      e->message = "line " + std::to_string(i + 1) + ": " + e->message;
+      fail(i, std::move(key), *e);
+      return;
+    }
+    auto& req = std::get<router::BatchRequest>(parsed);
+    const std::string key = key_of(req.custom_id);
+    if (done.count(key)) {
+      ++resumed;
+      out.skip(i);
+      return;
+    }
+    if (key != req.custom_id) {
+      fail(i, key, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
+                                            "'; every line needs its own"});
+      return;
+    }
+    std::variant<std::vector<int32_t>, router::LineError> prompt;
+    if (auto b = built.find(i); b != built.end()) {  // built when the planner read ahead
+      req.params.max_tokens = b->second.max_tokens;
+      prompt = std::move(b->second.prompt);
+      built.erase(b);
+    } else {
+      prompt = router::build_prompt(req, s.prompts);
+    }
+    if (auto* e = std::get_if<router::LineError>(&prompt)) {
+      e->message = "line " + std::to_string(i + 1) + ": " + e->message;
+      fail(i, req.custom_id, *e);
+      return;
+    }
+    InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt))};
+    WireRequest w;
+    w.id = i;
+    w.prompt = f.prompt;
+    w.params = f.request.params;
+    w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
+                             f.request.custom_id);
+    std::vector<uint64_t> hashes;
+    if (window_size > 1) hashes = kv::full_block_hashes(f.prompt, s.block_size);
+    window.push_back({i, std::move(f), std::move(w), std::move(hashes)});
+  };
+
   while (true) {
-    // Admit lines while there is room.
     if (!stopping && g_stop_signal.load() != 0) {
       stopping = true;
       drain_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(cfg.job.drain_seconds * 1e3));
       spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:.0f} s", g_stop_signal.load(),
                    in_flight.size(), cfg.job.drain_seconds);
     }
-    while (!stopping && !input_done && static_cast<int64_t>(in_flight.size()) < capacity() &&
-           out.buffered() < reorder_limit) {
-      std::string line;
-      if (!read_line(index, line)) {
-        input_done = true;
-        break;
+    // Admit lines while there is room. Built requests pass through a window
+    // (router.reorder_window, else one): from it, the one sharing the longest
+    // block prefix with the last request placed goes next, so requests with a
+    // common prefix reach their worker together and it is computed once.
+    while (!stopping && static_cast<int64_t>(in_flight.size()) < capacity() && out.buffered() < reorder_limit) {
+      // An epoch starts only once the last one's requests are all placed.
+      while (!input_done && static_cast<int64_t>(window.size()) < window_size &&
+             !(s.planner && !window.empty() && index % static_cast<uint64_t>(s.epoch_requests) == 0))
+        read_one();
+      if (window.empty()) break;
+      std::size_t k = 0;
+      if (window_size > 1) {
+        std::vector<std::span<const uint64_t>> prefixes;
+        for (const auto& r : window) prefixes.emplace_back(r.hashes);
+        k = router::next_by_shared_prefix(prefixes, last_placed);
       }
-      const uint64_t i = index++;
-      if (line.find_first_not_of(" \t\r") == std::string::npos ||
-          static_cast<int64_t>(i % static_cast<uint64_t>(s.shard_count)) != s.shard_index) {
-        out.skip(i);  // blank lines carry no request; other array tasks take the other shards
-        continue;
-      }
-      ++lines_read;
-      auto parsed = router::parse_batch_line(line);
-      // A line's key in the checkpoint: its custom_id the first time the id
-      // appears, else (no usable id, or a duplicate) its line number. Keys in
-      // `done` were written by an earlier run and are skipped now.
-      auto key_of = [&](const std::string& id) {
-        if (id.empty()) return line_key(i);
-        return seen_ids.insert(id).second ? id : line_key(i);
-      };
-      if (auto* e = std::get_if<router::LineError>(&parsed)) {
-        std::string key = key_of(e->custom_id);
-        if (done.count(key)) {
-          ++resumed;
-          out.skip(i);
-          continue;
-        }
-        e->message = "line " + std::to_string(i + 1) + ": " + e->message;
-        fail(i, std::move(key), *e);
-        continue;
-      }
-      auto& req = std::get<router::BatchRequest>(parsed);
-      const std::string key = key_of(req.custom_id);
-      if (done.count(key)) {
-        ++resumed;
-        out.skip(i);
-        continue;
-      }
-      if (key != req.custom_id) {
-        fail(i, key, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
-                                              "'; every line needs its own"});
-        continue;
-      }
-      std::variant<std::vector<int32_t>, router::LineError> prompt;
-      if (auto b = built.find(i); b != built.end()) {  // built when the planner read ahead
-        req.params.max_tokens = b->second.max_tokens;
-        prompt = std::move(b->second.prompt);
-        built.erase(b);
-      } else {
-        prompt = router::build_prompt(req, s.prompts);
-      }
-      if (auto* e = std::get_if<router::LineError>(&prompt)) {
-        e->message = "line " + std::to_string(i + 1) + ": " + e->message;
-        fail(i, req.custom_id, *e);
-        continue;
-      }
-      InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt))};
-      WireRequest w;
-      w.id = i;
-      w.prompt = f.prompt;
-      w.params = f.request.params;
-      w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
-                               f.request.custom_id);
-      f.prefill = dispatch.submit(std::move(w)).prefill;
+      Ready r = std::move(window[k]);
+      window.erase(window.begin() + static_cast<std::ptrdiff_t>(k));
+      r.f.prefill = dispatch.submit(std::move(r.w)).prefill;
       if (s.planner) {
-        EpochClock& c = epoch_clock[epoch_of(i)];
+        EpochClock& c = epoch_clock[epoch_of(r.i)];
         if (!c.started) c.first = Clock::now(), c.started = true;
         ++c.open;
       }
-      in_flight.emplace(i, std::move(f));
+      last_placed = std::move(r.hashes);
+      in_flight.emplace(r.i, std::move(r.f));
     }
-    if ((input_done || stopping) && in_flight.empty()) break;
+    if ((input_done || stopping) && in_flight.empty() && (window.empty() || stopping)) break;
     if (stopping && Clock::now() >= drain_deadline) break;  // the rest is abandoned: not written, redone on resume
 
     events.clear();

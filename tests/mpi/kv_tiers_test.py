@@ -11,7 +11,8 @@ Checks, each against the tokens of a run without any tier:
  - a truncated file, a corrupted block, another model's store and a store
    without write permission: one warning line each, correct outputs;
  - a pool holding a third of the working set: identical outputs, hits move
-   to host memory, and (with the store) to disk.
+   to host memory, and (with the store) to disk; the reorder window groups
+   requests by shared prefix, output still in input order.
 Usage: kv_tiers_test.py TANDEM SRC_DIR"""
 import json
 import os
@@ -228,6 +229,13 @@ with tempfile.TemporaryDirectory() as d:
           ht.get("host", {}).get("onboarded_blocks", 0) > 0, json.dumps(ht))
     check("host memory saves most of what the small pool recomputes",
           computed["small+host"] < computed["small"] * 0.6, json.dumps(computed))
+    reorder = 'output_order = "input"\n[router]\nreorder_window = 64\n'
+    p4, grouped, sg, _ = run("reuse_small_reorder", small_pool, inp=reuse, extra=reorder)
+    order = [json.loads(l)["custom_id"] for l in (tmp / "out" / "reuse_small_reorder.jsonl").read_text().splitlines()]
+    computed["small+reorder"] = sg.get("prompt_tokens_computed")
+    check("small pool + reorder window: identical outputs, in input order, each document computed about once",
+          p4.returncode == 0 and grouped == big and order == [f"q{i}" for i in range(36)] and
+          computed["small+reorder"] < computed["small"] * 0.4, json.dumps(computed))
     store3 = tmp / "store3"
     run("reuse_fill", small_pool + f'store_path = "{store3}"\n', inp=reuse)
     p3, disk, sd, _ = run("reuse_disk", small_pool + f'store_path = "{store3}"\n', inp=reuse)

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "router/kv_aware_policy.h"
+#include "router/prefix_order.h"
 
 using namespace tandem::router;
 
@@ -70,4 +71,17 @@ TEST_CASE("the KV index counts each leading block at the fastest tier holding it
   CHECK(index.overlap(2, prompt).disk == 4);  // the store is every worker's
   index.removed(1, host, KvIndex::Where::kHost);
   CHECK(index.overlap(1, prompt).host == 0);
+}
+
+TEST_CASE("reordering: the request sharing the longest prefix with the last one goes next, else the oldest",
+          "[router]") {
+  const std::vector<uint64_t> a1 = {1, 2, 3}, b1 = {7, 8}, a2 = {1, 2, 4}, a3 = {1, 9}, c = {5};
+  std::vector<std::span<const uint64_t>> window = {b1, a3, a2, c};
+  const std::vector<uint64_t> none;
+  CHECK(next_by_shared_prefix(window, a1) == 2);    // a2 shares two blocks, a3 one
+  CHECK(next_by_shared_prefix(window, none) == 0);  // nothing placed yet: the oldest
+  CHECK(next_by_shared_prefix(window, c) == 3);
+  const std::vector<uint64_t> d = {42};
+  CHECK(next_by_shared_prefix(window, d) == 0);  // nothing shared: the oldest
+  CHECK(next_by_shared_prefix(std::span<const std::span<const uint64_t>>(window).first(1), a1) == 0);
 }
