@@ -50,6 +50,30 @@ struct TierStats {
   int64_t store_blocks_at_open = 0, store_files_at_open = 0;
   bool store_enabled = false, store_writable = false;
   int64_t host_capacity_blocks = 0;
+
+  // Every field by name, as f(name, pointer to member): one list for
+  // serialising, reading back and summing over ranks.
+  template <class F>
+  static void each_field(F&& f) {
+    f("host_offloaded", &TierStats::host_offloaded);
+    f("host_onboarded", &TierStats::host_onboarded);
+    f("disk_onboarded", &TierStats::disk_onboarded);
+    f("host_bytes", &TierStats::host_bytes);
+    f("host_seconds", &TierStats::host_seconds);
+    f("disk_read", &TierStats::disk_read);
+    f("disk_read_failed", &TierStats::disk_read_failed);
+    f("disk_read_bytes", &TierStats::disk_read_bytes);
+    f("disk_read_seconds", &TierStats::disk_read_seconds);
+    f("disk_written", &TierStats::disk_written);
+    f("disk_write_dropped", &TierStats::disk_write_dropped);
+    f("disk_write_bytes", &TierStats::disk_write_bytes);
+    f("disk_write_seconds", &TierStats::disk_write_seconds);
+    f("store_blocks_at_open", &TierStats::store_blocks_at_open);
+    f("store_files_at_open", &TierStats::store_files_at_open);
+    f("store_enabled", &TierStats::store_enabled);
+    f("store_writable", &TierStats::store_writable);
+    f("host_capacity_blocks", &TierStats::host_capacity_blocks);
+  }
 };
 
 class KvTiers final : public LowerTier {

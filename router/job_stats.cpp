@@ -1,6 +1,8 @@
 #include "router/job_stats.h"
 
 #include <algorithm>
+#include <string_view>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -25,37 +27,16 @@ void JobStats::request_ok(int64_t prompt_tokens, int64_t generated, double ttft_
 }
 
 nlohmann::json tiers_json(const kv::TierStats& t) {
-  return {{"host_offloaded", t.host_offloaded},     {"host_onboarded", t.host_onboarded},
-          {"disk_onboarded", t.disk_onboarded},     {"host_bytes", t.host_bytes},
-          {"host_seconds", t.host_seconds},         {"disk_read", t.disk_read},
-          {"disk_read_failed", t.disk_read_failed}, {"disk_read_bytes", t.disk_read_bytes},
-          {"disk_read_seconds", t.disk_read_seconds}, {"disk_written", t.disk_written},
-          {"disk_write_dropped", t.disk_write_dropped}, {"disk_write_bytes", t.disk_write_bytes},
-          {"disk_write_seconds", t.disk_write_seconds}, {"store_blocks_at_open", t.store_blocks_at_open},
-          {"store_files_at_open", t.store_files_at_open}, {"store_enabled", t.store_enabled},
-          {"store_writable", t.store_writable},     {"host_capacity_blocks", t.host_capacity_blocks}};
+  nlohmann::json j = nlohmann::json::object();
+  kv::TierStats::each_field([&](const char* name, auto member) { j[name] = t.*member; });
+  return j;
 }
 
 kv::TierStats tiers_from_json(const nlohmann::json& j) {
   kv::TierStats t;
-  t.host_offloaded = j.at("host_offloaded");
-  t.host_onboarded = j.at("host_onboarded");
-  t.disk_onboarded = j.at("disk_onboarded");
-  t.host_bytes = j.at("host_bytes");
-  t.host_seconds = j.at("host_seconds");
-  t.disk_read = j.at("disk_read");
-  t.disk_read_failed = j.at("disk_read_failed");
-  t.disk_read_bytes = j.at("disk_read_bytes");
-  t.disk_read_seconds = j.at("disk_read_seconds");
-  t.disk_written = j.at("disk_written");
-  t.disk_write_dropped = j.at("disk_write_dropped");
-  t.disk_write_bytes = j.at("disk_write_bytes");
-  t.disk_write_seconds = j.at("disk_write_seconds");
-  t.store_blocks_at_open = j.at("store_blocks_at_open");
-  t.store_files_at_open = j.at("store_files_at_open");
-  t.store_enabled = j.at("store_enabled");
-  t.store_writable = j.at("store_writable");
-  t.host_capacity_blocks = j.at("host_capacity_blocks");
+  kv::TierStats::each_field([&](const char* name, auto member) {
+    t.*member = j.at(name).get<std::remove_reference_t<decltype(t.*member)>>();
+  });
   return t;
 }
 
@@ -69,24 +50,14 @@ nlohmann::json tier_summary(const std::vector<RankReport>& ranks) {
   kv::TierStats t;
   for (const auto& r : ranks) {
     for (int i = 0; i < 3; ++i) hits[static_cast<std::size_t>(i)] += r.hit_tokens_by_tier[static_cast<std::size_t>(i)];
-    const kv::TierStats& x = r.tiers;
-    t.host_offloaded += x.host_offloaded;
-    t.host_onboarded += x.host_onboarded;
-    t.disk_onboarded += x.disk_onboarded;
-    t.host_bytes += x.host_bytes;
-    t.host_seconds += x.host_seconds;
-    t.disk_read += x.disk_read;
-    t.disk_read_failed += x.disk_read_failed;
-    t.disk_read_bytes += x.disk_read_bytes;
-    t.disk_read_seconds += x.disk_read_seconds;
-    t.disk_written += x.disk_written;
-    t.disk_write_dropped += x.disk_write_dropped;
-    t.disk_write_bytes += x.disk_write_bytes;
-    t.disk_write_seconds += x.disk_write_seconds;
-    t.store_blocks_at_open = std::max(t.store_blocks_at_open, x.store_blocks_at_open);
-    t.store_files_at_open = std::max(t.store_files_at_open, x.store_files_at_open);
-    t.store_enabled = t.store_enabled || x.store_enabled;
-    t.store_writable = t.store_writable || x.store_writable;
+    // Counters add up; what every rank sees alike (the store at open, flags) does not.
+    kv::TierStats::each_field([&](std::string_view name, auto member) {
+      auto& sum = t.*member;
+      const auto& v = r.tiers.*member;
+      if constexpr (std::is_same_v<std::remove_reference_t<decltype(sum)>, bool>) sum = sum || v;
+      else if (name.starts_with("store_")) sum = std::max(sum, v);
+      else sum += v;
+    });
   }
   return {{"hit_tokens", {{"device", hits[0]}, {"host", hits[1]}, {"disk", hits[2]}}},
           {"host", {{"offloaded_blocks", t.host_offloaded},

@@ -150,28 +150,33 @@ std::string Metrics::render() const {
     for (std::size_t t = 0; t < 3; ++t)
       o += "tandem_kv_tier_hit_tokens_total{rank=\"" + std::to_string(r) + "\",tier=\"" + kTier[t] + "\"} " +
            std::to_string(v.hit_tokens_by_tier[t]) + "\n";
-  header(o, "tandem_kv_offloaded_blocks_total", "counter",
-         "KV blocks copied down a tier: evicted from the pool to host memory, or written to the disk store.");
-  for (const auto& [r, v] : ranks_) {
-    const std::string rank = "{rank=\"" + std::to_string(r) + "\",tier=\"";
-    o += "tandem_kv_offloaded_blocks_total" + rank + "host\"} " + std::to_string(v.tiers.host_offloaded) + "\n";
-    o += "tandem_kv_offloaded_blocks_total" + rank + "disk\"} " + std::to_string(v.tiers.disk_written) + "\n";
-  }
-  header(o, "tandem_kv_onboarded_blocks_total", "counter",
-         "KV blocks copied back into the pool instead of recomputed, by the tier they came from.");
-  for (const auto& [r, v] : ranks_) {
-    const std::string rank = "{rank=\"" + std::to_string(r) + "\",tier=\"";
-    o += "tandem_kv_onboarded_blocks_total" + rank + "host\"} " + std::to_string(v.tiers.host_onboarded) + "\n";
-    o += "tandem_kv_onboarded_blocks_total" + rank + "disk\"} " + std::to_string(v.tiers.disk_onboarded) + "\n";
-  }
-  header(o, "tandem_kv_tier_bytes_total", "counter",
-         "Bytes of KV copied between the pool and host memory (host), read from and written to the disk store.");
-  for (const auto& [r, v] : ranks_) {
-    const std::string rank = "{rank=\"" + std::to_string(r) + "\",tier=\"";
-    o += "tandem_kv_tier_bytes_total" + rank + "host\",direction=\"both\"} " + num(v.tiers.host_bytes) + "\n";
-    o += "tandem_kv_tier_bytes_total" + rank + "disk\",direction=\"read\"} " + num(v.tiers.disk_read_bytes) + "\n";
-    o += "tandem_kv_tier_bytes_total" + rank + "disk\",direction=\"write\"} " + num(v.tiers.disk_write_bytes) + "\n";
-  }
+  // One counter per rank and tier (and direction): label values, then the rank's value.
+  using Sample = std::pair<std::string, double>;
+  auto per_rank = [&](const char* name, const char* help, auto samples) {
+    header(o, name, "counter", help);
+    for (const auto& [r, v] : ranks_)
+      for (const Sample& x : samples(v.tiers))
+        o += std::string(name) + "{rank=\"" + std::to_string(r) + "\"," + x.first + "} " + num(x.second) + "\n";
+  };
+  using T = kv::TierStats;
+  per_rank("tandem_kv_offloaded_blocks_total",
+           "KV blocks copied down a tier: evicted from the pool to host memory, or written to the disk store.",
+           [](const T& t) {
+             return std::vector<Sample>{{"tier=\"host\"", static_cast<double>(t.host_offloaded)},
+                                        {"tier=\"disk\"", static_cast<double>(t.disk_written)}};
+           });
+  per_rank("tandem_kv_onboarded_blocks_total",
+           "KV blocks copied back into the pool instead of recomputed, by the tier they came from.", [](const T& t) {
+             return std::vector<Sample>{{"tier=\"host\"", static_cast<double>(t.host_onboarded)},
+                                        {"tier=\"disk\"", static_cast<double>(t.disk_onboarded)}};
+           });
+  per_rank("tandem_kv_tier_bytes_total",
+           "Bytes of KV copied between the pool and host memory (host), read from and written to the disk store.",
+           [](const T& t) {
+             return std::vector<Sample>{{"tier=\"host\",direction=\"both\"", t.host_bytes},
+                                        {"tier=\"disk\",direction=\"read\"", t.disk_read_bytes},
+                                        {"tier=\"disk\",direction=\"write\"", t.disk_write_bytes}};
+           });
   return o;
 }
 
