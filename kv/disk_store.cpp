@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -14,6 +15,9 @@
 
 namespace tandem::kv {
 namespace {
+
+// Chunks are read and written raw: the file says float32 little-endian, so must memory.
+static_assert(std::endian::native == std::endian::little, "the KV store's raw chunk I/O assumes little-endian floats");
 
 using Dims6 = std::array<hsize_t, 6>;
 
@@ -222,6 +226,12 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
     H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
     Dims6 want = block_dims(l, dims[0]);
     if (dims != want || static_cast<int64_t>(dims[0]) < *rows) return skip("is damaged (/kv has the wrong shape)");
+    // Blocks are read as raw chunks: one block per chunk, unfiltered.
+    H5Id dcpl(H5Dget_create_plist(f.kv.get()));
+    Dims6 chunk{};
+    if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED || H5Pget_chunk(dcpl.get(), 6, chunk.data()) != 6 ||
+        chunk != block_dims(l, 1) || H5Pget_nfilters(dcpl.get()) != 0)
+      return skip("is not laid out as one unfiltered chunk per block");
   }
   std::vector<uint64_t> hashes;
   if (!read_u64(h, "hash", *rows, hashes) || !read_u64(h, "checksum", *rows, f.checksums))
@@ -247,14 +257,11 @@ bool DiskStore::read(uint64_t hash, float* dst, std::string& warning) {
   const auto [fi, row] = it->second;
   File& f = files_[fi];
   const KvLayout& l = o_.id.layout;
-  H5Id space(H5Dget_space(f.kv.get()));
-  Dims6 start{static_cast<hsize_t>(row), 0, 0, 0, 0, 0};
-  Dims6 count = block_dims(l, 1);
-  const hsize_t floats = static_cast<hsize_t>(l.block_floats());
-  H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-  H5Id mem(H5Screate_simple(1, &floats, nullptr));
+  // One block is one chunk, stored raw: read its bytes directly (no selection, no conversion).
+  const Dims6 start{static_cast<hsize_t>(row), 0, 0, 0, 0, 0};
+  uint32_t filters = 0;
   std::string problem;
-  if (H5Dread(f.kv.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, dst) < 0)
+  if (H5Dread_chunk(f.kv.get(), H5P_DEFAULT, start.data(), &filters, dst) < 0 || filters != 0)
     problem = "cannot be read (" + h5_error() + ")";
   else if (XXH3_64bits(dst, l.block_bytes()) != f.checksums[static_cast<std::size_t>(row)])
     problem = "has a block that fails its checksum (the file is damaged)";
@@ -335,20 +342,15 @@ bool DiskStore::write(std::span<const uint64_t> hashes, const float* data, std::
   for (int64_t i = 0; i < n; ++i)
     sums[static_cast<std::size_t>(i)] = XXH3_64bits(data + i * l.block_floats(), l.block_bytes());
   const Dims6 size = block_dims(l, static_cast<hsize_t>(rows_ + n));
-  Dims6 start{static_cast<hsize_t>(rows_), 0, 0, 0, 0, 0};
-  const Dims6 count = block_dims(l, static_cast<hsize_t>(n));
   bool ok = H5Dset_extent(f.kv.get(), size.data()) >= 0;
-  if (ok) {
-    H5Id space(H5Dget_space(f.kv.get()));
-    H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-    const hsize_t floats = static_cast<hsize_t>(n * l.block_floats());
-    H5Id mem(H5Screate_simple(1, &floats, nullptr));
-    ok = H5Dwrite(f.kv.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, data) >= 0;
+  for (int64_t i = 0; ok && i < n; ++i) {  // one block is one chunk: written raw, as the pool holds it
+    const Dims6 at{static_cast<hsize_t>(rows_ + i), 0, 0, 0, 0, 0};
+    ok = H5Dwrite_chunk(f.kv.get(), H5P_DEFAULT, 0, at.data(), l.block_bytes(), data + i * l.block_floats()) >= 0;
   }
   // Rows count once their data, hashes and checksums are all written (the "blocks" attribute).
   ok = ok && append_u64(hash_set_.get(), static_cast<hsize_t>(rows_), hashes) &&
        append_u64(checksum_set_.get(), static_cast<hsize_t>(rows_), sums) &&
-       write_int_attr(f.file.get(), "blocks", rows_ + n) && H5Fflush(f.file.get(), H5F_SCOPE_LOCAL) >= 0;
+       write_int_attr(f.file.get(), "blocks", rows_ + n);
   if (!ok) {
     warning = describe() + ": writing " + f.path.filename().string() + " failed (" + h5_error() +
               "): nothing more is stored in this job";

@@ -64,7 +64,14 @@ void KvTiers::used(uint64_t hash, const float* data, int64_t uses) {
       ++stats_.disk_write_dropped;  // the filesystem is behind: a cache may skip a block, the step loop may not wait
       return;
     }
-    writes_.push_back({hash, std::vector<float>(data, data + layout_.block_floats())});
+    // A buffer the I/O thread has finished with, if any: no fresh pages on the step loop.
+    std::vector<float> buf;
+    if (!spare_.empty()) {
+      buf = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    buf.assign(data, data + layout_.block_floats());
+    writes_.push_back({hash, std::move(buf)});
     queued_bytes_ += bytes;
   }
   cv_.notify_one();
@@ -136,6 +143,11 @@ void KvTiers::poll(std::vector<std::string>& warnings) {
     stats_.disk_read_seconds += r.seconds;
     host_.put(r.hash, r.data.data(), o_.store_min_hits, true);
   }
+  // Their buffers serve the next reads and writes.
+  std::lock_guard lk(mu_);
+  for (auto& r : done)
+    if (r.data.capacity() && static_cast<int64_t>(spare_.size() * layout_.block_bytes()) < o_.max_queued_bytes)
+      spare_.push_back(std::move(r.data));
 }
 
 void KvTiers::io_loop() {
@@ -145,8 +157,13 @@ void KvTiers::io_loop() {
     if (!reads_.empty() && !stop_) {  // reads first: a request waits on them
       const uint64_t h = reads_.front();
       reads_.pop_front();
+      std::vector<float> data;
+      if (!spare_.empty()) {
+        data = std::move(spare_.back());
+        spare_.pop_back();
+      }
       lk.unlock();
-      std::vector<float> data(static_cast<std::size_t>(layout_.block_floats()));
+      data.resize(static_cast<std::size_t>(layout_.block_floats()));
       std::string warning;
       const auto t0 = Clock::now();
       if (!store_->read(h, data.data(), warning)) data.clear();
@@ -173,6 +190,9 @@ void KvTiers::io_loop() {
       const double dt = since(t0);
       lk.lock();
       queued_bytes_ -= static_cast<int64_t>(batch.size() * layout_.block_bytes());
+      for (auto& w : batch)
+        if (static_cast<int64_t>(spare_.size() * layout_.block_bytes()) < o_.max_queued_bytes)
+          spare_.push_back(std::move(w.data));
       if (!ok) write_stopped_ = true;
       if (ok) {
         written_ += static_cast<int64_t>(batch.size());

@@ -138,6 +138,7 @@ class KvTiers final : public LowerTier {
   std::condition_variable cv_;
   std::deque<uint64_t> reads_;
   std::deque<Write> writes_;
+  std::vector<std::vector<float>> spare_;  // block buffers done with, reused for the next reads and writes
   std::vector<Read> done_;
   std::vector<std::string> io_warnings_;
   int64_t queued_bytes_ = 0;

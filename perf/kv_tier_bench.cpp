@@ -7,10 +7,11 @@
 // 128, 16 tokens, float32 = 3.5 MiB). Before each read the files are synced
 // and dropped from the page cache (posix_fadvise), for both sides alike.
 // Figures and ratios only; never fails on time.
-//   kv_tier_bench [DIR] [BLOCKS]
+//   kv_tier_bench [DIR] [BLOCKS] [ROUNDS]
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,11 @@ namespace fs = std::filesystem;
 namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // Syncs every file under dir and asks the kernel to drop its cached pages.
 bool drop_cache(const fs::path& dir) {
@@ -56,6 +62,7 @@ void row(const char* what, double bytes, double ours_s, double base_s, const cha
 int main(int argc, char** argv) {
   const fs::path dir = argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "tandem-kv-tier-bench";
   const int64_t n = argc > 2 ? std::stoll(argv[2]) : 96;
+  const int rounds = argc > 3 ? std::stoi(argv[3]) : 5;
   const KvLayout layout{28, 8, 128, 16};
   const auto block = static_cast<double>(layout.block_bytes());
   const double bytes = block * static_cast<double>(n);
@@ -70,11 +77,12 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> u(-1, 1);
   auto blocks = *pool.allocate(n);
   for (int64_t i = 0; i < n * layout.block_floats(); ++i) pool.data()[i] = u(rng);
-  std::vector<uint64_t> hashes;
+  std::vector<uint64_t> hashes;  // block i's
   for (int64_t i = 0; i < n; ++i) hashes.push_back(0x1000 + static_cast<uint64_t>(i));
 
-  // Baseline copies of the same bytes.
+  // Baseline copies of the same bytes (and the original, to check what comes back).
   std::vector<float> scratch(static_cast<std::size_t>(n * layout.block_floats()));
+  const std::vector<float> original(pool.data(), pool.data() + n * layout.block_floats());
   auto t0 = Clock::now();
   std::memcpy(scratch.data(), pool.data(), static_cast<std::size_t>(bytes));
   const double memcpy_out = seconds_since(t0);
@@ -83,97 +91,126 @@ int main(int argc, char** argv) {
   const double memcpy_in = seconds_since(t0);
 
   std::vector<std::string> warnings;
-  TierOptions o;
-  o.host_bytes = static_cast<int64_t>(bytes) * 2;
-  o.store.dir = dir / "store";
-  o.store.id = {"bench", "kv_tier_bench", layout};
-  o.store_min_hits = 1;
-  o.max_queued_bytes = static_cast<int64_t>(bytes) * 2;
-  double store_s = 0;
+  auto publish_all = [&](uint64_t base) {
+    for (int64_t i = 0; i < n; ++i) pool.publish(blocks[static_cast<std::size_t>(i)], base + static_cast<uint64_t>(i));
+  };
   {
-    KvTiers tiers(layout, o, warnings);
-    pool.set_lower(&tiers);
-    // Store: publishing a block counts one use, so with min_hits = 1 each goes to the write-behind queue.
-    t0 = Clock::now();
-    for (int64_t i = 0; i < n; ++i) pool.publish(blocks[static_cast<std::size_t>(i)], hashes[static_cast<std::size_t>(i)]);
-    const double queue_s = seconds_since(t0);
-    tiers.close(warnings);
-    store_s = seconds_since(t0);
-    std::printf("  (the step loop spent %.1f ms queueing %lld blocks for the store: %.2f GB/s of copies)\n",
-                queue_s * 1e3, static_cast<long long>(n), bytes / queue_s / 1e9);
+    // Host memory of exactly n blocks. Its pages are faulted in as it first
+    // fills (timed apart); later evictions reuse them, as in a long job.
+    TierOptions h;
+    h.host_bytes = static_cast<int64_t>(bytes);
+    KvTiers host(layout, h, warnings);
+    pool.set_lower(&host);
+    publish_all(0x900000);
     pool.release(blocks);
-    // Offload: new allocations evict every cached block into host memory.
     t0 = Clock::now();
-    auto fresh = *pool.allocate(n);
+    auto fresh = *pool.allocate(n);  // evicts every cached block into host memory
+    const double first_fill_s = seconds_since(t0);
+    pool.release(fresh);
+    blocks = *pool.allocate(n);
+    std::memcpy(pool.data(), original.data(), static_cast<std::size_t>(bytes));
+    publish_all(0x1000);
+    pool.release(blocks);
+    t0 = Clock::now();
+    fresh = *pool.allocate(n);
     const double offload_s = seconds_since(t0);
     pool.release(fresh);
-    // Onboard: a lookup copies them back.
     t0 = Clock::now();
-    auto back = pool.lookup(hashes);
+    auto back = pool.lookup(hashes);  // copies them back
     const double onboard_s = seconds_since(t0);
-    const auto st = tiers.stats();
+    const auto st = host.stats();
     std::printf("offload/onboard between the pool and host memory (%lld offloaded, %lld onboarded):\n",
                 static_cast<long long>(st.host_offloaded), static_cast<long long>(st.host_onboarded));
+    row("offload G1 -> G2 (first fill)", bytes, first_fill_s, memcpy_out, "memcpy");
     row("offload G1 -> G2 (evict)", bytes, offload_s, memcpy_out, "memcpy");
     row("onboard G2 -> G1 (lookup)", bytes, onboard_s, memcpy_in, "memcpy");
     pool.release(back);
     pool.set_lower(nullptr);
   }
-
-  // Plain HDF5 of the same bytes: one contiguous dataset, one write, one read.
-  const fs::path plain = dir / "plain.h5";
-  t0 = Clock::now();
-  {
-    const hid_t f = H5Fcreate(plain.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    const hsize_t dims[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(layout.block_floats())};
-    const hid_t space = H5Screate_simple(2, dims, nullptr);
-    const hid_t set = H5Dcreate2(f, "kv", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, pool.data());
-    H5Dclose(set);
-    H5Sclose(space);
-    H5Fclose(f);
+  // The store, in rounds (this machine's disk varies several-fold from one
+  // minute to the next): each round writes a fresh store and a plain file,
+  // drops both from the page cache, reads both back. Medians are printed.
+  BlockPool src(layout, n);
+  blocks = *src.allocate(n);
+  std::memcpy(src.data(), original.data(), static_cast<std::size_t>(bytes));
+  TierOptions o;
+  o.store_min_hits = 1;
+  o.max_queued_bytes = static_cast<int64_t>(bytes) * 2;
+  o.host_bytes = static_cast<int64_t>(bytes) * 2;  // room to read the whole store ahead
+  o.store.id = {"bench", "kv_tier_bench", layout};
+  std::vector<double> store_s, plain_write_s, read_s, load_s, plain_read_s, queue_s;
+  bool same = true, dropped = true;
+  for (int round = 0; round < rounds; ++round) {
+    o.store.dir = dir / ("store" + std::to_string(round));
+    {
+      KvTiers tiers(layout, o, warnings);
+      src.set_lower(&tiers);
+      // Publishing a block counts one use: with min_hits = 1 each goes to the write-behind queue.
+      t0 = Clock::now();
+      for (int64_t i = 0; i < n; ++i) src.publish(blocks[static_cast<std::size_t>(i)], hashes[static_cast<std::size_t>(i)]);
+      queue_s.push_back(seconds_since(t0));
+      tiers.close(warnings);
+      store_s.push_back(seconds_since(t0));
+      src.set_lower(nullptr);
+    }
+    const auto stored_in = blocks;  // hash i is block stored_in[i]'s bytes
+    // Plain HDF5 of the same bytes: one contiguous dataset, one write, one read.
+    const fs::path plain = dir / ("plain" + std::to_string(round) + ".h5");
+    t0 = Clock::now();
+    {
+      const hid_t f = H5Fcreate(plain.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      const hsize_t dims[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(layout.block_floats())};
+      const hid_t space = H5Screate_simple(2, dims, nullptr);
+      const hid_t set = H5Dcreate2(f, "kv", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, original.data());
+      H5Dclose(set);
+      H5Sclose(space);
+      H5Fclose(f);
+    }
+    plain_write_s.push_back(seconds_since(t0));
+    dropped = drop_cache(dir) && dropped;
+    t0 = Clock::now();
+    {
+      const hid_t f = H5Fopen(plain.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      const hid_t set = H5Dopen2(f, "kv", H5P_DEFAULT);
+      H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, scratch.data());
+      H5Dclose(set);
+      H5Fclose(f);
+    }
+    plain_read_s.push_back(seconds_since(t0));
+    // Load: a later job opens the store, reads every block ahead into host memory, then onboards them.
+    BlockPool later(layout, n);
+    t0 = Clock::now();
+    KvTiers tiers(layout, o, warnings);
+    later.set_lower(&tiers);
+    std::vector<std::string> w;
+    tiers.prefetch(hashes, later);
+    while (tiers.reading_any()) {
+      tiers.poll(w);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    read_s.push_back(seconds_since(t0));
+    auto got = later.lookup(hashes);
+    load_s.push_back(seconds_since(t0));
+    same = same && got.size() == static_cast<std::size_t>(n);
+    for (std::size_t i = 0; same && i < got.size(); ++i)
+      same = std::memcmp(later.data() + got[i] * layout.block_floats(),
+                         original.data() + stored_in[i] * layout.block_floats(), layout.block_bytes()) == 0;
+    later.release(got);
+    src.release(blocks);
+    blocks = *src.allocate(n);  // the same bytes, unpublished, for the next round's store
+    later.set_lower(nullptr);
+    tiers.close(w);
   }
-  const double plain_write_s = seconds_since(t0);
-  std::printf("the HDF5 store against plain HDF5 of the same bytes:\n");
-  row("store G1 -> G3 (write-behind)", bytes, store_s, plain_write_s, "one H5Dwrite");
-
-  const bool dropped = drop_cache(dir);
-  t0 = Clock::now();
-  {
-    const hid_t f = H5Fopen(plain.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    const hid_t set = H5Dopen2(f, "kv", H5P_DEFAULT);
-    H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, scratch.data());
-    H5Dclose(set);
-    H5Fclose(f);
-  }
-  const double plain_read_s = seconds_since(t0);
-
-  // Load: a later job opens the store, reads every block ahead into host memory, then onboards them.
-  BlockPool later(layout, n);
-  t0 = Clock::now();
-  KvTiers tiers(layout, o, warnings);
-  later.set_lower(&tiers);
-  std::vector<std::string> w;
-  tiers.prefetch(hashes, later);
-  while (tiers.reading_any()) {
-    tiers.poll(w);
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  const double read_s = seconds_since(t0);
-  auto got = later.lookup(hashes);
-  const double load_s = seconds_since(t0);
-  row("load G3 -> G2 (open + read ahead)", bytes, read_s, plain_read_s, "one H5Dread");
-  row("load G3 -> G1 (+ onboard)", bytes, load_s, plain_read_s, "one H5Dread");
-  const bool same = got.size() == static_cast<std::size_t>(n) &&
-                    std::memcmp(later.data() + got[0] * layout.block_floats(), pool.data() + blocks[0] * layout.block_floats(),
-                                layout.block_bytes()) == 0;
-  std::printf("  %lld of %lld blocks back, first block bit-identical: %s; page cache dropped before reads: %s\n",
-              static_cast<long long>(got.size()), static_cast<long long>(n), same ? "yes" : "NO",
-              dropped ? "yes" : "no (fadvise refused: reads may come from memory)");
+  std::printf("the HDF5 store against plain HDF5 of the same bytes (median of %d rounds):\n", rounds);
+  std::printf("  (the step loop spent %.1f ms queueing %lld blocks for the store: %.2f GB/s of copies)\n",
+              median(queue_s) * 1e3, static_cast<long long>(n), bytes / median(queue_s) / 1e9);
+  row("store G1 -> G3 (write-behind)", bytes, median(store_s), median(plain_write_s), "one H5Dwrite");
+  row("load G3 -> G2 (open + read ahead)", bytes, median(read_s), median(plain_read_s), "one H5Dread");
+  row("load G3 -> G1 (+ onboard)", bytes, median(load_s), median(plain_read_s), "one H5Dread");
+  std::printf("  every block back bit-identical in every round: %s; page cache dropped before reads: %s\n",
+              same ? "yes" : "NO", dropped ? "yes" : "no (fadvise refused: reads may come from memory)");
   for (const auto& x : warnings) std::printf("  warning: %s\n", x.c_str());
-  later.release(got);
-  later.set_lower(nullptr);
-  tiers.close(w);
   fs::remove_all(dir);
   return 0;
 }
