@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "runtime/engine/backend.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/model/model_config.h"
@@ -23,16 +24,9 @@
 
 namespace tandem::runtime::cpu {
 
-// One sequence's part of a step.
-struct SeqChunk {
-  int64_t start_pos = 0;                   // position of tokens[0] in its sequence
-  std::span<const int32_t> tokens;         // this step's tokens of the sequence
-  std::span<const int32_t> block_table;    // pool blocks covering positions [0, start_pos + tokens.size())
-  bool logits_last = false;                // logits for the last token (to sample the next one)
-  bool logits_all = false;                 // logits for every token (prompt logprobs)
-};
+using runtime::SeqChunk;
 
-class CpuModel {
+class CpuModel final : public ModelBackend {
  public:
   // config, weights and pool must outlive the model.
   CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads);
@@ -40,7 +34,8 @@ class CpuModel {
   // Runs one step. logits: [rows wanting logits][vocab], in chunk order, and
   // within a chunk in position order. Throws tandem::Error on a block table
   // too short for the positions it must hold.
-  void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits);
+  void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
+  std::string_view name() const override { return "cpu"; }
 
   const KernelTable& kernels() const { return kern_; }
 

@@ -49,10 +49,14 @@ struct Engine::Sequence {
 
 Engine::Engine(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, cpu::ThreadPool& threads,
                const Tokenizer* tokenizer, EngineOptions options)
+    : Engine(config, std::make_unique<cpu::CpuModel>(config, weights, pool, threads), pool, tokenizer, options) {}
+
+Engine::Engine(const ModelConfig& config, std::unique_ptr<ModelBackend> backend, kv::BlockPool& pool,
+               const Tokenizer* tokenizer, EngineOptions options)
     : config_(config), pool_(pool), tokenizer_(tokenizer), options_(options),
       max_model_len_(options.max_model_len > 0 ? std::min(options.max_model_len, config.max_position_embeddings)
                                                : config.max_position_embeddings),
-      model_(config, weights, pool, threads) {}
+      model_(std::move(backend)) {}
 
 Engine::~Engine() = default;
 
@@ -320,11 +324,11 @@ std::vector<EngineOutput> Engine::step() {
   if (plan.empty()) return outputs;
 
   // 3. One forward pass over every planned chunk.
-  std::vector<cpu::SeqChunk> chunks;
+  std::vector<SeqChunk> chunks;
   chunks.reserve(plan.size());
   last_step_ = {};
   for (const auto& [s, take] : plan) {
-    cpu::SeqChunk c;
+    SeqChunk c;
     c.start_pos = s->computed;
     c.tokens = std::span<const int32_t>(s->tokens.data() + s->computed, static_cast<std::size_t>(take));
     c.block_table = s->blocks;
@@ -347,7 +351,7 @@ std::vector<EngineOutput> Engine::step() {
       stats_.decode_tokens += take;
     }
   }
-  model_.forward(chunks, logits_);
+  model_->forward(chunks, logits_);
   ++stats_.steps;
 
   // 4. Sample, check for the end, report.
@@ -355,7 +359,7 @@ std::vector<EngineOutput> Engine::step() {
   std::size_t row = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
-    const cpu::SeqChunk& c = chunks[i];
+    const SeqChunk& c = chunks[i];
     if (c.logits_all) {
       // Row t predicts position start_pos + t + 1.
       for (std::size_t t = 0; t < c.tokens.size(); ++t) {

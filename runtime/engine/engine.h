@@ -95,8 +95,11 @@ struct EngineStats {
 class Engine {
  public:
   // The model, weights, pool and threads must outlive the engine. tokenizer
-  // may be null (no text, no stop strings).
+  // may be null (no text, no stop strings). Runs the model on the CPU.
   Engine(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, cpu::ThreadPool& threads,
+         const Tokenizer* tokenizer, EngineOptions options);
+  // The same on another backend (backend_registry.h), which works on `pool`.
+  Engine(const ModelConfig& config, std::unique_ptr<ModelBackend> backend, kv::BlockPool& pool,
          const Tokenizer* tokenizer, EngineOptions options);
   ~Engine();
 
@@ -140,7 +143,7 @@ class Engine {
   const Tokenizer* tokenizer_;
   EngineOptions options_;
   int64_t max_model_len_;
-  cpu::CpuModel model_;
+  std::unique_ptr<ModelBackend> model_;
   std::deque<std::unique_ptr<Sequence>> waiting_;  // FIFO; preempted sequences go back to the front
   std::list<std::unique_ptr<Sequence>> running_;   // oldest first
   std::vector<uint64_t> aborted_;

@@ -22,23 +22,38 @@ struct Failures {
   }
 };
 
-// Fills block b of `rank`'s pool with a pattern naming (rank, block, round).
-inline void fill(uint8_t* pool, std::size_t block_bytes, int32_t block, int rank, int round) {
-  auto* p = reinterpret_cast<uint32_t*>(pool + static_cast<std::size_t>(block) * block_bytes);
+// How the suite reaches a pool's memory: plain memcpy for host pools; a
+// device pool's test passes cudaMemcpy wrappers.
+struct PoolAccess {
+  std::function<void(uint8_t* dst, const void* src, std::size_t n)> write = [](uint8_t* d, const void* s, std::size_t n) {
+    std::memcpy(d, s, n);
+  };
+  std::function<void(void* dst, const uint8_t* src, std::size_t n)> read = [](void* d, const uint8_t* s, std::size_t n) {
+    std::memcpy(d, s, n);
+  };
+};
+
+// The pattern of block `block` of `rank` in `round`.
+inline std::vector<uint8_t> pattern(std::size_t block_bytes, int32_t block, int rank, int round) {
+  std::vector<uint8_t> out(block_bytes);
+  auto* p = reinterpret_cast<uint32_t*>(out.data());
   for (std::size_t i = 0; i < block_bytes / 4; ++i)
     p[i] = static_cast<uint32_t>(rank) * 0x01000193u ^ static_cast<uint32_t>(block) * 0x9E3779B1u ^
            static_cast<uint32_t>(round) * 0x85EBCA6Bu ^ static_cast<uint32_t>(i);
+  return out;
 }
 
-inline bool holds(const uint8_t* pool, std::size_t block_bytes, int32_t block, int rank, int32_t src_block, int round) {
-  std::vector<uint8_t> want(block_bytes);
-  fill(want.data(), block_bytes, 0, rank, round);
-  // fill() of block 0 used block id 0; rebuild with the real source id.
-  auto* w = reinterpret_cast<uint32_t*>(want.data());
-  for (std::size_t i = 0; i < block_bytes / 4; ++i)
-    w[i] = static_cast<uint32_t>(rank) * 0x01000193u ^ static_cast<uint32_t>(src_block) * 0x9E3779B1u ^
-           static_cast<uint32_t>(round) * 0x85EBCA6Bu ^ static_cast<uint32_t>(i);
-  return std::memcmp(pool + static_cast<std::size_t>(block) * block_bytes, want.data(), block_bytes) == 0;
+// Fills block b of `rank`'s pool with a pattern naming (rank, block, round).
+inline void fill(const PoolAccess& a, uint8_t* pool, std::size_t block_bytes, int32_t block, int rank, int round) {
+  const auto p = pattern(block_bytes, block, rank, round);
+  a.write(pool + static_cast<std::size_t>(block) * block_bytes, p.data(), block_bytes);
+}
+
+inline bool holds(const PoolAccess& a, const uint8_t* pool, std::size_t block_bytes, int32_t block, int rank,
+                  int32_t src_block, int round) {
+  std::vector<uint8_t> got(block_bytes);
+  a.read(got.data(), pool + static_cast<std::size_t>(block) * block_bytes, block_bytes);
+  return got == pattern(block_bytes, src_block, rank, round);
 }
 
 inline void wait(mpi::KvTransport& t, mpi::Transfer& x, Failures& f, const std::string& what) {
@@ -51,8 +66,10 @@ inline void wait(mpi::KvTransport& t, mpi::Transfer& x, Failures& f, const std::
   f.check(x.done, what + ": transfer never completed");
 }
 
-// Runs every case. Ranks 0 and 1 send ("prefill"), rank 2 receives ("decode").
-inline Failures run_transport_suite(mpi::KvTransport& t, const std::function<void()>& barrier) {
+// Runs every case. The last rank receives ("decode"); ranks 0 and 1 send
+// ("prefill"); with two ranks only, rank 0 is both senders, one after the other.
+inline Failures run_transport_suite(mpi::KvTransport& t, const std::function<void()>& barrier,
+                                    const PoolAccess& access = {}) {
   Failures f;
   const int me = t.rank();
   const std::size_t bb = 4096 + 256;  // not a power of two, as real blocks are not
@@ -60,10 +77,10 @@ inline Failures run_transport_suite(mpi::KvTransport& t, const std::function<voi
   void* base = nullptr;
   f.check(t.create_pool(bb, n, &base).ok(), "create_pool");
   auto* pool = static_cast<uint8_t*>(base);
-  const int decode = 2;
+  const int decode = t.size() - 1, second = t.size() > 2 ? 1 : 0;
 
   // 1. One block from rank 0 to rank 2.
-  if (me == 0) fill(pool, bb, 5, 0, 1);
+  if (me == 0) fill(access, pool, bb, 5, 0, 1);
   barrier();
   if (me == 0) {
     mpi::Transfer x;
@@ -73,39 +90,42 @@ inline Failures run_transport_suite(mpi::KvTransport& t, const std::function<voi
     f.check(x.bytes == bb, "one block: bytes reported");
   }
   barrier();
-  if (me == decode) f.check(holds(pool, bb, 9, 0, 5, 1), "one block: data at the target");
+  if (me == decode) f.check(holds(access, pool, bb, 9, 0, 5, 1), "one block: data at the target");
 
   // 2. Two senders at once into disjoint blocks; runs of consecutive ids and scattered ones.
   const std::vector<int32_t> src0 = {0, 1, 2, 3, 10, 12, 13}, dst0 = {20, 21, 22, 23, 40, 2, 3};
   const std::vector<int32_t> src1 = {7, 8, 9, 30, 31}, dst1 = {50, 51, 52, 60, 61};
+  // (With two ranks, rank 0 sends both lists: src1's pattern then names rank 1 all the same.)
   if (me == 0)
-    for (auto b : src0) fill(pool, bb, b, 0, 2);
-  if (me == 1)
-    for (auto b : src1) fill(pool, bb, b, 1, 2);
+    for (auto b : src0) fill(access, pool, bb, b, 0, 2);
+  if (me == second)
+    for (auto b : src1) fill(access, pool, bb, b, 1, 2);
   barrier();
-  if (me == 0 || me == 1) {
-    mpi::Transfer x;
-    const auto& s = me == 0 ? src0 : src1;
-    const auto& d = me == 0 ? dst0 : dst1;
-    f.check(t.post(decode, s, d, x).ok(), "two senders: post");
-    wait(t, x, f, "two senders");
+  if (me == 0 || me == second) {
+    mpi::Transfer x, y;
+    if (me == 0) f.check(t.post(decode, src0, dst0, x).ok(), "two senders: post");
+    if (me == second) f.check(t.post(decode, src1, dst1, y).ok(), "two senders: post");
+    if (me == 0) wait(t, x, f, "two senders");
+    if (me == second) wait(t, y, f, "two senders");
   }
   barrier();
   if (me == decode) {
     for (std::size_t i = 0; i < src0.size(); ++i)
-      f.check(holds(pool, bb, dst0[i], 0, src0[i], 2), "two senders: block from rank 0 -> " + std::to_string(dst0[i]));
+      f.check(holds(access, pool, bb, dst0[i], 0, src0[i], 2),
+              "two senders: block from rank 0 -> " + std::to_string(dst0[i]));
     for (std::size_t i = 0; i < src1.size(); ++i)
-      f.check(holds(pool, bb, dst1[i], 1, src1[i], 2), "two senders: block from rank 1 -> " + std::to_string(dst1[i]));
+      f.check(holds(access, pool, bb, dst1[i], 1, src1[i], 2),
+              "two senders: block from rank 1 -> " + std::to_string(dst1[i]));
   }
 
   // 3. The whole pool in one transfer (one run), twice, the second overwriting the first.
   for (int round = 3; round <= 4; ++round) {
     std::vector<int32_t> all(static_cast<std::size_t>(n));
     for (int64_t i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
-    if (me == 1)
-      for (auto b : all) fill(pool, bb, b, 1, round);
+    if (me == second)
+      for (auto b : all) fill(access, pool, bb, b, 1, round);
     barrier();
-    if (me == 1) {
+    if (me == second) {
       mpi::Transfer x;
       f.check(t.post(decode, all, all, x).ok(), "whole pool: post");
       wait(t, x, f, "whole pool");
@@ -114,7 +134,7 @@ inline Failures run_transport_suite(mpi::KvTransport& t, const std::function<voi
     barrier();
     if (me == decode) {
       bool all_ok = true;
-      for (auto b : all) all_ok = all_ok && holds(pool, bb, b, 1, b, round);
+      for (auto b : all) all_ok = all_ok && holds(access, pool, bb, b, 1, b, round);
       f.check(all_ok, "whole pool round " + std::to_string(round) + ": data at the target");
     }
   }

@@ -1,0 +1,187 @@
+#include "mpi_transport/nccl/nccl_transport.h"
+
+#include <string>
+
+#include "mpi_transport/mpi_check.h"
+
+namespace tandem::mpi {
+namespace {
+
+constexpr int kTagHeader = 1;
+constexpr int kTagAck = 2;
+
+Status nccl_status(ncclResult_t r, const char* call, const char* file, int line) {
+  return Status(StatusCode::kInternal, std::string(call) + ": " + ncclGetErrorString(r))
+      .at(file, line);
+}
+Status cuda_status(cudaError_t e, const char* call, const char* file, int line) {
+  return Status(StatusCode::kInternal, std::string(call) + ": " + cudaGetErrorString(e)).at(file, line);
+}
+
+}  // namespace
+
+#define TANDEM_NCCL(call)                                                             \
+  do {                                                                                \
+    const ncclResult_t tandem_r_ = (call);                                            \
+    if (tandem_r_ != ncclSuccess) return nccl_status(tandem_r_, #call, __FILE__, __LINE__); \
+  } while (0)
+#define TANDEM_CUDA_RT(call)                                                          \
+  do {                                                                                \
+    const cudaError_t tandem_e_ = (call);                                             \
+    if (tandem_e_ != cudaSuccess) return cuda_status(tandem_e_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+NcclTransport::NcclTransport(MPI_Comm comm) {
+  MPI_Comm_dup(comm, &comm_);  // a private channel for headers and acknowledgements
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+NcclTransport::~NcclTransport() {
+  for (auto& in : incoming_)
+    if (in.done) cudaEventDestroy(in.done);
+  if (nccl_) ncclCommDestroy(nccl_);
+  if (stream_) cudaStreamDestroy(stream_);
+  if (pool_) cudaFree(pool_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Status NcclTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
+  block_bytes_ = block_bytes;
+  n_blocks_ = n_blocks;
+  TANDEM_CUDA_RT(cudaMalloc(reinterpret_cast<void**>(&pool_), block_bytes * static_cast<std::size_t>(n_blocks)));
+  TANDEM_CUDA_RT(cudaMemset(pool_, 0, block_bytes * static_cast<std::size_t>(n_blocks)));
+  TANDEM_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  peer_blocks_.resize(static_cast<std::size_t>(size_));
+  TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
+  ncclUniqueId id{};
+  if (rank_ == 0) TANDEM_NCCL(ncclGetUniqueId(&id));
+  TANDEM_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_));
+  TANDEM_NCCL(ncclCommInitRank(&nccl_, size_, id, rank_));
+  *base = pool_;
+  return Status();
+}
+
+// One NCCL group: a send (or receive) per run, in run order, on our stream.
+Status NcclTransport::issue(int peer, const std::vector<BlockRun>& runs, bool send) {
+  TANDEM_NCCL(ncclGroupStart());
+  for (const BlockRun& r : runs) {
+    const std::size_t bytes = static_cast<std::size_t>(r.count) * block_bytes_;
+    uint8_t* at = pool_ + static_cast<std::size_t>(send ? r.src : r.dst) * block_bytes_;
+    const ncclResult_t res = send ? ncclSend(at, bytes, ncclUint8, peer, nccl_, stream_)
+                                  : ncclRecv(at, bytes, ncclUint8, peer, nccl_, stream_);
+    if (res != ncclSuccess) {
+      ncclGroupEnd();
+      return nccl_status(res, send ? "ncclSend" : "ncclRecv", __FILE__, __LINE__);
+    }
+  }
+  TANDEM_NCCL(ncclGroupEnd());
+  return Status();
+}
+
+Status NcclTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, Transfer& transfer) {
+  if (!pool_) return Status(StatusCode::kUnavailable, "pool not created");
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
+  if (src.size() != dst.size()) return Status(StatusCode::kInvalidArgument, "src and dst block lists differ in length");
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (src[i] < 0 || src[i] >= n_blocks_ || dst[i] < 0 || dst[i] >= peer_blocks_[static_cast<std::size_t>(peer)])
+      return Status(StatusCode::kOutOfRange, "block id outside the pool");
+  }
+  transfer = Transfer{peer, src.size() * block_bytes_, src.empty(), 0};
+  if (src.empty()) return Status();
+  const int64_t id = next_id_++;
+  const auto runs = coalesce(src, dst);
+  Outgoing& o = outgoing_[id];
+  o.header = {id, static_cast<int64_t>(runs.size())};
+  for (const BlockRun& r : runs) o.header.insert(o.header.end(), {r.dst, r.count});
+  // The header first: the peer must post its receives for our sends to complete.
+  TANDEM_MPI(MPI_Isend(o.header.data(), static_cast<int>(o.header.size()), MPI_INT64_T, peer, kTagHeader, comm_,
+                       &o.request));
+  TANDEM_RETURN_IF_ERROR(issue(peer, runs, true));
+  transfer.backend_handle = id;
+  return Status();
+}
+
+Status NcclTransport::test(Transfer& transfer) {
+  if (transfer.done) return Status();
+  TANDEM_RETURN_IF_ERROR(progress());
+  auto it = outgoing_.find(transfer.backend_handle);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer");
+  int sent = 0;
+  TANDEM_MPI(MPI_Test(&it->second.request, &sent, MPI_STATUS_IGNORE));
+  if (sent && it->second.acked) {
+    transfer.done = true;
+    outgoing_.erase(it);
+  }
+  return Status();
+}
+
+Status NcclTransport::progress() {
+  // Acknowledgements of our transfers.
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagAck, comm_, &flag, &st));
+    if (!flag) break;
+    int64_t id = 0;
+    TANDEM_MPI(MPI_Recv(&id, 1, MPI_INT64_T, st.MPI_SOURCE, kTagAck, comm_, MPI_STATUS_IGNORE));
+    if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
+  }
+  // Transfers to us: receive into the destination runs.
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagHeader, comm_, &flag, &st));
+    if (!flag) break;
+    int count = 0;
+    TANDEM_MPI(MPI_Get_count(&st, MPI_INT64_T, &count));
+    std::vector<int64_t> h(static_cast<std::size_t>(count));
+    TANDEM_MPI(MPI_Recv(h.data(), count, MPI_INT64_T, st.MPI_SOURCE, kTagHeader, comm_, MPI_STATUS_IGNORE));
+    if (count < 2 || count != 2 + 2 * h[1]) return Status(StatusCode::kInternal, "malformed NCCL transfer header");
+    std::vector<BlockRun> runs;
+    for (int64_t i = 0; i < h[1]; ++i)
+      runs.push_back({0, static_cast<int32_t>(h[static_cast<std::size_t>(2 + 2 * i)]),
+                      static_cast<int32_t>(h[static_cast<std::size_t>(3 + 2 * i)])});
+    TANDEM_RETURN_IF_ERROR(issue(st.MPI_SOURCE, runs, false));
+    Incoming in{st.MPI_SOURCE, h[0], nullptr};
+    TANDEM_CUDA_RT(cudaEventCreateWithFlags(&in.done, cudaEventDisableTiming));
+    TANDEM_CUDA_RT(cudaEventRecord(in.done, stream_));
+    incoming_.push_back(in);
+  }
+  // Receives that have landed: acknowledge, in order.
+  while (!incoming_.empty()) {
+    const cudaError_t q = cudaEventQuery(incoming_.front().done);
+    if (q == cudaErrorNotReady) break;
+    if (q != cudaSuccess) return cuda_status(q, "cudaEventQuery", __FILE__, __LINE__);
+    Incoming in = incoming_.front();
+    incoming_.pop_front();
+    cudaEventDestroy(in.done);
+    acks_.emplace_back(MPI_REQUEST_NULL, std::make_unique<int64_t>(in.id));
+    TANDEM_MPI(MPI_Isend(acks_.back().second.get(), 1, MPI_INT64_T, in.peer, kTagAck, comm_, &acks_.back().first));
+  }
+  while (!acks_.empty()) {
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&acks_.front().first, &done, MPI_STATUS_IGNORE));
+    if (!done) break;
+    acks_.pop_front();
+  }
+  return Status();
+}
+
+Status NcclTransport::destroy() {
+  for (int i = 0; i < 1000000 && (!acks_.empty() || !outgoing_.empty() || !incoming_.empty()); ++i) {
+    TANDEM_RETURN_IF_ERROR(progress());
+    for (auto& [id, o] : outgoing_) {
+      int sent = 0;
+      TANDEM_MPI(MPI_Test(&o.request, &sent, MPI_STATUS_IGNORE));
+      (void)id;
+    }
+    std::erase_if(outgoing_, [](const auto& e) { return e.second.acked; });
+  }
+  TANDEM_MPI(MPI_Barrier(comm_));
+  return Status();
+}
+
+}  // namespace tandem::mpi

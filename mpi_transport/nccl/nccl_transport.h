@@ -1,0 +1,71 @@
+// KvTransport over NCCL: KV blocks move GPU to GPU with ncclSend/ncclRecv
+// (NVLink, InfiniBand, or EFA through NCCL's network plugins).
+//
+// create_pool() allocates the pool in device memory (cudaMalloc, the current
+// device) and builds the NCCL communicator over the transport's MPI ranks,
+// rank 0's ncclUniqueId broadcast with MPI. post() sends the peer a header
+// over MPI (transfer id, destination runs), then issues one ncclSend per run
+// of consecutive blocks in one NCCL group on the transport's stream. The
+// peer's progress() takes the header and issues the matching ncclRecv calls,
+// in the same order (MPI keeps a pair's headers in order; NCCL matches a
+// pair's point-to-point calls in issue order), records an event, and
+// acknowledges over MPI once the event has completed: test() on the sender
+// reports done on that acknowledgement (remote completion, as every backend).
+// The source blocks must be complete on the device before post() (the engine
+// waits for its step's stream). Built with TANDEM_NCCL only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "mpi_transport/kv_transport.h"
+
+namespace tandem::mpi {
+
+class NcclTransport : public KvTransport {
+ public:
+  explicit NcclTransport(MPI_Comm comm);
+  ~NcclTransport() override;
+  std::string_view name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
+  Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, Transfer& transfer) override;
+  Status test(Transfer& transfer) override;
+  Status progress() override;
+  Status destroy() override;
+
+ private:
+  struct Outgoing {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<int64_t> header;  // [id][runs][dst start, count]...
+    bool acked = false;
+  };
+  struct Incoming {
+    int peer = 0;
+    int64_t id = 0;
+    cudaEvent_t done = nullptr;
+  };
+  Status issue(int peer, const std::vector<BlockRun>& runs, bool send);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  ncclComm_t nccl_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  uint8_t* pool_ = nullptr;  // device memory
+  std::size_t block_bytes_ = 0;
+  int64_t n_blocks_ = 0;
+  std::vector<int64_t> peer_blocks_;
+  int64_t next_id_ = 1;
+  std::unordered_map<int64_t, Outgoing> outgoing_;
+  std::deque<Incoming> incoming_;  // receives in flight, in issue order
+  std::deque<std::pair<MPI_Request, std::unique_ptr<int64_t>>> acks_;
+};
+
+}  // namespace tandem::mpi

@@ -1,0 +1,226 @@
+#include "runtime/cuda/cuda_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "runtime/cuda/ops.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+// RoPE frequencies exactly as the CPU backend computes them.
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> inv(static_cast<std::size_t>(half));
+  const auto& rs = c.rope_scaling;
+  for (int64_t i = 0; i < half; ++i) {
+    float f = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim)));
+    if (rs.type == RopeScaling::Type::kLinear) {
+      f = static_cast<float>(f / rs.factor);
+    } else if (rs.type == RopeScaling::Type::kLlama3) {
+      const double old_len = static_cast<double>(rs.original_max_position_embeddings);
+      const double low_wavelen = old_len / rs.low_freq_factor, high_wavelen = old_len / rs.high_freq_factor;
+      const double wavelen = 2.0 * M_PI / f;
+      double g = f;
+      if (wavelen > low_wavelen) g = f / rs.factor;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        g = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+      f = static_cast<float>(g);
+    }
+    inv[static_cast<std::size_t>(i)] = f;
+  }
+  return inv;
+}
+
+}  // namespace
+
+CudaModel::DevMatrix CudaModel::upload(const Matrix& m) {
+  if (m.panels) throw Error("internal: the CUDA backend needs row-major weights (load them with panels = false)");
+  DevMatrix d;
+  d.dtype = m.dtype;
+  d.rows = m.rows;
+  d.cols = m.cols;
+  const std::size_t bytes = static_cast<std::size_t>(m.rows * m.cols) * dtype_size(m.dtype);
+  d.data.resize(bytes);
+  TANDEM_CUDA_CHECK(cudaMemcpy(d.data.get(), m.data, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+DeviceBuffer<float> CudaModel::upload(const std::vector<float>& v) {
+  DeviceBuffer<float> d;
+  if (v.empty()) return d;
+  d.resize(v.size());
+  TANDEM_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool) : c_(config), pool_(pool) {
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TANDEM_CUBLAS_CHECK(cublasCreate(&blas_));
+  TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  // float32 products stay float32: no TF32 rounding behind our back.
+  TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+  embed_ = upload(w.embed);
+  tied_ = w.lm_head.data == w.embed.data;
+  if (!tied_) lm_head_ = upload(w.lm_head);
+  final_norm_ = upload(w.final_norm);
+  inv_freq_ = upload(rope_inv_freq(config));
+  for (const LayerWeights& lw : w.layers) {
+    DevLayer d;
+    d.attn_norm = upload(lw.attn_norm);
+    d.mlp_norm = upload(lw.mlp_norm);
+    d.bq = upload(lw.bq), d.bk = upload(lw.bk), d.bv = upload(lw.bv), d.bo = upload(lw.bo);
+    d.q_norm = upload(lw.q_norm), d.k_norm = upload(lw.k_norm);
+    d.wq = upload(lw.wq), d.wk = upload(lw.wk), d.wv = upload(lw.wv), d.wo = upload(lw.wo);
+    d.w_gate = upload(lw.w_gate), d.w_up = upload(lw.w_up), d.w_down = upload(lw.w_down);
+    layers_.push_back(std::move(d));
+  }
+}
+
+CudaModel::~CudaModel() {
+  if (pinned_) cudaFreeHost(pinned_);
+  if (pinned_logits_) cudaFreeHost(pinned_logits_);
+  if (blas_) cublasDestroy(blas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaModel::gemm(const DevMatrix& w, const float* x, int64_t rows, float* y) {
+  if (rows == 0) return;
+  // Row-major y[rows][n] = x[rows][k] W^T with W [n][k] is, in cuBLAS's
+  // column-major terms, y^T (n x rows) = W^T(k x n)^T * x^T (k x rows).
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), m = static_cast<int>(rows);
+  const float alpha = 1.0f, beta = 0.0f;
+  const void* b = x;
+  if (w.dtype != DType::kF32) {  // tensor cores take both inputs in the weights' type
+    half_.resize(static_cast<std::size_t>(rows * w.cols) * 2);
+    to_half(x, rows * w.cols, w.dtype, half_.get(), stream_);
+    b = half_.get();
+  }
+  TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data.get(), cuda_type(w.dtype), k, b,
+                                   cuda_type(w.dtype), k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
+  const auto& L = pool_.layout();
+  const int64_t H = c_.hidden, hd = c_.head_dim, q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
+  auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+
+  // The step's integers, staged in one pinned buffer and sent in one copy:
+  // [tokens R][positions R][table_of R][logit rows LR][tables T].
+  std::vector<int32_t> tokens, positions, table_of, logit_rows, tables;
+  for (const SeqChunk& ch : chunks) {
+    const int64_t end = ch.start_pos + static_cast<int64_t>(ch.tokens.size());
+    if (static_cast<int64_t>(ch.block_table.size()) * L.block_size < end) {
+      throw Error("internal: a sequence's block table covers " +
+                  std::to_string(ch.block_table.size() * static_cast<std::size_t>(L.block_size)) +
+                  " positions but the step needs " + std::to_string(end));
+    }
+    const auto offset = static_cast<int32_t>(tables.size());
+    tables.insert(tables.end(), ch.block_table.begin(), ch.block_table.end());
+    for (std::size_t t = 0; t < ch.tokens.size(); ++t) {
+      const int32_t tok = ch.tokens[t];
+      if (tok < 0 || tok >= c_.vocab)
+        throw Error("token id " + std::to_string(tok) + " is outside the vocabulary (0.." + std::to_string(c_.vocab - 1) + ")");
+      if (ch.logits_all || (ch.logits_last && t + 1 == ch.tokens.size()))
+        logit_rows.push_back(static_cast<int32_t>(tokens.size()));
+      tokens.push_back(tok);
+      positions.push_back(static_cast<int32_t>(ch.start_pos + static_cast<int64_t>(t)));
+      table_of.push_back(offset);
+    }
+  }
+  const auto R = static_cast<int64_t>(tokens.size()), LR = static_cast<int64_t>(logit_rows.size());
+  logits.resize(sz(LR * c_.vocab));
+  if (R == 0) return;
+  host_ints_.clear();
+  for (const auto* v : {&tokens, &positions, &table_of, &logit_rows, &tables})
+    host_ints_.insert(host_ints_.end(), v->begin(), v->end());
+  if (host_ints_.size() > pinned_count_) {
+    if (pinned_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_count_ = host_ints_.size() * 2;
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), pinned_count_ * sizeof(int32_t)));
+  }
+  std::memcpy(pinned_, host_ints_.data(), host_ints_.size() * sizeof(int32_t));
+  step_ints_.resize(host_ints_.size());
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_ints_.get(), pinned_, host_ints_.size() * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_));
+  const int32_t* d_tokens = step_ints_.get();
+  RowTables rt{d_tokens + R, d_tokens + 2 * R, d_tokens + 3 * R + LR};
+  const int32_t* d_logit_rows = d_tokens + 3 * R;
+  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
+
+  x_.resize(sz(R * H));
+  xn_.resize(sz(R * std::max(H, q_dim)));
+  q_.resize(sz(R * q_dim));
+  k_.resize(sz(R * kv_dim));
+  v_.resize(sz(R * kv_dim));
+  attn_.resize(sz(R * q_dim));
+  gate_.resize(sz(R * c_.intermediate));
+  up_.resize(sz(R * c_.intermediate));
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  float* pool = pool_.data();
+
+  embedding(embed_.data.get(), embed_.dtype, d_tokens, R, H, x_.get(), stream_);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const DevLayer& lw = layers_[l];
+    rms_norm(x_.get(), lw.attn_norm.get(), R, H, eps, xn_.get(), stream_);
+    gemm(lw.wq, xn_.get(), R, q_.get());
+    gemm(lw.wk, xn_.get(), R, k_.get());
+    gemm(lw.wv, xn_.get(), R, v_.get());
+    if (c_.qkv_bias) {
+      add_bias(q_.get(), lw.bq.get(), R, q_dim, stream_);
+      add_bias(k_.get(), lw.bk.get(), R, kv_dim, stream_);
+      add_bias(v_.get(), lw.bv.get(), R, kv_dim, stream_);
+    }
+    if (c_.qk_norm) {  // per head: rows of head_dim
+      rms_norm(q_.get(), lw.q_norm.get(), R * c_.heads, hd, eps, q_.get(), stream_);
+      rms_norm(k_.get(), lw.k_norm.get(), R * c_.kv_heads, hd, eps, k_.get(), stream_);
+    }
+    rope(q_.get(), rt.positions, R, c_.heads, hd, inv_freq_.get(), stream_);
+    rope(k_.get(), rt.positions, R, c_.kv_heads, hd, inv_freq_.get(), stream_);
+    kv_write(k_.get(), v_.get(), R, rt, shape, static_cast<int64_t>(l), pool, stream_);
+    attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
+    gemm(lw.wo, attn_.get(), R, xn_.get());
+    if (lw.bo.size()) add_bias(xn_.get(), lw.bo.get(), R, H, stream_);
+    add(x_.get(), xn_.get(), R * H, stream_);
+    rms_norm(x_.get(), lw.mlp_norm.get(), R, H, eps, xn_.get(), stream_);
+    gemm(lw.w_gate, xn_.get(), R, gate_.get());
+    gemm(lw.w_up, xn_.get(), R, up_.get());
+    swiglu(gate_.get(), up_.get(), R * c_.intermediate, stream_);
+    gemm(lw.w_down, gate_.get(), R, xn_.get());
+    add(x_.get(), xn_.get(), R * H, stream_);
+  }
+  if (LR == 0) {
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  // Final norm and LM head for the rows that want logits only.
+  last_.resize(sz(LR * H));
+  gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
+  rms_norm(last_.get(), final_norm_.get(), LR, H, eps, xn_.get(), stream_);
+  logits_.resize(sz(LR * c_.vocab));
+  gemm(tied_ ? embed_ : lm_head_, xn_.get(), LR, logits_.get());
+  if (logits.size() > pinned_logits_count_) {
+    if (pinned_logits_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_logits_));
+    pinned_logits_count_ = logits.size();
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), pinned_logits_count_ * sizeof(float)));
+  }
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_, logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                    stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its logits
+  std::memcpy(logits.data(), pinned_logits_, logits.size() * sizeof(float));
+}
+
+}  // namespace tandem::runtime::cuda

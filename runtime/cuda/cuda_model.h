@@ -1,0 +1,76 @@
+// The decoder forward pass on one CUDA device, behind the same interface as
+// the CPU reference (runtime/engine/backend.h) and the same steps in the same
+// order (see cpu/cpu_model.h): embeddings, then per layer RMSNorm -> q, k, v
+// (cuBLAS) -> q/k norm -> RoPE -> K, V into the paged pool -> attention ->
+// o_proj -> residual -> RMSNorm -> SwiGLU MLP -> residual; then the final
+// norm and the LM head for the rows that want logits.
+//
+// Weights are copied to the device in their checkpoint dtype. Products run
+// in cuBLAS with float32 accumulation: float32 weights in plain float32 (no
+// TF32), bf16/f16 weights on the tensor cores with the activations rounded to
+// the weights' type first. Everything of a step is enqueued on one stream;
+// the host waits once, for the logits. The pool's memory must be device
+// memory (device_pool.h).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/engine/backend.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+
+namespace tandem::runtime::cuda {
+
+class CudaModel final : public ModelBackend {
+ public:
+  // Uses the current device. weights must be row-major (ModelWeights::load
+  // with panels = false); config and pool must outlive the model.
+  CudaModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool);
+  ~CudaModel() override;
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
+
+ private:
+  struct DevMatrix {
+    DeviceBuffer<uint8_t> data;  // [rows][cols] of dtype
+    DType dtype = DType::kF32;
+    int64_t rows = 0, cols = 0;
+  };
+  struct DevLayer {
+    DeviceBuffer<float> attn_norm, bq, bk, bv, bo, q_norm, k_norm, mlp_norm;
+    DevMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  static DevMatrix upload(const Matrix& m);
+  static DeviceBuffer<float> upload(const std::vector<float>& v);
+  // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out.
+  void gemm(const DevMatrix& w, const float* x, int64_t rows, float* y);
+
+  const ModelConfig& c_;
+  kv::BlockPool& pool_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DevMatrix embed_, lm_head_;
+  bool tied_ = false;  // the LM head is the embedding
+  DeviceBuffer<float> final_norm_, inv_freq_;
+  std::vector<DevLayer> layers_;
+
+  // Step buffers.
+  DeviceBuffer<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, last_, logits_;
+  DeviceBuffer<uint8_t> half_;          // a GEMM input rounded to bf16/f16
+  DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
+  std::vector<int32_t> host_ints_;
+  int32_t* pinned_ = nullptr;           // staging for step_ints_
+  std::size_t pinned_count_ = 0;
+  float* pinned_logits_ = nullptr;
+  std::size_t pinned_logits_count_ = 0;
+};
+
+}  // namespace tandem::runtime::cuda

@@ -1,0 +1,65 @@
+// Small elementwise operations between the big ones: bias, residual, the
+// half-precision copy of a GEMM's input, gathering the rows that want logits.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "runtime/cuda/launch.cuh"
+#include "runtime/cuda/ops.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t total, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < total) y[i] += bias[i % n];
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void to_f16_kernel(const float* x, int64_t n, __half* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2half_rn(x[i]);
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t width, float* out) {
+  const int64_t r = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[r * width + i] = x[rows[r] * width + i];
+}
+
+}  // namespace
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n, cudaStream_t stream) {
+  const int64_t total = rows * n;
+  if (total == 0) return;
+  add_bias_kernel<<<blocks_for(total, 256), 256, 0, stream>>>(y, bias, total, n);
+  TANDEM_CUDA_LAUNCHED();
+}
+
+void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, y, n);
+  TANDEM_CUDA_LAUNCHED();
+}
+
+void to_half(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream) {
+  if (n == 0) return;
+  if (dtype == DType::kBF16) to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(out));
+  else to_f16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, static_cast<__half*>(out));
+  TANDEM_CUDA_LAUNCHED();
+}
+
+void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t width, float* out, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, rows, width, out);
+  TANDEM_CUDA_LAUNCHED();
+}
+
+}  // namespace tandem::runtime::cuda

@@ -1,0 +1,69 @@
+// The CUDA backend's operations, one per .cu file (as ggml's CUDA backend).
+// Each enqueues its kernel on `stream` and returns at once: no host
+// synchronisation inside a step. Activations are float32, row-major; shapes
+// in elements. The KV pool is the block-major layout of kv/kv_layout.h in
+// device memory:
+//   pool: [n_blocks][layers][2][block_size][kv_heads][head_dim], float
+// A row (one token of one sequence in the step) finds its sequence's blocks
+// at tables + table_of[row], and its position at positions[row].
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/model/dtype.h"
+
+namespace tandem::runtime::cuda {
+
+struct PoolShape {
+  int64_t layers = 0, kv_heads = 0, head_dim = 0, block_size = 16;
+};
+
+// The rows' view of the paged pool, all in device memory.
+struct RowTables {
+  const int32_t* positions = nullptr;  // [rows]
+  const int32_t* table_of = nullptr;   // [rows]: offset of the row's block table in `tables`
+  const int32_t* tables = nullptr;     // every sequence's block table, one after another
+};
+
+// out[r][i] = table[tokens[r]][i] as float; table: [vocab][hidden] of `dtype`.
+void embedding(const void* table, DType dtype, const int32_t* tokens, int64_t rows, int64_t hidden, float* out,
+               cudaStream_t stream);
+
+// y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for `rows` rows of n (y may be x).
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y, cudaStream_t stream);
+
+// Rotary embedding, rotate-half form, of `heads` heads in each row of x
+// ([rows][heads * head_dim], in place), at each row's position; inv_freq:
+// [head_dim / 2]. Angles in float32 and cos/sin in double, as the CPU backend.
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t heads, int64_t head_dim, const float* inv_freq,
+          cudaStream_t stream);
+
+// Each row's K and V ([rows][kv_heads * head_dim]) into its slot of `layer`.
+void kv_write(const float* k, const float* v, int64_t rows, RowTables rt, PoolShape shape, int64_t layer, float* pool,
+              cudaStream_t stream);
+
+// Causal attention of each row's `heads` query heads (q: [rows][heads *
+// head_dim]) over its sequence's positions [first, pos] in `layer` (first > 0
+// only with a sliding window), GQA by kv head = head / (heads / kv_heads);
+// out: [rows][heads * head_dim]. head_dim <= 256.
+void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_window, RowTables rt, PoolShape shape,
+               int64_t layer, const float* pool, float* out, cudaStream_t stream);
+
+// gate[i] = silu(gate[i]) * up[i], n elements.
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+// y[r][j] += bias[j] for `rows` rows of n.
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n, cudaStream_t stream);
+
+// x[i] += y[i], n elements.
+void add(float* x, const float* y, int64_t n, cudaStream_t stream);
+
+// out[i] = x[i] rounded to bf16 or f16 (round to nearest even), n elements.
+void to_half(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
+
+// out[i] = x[rows[i]], rows of `width`.
+void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t width, float* out, cudaStream_t stream);
+
+}  // namespace tandem::runtime::cuda

@@ -1,0 +1,33 @@
+// A model's forward pass over one engine step on some device: all the engine
+// sees of the hardware. cpu/ is the reference; cuda/ (TANDEM_CUDA) is held
+// to it by the `gpu` tests. backend_registry.h makes one by name.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace tandem::runtime {
+
+// One sequence's part of a step.
+struct SeqChunk {
+  int64_t start_pos = 0;                   // position of tokens[0] in its sequence
+  std::span<const int32_t> tokens;         // this step's tokens of the sequence
+  std::span<const int32_t> block_table;    // pool blocks covering positions [0, start_pos + tokens.size())
+  bool logits_last = false;                // logits for the last token (to sample the next one)
+  bool logits_all = false;                 // logits for every token (prompt logprobs)
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  virtual std::string_view name() const = 0;
+  // Runs one step: reads and writes the step's KV in the pool, and returns
+  // logits [rows wanting logits][vocab] in host memory, in chunk order and
+  // within a chunk in position order. Blocks until they are there. Throws
+  // tandem::Error on a block table too short for the positions it must hold.
+  virtual void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) = 0;
+};
+
+}  // namespace tandem::runtime

@@ -1,0 +1,62 @@
+#include "runtime/engine/backend_registry.h"
+
+#include "common/error.h"
+#include "runtime/cpu/cpu_model.h"
+#ifdef TANDEM_CUDA
+#include <cuda_runtime_api.h>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/devices.h"
+#endif
+
+namespace tandem::runtime {
+
+bool backend_built(std::string_view name) {
+  if (name == "cpu") return true;
+#ifdef TANDEM_CUDA
+  if (name == "cuda") return true;
+#endif
+  return false;
+}
+
+std::string backend_unavailable(std::string_view name) {
+  if (name == "cpu") return "";
+  if (name != "cuda") return "unknown backend '" + std::string(name) + "'";
+#ifdef TANDEM_CUDA
+  if (cuda::device_count() == 0) return cuda::devices_summary();
+  return "";
+#else
+  return "this tandem was built without CUDA (rebuild with cmake -DTANDEM_CUDA=ON)";
+#endif
+}
+
+bool backend_wants_panels(std::string_view name) { return name == "cpu"; }
+
+std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t bytes) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    void* p = nullptr;
+    TANDEM_CUDA_CHECK(cudaMalloc(&p, bytes));
+    TANDEM_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
+#endif
+  (void)name;
+  (void)bytes;
+  return nullptr;
+}
+
+std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
+                                           kv::BlockPool& pool, cpu::ThreadPool& threads) {
+  if (const std::string why = backend_unavailable(name); !why.empty())
+    throw Error("model.backend = \"" + std::string(name) + "\": " + why);
+  if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads);
+#ifdef TANDEM_CUDA
+  return std::make_unique<cuda::CudaModel>(config, weights, pool);
+#else
+  throw Error("internal: backend '" + std::string(name) + "' is not built");
+#endif
+}
+
+}  // namespace tandem::runtime

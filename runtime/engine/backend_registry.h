@@ -1,0 +1,34 @@
+// Model backends by name: the one file that knows which were built
+// (TANDEM_CUDA appears nowhere else in runtime/).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kv/block_pool.h"
+#include "runtime/cpu/thread_pool.h"
+#include "runtime/engine/backend.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+
+namespace tandem::runtime {
+
+// "cpu" always; "cuda" when built with TANDEM_CUDA.
+bool backend_built(std::string_view name);
+// Why `name` cannot run here ("" when it can): not built, or no device.
+std::string backend_unavailable(std::string_view name);
+// Whether the backend reads weights in the CPU's panel layout (ModelWeights::load's `panels`).
+bool backend_wants_panels(std::string_view name);
+
+// Memory for a KV pool of `bytes` where the backend computes (device memory
+// for cuda), owned by the returned handle; null for cpu (the pool owns host memory).
+std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t bytes);
+
+// The backend; the pool's memory must come from allocate_pool_memory (or the
+// pool's own, for cpu). Throws tandem::Error when it is not available.
+std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
+                                           kv::BlockPool& pool, cpu::ThreadPool& threads);
+
+}  // namespace tandem::runtime
