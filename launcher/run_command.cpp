@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <deque>
 #include <unordered_map>
@@ -29,6 +30,8 @@
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
+#include "mpi_transport/transport_registry.h"
+#include "runtime/engine/backend_registry.h"
 #include "kv/tiers.h"
 #include "runtime/model/fingerprint.h"
 #include "runtime/model/weights.h"
@@ -74,8 +77,6 @@ Prepared prepare(const RunOptions& o) {
     if (const char* restarts = std::getenv("SLURM_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) p.cfg.job.resume = true;
     if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
   }
-  if (p.cfg.model.backend != "cpu")
-    throw Error("model.backend = \"" + p.cfg.model.backend + "\" is not available yet; use \"cpu\"");
   p.model = runtime::ModelConfig::load(p.cfg.model.path);
   p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);
   p.max_model_len = p.cfg.model.max_model_len > 0 ? std::min(p.cfg.model.max_model_len, p.model.max_position_embeddings)
@@ -108,6 +109,14 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
   const double block = static_cast<double>(layout.block_bytes());
   if (p.cfg.kv.memory_gib > 0) return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
   const int64_t want = p.cfg.job.max_num_seqs * ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size);
+  if (p.cfg.model.backend != "cpu") {  // the device's free memory less the weights (not yet loaded) and 1 GiB, 90% of it
+    double weights = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
+      if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
+    const double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)) - weights - (1 << 30);
+    return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(0.9 * free / block)));
+  }
   struct sysinfo si {};
   sysinfo(&si);
   const double avail = static_cast<double>(si.freeram + si.bufferram) * si.mem_unit * 0.6 / std::max(1, local_ranks);
@@ -229,8 +238,14 @@ Roles plan_roles(const Config& cfg, int world_size) {
 // where every worker can create its window, else two-sided MPI for all.
 std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
                                                  int64_t blocks, void** base) {
-  if (backend == "nccl" || backend == "libfabric")
-    throw Error("transport.backend = \"" + backend + "\" is not available yet; use \"auto\"");
+  if (backend == "nccl") {
+    auto nccl = mpi::make_optional_transport("nccl", workers);
+    if (!nccl) throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON)");
+    if (Status st = nccl->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("NCCL transport: " + st.to_string());
+    return nccl;
+  }
+  if (backend == "libfabric")
+    throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\"");
   if (backend == "mpi_rma" || backend == "auto") {
     auto rma = std::make_unique<mpi::MpiRmaTransport>(workers);
     const Status st = rma->create_pool(block_bytes, blocks, base);
@@ -250,13 +265,34 @@ std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI
 }
 
 // Rank 0 decides whether the job can start; every rank learns the verdict.
-bool agree_to_start(const mpi::MpiEnv& env, std::string& error) {
-  int len = static_cast<int>(error.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, env.world());
-  if (len == 0) return true;
-  error.resize(static_cast<std::size_t>(len));
-  MPI_Bcast(error.data(), len, MPI_CHAR, 0, env.world());
-  return false;
+// The error of the lowest rank that has one ("" when none has), on every
+// rank; another rank's is prefixed with its number.
+std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
+  int mine = error.empty() ? INT_MAX : env.rank(), first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, env.world());
+  if (first == INT_MAX) return "";
+  int len = env.rank() == first ? static_cast<int>(error.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, first, env.world());
+  std::string verdict = env.rank() == first ? error : std::string(static_cast<std::size_t>(len), '\0');
+  MPI_Bcast(verdict.data(), len, MPI_CHAR, first, env.world());
+  return first == 0 ? verdict : "rank " + std::to_string(first) + ": " + verdict;
+}
+
+// model.backend on a worker: built, with a device, and with what this job asks
+// of it. Throws tandem::Error (one line).
+void check_backend(const Prepared& p, int ranks) {
+  const std::string& b = p.cfg.model.backend;
+  if (b == "cpu") return;
+  if (const std::string why = runtime::backend_unavailable(b); !why.empty())
+    throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
+  if (p.cfg.kv.host_cache_gib > 0 || !p.cfg.kv.store_path.empty())
+    throw Error("kv.host_cache_gib and kv.store_path work with model.backend = \"cpu\" only so far; unset them for \"" +
+                b + "\"");
+  const bool disaggregated = ranks > 2 && p.cfg.job.mode != "agg";
+  const std::string& t = p.cfg.transport.backend;
+  if (disaggregated && t != "auto" && t != "nccl")
+    throw Error("transport.backend = \"" + t + "\" moves KV in host memory; with model.backend = \"" + b +
+                "\" use \"nccl\" (or \"auto\"), or job.mode = \"agg\"");
 }
 
 // The planner of a job with job.mode = "auto", on rank 0: a roofline profile
@@ -311,6 +347,8 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
     if (rank == 0 && !o.serve) check_files(p);
+    // Workers compute on model.backend: it must be built and have a device here.
+    if (rank != 0 || env.size() == 1) check_backend(p, env.size());
     if (rank == 0 && o.serve) {
       runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks
       serve.config = &p.cfg;
@@ -322,12 +360,10 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     error = e.what();
   }
   if (env.size() > 1) {
-    // Every rank has checked its config the same way; rank 0 also checked the files.
-    int bad = error.empty() ? 0 : 1, any_bad = 0;
-    MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, env.world());
-    std::string verdict = rank == 0 ? error : std::string();
-    if (any_bad && verdict.empty() && rank == 0) verdict = "a worker could not read the job configuration";
-    if (!agree_to_start(env, verdict)) {
+    // Every rank has checked its config the same way; rank 0 also checked the
+    // files, the workers their backend. The lowest failing rank's line is the verdict.
+    const std::string verdict = first_error(env, error);
+    if (!verdict.empty()) {
       if (rank == 0) std::fprintf(stderr, "tandem: error: %s\n", verdict.c_str());
       return 2;
     }
@@ -373,8 +409,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   // Workers: weights, KV pool (in a transport window when disaggregated), threads.
   MPI_Comm local;
   MPI_Comm_split_type(env.world(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  int local_size = 1;
+  int local_size = 1, local_rank = 0;
   MPI_Comm_size(local, &local_size);
+  MPI_Comm_rank(local, &local_rank);
   MPI_Comm_free(&local);
   const int local_workers = env.size() == 1 ? 1 : std::max(1, local_size - 1);
   std::unique_ptr<runtime::ModelWeights> weights;
@@ -383,14 +420,22 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   std::unique_ptr<runtime::cpu::ThreadPool> threads;
   std::unique_ptr<kv::KvTiers> tiers;
   std::unique_ptr<WorkerCore> core;
+  std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
+  const std::string& backend = p.cfg.model.backend;
   if (rank != 0 || env.size() == 1) {
-    weights = runtime::ModelWeights::load(p.model, p.cfg.model.path);
+    // One device per worker of this node (rank 0 routes and uses none).
+    runtime::bind_device(backend, env.size() == 1 ? 0 : local_rank - (local_size > local_workers ? 1 : 0));
+    weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
     const int64_t blocks = pool_blocks(p, local_workers);
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
     if (roles.prefill > 0 || planned) {
       void* base = nullptr;
-      transport = open_transport(p.cfg.transport.backend, workers, layout.block_bytes(), blocks, &base);
+      const std::string t = backend != "cpu" && p.cfg.transport.backend == "auto" ? "nccl" : p.cfg.transport.backend;
+      transport = open_transport(t, workers, layout.block_bytes(), blocks, &base);
       pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
+    } else if (backend != "cpu") {
+      device_pool = runtime::allocate_pool_memory(backend, static_cast<std::size_t>(blocks) * layout.block_bytes());
+      pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(device_pool.get()));
     } else {
       pool = std::make_unique<kv::BlockPool>(layout, blocks);
     }
@@ -400,13 +445,14 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     tiers = open_tiers(p, layout, rank <= 1);
     if (tiers) pool->set_lower(tiers.get());
-    core = std::make_unique<WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model, *weights, *pool,
-                                        *threads, p.tokenizer.get(), engine_options(p), tiers.get());
+    core = std::make_unique<WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model,
+                                        runtime::make_backend(backend, p.model, *weights, *pool, *threads), *pool,
+                                        p.tokenizer.get(), engine_options(p), tiers.get());
     if (tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
-    spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {} kernels", blocks,
+    spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}", blocks,
                  p.cfg.kv.block_size, static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
                  transport ? std::string(", ") + std::string(transport->name()) + " window" : std::string(), n_threads,
-                 runtime::cpu::kernels().name);
+                 backend == "cpu" ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
   }
 
   try {

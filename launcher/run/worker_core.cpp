@@ -12,10 +12,10 @@
 namespace tandem::launcher {
 
 WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
-                       const runtime::ModelWeights& weights, kv::BlockPool& pool, runtime::cpu::ThreadPool& threads,
+                       std::unique_ptr<runtime::ModelBackend> backend, kv::BlockPool& pool,
                        const runtime::Tokenizer* tokenizer, runtime::EngineOptions options, kv::KvTiers* tiers)
     : rank_(rank), role_(std::move(role)), pool_(pool), tiers_(tiers),
-      engine_(config, weights, pool, threads, tokenizer, options) {}
+      engine_(config, std::move(backend), pool, tokenizer, options) {}
 
 void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
   if (tiers_ && tiers_->store_enabled()) {

@@ -23,8 +23,9 @@ class WorkerCore {
  public:
   // tiers: host memory and the disk store under the pool (null: none); the
   // pool must already have them as its lower tier.
-  WorkerCore(int rank, std::string role, const runtime::ModelConfig& config, const runtime::ModelWeights& weights,
-             kv::BlockPool& pool, runtime::cpu::ThreadPool& threads, const runtime::Tokenizer* tokenizer,
+  // The backend (runtime/engine/backend_registry.h) computes on `pool`.
+  WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
+             std::unique_ptr<runtime::ModelBackend> backend, kv::BlockPool& pool, const runtime::Tokenizer* tokenizer,
              runtime::EngineOptions options, kv::KvTiers* tiers = nullptr);
 
   // A request the engine refuses comes back at once as a failed result.

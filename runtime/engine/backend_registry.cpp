@@ -33,6 +33,29 @@ std::string backend_unavailable(std::string_view name) {
 
 bool backend_wants_panels(std::string_view name) { return name == "cpu"; }
 
+void bind_device(std::string_view name, int index) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    const int n = cuda::device_count();
+    if (n > 0) TANDEM_CUDA_CHECK(cudaSetDevice(index % n));
+  }
+#endif
+  (void)name;
+  (void)index;
+}
+
+std::size_t backend_free_bytes(std::string_view name) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    std::size_t free = 0, total = 0;
+    TANDEM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
+#endif
+  (void)name;
+  return 0;
+}
+
 std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t bytes) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {

@@ -22,6 +22,11 @@ std::string backend_unavailable(std::string_view name);
 // Whether the backend reads weights in the CPU's panel layout (ModelWeights::load's `panels`).
 bool backend_wants_panels(std::string_view name);
 
+// Makes the calling process compute on device index % devices (no-op for cpu).
+void bind_device(std::string_view name, int index);
+// Free memory where the backend computes, in bytes (0 for cpu: use the host's).
+std::size_t backend_free_bytes(std::string_view name);
+
 // Memory for a KV pool of `bytes` where the backend computes (device memory
 // for cuda), owned by the returned handle; null for cpu (the pool owns host memory).
 std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t bytes);

@@ -50,5 +50,15 @@ rm "$tmp/a/model.safetensors"
 "$tandem" generate --model "$tmp/a" --prompt hi > /dev/null 2> "$tmp/err"; rc=$?
 check "no weights: exit 2, one line" test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1
 
+# model.backend = "cuda" where it cannot run (built without CUDA, or no GPU): one line, exit 2, before any work.
+if ! "$tandem" --version | grep -q 'devices\?:'; then
+  printf '{"custom_id":"a","prompt":"hi","max_tokens":2}\n' > "$tmp/in.jsonl"
+  "$tandem" run --model "$tmp/b" --input "$tmp/in.jsonl" --output "$tmp/cu.jsonl" --set 'model.backend="cuda"' \
+    > /dev/null 2> "$tmp/err"; rc=$?
+  check "run: model.backend = cuda without a GPU exits 2 with one line naming why" \
+    test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'model.backend = "cuda"' "$tmp/err")" -eq 1
+  check "run: nothing was written" test ! -s "$tmp/cu.jsonl"
+fi
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]

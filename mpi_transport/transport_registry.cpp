@@ -1,0 +1,18 @@
+#include "mpi_transport/transport_registry.h"
+
+#ifdef TANDEM_NCCL
+#include "mpi_transport/nccl/nccl_transport.h"
+#endif
+
+namespace tandem::mpi {
+
+std::unique_ptr<KvTransport> make_optional_transport(std::string_view name, MPI_Comm comm) {
+#ifdef TANDEM_NCCL
+  if (name == "nccl") return std::make_unique<NcclTransport>(comm);
+#endif
+  (void)name;
+  (void)comm;
+  return nullptr;
+}
+
+}  // namespace tandem::mpi
