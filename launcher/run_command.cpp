@@ -109,12 +109,19 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
   const double block = static_cast<double>(layout.block_bytes());
   if (p.cfg.kv.memory_gib > 0) return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
   const int64_t want = p.cfg.job.max_num_seqs * ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size);
-  if (p.cfg.model.backend != "cpu") {  // the device's free memory less the weights (not yet loaded) and 1 GiB, 90% of it
+  if (p.cfg.model.backend != "cpu") {  // the device's free memory less the weights (not yet loaded), a step and 1 GiB; 90%
     double weights = 0;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
       if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
-    const double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)) - weights - (1 << 30);
+    // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.
+    const auto& m = p.model;
+    const double rows = static_cast<double>(p.cfg.job.max_batched_tokens);
+    const double widths = static_cast<double>(2 * m.hidden + 3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
+                                              3 * m.intermediate);
+    const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4;
+    const double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)) - weights - step -
+                        static_cast<double>(1 << 30);
     return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(0.9 * free / block)));
   }
   struct sysinfo si {};
@@ -282,7 +289,11 @@ std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
 // of it. Throws tandem::Error (one line).
 void check_backend(const Prepared& p, int ranks) {
   const std::string& b = p.cfg.model.backend;
-  if (b == "cpu") return;
+  if (b == "cpu") {
+    if (p.cfg.transport.backend == "nccl")
+      throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
+    return;
+  }
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
   if (p.cfg.kv.host_cache_gib > 0 || !p.cfg.kv.store_path.empty())
@@ -424,7 +435,12 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   const std::string& backend = p.cfg.model.backend;
   if (rank != 0 || env.size() == 1) {
     // One device per worker of this node (rank 0 routes and uses none).
-    runtime::bind_device(backend, env.size() == 1 ? 0 : local_rank - (local_size > local_workers ? 1 : 0));
+    const int device = env.size() == 1 ? 0 : local_rank - (local_size > local_workers ? 1 : 0);
+    if (backend != "cpu" && device >= runtime::backend_device_count(backend))
+      throw Error("this node runs " + std::to_string(local_workers) + " worker ranks but has " +
+                  std::to_string(runtime::backend_device_count(backend)) +
+                  " GPU(s): start one worker rank per GPU (plus rank 0)");
+    runtime::bind_device(backend, device);
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
     const int64_t blocks = pool_blocks(p, local_workers);
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};

@@ -15,6 +15,7 @@ MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  acks_ = std::make_unique<Acks>(comm_, kTagAck);
 }
 
 MpiTwoSidedTransport::~MpiTwoSidedTransport() {
@@ -80,16 +81,10 @@ Status MpiTwoSidedTransport::progress() {
     TANDEM_MPI(MPI_Test(&o.request, &done, MPI_STATUS_IGNORE));
     o.sent = done != 0;
   }
-  // Acknowledgements of our transfers.
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagAck, comm_, &flag, &st));
-    if (!flag) break;
-    int64_t id = 0;
-    TANDEM_MPI(MPI_Recv(&id, 1, MPI_INT64_T, st.MPI_SOURCE, kTagAck, comm_, MPI_STATUS_IGNORE));
+  // Acknowledgements of our transfers (and of our acknowledgements, sent).
+  TANDEM_RETURN_IF_ERROR(acks_->poll([&](int64_t id) {
     if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
-  }
+  }));
   // Transfers to us: place the blocks, then acknowledge.
   for (;;) {
     int flag = 0;
@@ -111,21 +106,14 @@ Status MpiTwoSidedTransport::progress() {
       std::memcpy(pool_.get() + static_cast<std::size_t>(d) * block_bytes_,
                   msg.data() + header + static_cast<std::size_t>(i) * block_bytes_, block_bytes_);
     }
-    acks_.emplace_back(MPI_REQUEST_NULL, std::make_unique<int64_t>(id));
-    TANDEM_MPI(MPI_Isend(acks_.back().second.get(), 1, MPI_INT64_T, st.MPI_SOURCE, kTagAck, comm_, &acks_.back().first));
-  }
-  while (!acks_.empty()) {
-    int done = 0;
-    TANDEM_MPI(MPI_Test(&acks_.front().first, &done, MPI_STATUS_IGNORE));
-    if (!done) break;
-    acks_.pop_front();
+    TANDEM_RETURN_IF_ERROR(acks_->send(st.MPI_SOURCE, id));
   }
   return Status();
 }
 
 Status MpiTwoSidedTransport::destroy() {
   // Finish what is in flight (acknowledgements included) before the pool goes.
-  for (int i = 0; i < 1000000 && (!acks_.empty() || !outgoing_.empty()); ++i) TANDEM_RETURN_IF_ERROR(progress());
+  for (int i = 0; i < 1000000 && (acks_->sending() || !outgoing_.empty()); ++i) TANDEM_RETURN_IF_ERROR(progress());
   TANDEM_MPI(MPI_Barrier(comm_));
   return Status();
 }

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mpi_transport/acks.h"
 #include "mpi_transport/kv_transport.h"
 
 namespace tandem::mpi {
@@ -47,7 +48,7 @@ class MpiTwoSidedTransport : public KvTransport {
   std::vector<int64_t> peer_blocks_;
   int64_t next_id_ = 1;
   std::unordered_map<int64_t, Outgoing> outgoing_;
-  std::deque<std::pair<MPI_Request, std::unique_ptr<int64_t>>> acks_;  // acknowledgements being sent
+  std::unique_ptr<Acks> acks_;
 };
 
 }  // namespace tandem::mpi

@@ -36,13 +36,16 @@ NcclTransport::NcclTransport(MPI_Comm comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  acks_ = std::make_unique<Acks>(comm_, kTagAck);
 }
 
 NcclTransport::~NcclTransport() {
   for (auto& in : incoming_)
     if (in.done) cudaEventDestroy(in.done);
-  if (nccl_) ncclCommDestroy(nccl_);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (int d = 0; d < 2; ++d) {
+    if (nccl_[d]) ncclCommDestroy(nccl_[d]);
+    if (stream_[d]) cudaStreamDestroy(stream_[d]);
+  }
   if (pool_) cudaFree(pool_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -52,25 +55,33 @@ Status NcclTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, voi
   n_blocks_ = n_blocks;
   TANDEM_CUDA_RT(cudaMalloc(reinterpret_cast<void**>(&pool_), block_bytes * static_cast<std::size_t>(n_blocks)));
   TANDEM_CUDA_RT(cudaMemset(pool_, 0, block_bytes * static_cast<std::size_t>(n_blocks)));
-  TANDEM_CUDA_RT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
-  ncclUniqueId id{};
-  if (rank_ == 0) TANDEM_NCCL(ncclGetUniqueId(&id));
-  TANDEM_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_));
-  TANDEM_NCCL(ncclCommInitRank(&nccl_, size_, id, rank_));
+  for (int d = 0; d < 2; ++d) {
+    TANDEM_CUDA_RT(cudaStreamCreateWithFlags(&stream_[d], cudaStreamNonBlocking));
+    ncclUniqueId id{};
+    if (rank_ == 0) TANDEM_NCCL(ncclGetUniqueId(&id));
+    TANDEM_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_));
+    TANDEM_NCCL(ncclCommInitRank(&nccl_[d], size_, id, rank_));
+  }
   *base = pool_;
   return Status();
 }
 
-// One NCCL group: a send (or receive) per run, in run order, on our stream.
+// Traffic from a lower rank to a higher one uses communicator and stream 0,
+// the other way 1: a pair's sends in one direction never queue behind its
+// receives in the other, which could wait on each other.
+int NcclTransport::direction(int peer, bool send) const { return (send ? rank_ < peer : peer < rank_) ? 0 : 1; }
+
+// One NCCL group: a send (or receive) per run, in run order, on its direction's stream.
 Status NcclTransport::issue(int peer, const std::vector<BlockRun>& runs, bool send) {
+  const int d = direction(peer, send);
   TANDEM_NCCL(ncclGroupStart());
   for (const BlockRun& r : runs) {
     const std::size_t bytes = static_cast<std::size_t>(r.count) * block_bytes_;
     uint8_t* at = pool_ + static_cast<std::size_t>(send ? r.src : r.dst) * block_bytes_;
-    const ncclResult_t res = send ? ncclSend(at, bytes, ncclUint8, peer, nccl_, stream_)
-                                  : ncclRecv(at, bytes, ncclUint8, peer, nccl_, stream_);
+    const ncclResult_t res = send ? ncclSend(at, bytes, ncclUint8, peer, nccl_[d], stream_[d])
+                                  : ncclRecv(at, bytes, ncclUint8, peer, nccl_[d], stream_[d]);
     if (res != ncclSuccess) {
       ncclGroupEnd();
       return nccl_status(res, send ? "ncclSend" : "ncclRecv", __FILE__, __LINE__);
@@ -119,16 +130,10 @@ Status NcclTransport::test(Transfer& transfer) {
 }
 
 Status NcclTransport::progress() {
-  // Acknowledgements of our transfers.
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagAck, comm_, &flag, &st));
-    if (!flag) break;
-    int64_t id = 0;
-    TANDEM_MPI(MPI_Recv(&id, 1, MPI_INT64_T, st.MPI_SOURCE, kTagAck, comm_, MPI_STATUS_IGNORE));
+  // Acknowledgements of our transfers (and of our acknowledgements, sent).
+  TANDEM_RETURN_IF_ERROR(acks_->poll([&](int64_t id) {
     if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
-  }
+  }));
   // Transfers to us: receive into the destination runs.
   for (;;) {
     int flag = 0;
@@ -147,7 +152,7 @@ Status NcclTransport::progress() {
     TANDEM_RETURN_IF_ERROR(issue(st.MPI_SOURCE, runs, false));
     Incoming in{st.MPI_SOURCE, h[0], nullptr};
     TANDEM_CUDA_RT(cudaEventCreateWithFlags(&in.done, cudaEventDisableTiming));
-    TANDEM_CUDA_RT(cudaEventRecord(in.done, stream_));
+    TANDEM_CUDA_RT(cudaEventRecord(in.done, stream_[direction(st.MPI_SOURCE, false)]));
     incoming_.push_back(in);
   }
   // Receives that have landed: acknowledge, in order.
@@ -158,27 +163,19 @@ Status NcclTransport::progress() {
     Incoming in = incoming_.front();
     incoming_.pop_front();
     cudaEventDestroy(in.done);
-    acks_.emplace_back(MPI_REQUEST_NULL, std::make_unique<int64_t>(in.id));
-    TANDEM_MPI(MPI_Isend(acks_.back().second.get(), 1, MPI_INT64_T, in.peer, kTagAck, comm_, &acks_.back().first));
-  }
-  while (!acks_.empty()) {
-    int done = 0;
-    TANDEM_MPI(MPI_Test(&acks_.front().first, &done, MPI_STATUS_IGNORE));
-    if (!done) break;
-    acks_.pop_front();
+    TANDEM_RETURN_IF_ERROR(acks_->send(in.peer, in.id));
   }
   return Status();
 }
 
 Status NcclTransport::destroy() {
-  for (int i = 0; i < 1000000 && (!acks_.empty() || !outgoing_.empty() || !incoming_.empty()); ++i) {
+  for (int i = 0; i < 1000000 && (acks_->sending() || !outgoing_.empty() || !incoming_.empty()); ++i) {
     TANDEM_RETURN_IF_ERROR(progress());
-    for (auto& [id, o] : outgoing_) {
+    for (auto it = outgoing_.begin(); it != outgoing_.end();) {  // a header's send completes before it is freed
       int sent = 0;
-      TANDEM_MPI(MPI_Test(&o.request, &sent, MPI_STATUS_IGNORE));
-      (void)id;
+      TANDEM_MPI(MPI_Test(&it->second.request, &sent, MPI_STATUS_IGNORE));
+      it = sent && it->second.acked ? outgoing_.erase(it) : std::next(it);
     }
-    std::erase_if(outgoing_, [](const auto& e) { return e.second.acked; });
   }
   TANDEM_MPI(MPI_Barrier(comm_));
   return Status();

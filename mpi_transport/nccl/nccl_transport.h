@@ -5,7 +5,8 @@
 // device) and builds the NCCL communicator over the transport's MPI ranks,
 // rank 0's ncclUniqueId broadcast with MPI. post() sends the peer a header
 // over MPI (transfer id, destination runs), then issues one ncclSend per run
-// of consecutive blocks in one NCCL group on the transport's stream. The
+// of consecutive blocks in one NCCL group (two communicators and streams, one
+// per direction between ranks, so opposite transfers never wait on each other). The
 // peer's progress() takes the header and issues the matching ncclRecv calls,
 // in the same order (MPI keeps a pair's headers in order; NCCL matches a
 // pair's point-to-point calls in issue order), records an event, and
@@ -24,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mpi_transport/acks.h"
 #include "mpi_transport/kv_transport.h"
 
 namespace tandem::mpi {
@@ -52,12 +54,13 @@ class NcclTransport : public KvTransport {
     int64_t id = 0;
     cudaEvent_t done = nullptr;
   };
+  int direction(int peer, bool send) const;
   Status issue(int peer, const std::vector<BlockRun>& runs, bool send);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  ncclComm_t nccl_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  ncclComm_t nccl_[2] = {nullptr, nullptr};      // [0]: lower rank -> higher, [1]: higher -> lower
+  cudaStream_t stream_[2] = {nullptr, nullptr};
   uint8_t* pool_ = nullptr;  // device memory
   std::size_t block_bytes_ = 0;
   int64_t n_blocks_ = 0;
@@ -65,7 +68,7 @@ class NcclTransport : public KvTransport {
   int64_t next_id_ = 1;
   std::unordered_map<int64_t, Outgoing> outgoing_;
   std::deque<Incoming> incoming_;  // receives in flight, in issue order
-  std::deque<std::pair<MPI_Request, std::unique_ptr<int64_t>>> acks_;
+  std::unique_ptr<Acks> acks_;
 };
 
 }  // namespace tandem::mpi

@@ -4,35 +4,12 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "runtime/model/rope.h"
 
 namespace tandem::runtime::cpu {
 
 CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads)
-    : c_(config), w_(weights), pool_(pool), threads_(threads), kern_(cpu::kernels()) {
-  const int64_t half = c_.head_dim / 2;
-  inv_freq_.resize(static_cast<std::size_t>(half));
-  const auto& rs = c_.rope_scaling;
-  for (int64_t i = 0; i < half; ++i) {
-    // As Hugging Face computes it, in float32.
-    float f = static_cast<float>(1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c_.head_dim)));
-    if (rs.type == RopeScaling::Type::kLinear) {
-      f = static_cast<float>(f / rs.factor);
-    } else if (rs.type == RopeScaling::Type::kLlama3) {
-      const double old_len = static_cast<double>(rs.original_max_position_embeddings);
-      const double low_wavelen = old_len / rs.low_freq_factor;
-      const double high_wavelen = old_len / rs.high_freq_factor;
-      const double wavelen = 2.0 * M_PI / f;
-      double g = f;
-      if (wavelen > low_wavelen) g = f / rs.factor;
-      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-        const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        g = (1.0 - smooth) * f / rs.factor + smooth * f;
-      }
-      f = static_cast<float>(g);
-    }
-    inv_freq_[static_cast<std::size_t>(i)] = f;
-  }
-}
+    : c_(config), w_(weights), pool_(pool), threads_(threads), kern_(cpu::kernels()), inv_freq_(rope_inv_freq(config)) {}
 
 void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Product> products) {
   const int64_t parts = threads_.size();

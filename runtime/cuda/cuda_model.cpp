@@ -1,10 +1,11 @@
 #include "runtime/cuda/cuda_model.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
 #include "runtime/cuda/ops.h"
+#include "runtime/model/rope.h"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -16,32 +17,6 @@ cudaDataType_t cuda_type(DType t) {
     case DType::kF16: return CUDA_R_16F;
   }
   return CUDA_R_32F;
-}
-
-// RoPE frequencies exactly as the CPU backend computes them.
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  const int64_t half = c.head_dim / 2;
-  std::vector<float> inv(static_cast<std::size_t>(half));
-  const auto& rs = c.rope_scaling;
-  for (int64_t i = 0; i < half; ++i) {
-    float f = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim)));
-    if (rs.type == RopeScaling::Type::kLinear) {
-      f = static_cast<float>(f / rs.factor);
-    } else if (rs.type == RopeScaling::Type::kLlama3) {
-      const double old_len = static_cast<double>(rs.original_max_position_embeddings);
-      const double low_wavelen = old_len / rs.low_freq_factor, high_wavelen = old_len / rs.high_freq_factor;
-      const double wavelen = 2.0 * M_PI / f;
-      double g = f;
-      if (wavelen > low_wavelen) g = f / rs.factor;
-      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-        const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        g = (1.0 - smooth) * f / rs.factor + smooth * f;
-      }
-      f = static_cast<float>(g);
-    }
-    inv[static_cast<std::size_t>(i)] = f;
-  }
-  return inv;
 }
 
 }  // namespace
@@ -70,8 +45,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TANDEM_CUBLAS_CHECK(cublasCreate(&blas_));
   TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-  // float32 products stay float32: no TF32 rounding behind our back.
-  TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+  // Tensor cores for bf16/f16; float32 products ask for pedantic float32 per call (no TF32).
+  TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
   embed_ = upload(w.embed);
   tied_ = w.lm_head.data == w.embed.data;
   if (!tied_) lm_head_ = upload(w.lm_head);
@@ -96,21 +71,23 @@ CudaModel::~CudaModel() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-void CudaModel::gemm(const DevMatrix& w, const float* x, int64_t rows, float* y) {
+const void* CudaModel::input_for(const DevMatrix& w, const float* x, int64_t rows) {
+  if (w.dtype == DType::kF32) return x;
+  // Tensor cores take both inputs in the weights' type: one rounded copy, shared by
+  // every product of this input (q, k, v; gate, up). The stream orders it after their reads of the last one.
+  to_half(x, rows * w.cols, w.dtype, half_.get(), stream_);
+  return half_.get();
+}
+
+void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
   if (rows == 0) return;
   // Row-major y[rows][n] = x[rows][k] W^T with W [n][k] is, in cuBLAS's
   // column-major terms, y^T (n x rows) = W^T(k x n)^T * x^T (k x rows).
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), m = static_cast<int>(rows);
   const float alpha = 1.0f, beta = 0.0f;
-  const void* b = x;
-  if (w.dtype != DType::kF32) {  // tensor cores take both inputs in the weights' type
-    half_.resize(static_cast<std::size_t>(rows * w.cols) * 2);
-    to_half(x, rows * w.cols, w.dtype, half_.get(), stream_);
-    b = half_.get();
-  }
-  TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data.get(), cuda_type(w.dtype), k, b,
-                                   cuda_type(w.dtype), k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT));
+  const cublasComputeType_t compute = w.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data.get(), cuda_type(w.dtype), k, x,
+                                   cuda_type(w.dtype), k, &beta, y, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
@@ -169,6 +146,10 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   attn_.resize(sz(R * q_dim));
   gate_.resize(sz(R * c_.intermediate));
   up_.resize(sz(R * c_.intermediate));
+  // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
+  half_.resize(sz(R * std::max({H, q_dim, c_.intermediate})) * 2);
+  last_.resize(sz(R * H));
+  logits_.resize(sz(LR * c_.vocab));
   const float eps = static_cast<float>(c_.rms_norm_eps);
   float* pool = pool_.data();
 
@@ -176,9 +157,10 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DevLayer& lw = layers_[l];
     rms_norm(x_.get(), lw.attn_norm.get(), R, H, eps, xn_.get(), stream_);
-    gemm(lw.wq, xn_.get(), R, q_.get());
-    gemm(lw.wk, xn_.get(), R, k_.get());
-    gemm(lw.wv, xn_.get(), R, v_.get());
+    const void* in = input_for(lw.wq, xn_.get(), R);
+    gemm(lw.wq, in, R, q_.get());
+    gemm(lw.wk, in, R, k_.get());
+    gemm(lw.wv, in, R, v_.get());
     if (c_.qkv_bias) {
       add_bias(q_.get(), lw.bq.get(), R, q_dim, stream_);
       add_bias(k_.get(), lw.bk.get(), R, kv_dim, stream_);
@@ -192,14 +174,15 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
     rope(k_.get(), rt.positions, R, c_.kv_heads, hd, inv_freq_.get(), stream_);
     kv_write(k_.get(), v_.get(), R, rt, shape, static_cast<int64_t>(l), pool, stream_);
     attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
-    gemm(lw.wo, attn_.get(), R, xn_.get());
+    gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, xn_.get());
     if (lw.bo.size()) add_bias(xn_.get(), lw.bo.get(), R, H, stream_);
     add(x_.get(), xn_.get(), R * H, stream_);
     rms_norm(x_.get(), lw.mlp_norm.get(), R, H, eps, xn_.get(), stream_);
-    gemm(lw.w_gate, xn_.get(), R, gate_.get());
-    gemm(lw.w_up, xn_.get(), R, up_.get());
+    in = input_for(lw.w_gate, xn_.get(), R);
+    gemm(lw.w_gate, in, R, gate_.get());
+    gemm(lw.w_up, in, R, up_.get());
     swiglu(gate_.get(), up_.get(), R * c_.intermediate, stream_);
-    gemm(lw.w_down, gate_.get(), R, xn_.get());
+    gemm(lw.w_down, input_for(lw.w_down, gate_.get(), R), R, xn_.get());
     add(x_.get(), xn_.get(), R * H, stream_);
   }
   if (LR == 0) {
@@ -207,11 +190,10 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
     return;
   }
   // Final norm and LM head for the rows that want logits only.
-  last_.resize(sz(LR * H));
   gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
   rms_norm(last_.get(), final_norm_.get(), LR, H, eps, xn_.get(), stream_);
-  logits_.resize(sz(LR * c_.vocab));
-  gemm(tied_ ? embed_ : lm_head_, xn_.get(), LR, logits_.get());
+  const DevMatrix& head = tied_ ? embed_ : lm_head_;
+  gemm(head, input_for(head, xn_.get(), LR), LR, logits_.get());
   if (logits.size() > pinned_logits_count_) {
     if (pinned_logits_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_logits_));
     pinned_logits_count_ = logits.size();

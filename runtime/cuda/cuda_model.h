@@ -6,9 +6,11 @@
 // norm and the LM head for the rows that want logits.
 //
 // Weights are copied to the device in their checkpoint dtype. Products run
-// in cuBLAS with float32 accumulation: float32 weights in plain float32 (no
-// TF32), bf16/f16 weights on the tensor cores with the activations rounded to
-// the weights' type first. Everything of a step is enqueued on one stream;
+// in cuBLAS with float32 accumulation: float32 weights in pedantic float32
+// (no TF32), bf16/f16 weights on the tensor cores with the activations
+// rounded to the weights' type first — where the CPU multiplies float32
+// activations, so bf16 results are close to the CPU's, not equal (float32
+// checkpoints are the ones the tests hold to equal greedy tokens). Everything of a step is enqueued on one stream;
 // the host waits once, for the logits. The pool's memory must be device
 // memory (device_pool.h).
 #pragma once
@@ -50,8 +52,10 @@ class CudaModel final : public ModelBackend {
   };
   static DevMatrix upload(const Matrix& m);
   static DeviceBuffer<float> upload(const std::vector<float>& v);
-  // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out.
-  void gemm(const DevMatrix& w, const float* x, int64_t rows, float* y);
+  // x as the products with w take it: itself (float32 weights) or rounded to w's type.
+  const void* input_for(const DevMatrix& w, const float* x, int64_t rows);
+  // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
+  void gemm(const DevMatrix& w, const void* x, int64_t rows, float* y);
 
   const ModelConfig& c_;
   kv::BlockPool& pool_;

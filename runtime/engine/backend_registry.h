@@ -22,6 +22,8 @@ std::string backend_unavailable(std::string_view name);
 // Whether the backend reads weights in the CPU's panel layout (ModelWeights::load's `panels`).
 bool backend_wants_panels(std::string_view name);
 
+// Devices of the backend visible here (1 for cpu).
+int backend_device_count(std::string_view name);
 // Makes the calling process compute on device index % devices (no-op for cpu).
 void bind_device(std::string_view name, int index);
 // Free memory where the backend computes, in bytes (0 for cpu: use the host's).

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "mpi_transport/mpi_env.h"
@@ -24,8 +25,13 @@ int main(int argc, char** argv) {
   {
     tandem::mpi::NcclTransport t(env.world());
     tandem::conformance::PoolAccess device;
-    device.write = [](uint8_t* d, const void* s, std::size_t n) { cudaMemcpy(d, s, n, cudaMemcpyHostToDevice); };
-    device.read = [](void* d, const uint8_t* s, std::size_t n) { cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost); };
+    device.write = [](uint8_t* d, const void* s, std::size_t n) {  // landed before the transport's stream reads it
+      if (cudaMemcpy(d, s, n, cudaMemcpyHostToDevice) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+        std::abort();
+    };
+    device.read = [](void* d, const uint8_t* s, std::size_t n) {
+      if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+    };
     const auto f = tandem::conformance::run_transport_suite(
         t,
         [&] {
