@@ -82,14 +82,14 @@ std::vector<int32_t> BlockPool::lookup(std::span<const uint64_t> hashes, std::ar
   return out;
 }
 
-void BlockPool::publish(int32_t block, uint64_t hash) {
+void BlockPool::publish(int32_t block, uint64_t hash, bool computed_here) {
   Meta& m = meta_[static_cast<std::size_t>(block)];
   if (m.hash != 0 || hash == 0 || by_hash_.count(hash)) return;
   m.hash = hash;
-  m.uses = 1;
+  m.uses = computed_here ? 1 : 0;
   by_hash_.emplace(hash, block);
   stored_.push_back(hash);
-  if (lower_) lower_->used(hash, base_ + block * layout_.block_floats(), 1);
+  if (lower_ && computed_here) lower_->used(hash, base_ + block * layout_.block_floats(), 1);
 }
 
 void BlockPool::drain_events(std::vector<uint64_t>& stored, std::vector<uint64_t>& removed) {

@@ -76,8 +76,10 @@ class BlockPool {
   bool contains(uint64_t hash) const { return by_hash_.count(hash) > 0; }
   // The tiers below (not owned; null: none).
   void set_lower(LowerTier* lower) { lower_ = lower; }
-  // Publishes a full, referenced block under its hash (no-op if the hash is already cached).
-  void publish(int32_t block, uint64_t hash);
+  // Publishes a full, referenced block under its hash (no-op if the hash is
+  // already cached). computed_here: its computation counts as its first use
+  // (false for KV another rank computed and sent: that rank counts it).
+  void publish(int32_t block, uint64_t hash, bool computed_here = true);
 
   // Hashes published and evicted since the last call (what rank 0's KV-aware
   // router learns from this worker), then starts a new log.

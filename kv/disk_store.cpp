@@ -1,10 +1,13 @@
 #include "kv/disk_store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -178,12 +181,6 @@ DiskStore::DiskStore(Options options, std::vector<std::string>& warnings) : o_(s
                        "kv.store_path elsewhere");
   }
   std::filesystem::remove(probe, ec);
-  if (writable_ && o_.max_bytes > 0 && bytes_ >= o_.max_bytes) {
-    writable_ = false;
-    warnings.push_back(describe() + ": full (" + std::to_string(bytes_ >> 20) + " MiB, limit " +
-                       std::to_string(o_.max_bytes >> 20) +
-                       " MiB): nothing new is stored; raise kv.store_max_gib or delete old files");
-  }
 }
 
 DiskStore::~DiskStore() { close(); }
@@ -265,7 +262,13 @@ bool DiskStore::read(uint64_t hash, float* dst, std::string& warning) {
     problem = "cannot be read (" + h5_error() + ")";
   else if (XXH3_64bits(dst, l.block_bytes()) != f.checksums[static_cast<std::size_t>(row)])
     problem = "has a block that fails its checksum (the file is damaged)";
-  if (problem.empty()) return true;
+  if (problem.empty()) {
+    if (!f.writing && !f.touched) {  // used: the last to be pruned (LRU by modification time, per file)
+      ::utimensat(AT_FDCWD, f.path.c_str(), nullptr, 0);
+      f.touched = true;
+    }
+    return true;
+  }
   if (warning.empty())
     warning = describe() + ": " + f.path.filename().string() + " " + problem +
               "; its blocks are recomputed from now on (delete it to silence this)";
@@ -278,8 +281,36 @@ void DiskStore::drop_file(std::size_t fi) {
   if (static_cast<int64_t>(fi) == current_) writable_ = false;
 }
 
+// Makes room for `need` more bytes under max_bytes, down to 90% of it: deletes
+// finished files, least recently used first (a file's modification time is
+// its last write, or its last read by any job: read() touches it). A job
+// still reading a deleted file keeps it open; later jobs do not see it.
+void DiskStore::prune(int64_t need) {
+  struct Candidate {
+    std::filesystem::file_time_type used;
+    std::filesystem::path path;
+    int64_t bytes;
+  };
+  std::vector<Candidate> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(o_.dir, ec)) {
+    if (e.path().extension() != ".h5") continue;
+    files.push_back({e.last_write_time(ec), e.path(), static_cast<int64_t>(e.file_size(ec))});
+  }
+  std::sort(files.begin(), files.end(), [](const Candidate& a, const Candidate& b) { return a.used < b.used; });
+  const int64_t target = o_.max_bytes - o_.max_bytes / 10;
+  for (const Candidate& c : files) {
+    if (bytes_ + need <= target) break;
+    if (!std::filesystem::remove(c.path, ec) || ec) continue;
+    bytes_ -= c.bytes;
+    ++pruned_files_;
+    pruned_bytes_ += c.bytes;
+  }
+}
+
 bool DiskStore::start_file(std::string& warning) {
-  const std::string base = "kv-" + file_stamp() + "-" + std::to_string(sequence_++) + ".h5";
+  static std::atomic<int> sequence{0};  // per process: two stores in one process never share a name
+  const std::string base = "kv-" + file_stamp() + "-" + std::to_string(sequence++) + ".h5";
   File f;
   f.path = o_.dir / (base + ".part");
   f.writing = true;
@@ -330,9 +361,11 @@ bool DiskStore::write(std::span<const uint64_t> hashes, const float* data, std::
   const KvLayout& l = o_.id.layout;
   const auto n = static_cast<int64_t>(hashes.size());
   const int64_t bytes = n * static_cast<int64_t>(l.block_bytes());
+  if (o_.max_bytes > 0 && bytes_ + bytes > o_.max_bytes) prune(bytes);
   if (o_.max_bytes > 0 && bytes_ + bytes > o_.max_bytes) {
     warning = describe() + ": reached its size limit (" + std::to_string(o_.max_bytes >> 20) +
-              " MiB): nothing more is stored in this job; raise kv.store_max_gib or delete old files";
+              " MiB) with nothing left to remove but this job's own file: nothing more is stored in this job; "
+              "raise kv.store_max_gib";
     writable_ = false;
     return false;
   }

@@ -15,7 +15,9 @@
 //               model, dtype "float32", block_size, layers, kv_heads,
 //               head_dim, blocks (rows written completely; later rows are ignored)
 //
-// A store written for another model (fingerprint or layout differs) is not
+// Size: past max_bytes, whole files go, least recently used first (a read
+// sets a file's modification time). A store written for another model
+// (fingerprint or layout differs) is not
 // used at all; an unreadable or truncated file is skipped; a block failing its
 // checksum is a miss (recomputed) and its file is dropped. Each problem is one
 // warning line, never an exception: the job then runs colder, never wrong.
@@ -49,7 +51,7 @@ class DiskStore {
     std::filesystem::path dir;
     StoreIdentity id;
     double roll_seconds = 60;  // a file being written is finished and a new one started this often
-    int64_t max_bytes = 0;     // the store stops growing past this size; 0: no limit
+    int64_t max_bytes = 0;     // past this size the least recently used files go (to 90%); 0: no limit
   };
   // Opens (creating) the directory and indexes its finished files. Never
   // throws: each problem appends one line to `warnings` and the store is then
@@ -64,6 +66,9 @@ class DiskStore {
   bool contains(uint64_t hash) const { return where_.count(hash) > 0; }
   int64_t blocks() const { return static_cast<int64_t>(where_.size()); }
   int64_t files_read() const { return files_read_; }  // finished files indexed at open
+  // Files deleted to stay under max_bytes, and their bytes.
+  int64_t pruned_files() const { return pruned_files_; }
+  int64_t pruned_bytes() const { return pruned_bytes_; }
   // Every hash the store holds now.
   std::vector<uint64_t> hashes() const;
 
@@ -84,7 +89,9 @@ class DiskStore {
     H5Id file, kv;
     std::vector<uint64_t> checksums;
     bool writing = false;
+    bool touched = false;  // its modification time was set to now by a read (once per job)
   };
+  void prune(int64_t need);
   void index_file(const std::filesystem::path& path, std::vector<std::string>& warnings, bool& foreign);
   bool start_file(std::string& warning);
   void finish_file();
@@ -97,11 +104,11 @@ class DiskStore {
   std::unordered_map<uint64_t, std::pair<std::size_t, int64_t>> where_;  // hash -> (file, row)
   int64_t files_read_ = 0;
   int64_t bytes_ = 0;  // size of the store's files, as far as this process knows
+  int64_t pruned_files_ = 0, pruned_bytes_ = 0;
   // The file being written: index in files_ (or -1), rows, when it started.
   int64_t current_ = -1;
   int64_t rows_ = 0;
   double started_ = 0;
-  int sequence_ = 0;
   H5Id hash_set_, checksum_set_;
 };
 

@@ -194,6 +194,8 @@ void KvTiers::io_loop() {
         if (static_cast<int64_t>(spare_.size() * layout_.block_bytes()) < o_.max_queued_bytes)
           spare_.push_back(std::move(w.data));
       if (!ok) write_stopped_ = true;
+      pruned_files_ = store_->pruned_files();
+      pruned_bytes_ = static_cast<double>(store_->pruned_bytes());
       if (ok) {
         written_ += static_cast<int64_t>(batch.size());
         write_bytes_ += static_cast<double>(batch.size() * layout_.block_bytes());
@@ -230,6 +232,8 @@ void KvTiers::drain_events(std::vector<uint64_t>& host_stored, std::vector<uint6
 TierStats KvTiers::stats() const {
   std::lock_guard lk(mu_);
   TierStats s = stats_;
+  s.store_pruned_files = pruned_files_;
+  s.store_pruned_bytes = pruned_bytes_;
   s.disk_written = written_;
   s.disk_write_bytes = write_bytes_;
   s.disk_write_seconds = write_seconds_;

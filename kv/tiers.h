@@ -48,6 +48,8 @@ struct TierStats {
   int64_t disk_written = 0, disk_write_dropped = 0;
   double disk_write_bytes = 0, disk_write_seconds = 0;
   int64_t store_blocks_at_open = 0, store_files_at_open = 0;
+  int64_t store_pruned_files = 0;  // deleted (least recently used) to stay under kv.store_max_gib
+  double store_pruned_bytes = 0;
   bool store_enabled = false, store_writable = false;
   int64_t host_capacity_blocks = 0;
 
@@ -70,6 +72,8 @@ struct TierStats {
     f("disk_write_seconds", &TierStats::disk_write_seconds);
     f("store_blocks_at_open", &TierStats::store_blocks_at_open);
     f("store_files_at_open", &TierStats::store_files_at_open);
+    f("pruned_files", &TierStats::store_pruned_files);
+    f("pruned_bytes", &TierStats::store_pruned_bytes);
     f("store_enabled", &TierStats::store_enabled);
     f("store_writable", &TierStats::store_writable);
     f("host_capacity_blocks", &TierStats::host_capacity_blocks);
@@ -144,6 +148,8 @@ class KvTiers final : public LowerTier {
   int64_t queued_bytes_ = 0;
   int64_t written_ = 0;
   double write_bytes_ = 0, write_seconds_ = 0;
+  int64_t pruned_files_ = 0;
+  double pruned_bytes_ = 0;
   bool stop_ = false;
   bool write_stopped_ = false;
   std::thread io_;

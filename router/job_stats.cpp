@@ -74,6 +74,7 @@ nlohmann::json tier_summary(const std::vector<RankReport>& ranks) {
                     {"read_gbps", gbps(t.disk_read_bytes, t.disk_read_seconds)},
                     {"written_blocks", t.disk_written},
                     {"write_dropped", t.disk_write_dropped},
+                    {"pruned_files", t.store_pruned_files},
                     {"written_bytes", t.disk_write_bytes},
                     {"write_gbps", gbps(t.disk_write_bytes, t.disk_write_seconds)}}}};
 }

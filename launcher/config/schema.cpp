@@ -221,7 +221,8 @@ std::vector<KeySpec> build_schema() {
           ,
       key("kv", "store_max_gib", &C::kv, &KvConfig::store_max_gib)
           .at_least(0)
-          .doc("The store stops growing past this size, in GiB (one warning); 0: no limit.")
+          .doc("Size of the store in GiB: past it, whole files go, least recently used (read or written) first, "
+               "down to 90%; 0: no limit.")
           ,
       // [transport]
       key("transport", "backend", &C::transport, &TransportConfig::backend)

@@ -36,6 +36,7 @@ struct Engine::Sequence {
   int64_t preemptions = 0;
   int64_t prompt_computed = 0;  // prompt positions run through the model here (recomputation included)
   int64_t published = 0;        // leading blocks published in the prefix cache
+  int64_t received = 0;         // leading blocks whose KV another rank computed (disaggregated prefill)
   uint64_t last_hash = kv::kRootHash;
   std::array<int64_t, kv::kTiers> cached_from{};  // blocks of the cached prefix, by tier
   bool done = false;
@@ -109,6 +110,7 @@ void Engine::add_prefilled(EngineRequest request, std::vector<int32_t> blocks, c
   s->tokens = s->req.prompt;
   s->n_prompt = static_cast<int64_t>(s->tokens.size());
   s->computed = s->n_prompt;
+  s->received = s->n_prompt / pool_.layout().block_size;
   s->blocks = std::move(blocks);
   s->added = arrival;
   s->first_token = Clock::now();
@@ -140,6 +142,7 @@ void Engine::drop_blocks(Sequence& s) {
   s.blocks.clear();
   s.computed = 0;
   s.published = 0;
+  s.received = 0;  // recomputed here from now on
   s.last_hash = kv::kRootHash;
 }
 
@@ -171,7 +174,7 @@ void Engine::publish_full_blocks(Sequence& s) {
   while ((s.published + 1) * bs <= s.computed && s.published < static_cast<int64_t>(s.blocks.size())) {
     const std::span<const int32_t> block(s.tokens.data() + s.published * bs, static_cast<std::size_t>(bs));
     s.last_hash = kv::block_hash(s.last_hash, block);
-    pool_.publish(s.blocks[static_cast<std::size_t>(s.published)], s.last_hash);
+    pool_.publish(s.blocks[static_cast<std::size_t>(s.published)], s.last_hash, s.published >= s.received);
     ++s.published;
   }
 }

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,7 @@ std::vector<fs::path> store_files(const fs::path& dir) {
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".h5") out.push_back(e.path());
+  std::sort(out.begin(), out.end());  // names carry time and a per-process sequence: oldest first
   return out;
 }
 
@@ -240,4 +242,42 @@ TEST_CASE("tiers: blocks used twice reach the store; the next job prefetches the
   tiers.close(warnings);
   CHECK(tiers.stats().disk_written == 0);  // already there: not written twice
   CHECK(warnings.empty());
+}
+
+TEST_CASE("disk store past its size limit: least recently used files go first, a read counts as a use", "[kv]") {
+  TempDir dir;
+  std::vector<std::string> warnings;
+  std::vector<float> data(3 * 64, 1.f);
+  auto write_job = [&](uint64_t first) {  // one job: one finished file of three blocks
+    DiskStore s({dir.path, identity()}, warnings);
+    const uint64_t hashes[] = {first, first + 1, first + 2};
+    std::string w;
+    REQUIRE(s.write(hashes, data.data(), w));
+  };
+  write_job(100);
+  write_job(200);
+  auto files = store_files(dir.path);
+  REQUIRE(files.size() == 2);
+  // Make the first file clearly older, then read one of its blocks: it becomes the newest.
+  const auto old_time = fs::file_time_type::clock::now() - std::chrono::hours(2);
+  fs::last_write_time(files[0], old_time);
+  fs::last_write_time(files[1], old_time + std::chrono::hours(1));
+  const int64_t one_file = static_cast<int64_t>(fs::file_size(files[0]));
+  {
+    DiskStore s({dir.path, identity(), 60, 2 * one_file + 200}, warnings);  // three more blocks (768 bytes) do not fit
+    auto out = block_of(0);
+    std::string w;
+    REQUIRE(s.read(101, out.data(), w));  // touches the first file
+    const uint64_t more[] = {300, 301, 302};
+    REQUIRE(s.write(more, data.data(), w));  // over the limit: the least recently used (second) file goes
+    CHECK(w.empty());
+    CHECK(s.pruned_files() == 1);
+  }
+  CHECK(warnings.empty());
+  CHECK(fs::exists(files[0]));
+  CHECK_FALSE(fs::exists(files[1]));
+  DiskStore after({dir.path, identity()}, warnings);
+  CHECK(after.contains(100));
+  CHECK_FALSE(after.contains(200));
+  CHECK(after.contains(300));
 }
