@@ -31,7 +31,8 @@ class HostCache {
     bool from_disk = false;
   };
   // Keeps a copy of block `data` (block_floats floats). An existing entry is
-  // refreshed instead (most recently used, the larger use count, the new origin). When full,
+  // refreshed instead (most recently used, the larger use count, the new
+  // origin), and `data` is not read (it may be null then). When full,
   // the least recently used entry is dropped.
   void put(uint64_t hash, const float* data, int64_t uses, bool from_disk);
   // Copies the block into dst and marks it most recently used; nullptr when absent.

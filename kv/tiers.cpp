@@ -43,12 +43,22 @@ KvTiers::~KvTiers() {
   close(ignored);
 }
 
+const float* KvTiers::host_view(const float* data) {
+  if (!o_.pool_copy) return data;
+  staging_.resize(static_cast<std::size_t>(layout_.block_floats()));
+  o_.pool_copy(staging_.data(), data, layout_.block_bytes(), false);
+  return staging_.data();
+}
+
 void KvTiers::evicted(uint64_t hash, const float* data, int64_t uses) {
   if (host_.capacity() == 0) return;
   const auto t0 = Clock::now();
   const bool had = host_.contains(hash);
-  host_.put(hash, data, uses, false);
-  if (had) return;  // inclusive: its copy was still there
+  if (had) {
+    host_.put(hash, nullptr, uses, false);  // refreshed, not copied
+    return;
+  }
+  host_.put(hash, host_view(data), uses, false);
   ++stats_.host_offloaded;
   stats_.host_bytes += static_cast<double>(layout_.block_bytes());
   stats_.host_seconds += since(t0);
@@ -70,7 +80,8 @@ void KvTiers::used(uint64_t hash, const float* data, int64_t uses) {
       buf = std::move(spare_.back());
       spare_.pop_back();
     }
-    buf.assign(data, data + layout_.block_floats());
+    const float* src = host_view(data);
+    buf.assign(src, src + layout_.block_floats());
     writes_.push_back({hash, std::move(buf)});
     queued_bytes_ += bytes;
   }
@@ -81,8 +92,15 @@ void KvTiers::used(uint64_t hash, const float* data, int64_t uses) {
 
 std::optional<LowerTier::Found> KvTiers::onboard(uint64_t hash, float* dst) {
   const auto t0 = Clock::now();
-  const HostCache::Entry* e = host_.get(hash, dst);
-  if (!e) return std::nullopt;
+  if (!host_.contains(hash)) return std::nullopt;
+  const HostCache::Entry* e = nullptr;
+  if (o_.pool_copy) {
+    staging_.resize(static_cast<std::size_t>(layout_.block_floats()));
+    e = host_.get(hash, staging_.data());
+    o_.pool_copy(dst, staging_.data(), layout_.block_bytes(), true);
+  } else {
+    e = host_.get(hash, dst);
+  }
   stats_.host_bytes += static_cast<double>(layout_.block_bytes());
   stats_.host_seconds += since(t0);
   ++(e->from_disk ? stats_.disk_onboarded : stats_.host_onboarded);

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -30,11 +31,17 @@
 
 namespace tandem::kv {
 
+// How block bytes cross between the pool's memory and host memory: plain
+// memcpy for a host pool; a device pool's backend passes its copy (e.g.
+// cudaMemcpy, synchronous). to_pool: host -> pool, else pool -> host.
+using PoolCopy = std::function<void(void* dst, const void* src, std::size_t bytes, bool to_pool)>;
+
 struct TierOptions {
   int64_t host_bytes = 0;         // G2 size; 0: off (a staging area for store reads remains when G3 is on)
   DiskStore::Options store;       // store.dir empty: no G3
   int64_t store_min_hits = 2;     // uses before a block is written to G3
   int64_t max_queued_bytes = 256ll << 20;  // write-behind queue bound
+  PoolCopy pool_copy;             // empty: the pool is in host memory
 };
 
 // Counters since the start (blocks, bytes, seconds of copying).
@@ -126,6 +133,8 @@ class KvTiers final : public LowerTier {
     double seconds;
   };
   void io_loop();
+  // The block at `data` in the pool, readable from the host (itself, or a copy in staging_).
+  const float* host_view(const float* data);
 
   KvLayout layout_;
   TierOptions o_;
@@ -136,6 +145,7 @@ class KvTiers final : public LowerTier {
   std::unordered_set<uint64_t> in_flight_;  // reads asked for, not yet polled
   std::vector<uint64_t> disk_new_;
   TierStats stats_;
+  std::vector<float> staging_;  // one block, for a device pool's copies
 
   // Shared with the I/O thread.
   mutable std::mutex mu_;

@@ -184,6 +184,7 @@ std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& l
   kv::TierOptions t;
   t.host_bytes = static_cast<int64_t>(kvc.host_cache_gib * static_cast<double>(1 << 30));
   t.store_min_hits = kvc.store_min_hits;
+  t.pool_copy = runtime::pool_copy(p.cfg.model.backend);  // a device pool is reached by copies
   if (!kvc.store_path.empty()) {
     t.store.dir = kvc.store_path;
     t.store.id = {runtime::model_fingerprint(p.cfg.model.path, p.model), p.model.architecture + " at " + p.cfg.model.path,
@@ -296,9 +297,6 @@ void check_backend(const Prepared& p, int ranks) {
   }
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
-  if (p.cfg.kv.host_cache_gib > 0 || !p.cfg.kv.store_path.empty())
-    throw Error("kv.host_cache_gib and kv.store_path work with model.backend = \"cpu\" only so far; unset them for \"" +
-                b + "\"");
   const bool disaggregated = ranks > 2 && p.cfg.job.mode != "agg";
   const std::string& t = p.cfg.transport.backend;
   if (disaggregated && t != "auto" && t != "nccl")

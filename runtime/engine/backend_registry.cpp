@@ -77,6 +77,21 @@ std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t by
   return nullptr;
 }
 
+kv::PoolCopy pool_copy(std::string_view name) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    return [](void* dst, const void* src, std::size_t bytes, bool to_pool) {
+      TANDEM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, to_pool ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
+      // A copy from pageable memory may still be in flight when cudaMemcpy
+      // returns, and the model's stream does not wait for the default one.
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    };
+  }
+#endif
+  (void)name;
+  return {};
+}
+
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
                                            kv::BlockPool& pool, cpu::ThreadPool& threads) {
   if (const std::string why = backend_unavailable(name); !why.empty())

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "kv/block_pool.h"
+#include "kv/tiers.h"
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/engine/backend.h"
 #include "runtime/model/model_config.h"
@@ -32,6 +33,9 @@ std::size_t backend_free_bytes(std::string_view name);
 // Memory for a KV pool of `bytes` where the backend computes (device memory
 // for cuda), owned by the returned handle; null for cpu (the pool owns host memory).
 std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t bytes);
+
+// How the KV tiers reach a pool of this backend (kv/tiers.h); empty for cpu.
+kv::PoolCopy pool_copy(std::string_view name);
 
 // The backend; the pool's memory must come from allocate_pool_memory (or the
 // pool's own, for cpu). Throws tandem::Error when it is not available.

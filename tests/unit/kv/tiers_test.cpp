@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -280,4 +281,27 @@ TEST_CASE("disk store past its size limit: least recently used files go first, a
   CHECK(after.contains(100));
   CHECK_FALSE(after.contains(200));
   CHECK(after.contains(300));
+}
+
+TEST_CASE("tiers reach a pool the host cannot read directly only through the pool copy hook", "[kv]") {
+  BlockPool pool(kLayout, 2);
+  TierOptions o;
+  o.host_bytes = 8 * static_cast<int64_t>(kLayout.block_bytes());
+  int out = 0, in = 0;
+  o.pool_copy = [&](void* dst, const void* src, std::size_t bytes, bool to_pool) {  // stands in for cudaMemcpy
+    ++(to_pool ? in : out);
+    std::memcpy(dst, src, bytes);
+  };
+  std::vector<std::string> warnings;
+  KvTiers tiers(kLayout, o, warnings);
+  pool.set_lower(&tiers);
+  put_block(pool, 701, 7.5f);
+  pool.release(*pool.allocate(2));  // evicts 701 into host memory: one copy out
+  CHECK(out == 1);
+  const uint64_t want[] = {701};
+  auto got = pool.lookup(want);  // onboards it: one copy in
+  REQUIRE(got.size() == 1);
+  CHECK(in == 1);
+  CHECK(pool.data()[got[0] * kLayout.block_floats() + 5] == 7.5f);
+  pool.release(got);
 }
