@@ -1,6 +1,8 @@
 #include "runtime/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 
 #include "common/error.h"
@@ -47,6 +49,11 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
   // Tensor cores for bf16/f16; float32 products ask for pedantic float32 per call (no TF32).
   TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+  // A fixed workspace: cuBLAS must not allocate inside a captured graph.
+  workspace_.resize(std::size_t{32} << 20);
+  TANDEM_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_.get(), workspace_.size()));
+  const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0");
   embed_ = upload(w.embed);
   tied_ = w.lm_head.data == w.embed.data;
   if (!tied_) lm_head_ = upload(w.lm_head);
@@ -65,6 +72,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
 }
 
 CudaModel::~CudaModel() {
+  drop_graphs();
   if (pinned_) cudaFreeHost(pinned_);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
   if (blas_) cublasDestroy(blas_);
@@ -88,6 +96,64 @@ void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) 
   const cublasComputeType_t compute = w.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
   TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data.get(), cuda_type(w.dtype), k, x,
                                    cuda_type(w.dtype), k, &beta, y, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// Every kernel of a step, from the embeddings to the LM head, on stream_.
+// Reads the step's integers from step_ints_ (laid out by forward()); the
+// same R and LR always give the same launches and addresses (graph capture).
+void CudaModel::enqueue_step(int64_t R, int64_t LR) {
+  const auto& L = pool_.layout();
+  const int64_t H = c_.hidden, hd = c_.head_dim, q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
+  const int32_t* d_tokens = step_ints_.get();
+  const RowTables rt{d_tokens + R, d_tokens + 2 * R, d_tokens + 3 * R + LR};
+  const int32_t* d_logit_rows = d_tokens + 3 * R;
+  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  float* pool = pool_.data();
+  embedding(embed_.data.get(), embed_.dtype, d_tokens, R, H, x_.get(), stream_);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const DevLayer& lw = layers_[l];
+    rms_norm(x_.get(), lw.attn_norm.get(), R, H, eps, xn_.get(), stream_);
+    const void* in = input_for(lw.wq, xn_.get(), R);
+    gemm(lw.wq, in, R, q_.get());
+    gemm(lw.wk, in, R, k_.get());
+    gemm(lw.wv, in, R, v_.get());
+    if (c_.qkv_bias) {
+      add_bias(q_.get(), lw.bq.get(), R, q_dim, stream_);
+      add_bias(k_.get(), lw.bk.get(), R, kv_dim, stream_);
+      add_bias(v_.get(), lw.bv.get(), R, kv_dim, stream_);
+    }
+    if (c_.qk_norm) {  // per head: rows of head_dim
+      rms_norm(q_.get(), lw.q_norm.get(), R * c_.heads, hd, eps, q_.get(), stream_);
+      rms_norm(k_.get(), lw.k_norm.get(), R * c_.kv_heads, hd, eps, k_.get(), stream_);
+    }
+    rope(q_.get(), rt.positions, R, c_.heads, hd, inv_freq_.get(), stream_);
+    rope(k_.get(), rt.positions, R, c_.kv_heads, hd, inv_freq_.get(), stream_);
+    kv_write(k_.get(), v_.get(), R, rt, shape, static_cast<int64_t>(l), pool, stream_);
+    attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
+    gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, xn_.get());
+    if (lw.bo.size()) add_bias(xn_.get(), lw.bo.get(), R, H, stream_);
+    add(x_.get(), xn_.get(), R * H, stream_);
+    rms_norm(x_.get(), lw.mlp_norm.get(), R, H, eps, xn_.get(), stream_);
+    in = input_for(lw.w_gate, xn_.get(), R);
+    gemm(lw.w_gate, in, R, gate_.get());
+    gemm(lw.w_up, in, R, up_.get());
+    swiglu(gate_.get(), up_.get(), R * c_.intermediate, stream_);
+    gemm(lw.w_down, input_for(lw.w_down, gate_.get(), R), R, xn_.get());
+    add(x_.get(), xn_.get(), R * H, stream_);
+  }
+  if (LR == 0) return;
+  // Final norm and LM head for the rows that want logits only.
+  gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
+  rms_norm(last_.get(), final_norm_.get(), LR, H, eps, xn_.get(), stream_);
+  const DevMatrix& head = tied_ ? embed_ : lm_head_;
+  gemm(head, input_for(head, xn_.get(), LR), LR, logits_.get());
+}
+
+void CudaModel::drop_graphs() {
+  for (auto& [rows, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
 }
 
 void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
@@ -130,70 +196,50 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
     TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), pinned_count_ * sizeof(int32_t)));
   }
   std::memcpy(pinned_, host_ints_.data(), host_ints_.size() * sizeof(int32_t));
-  step_ints_.resize(host_ints_.size());
+  if (step_ints_.resize(host_ints_.size())) drop_graphs();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_ints_.get(), pinned_, host_ints_.size() * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, stream_));
-  const int32_t* d_tokens = step_ints_.get();
-  RowTables rt{d_tokens + R, d_tokens + 2 * R, d_tokens + 3 * R + LR};
-  const int32_t* d_logit_rows = d_tokens + 3 * R;
-  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
-
-  x_.resize(sz(R * H));
-  xn_.resize(sz(R * std::max(H, q_dim)));
-  q_.resize(sz(R * q_dim));
-  k_.resize(sz(R * kv_dim));
-  v_.resize(sz(R * kv_dim));
-  attn_.resize(sz(R * q_dim));
-  gate_.resize(sz(R * c_.intermediate));
-  up_.resize(sz(R * c_.intermediate));
+  bool moved = false;  // a buffer at a new address: captured graphs point at the old one
+  moved |= x_.resize(sz(R * H));
+  moved |= xn_.resize(sz(R * std::max(H, q_dim)));
+  moved |= q_.resize(sz(R * q_dim));
+  moved |= k_.resize(sz(R * kv_dim));
+  moved |= v_.resize(sz(R * kv_dim));
+  moved |= attn_.resize(sz(R * q_dim));
+  moved |= gate_.resize(sz(R * c_.intermediate));
+  moved |= up_.resize(sz(R * c_.intermediate));
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
-  half_.resize(sz(R * std::max({H, q_dim, c_.intermediate})) * 2);
-  last_.resize(sz(R * H));
-  logits_.resize(sz(LR * c_.vocab));
-  const float eps = static_cast<float>(c_.rms_norm_eps);
-  float* pool = pool_.data();
+  moved |= half_.resize(sz(R * std::max({H, q_dim, c_.intermediate})) * 2);
+  moved |= last_.resize(sz(R * H));
+  moved |= logits_.resize(sz(LR * c_.vocab));
+  if (moved) drop_graphs();
 
-  embedding(embed_.data.get(), embed_.dtype, d_tokens, R, H, x_.get(), stream_);
-  for (std::size_t l = 0; l < layers_.size(); ++l) {
-    const DevLayer& lw = layers_[l];
-    rms_norm(x_.get(), lw.attn_norm.get(), R, H, eps, xn_.get(), stream_);
-    const void* in = input_for(lw.wq, xn_.get(), R);
-    gemm(lw.wq, in, R, q_.get());
-    gemm(lw.wk, in, R, k_.get());
-    gemm(lw.wv, in, R, v_.get());
-    if (c_.qkv_bias) {
-      add_bias(q_.get(), lw.bq.get(), R, q_dim, stream_);
-      add_bias(k_.get(), lw.bk.get(), R, kv_dim, stream_);
-      add_bias(v_.get(), lw.bv.get(), R, kv_dim, stream_);
+  // A decode step (one token per sequence, logits for each) runs as a CUDA
+  // graph captured for its batch size: ~20 kernels per layer launched once.
+  // Its first step of a size runs eagerly (cuBLAS settles its kernels), the
+  // second is captured, later ones replay it.
+  const bool decode = LR == R && R <= kMaxGraphRows &&
+                      std::all_of(chunks.begin(), chunks.end(), [](const SeqChunk& ch) { return ch.tokens.size() == 1; });
+  if (graphs_enabled_ && decode) {
+    Graph& g = graphs_[R];
+    if (!g.exec && ++g.seen >= 2) {
+      cudaGraph_t graph = nullptr;
+      TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      enqueue_step(R, LR);
+      TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      TANDEM_CUDA_CHECK(made);
     }
-    if (c_.qk_norm) {  // per head: rows of head_dim
-      rms_norm(q_.get(), lw.q_norm.get(), R * c_.heads, hd, eps, q_.get(), stream_);
-      rms_norm(k_.get(), lw.k_norm.get(), R * c_.kv_heads, hd, eps, k_.get(), stream_);
-    }
-    rope(q_.get(), rt.positions, R, c_.heads, hd, inv_freq_.get(), stream_);
-    rope(k_.get(), rt.positions, R, c_.kv_heads, hd, inv_freq_.get(), stream_);
-    kv_write(k_.get(), v_.get(), R, rt, shape, static_cast<int64_t>(l), pool, stream_);
-    attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
-    gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, xn_.get());
-    if (lw.bo.size()) add_bias(xn_.get(), lw.bo.get(), R, H, stream_);
-    add(x_.get(), xn_.get(), R * H, stream_);
-    rms_norm(x_.get(), lw.mlp_norm.get(), R, H, eps, xn_.get(), stream_);
-    in = input_for(lw.w_gate, xn_.get(), R);
-    gemm(lw.w_gate, in, R, gate_.get());
-    gemm(lw.w_up, in, R, up_.get());
-    swiglu(gate_.get(), up_.get(), R * c_.intermediate, stream_);
-    gemm(lw.w_down, input_for(lw.w_down, gate_.get(), R), R, xn_.get());
-    add(x_.get(), xn_.get(), R * H, stream_);
+    if (g.exec) TANDEM_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    else enqueue_step(R, LR);
+  } else {
+    enqueue_step(R, LR);
   }
   if (LR == 0) {
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
   }
-  // Final norm and LM head for the rows that want logits only.
-  gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
-  rms_norm(last_.get(), final_norm_.get(), LR, H, eps, xn_.get(), stream_);
-  const DevMatrix& head = tied_ ? embed_ : lm_head_;
-  gemm(head, input_for(head, xn_.get(), LR), LR, logits_.get());
   if (logits.size() > pinned_logits_count_) {
     if (pinned_logits_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_logits_));
     pinned_logits_count_ = logits.size();

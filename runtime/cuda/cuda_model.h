@@ -18,6 +18,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <unordered_map>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -57,6 +58,15 @@ class CudaModel final : public ModelBackend {
   // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
   void gemm(const DevMatrix& w, const void* x, int64_t rows, float* y);
 
+  void enqueue_step(int64_t rows, int64_t logit_rows);
+  void drop_graphs();
+
+  static constexpr int64_t kMaxGraphRows = 256;  // decode batch sizes captured as graphs
+  struct Graph {
+    int seen = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+
   const ModelConfig& c_;
   kv::BlockPool& pool_;
   cudaStream_t stream_ = nullptr;
@@ -69,6 +79,9 @@ class CudaModel final : public ModelBackend {
   // Step buffers.
   DeviceBuffer<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, last_, logits_;
   DeviceBuffer<uint8_t> half_;          // a GEMM input rounded to bf16/f16
+  DeviceBuffer<uint8_t> workspace_;     // cuBLAS's
+  bool graphs_enabled_ = true;          // TANDEM_CUDA_GRAPHS=0: every step launched kernel by kernel
+  std::unordered_map<int64_t, Graph> graphs_;  // by batch size
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   std::vector<int32_t> host_ints_;
   int32_t* pinned_ = nullptr;           // staging for step_ints_

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 
@@ -28,12 +29,16 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { release(); }
 
-  // At least `count` elements; the contents are lost when it grows.
-  void resize(std::size_t count) {
-    if (count <= n_) return;
+  // At least `count` elements (growing by half as much again, so that a
+  // slowly growing need moves it rarely); the contents are lost when it
+  // moves. True when it moved (a new address).
+  bool resize(std::size_t count) {
+    if (count <= n_) return false;
+    const std::size_t grown = n_ == 0 ? count : std::max(count, n_ + n_ / 2);
     release();
-    TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), count * sizeof(T)));
-    n_ = count;
+    TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), grown * sizeof(T)));
+    n_ = grown;
+    return true;
   }
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
