@@ -39,6 +39,11 @@ class CudaModel final : public ModelBackend {
   CudaModel& operator=(const CudaModel&) = delete;
 
   std::string_view name() const override { return "cuda"; }
+  // Decode steps as captured graphs (default; TANDEM_CUDA_GRAPHS=0 starts without).
+  void use_graphs(bool on) {
+    graphs_enabled_ = on;
+    if (!on) drop_graphs();
+  }
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
 
  private:
