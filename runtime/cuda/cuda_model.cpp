@@ -156,7 +156,8 @@ void CudaModel::drop_graphs() {
   graphs_.clear();
 }
 
-void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
+// Uploads the step and enqueues all its kernels; returns how many rows want logits.
+int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   const auto& L = pool_.layout();
   const int64_t H = c_.hidden, hd = c_.head_dim, q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
   auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
@@ -185,8 +186,7 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
     }
   }
   const auto R = static_cast<int64_t>(tokens.size()), LR = static_cast<int64_t>(logit_rows.size());
-  logits.resize(sz(LR * c_.vocab));
-  if (R == 0) return;
+  if (R == 0) return 0;
   host_ints_.clear();
   for (const auto* v : {&tokens, &positions, &table_of, &logit_rows, &tables})
     host_ints_.insert(host_ints_.end(), v->begin(), v->end());
@@ -236,6 +236,12 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   } else {
     enqueue_step(R, LR);
   }
+  return LR;
+}
+
+void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
+  const int64_t LR = launch(chunks);
+  logits.resize(static_cast<std::size_t>(LR * c_.vocab));
   if (LR == 0) {
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
@@ -249,6 +255,19 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
                                     stream_));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its logits
   std::memcpy(logits.data(), pinned_logits_, logits.size() * sizeof(float));
+}
+
+bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) {
+  const int64_t LR = launch(chunks);
+  tokens.resize(static_cast<std::size_t>(LR));
+  if (LR > 0) {
+    argmax_out_.resize(static_cast<std::size_t>(LR));
+    argmax(logits_.get(), LR, c_.vocab, argmax_out_.get(), stream_);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+  }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its tokens
+  return true;
 }
 
 }  // namespace tandem::runtime::cuda

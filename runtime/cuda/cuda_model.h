@@ -45,6 +45,8 @@ class CudaModel final : public ModelBackend {
     if (!on) drop_graphs();
   }
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
+  // The greedy tokens picked on the device: LR int32 to the host instead of LR x vocab floats.
+  bool forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) override;
 
  private:
   struct DevMatrix {
@@ -63,6 +65,7 @@ class CudaModel final : public ModelBackend {
   // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
   void gemm(const DevMatrix& w, const void* x, int64_t rows, float* y);
 
+  int64_t launch(std::span<const SeqChunk> chunks);
   void enqueue_step(int64_t rows, int64_t logit_rows);
   void drop_graphs();
 
@@ -88,6 +91,7 @@ class CudaModel final : public ModelBackend {
   bool graphs_enabled_ = true;          // TANDEM_CUDA_GRAPHS=0: every step launched kernel by kernel
   std::unordered_map<int64_t, Graph> graphs_;  // by batch size
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
+  DeviceBuffer<int32_t> argmax_out_;    // [logit rows]
   std::vector<int32_t> host_ints_;
   int32_t* pinned_ = nullptr;           // staging for step_ints_
   std::size_t pinned_count_ = 0;

@@ -63,6 +63,10 @@ void add(float* x, const float* y, int64_t n, cudaStream_t stream);
 // out[i] = x[i] rounded to bf16 or f16 (round to nearest even), n elements.
 void to_half(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
 
+// out[r] = the index of row r's largest value (rows of n), ties to the lowest
+// index, as the host sampler's greedy pick.
+void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream);
+
 // out[i] = x[rows[i]], rows of `width`.
 void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t width, float* out, cudaStream_t stream);
 

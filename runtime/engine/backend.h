@@ -28,6 +28,15 @@ class ModelBackend {
   // within a chunk in position order. Blocks until they are there. Throws
   // tandem::Error on a block table too short for the positions it must hold.
   virtual void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) = 0;
+  // Optional, for steps whose every sampled row is plain greedy: the same
+  // step, returning each logits row's argmax (ties to the lowest id, as
+  // sample_token) instead of the row, so the logits need not travel to the
+  // host. False (and nothing run) where the backend has no such path.
+  virtual bool forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) {
+    (void)chunks;
+    (void)tokens;
+    return false;
+  }
 };
 
 }  // namespace tandem::runtime

@@ -354,7 +354,15 @@ std::vector<EngineOutput> Engine::step() {
       stats_.decode_tokens += take;
     }
   }
-  model_->forward(chunks, logits_);
+  // Plain greedy rows only (no penalties, no logprobs): a backend may pick the
+  // tokens where the logits are, instead of sending every row back.
+  auto plain_greedy = [](const SamplingParams& p) {
+    return p.temperature <= 1e-5f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f && p.logprobs < 0 && p.prompt_logprobs < 0;
+  };
+  const bool greedy = std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return plain_greedy(pl.seq->req.params); });
+  const bool argmax_only = greedy && model_->forward_argmax(chunks, argmax_);
+  if (!argmax_only) model_->forward(chunks, logits_);
   ++stats_.steps;
 
   // 4. Sample, check for the end, report.
@@ -378,13 +386,18 @@ std::vector<EngineOutput> Engine::step() {
     s.computed += plan[i].take;
     publish_full_blocks(s);
     if (!c.logits_last) continue;
-    std::span<float> lg(logits_.data() + row * vocab, vocab);
-    ++row;
-    const uint64_t step = static_cast<uint64_t>(s.generated());
-    std::vector<float> raw;
-    if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
-    const int32_t tok = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, step);
-    if (s.req.params.logprobs >= 0) s.logprobs.push_back(logprobs_of(raw, tok, s.req.params.logprobs));
+    int32_t tok = 0;
+    if (argmax_only) {
+      tok = argmax_[row++];
+    } else {
+      std::span<float> lg(logits_.data() + row * vocab, vocab);
+      ++row;
+      const uint64_t step = static_cast<uint64_t>(s.generated());
+      std::vector<float> raw;
+      if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
+      tok = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, step);
+      if (s.req.params.logprobs >= 0) s.logprobs.push_back(logprobs_of(raw, tok, s.req.params.logprobs));
+    }
     s.tokens.push_back(tok);
     if (!s.has_first) {
       s.has_first = true;

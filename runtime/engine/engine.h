@@ -152,6 +152,7 @@ class Engine {
   EngineStats stats_;
   StepShape last_step_;
   std::vector<float> logits_;
+  std::vector<int32_t> argmax_;  // a greedy step's tokens, when the backend picks them
 };
 
 }  // namespace tandem::runtime

@@ -100,6 +100,15 @@ TEST_CASE("elementwise ops: exact", "[gpu]") {
   cu::gather_rows(dx.p, dpick.p, 3, n, out.p, nullptr);
   const auto g = out.get(3 * n);
   for (int64_t i = 0; i < n; ++i) CHECK(g[n + i] == got[i]);
+  // argmax: the host sampler's greedy pick, ties to the lowest index.
+  std::vector<float> rowsv(3 * 5000, -1.0f);
+  rowsv[17] = 3.0f;
+  rowsv[5000 + 4321] = 2.0f, rowsv[5000 + 99] = 2.0f;  // a tie
+  rowsv[2 * 5000 + 4999] = 0.5f;
+  Dev<float> dr(rowsv);
+  Dev<int32_t> dpicked(std::vector<int32_t>(3));
+  cu::argmax(dr.p, 3, 5000, dpicked.p, nullptr);
+  CHECK(dpicked.get(3) == std::vector<int32_t>{17, 99, 4999});
 }
 
 TEST_CASE("rms_norm, rope and swiglu against the CPU formulas (relative error < 1e-5)", "[gpu]") {
