@@ -13,8 +13,8 @@ constexpr int kWarps = 4;
 // softmax (running max m, sum l, accumulator) that the block merges at the end.
 template <int PER>
 __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, PoolShape s, int64_t layer,
-                                 const float* pool, float scale, float* out) {
-  const int64_t r = blockIdx.x, h = blockIdx.y, hd = s.head_dim, width = s.kv_heads * hd;
+                                 const float* pool, float scale, float* out, const int32_t* only_rows) {
+  const int64_t r = only_rows ? only_rows[blockIdx.x] : blockIdx.x, h = blockIdx.y, hd = s.head_dim, width = s.kv_heads * hd;
   const int64_t g = h / (heads / s.kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t pos = rt.positions[r];
@@ -73,19 +73,19 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
 }  // namespace
 
 void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_window, RowTables rt, PoolShape shape,
-               int64_t layer, const float* pool, float* out, cudaStream_t stream) {
+               int64_t layer, const float* pool, float* out, cudaStream_t stream, const int32_t* only_rows) {
   if (rows == 0) return;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   const int threads = 32 * kWarps;
   if (shape.head_dim <= 32)
-    attention_kernel<1><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out);
+    attention_kernel<1><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out, only_rows);
   else if (shape.head_dim <= 64)
-    attention_kernel<2><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out);
+    attention_kernel<2><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out, only_rows);
   else if (shape.head_dim <= 128)
-    attention_kernel<4><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out);
+    attention_kernel<4><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out, only_rows);
   else
-    attention_kernel<8><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out);
+    attention_kernel<8><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out, only_rows);
   TANDEM_CUDA_LAUNCHED();
 }
 

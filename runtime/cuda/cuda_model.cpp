@@ -130,7 +130,15 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
     rope(q_.get(), rt.positions, R, c_.heads, hd, inv_freq_.get(), stream_);
     rope(k_.get(), rt.positions, R, c_.kv_heads, hd, inv_freq_.get(), stream_);
     kv_write(k_.get(), v_.get(), R, rt, shape, static_cast<int64_t>(l), pool, stream_);
-    attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
+    if (n_tiles_ == 0) {  // every row decodes (the graph-captured case)
+      attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
+    } else {  // prefill rows in tiles, the others row by row
+      attention_tiles(q_.get(), c_.heads, c_.sliding_window, rt, d_tokens + tiles_at_, n_tiles_, shape,
+                      static_cast<int64_t>(l), pool, attn_.get(), stream_);
+      if (n_decode_ > 0)
+        attention(q_.get(), n_decode_, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool,
+                  attn_.get(), stream_, d_tokens + tiles_at_ + 2 * n_tiles_);
+    }
     gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, xn_.get());
     if (lw.bo.size()) add_bias(xn_.get(), lw.bo.get(), R, H, stream_);
     add(x_.get(), xn_.get(), R * H, stream_);
@@ -165,7 +173,14 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   // The step's integers, staged in one pinned buffer and sent in one copy:
   // [tokens R][positions R][table_of R][logit rows LR][tables T].
   std::vector<int32_t> tokens, positions, table_of, logit_rows, tables;
+  std::vector<int32_t> tile_first, tile_rows, decode_rows;  // prefill rows in tiles; single-token rows alone
   for (const SeqChunk& ch : chunks) {
+    const auto base = static_cast<int64_t>(tokens.size()), n = static_cast<int64_t>(ch.tokens.size());
+    if (n == 1) decode_rows.push_back(static_cast<int32_t>(base));
+    for (int64_t t0 = 0; n > 1 && t0 < n; t0 += kTileQ) {
+      tile_first.push_back(static_cast<int32_t>(base + t0));
+      tile_rows.push_back(static_cast<int32_t>(std::min(kTileQ, n - t0)));
+    }
     const int64_t end = ch.start_pos + static_cast<int64_t>(ch.tokens.size());
     if (static_cast<int64_t>(ch.block_table.size()) * L.block_size < end) {
       throw Error("internal: a sequence's block table covers " +
@@ -190,6 +205,12 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   host_ints_.clear();
   for (const auto* v : {&tokens, &positions, &table_of, &logit_rows, &tables})
     host_ints_.insert(host_ints_.end(), v->begin(), v->end());
+  // After them: [tile first rows NT][tile row counts NT][decode rows ND] (only when some chunk prefills).
+  n_tiles_ = static_cast<int64_t>(tile_first.size());
+  n_decode_ = n_tiles_ > 0 ? static_cast<int64_t>(decode_rows.size()) : 0;
+  tiles_at_ = static_cast<int64_t>(host_ints_.size());
+  if (n_tiles_ > 0)
+    for (const auto* v : {&tile_first, &tile_rows, &decode_rows}) host_ints_.insert(host_ints_.end(), v->begin(), v->end());
   if (host_ints_.size() > pinned_count_) {
     if (pinned_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
     pinned_count_ = host_ints_.size() * 2;

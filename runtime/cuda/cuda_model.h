@@ -93,6 +93,7 @@ class CudaModel final : public ModelBackend {
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   DeviceBuffer<int32_t> argmax_out_;    // [logit rows]
   std::vector<int32_t> host_ints_;
+  int64_t n_tiles_ = 0, n_decode_ = 0, tiles_at_ = 0;  // this step's prefill tiles (see launch())
   int32_t* pinned_ = nullptr;           // staging for step_ints_
   std::size_t pinned_count_ = 0;
   float* pinned_logits_ = nullptr;

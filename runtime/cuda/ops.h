@@ -48,8 +48,17 @@ void kv_write(const float* k, const float* v, int64_t rows, RowTables rt, PoolSh
 // head_dim]) over its sequence's positions [first, pos] in `layer` (first > 0
 // only with a sliding window), GQA by kv head = head / (heads / kv_heads);
 // out: [rows][heads * head_dim]. head_dim <= 256.
+// only_rows (optional, device): run for rows only_rows[0..rows) instead of 0..rows.
 void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_window, RowTables rt, PoolShape shape,
-               int64_t layer, const float* pool, float* out, cudaStream_t stream);
+               int64_t layer, const float* pool, float* out, cudaStream_t stream, const int32_t* only_rows = nullptr);
+
+// The same attention for prefill rows, in tiles: tiles[k] is the first row of
+// tile k and tiles[n_tiles + k] its row count (<= kTileQ consecutive rows of
+// one sequence). Equal to attention() within float rounding.
+inline constexpr int64_t kTileQ = 16, kTileK = 32;
+void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
+                     int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
+                     cudaStream_t stream);
 
 // gate[i] = silu(gate[i]) * up[i], n elements.
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);

@@ -198,6 +198,11 @@ TEST_CASE("kv_write places every row in its block and slot; attention matches a 
       }
     }
   CHECK(rel_err(dout.get(want.size()), want) < 1e-5);
+  // The tiled prefill kernel gives the same: A's three rows as one tile, B's as another.
+  Dev<int32_t> dtiles(std::vector<int32_t>{0, 3, 3, 3});
+  Dev<float> dtiled(std::vector<float>(rows * heads * hd));
+  cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape, layer, dpool.p, dtiled.p, nullptr);
+  CHECK(rel_err(dtiled.get(want.size()), want) < 1e-5);
 }
 
 // The whole model, float32 and bf16: logits of a 50-token prompt in chunks and a decode step.
