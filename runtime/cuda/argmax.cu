@@ -8,7 +8,8 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-// One block per row: the largest value, ties (and NaN, never larger) to the lowest index.
+// One block per row: the largest value, ties to the lowest index; NaNs are
+// skipped, except at index 0 (the host sampler's starting point), which wins.
 __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
   __shared__ float best_v[kThreads];
   __shared__ int32_t best_i[kThreads];
@@ -16,7 +17,7 @@ __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
   float v = -FLT_MAX;
   int32_t idx = -1;
   for (int64_t i = threadIdx.x; i < n; i += kThreads)
-    if (idx < 0 || row[i] > v) v = row[i], idx = static_cast<int32_t>(i);
+    if (!isnan(row[i]) && (idx < 0 || row[i] > v)) v = row[i], idx = static_cast<int32_t>(i);
   best_v[threadIdx.x] = v;
   best_i[threadIdx.x] = idx;
   __syncthreads();
@@ -32,7 +33,8 @@ __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] < 0 ? 0 : best_i[0];
+  // As the host: it starts from index 0, and a NaN there is never beaten.
+  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] < 0 || isnan(row[0]) ? 0 : best_i[0];
 }
 
 }  // namespace

@@ -22,11 +22,15 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
   const int64_t hd = s.head_dim, width = s.kv_heads * hd;
   const int64_t tile = blockIdx.x, h = blockIdx.y, g = h / (heads / s.kv_heads);
   const int64_t r0 = tiles[tile], nq = tiles[n_tiles + tile];  // first row, rows (consecutive positions of one sequence)
+  // K rows and score rows are padded by one float: the lanes of a warp read
+  // K at the same d for different keys (and the softmax threads one score
+  // column for different rows), which would otherwise all hit one bank.
+  const int64_t ks_stride = hd + 1, ss_stride = kTileK + 1;
   float* qs = smem;                       // [kTileQ][hd]
-  float* ks = qs + kTileQ * hd;           // [kTileK][hd]
-  float* vs = ks + kTileK * hd;           // [kTileK][hd]
-  float* ss = vs + kTileK * hd;           // [kTileQ][kTileK] scores, then probabilities
-  float* corr = ss + kTileQ * kTileK;     // [kTileQ] rescale of the rows' accumulators
+  float* ks = qs + kTileQ * hd;           // [kTileK][hd + 1]
+  float* vs = ks + kTileK * ks_stride;    // [kTileK][hd]
+  float* ss = vs + kTileK * hd;           // [kTileQ][kTileK + 1] scores, then probabilities
+  float* corr = ss + kTileQ * ss_stride;  // [kTileQ] rescale of the rows' accumulators
   float* row_m = corr + kTileQ;           // [kTileQ] running max
   float* row_l = row_m + kTileQ;          // [kTileQ] running sum
   const int32_t* table = rt.tables + rt.table_of[r0];
@@ -49,7 +53,7 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
       if (j < nk) {
         const int64_t t = t0 + j, blk = table[t / s.block_size], slot = t % s.block_size;
         const float* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + slot * width + g * hd;
-        ks[e] = k[d];
+        ks[j * ks_stride + d] = k[d];
         vs[e] = k[s.block_size * width + d];
       }
     }
@@ -59,23 +63,23 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
       float v = -INFINITY;
       if (i < nq && j < nk && t <= pos && t >= first_of(pos)) {
         float dot = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) dot += qs[i * hd + d] * ks[j * hd + d];
+        for (int64_t d = 0; d < hd; ++d) dot += qs[i * hd + d] * ks[j * ks_stride + d];
         v = dot * scale;
       }
-      ss[e] = v;
+      ss[i * ss_stride + j] = v;
     }
     __syncthreads();
     if (threadIdx.x < kTileQ) {  // one thread per row: the online softmax's bookkeeping
       const int i = threadIdx.x;
       float m = row_m[i];
-      for (int j = 0; j < kTileK; ++j) m = fmaxf(m, ss[i * kTileK + j]);
+      for (int j = 0; j < kTileK; ++j) m = fmaxf(m, ss[i * ss_stride + j]);
       if (m == -INFINITY) {  // nothing visible to this row yet
         corr[i] = 1.0f;
-        for (int j = 0; j < kTileK; ++j) ss[i * kTileK + j] = 0.0f;
+        for (int j = 0; j < kTileK; ++j) ss[i * ss_stride + j] = 0.0f;
       } else {
         corr[i] = expf(row_m[i] - m);
         float sum = 0.0f;
-        for (int j = 0; j < kTileK; ++j) sum += (ss[i * kTileK + j] = expf(ss[i * kTileK + j] - m));
+        for (int j = 0; j < kTileK; ++j) sum += (ss[i * ss_stride + j] = expf(ss[i * ss_stride + j] - m));
         row_l[i] = row_l[i] * corr[i] + sum;
         row_m[i] = m;
       }
@@ -86,7 +90,7 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
       if (e >= kTileQ * hd) break;
       const int64_t i = e / hd, d = e % hd;
       float o = acc[k] * corr[i];
-      for (int64_t j = 0; j < nk; ++j) o += ss[i * kTileK + j] * vs[j * hd + d];
+      for (int64_t j = 0; j < nk; ++j) o += ss[i * ss_stride + j] * vs[j * hd + d];
       acc[k] = o;
     }
   }
@@ -102,11 +106,14 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
 template <int PER>
 void launch_tiles(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles, int64_t n_tiles,
                   PoolShape shape, int64_t layer, const float* pool, float* out, cudaStream_t stream) {
-  const std::size_t bytes =
-      sizeof(float) * static_cast<std::size_t>((kTileQ + 2 * kTileK) * shape.head_dim + kTileQ * kTileK + 3 * kTileQ);
-  if (bytes > 48 * 1024)  // past the default: ask for it (head_dim 256)
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>((kTileQ + 2 * kTileK) * shape.head_dim + kTileK +
+                                                                     kTileQ * (kTileK + 1) + 3 * kTileQ);
+  static std::size_t granted = 48 * 1024;  // the default; past it, ask once per size (head_dim 256)
+  if (bytes > granted) {
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(attention_tiles_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
+    granted = bytes;
+  }
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(heads));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   attention_tiles_kernel<PER><<<grid, kThreads, bytes, stream>>>(q, heads, window, rt, tiles, n_tiles, shape, layer,

@@ -246,7 +246,12 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
     if (!g.exec && ++g.seen >= 2) {
       cudaGraph_t graph = nullptr;
       TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      enqueue_step(R, LR);
+      try {
+        enqueue_step(R, LR);
+      } catch (...) {  // leave the stream out of capture mode, or every later step fails too
+        if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+        throw;
+      }
       TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
       cudaGraphDestroy(graph);

@@ -60,6 +60,38 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
+// Attention of each row over its sequence's positions [first, pos] in double
+// precision, from a host image of the pool: the reference for both kernels.
+std::vector<float> reference_attention(const std::vector<float>& q, const std::vector<float>& pool, const kv::KvLayout& L,
+                                       int64_t layer, int64_t heads, const std::vector<int32_t>& tables,
+                                       const std::vector<int32_t>& table_of, const std::vector<int32_t>& positions,
+                                       int64_t window) {
+  const int64_t rows = static_cast<int64_t>(positions.size()), hd = L.head_dim, kvh = L.kv_heads, bs = L.block_size;
+  std::vector<float> want(static_cast<std::size_t>(rows * heads * hd));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kvh), pos = positions[r];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      std::vector<double> s(static_cast<std::size_t>(pos + 1), 0.0);
+      double mx = -1e300, sum = 0;
+      for (int64_t t = first; t <= pos; ++t) {
+        const int64_t blk = tables[table_of[r] + t / bs];
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += q[(r * heads + h) * hd + i] * pool[L.offset(blk, layer, 0, t % bs) + g * hd + i];
+        s[t] = d / std::sqrt(static_cast<double>(hd));
+        mx = std::max(mx, s[t]);
+      }
+      for (int64_t t = first; t <= pos; ++t) sum += (s[t] = std::exp(s[t] - mx));
+      for (int64_t i = 0; i < hd; ++i) {
+        double o = 0;
+        for (int64_t t = first; t <= pos; ++t)
+          o += s[t] / sum * pool[L.offset(tables[table_of[r] + t / bs], layer, 1, t % bs) + g * hd + i];
+        want[(r * heads + h) * hd + i] = static_cast<float>(o);
+      }
+    }
+  return want;
+}
+
 // A pool in device memory and its host image.
 struct DevPool {
   kv::KvLayout layout;
@@ -176,33 +208,39 @@ TEST_CASE("kv_write places every row in its block and slot; attention matches a 
     }
   }
   CHECK(got_pool == pool);
-  std::vector<float> want(rows * heads * hd);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t g = h / (heads / kvh);
-      std::vector<double> s(positions[r] + 1);
-      double mx = -1e300, sum = 0;
-      for (int64_t t = 0; t <= positions[r]; ++t) {
-        const int64_t blk = tables[table_of[r] + t / bs];
-        double d = 0;
-        for (int64_t i = 0; i < hd; ++i) d += q[(r * heads + h) * hd + i] * pool[L.offset(blk, layer, 0, t % bs) + g * hd + i];
-        s[t] = d / std::sqrt(static_cast<double>(hd));
-        mx = std::max(mx, s[t]);
-      }
-      for (auto& e : s) sum += (e = std::exp(e - mx));
-      for (int64_t i = 0; i < hd; ++i) {
-        double o = 0;
-        for (int64_t t = 0; t <= positions[r]; ++t)
-          o += s[t] / sum * pool[L.offset(tables[table_of[r] + t / bs], layer, 1, t % bs) + g * hd + i];
-        want[(r * heads + h) * hd + i] = static_cast<float>(o);
-      }
-    }
+  const auto want = reference_attention(q, pool, L, layer, heads, tables, table_of, positions, 0);
   CHECK(rel_err(dout.get(want.size()), want) < 1e-5);
   // The tiled prefill kernel gives the same: A's three rows as one tile, B's as another.
   Dev<int32_t> dtiles(std::vector<int32_t>{0, 3, 3, 3});
   Dev<float> dtiled(std::vector<float>(rows * heads * hd));
   cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape, layer, dpool.p, dtiled.p, nullptr);
   CHECK(rel_err(dtiled.get(want.size()), want) < 1e-5);
+}
+
+TEST_CASE("tiled prefill attention: full 16-row tiles, a sliding window starting inside a key tile, head_dim 128",
+          "[gpu]") {
+  const int64_t layers = 1, kvh = 2, hd = 128, bs = 16, heads = 8, blocks = 6, layer = 0;
+  const kv::KvLayout L{layers, kvh, hd, bs};
+  const std::vector<float> pool = random_floats(static_cast<std::size_t>(blocks * L.block_floats()), 10);
+  // One sequence of 80 positions in blocks {4, 0, 5, 2, 1}; this step's rows are positions 45..79 (35 rows).
+  const std::vector<int32_t> tables = {4, 0, 5, 2, 1};
+  std::vector<int32_t> table_of, positions, tiles_first, tiles_rows;
+  for (int32_t p = 45; p < 80; ++p) table_of.push_back(0), positions.push_back(p);
+  for (int32_t r = 0; r < 35; r += 16) tiles_first.push_back(r), tiles_rows.push_back(std::min(16, 35 - r));
+  std::vector<int32_t> tiles = tiles_first;
+  tiles.insert(tiles.end(), tiles_rows.begin(), tiles_rows.end());
+  const auto q = random_floats(positions.size() * heads * hd, 11);
+  Dev<float> dpool(pool), dq(q), dout(std::vector<float>(q.size()));
+  Dev<int32_t> dtables(tables), dtable_of(table_of), dpos(positions), dtiles(tiles);
+  const cu::RowTables rt{dpos.p, dtable_of.p, dtables.p};
+  const cu::PoolShape shape{layers, kvh, hd, bs};
+  for (int64_t window : {int64_t{0}, int64_t{21}}) {
+    INFO("sliding window " << window);
+    cu::attention_tiles(dq.p, heads, window, rt, dtiles.p, static_cast<int64_t>(tiles_first.size()), shape, layer, dpool.p,
+                        dout.p, nullptr);
+    CHECK(rel_err(dout.get(q.size()), reference_attention(q, pool, L, layer, heads, tables, table_of, positions, window)) <
+          1e-5);
+  }
 }
 
 // The whole model, float32 and bf16: logits of a 50-token prompt in chunks and a decode step.
