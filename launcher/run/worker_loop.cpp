@@ -70,7 +70,13 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
     check(transport->post(d->second.decode_rank - 1, std::span(h.kv_blocks).subspan(skip, n),
                           std::span(d->second.blocks).first(n), x));
-    while (!x.done) check(transport->test(x));
+    // Remote completion can take the peer's next loop (two-sided, NCCL): after a
+    // short spin, back off so that a peer sharing this core gets to run.
+    mpi::Backoff wait;
+    for (int spins = 0; !x.done; ++spins) {
+      check(transport->test(x));
+      if (!x.done && spins >= 64) wait.idle();
+    }
     core.count_kv_sent(static_cast<int64_t>(x.bytes),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     core.release(h.kv_blocks);
