@@ -11,15 +11,10 @@ Status Acks::send(int peer, int64_t id) {
 }
 
 Status Acks::poll(const std::function<void(int64_t)>& on) {
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, tag_, comm_, &flag, &st));
-    if (!flag) break;
-    int64_t id = 0;
-    TANDEM_MPI(MPI_Recv(&id, 1, MPI_INT64_T, st.MPI_SOURCE, tag_, comm_, MPI_STATUS_IGNORE));
-    on(id);
-  }
+  TANDEM_RETURN_IF_ERROR(receive_waiting<int64_t>(comm_, tag_, MPI_INT64_T, [&](int, const std::vector<int64_t>& id) {
+    if (id.size() == 1) on(id[0]);
+    return Status();
+  }));
   while (!sending_.empty()) {
     int done = 0;
     TANDEM_MPI(MPI_Test(&sending_.front().first, &done, MPI_STATUS_IGNORE));

@@ -86,15 +86,7 @@ Status MpiTwoSidedTransport::progress() {
     if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
   }));
   // Transfers to us: place the blocks, then acknowledge.
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagData, comm_, &flag, &st));
-    if (!flag) break;
-    int bytes = 0;
-    TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    std::vector<uint8_t> msg(static_cast<std::size_t>(bytes));
-    TANDEM_MPI(MPI_Recv(msg.data(), bytes, MPI_BYTE, st.MPI_SOURCE, kTagData, comm_, MPI_STATUS_IGNORE));
+  return receive_waiting<uint8_t>(comm_, kTagData, MPI_BYTE, [&](int peer, const std::vector<uint8_t>& msg) {
     int64_t id = 0;
     int32_t count = 0;
     std::memcpy(&id, msg.data(), 8);
@@ -106,9 +98,8 @@ Status MpiTwoSidedTransport::progress() {
       std::memcpy(pool_.get() + static_cast<std::size_t>(d) * block_bytes_,
                   msg.data() + header + static_cast<std::size_t>(i) * block_bytes_, block_bytes_);
     }
-    TANDEM_RETURN_IF_ERROR(acks_->send(st.MPI_SOURCE, id));
-  }
-  return Status();
+    return acks_->send(peer, id);
+  });
 }
 
 Status MpiTwoSidedTransport::destroy() {

@@ -135,26 +135,21 @@ Status NcclTransport::progress() {
     if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
   }));
   // Transfers to us: receive into the destination runs.
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagHeader, comm_, &flag, &st));
-    if (!flag) break;
-    int count = 0;
-    TANDEM_MPI(MPI_Get_count(&st, MPI_INT64_T, &count));
-    std::vector<int64_t> h(static_cast<std::size_t>(count));
-    TANDEM_MPI(MPI_Recv(h.data(), count, MPI_INT64_T, st.MPI_SOURCE, kTagHeader, comm_, MPI_STATUS_IGNORE));
+  const Status received = receive_waiting<int64_t>(comm_, kTagHeader, MPI_INT64_T, [&](int peer, const std::vector<int64_t>& h) {
+    const auto count = static_cast<int64_t>(h.size());
     if (count < 2 || count != 2 + 2 * h[1]) return Status(StatusCode::kInternal, "malformed NCCL transfer header");
     std::vector<BlockRun> runs;
     for (int64_t i = 0; i < h[1]; ++i)
       runs.push_back({0, static_cast<int32_t>(h[static_cast<std::size_t>(2 + 2 * i)]),
                       static_cast<int32_t>(h[static_cast<std::size_t>(3 + 2 * i)])});
-    TANDEM_RETURN_IF_ERROR(issue(st.MPI_SOURCE, runs, false));
-    Incoming in{st.MPI_SOURCE, h[0], nullptr};
+    TANDEM_RETURN_IF_ERROR(issue(peer, runs, false));
+    Incoming in{peer, h[0], nullptr};
     TANDEM_CUDA_RT(cudaEventCreateWithFlags(&in.done, cudaEventDisableTiming));
-    TANDEM_CUDA_RT(cudaEventRecord(in.done, stream_[direction(st.MPI_SOURCE, false)]));
+    TANDEM_CUDA_RT(cudaEventRecord(in.done, stream_[direction(peer, false)]));
     incoming_.push_back(in);
-  }
+    return Status();
+  });
+  if (!received.ok()) return received;
   // Receives that have landed: acknowledge, in order.
   while (!incoming_.empty()) {
     const cudaError_t q = cudaEventQuery(incoming_.front().done);
