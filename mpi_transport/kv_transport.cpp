@@ -1,5 +1,6 @@
 #include "mpi_transport/kv_transport.h"
 
+#include <string>
 #include <vector>
 
 namespace tandem::mpi {
@@ -13,6 +14,18 @@ std::vector<BlockRun> coalesce(std::span<const int32_t> src, std::span<const int
       runs.push_back({src[i], dst[i], 1});
   }
   return runs;
+}
+
+Status check_post(int peer, int size, std::span<const int32_t> src, std::span<const int32_t> dst, int64_t our_blocks,
+                  int64_t their_blocks) {
+  if (peer < 0 || peer >= size) return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
+  if (src.size() != dst.size())
+    return Status(StatusCode::kInvalidArgument, "src and dst block lists differ in length");
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (src[i] < 0 || src[i] >= our_blocks || dst[i] < 0 || dst[i] >= their_blocks)
+      return Status(StatusCode::kOutOfRange, "block id outside the pool");
+  }
+  return Status();
 }
 
 }  // namespace tandem::mpi

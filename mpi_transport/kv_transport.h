@@ -57,4 +57,9 @@ struct BlockRun {
 };
 std::vector<BlockRun> coalesce(std::span<const int32_t> src, std::span<const int32_t> dst);
 
+// What every backend's post() checks first: a peer among `size` ranks, block
+// lists of equal length, and every id inside our pool and the peer's.
+[[nodiscard]] Status check_post(int peer, int size, std::span<const int32_t> src, std::span<const int32_t> dst,
+                                int64_t our_blocks, int64_t their_blocks);
+
 }  // namespace tandem::mpi

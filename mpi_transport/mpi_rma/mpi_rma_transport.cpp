@@ -29,13 +29,9 @@ Status MpiRmaTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, v
 Status MpiRmaTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
                              Transfer& transfer) {
   if (win_ == MPI_WIN_NULL) return Status(StatusCode::kUnavailable, "pool not created");
-  if (peer < 0 || peer >= size_) return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
-  if (src.size() != dst.size())
-    return Status(StatusCode::kInvalidArgument, "src and dst block lists differ in length");
-  const int64_t theirs = peer_blocks_[static_cast<std::size_t>(peer)];
+  TANDEM_RETURN_IF_ERROR(
+      check_post(peer, size_, src, dst, n_blocks_, peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0));
   for (const auto& r : coalesce(src, dst)) {
-    if (r.src < 0 || r.src + r.count > n_blocks_ || r.dst < 0 || r.dst + r.count > theirs)
-      return Status(StatusCode::kOutOfRange, "block id outside the pool");
     // MPI counts are ints: split very long runs.
     const std::size_t total = static_cast<std::size_t>(r.count) * block_bytes_;
     const std::size_t chunk = std::size_t{1} << 30;

@@ -93,13 +93,9 @@ Status NcclTransport::issue(int peer, const std::vector<BlockRun>& runs, bool se
 
 Status NcclTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, Transfer& transfer) {
   if (!pool_) return Status(StatusCode::kUnavailable, "pool not created");
-  if (peer < 0 || peer >= size_ || peer == rank_)
-    return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
-  if (src.size() != dst.size()) return Status(StatusCode::kInvalidArgument, "src and dst block lists differ in length");
-  for (std::size_t i = 0; i < src.size(); ++i) {
-    if (src[i] < 0 || src[i] >= n_blocks_ || dst[i] < 0 || dst[i] >= peer_blocks_[static_cast<std::size_t>(peer)])
-      return Status(StatusCode::kOutOfRange, "block id outside the pool");
-  }
+  if (peer == rank_) return Status(StatusCode::kInvalidArgument, "NCCL does not send to its own rank");
+  TANDEM_RETURN_IF_ERROR(
+      check_post(peer, size_, src, dst, n_blocks_, peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0));
   transfer = Transfer{peer, src.size() * block_bytes_, src.empty(), 0};
   if (src.empty()) return Status();
   const int64_t id = next_id_++;
