@@ -242,10 +242,29 @@ Roles plan_roles(const Config& cfg, int world_size) {
   return {p, d};
 }
 
+// The transport that moves KV for workers on model.backend: as asked, but
+// "auto" on a GPU is NCCL where built, else two-sided MPI staged through host
+// memory (one-sided windows would expose host memory, not the GPU's pool).
+std::string transport_for(const std::string& model_backend, const std::string& requested) {
+  if (model_backend == "cpu" || requested != "auto") return requested;
+  return mpi::optional_transport_built("nccl") ? "nccl" : "mpi_two_sided";
+}
+
+// How a host-memory transport reaches a pool on model.backend's device; empty for cpu.
+mpi::DevicePool staging_pool(const std::string& model_backend) {
+  mpi::DevicePool d;
+  if (model_backend == "cpu") return d;
+  d.allocate = [model_backend](std::size_t bytes) { return runtime::allocate_pool_memory(model_backend, bytes); };
+  d.copy = runtime::pool_copy(model_backend);
+  d.allocate_host = [model_backend](std::size_t bytes) { return runtime::allocate_host_memory(model_backend, bytes); };
+  return d;
+}
+
 // The KV transport of the workers (collective over them). auto: one-sided RMA
-// where every worker can create its window, else two-sided MPI for all.
+// where every worker can create its window, else two-sided MPI for all. With
+// a device pool (GPU workers), two-sided MPI staged through host memory.
 std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
-                                                 int64_t blocks, void** base) {
+                                                 int64_t blocks, void** base, const mpi::DevicePool& device) {
   if (backend == "nccl") {
     auto nccl = mpi::make_optional_transport("nccl", workers);
     if (!nccl) throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON)");
@@ -254,6 +273,12 @@ std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI
   }
   if (backend == "libfabric")
     throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\"");
+  if (device) {
+    if (backend != "mpi_two_sided") throw Error("internal: transport " + backend + " cannot reach a device pool");
+    auto staged = std::make_unique<mpi::MpiTwoSidedTransport>(workers, device);
+    if (Status st = staged->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
+    return staged;
+  }
   if (backend == "mpi_rma" || backend == "auto") {
     auto rma = std::make_unique<mpi::MpiRmaTransport>(workers);
     const Status st = rma->create_pool(block_bytes, blocks, base);
@@ -298,10 +323,14 @@ void check_backend(const Prepared& p, int ranks) {
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
   const bool disaggregated = ranks > 2 && p.cfg.job.mode != "agg";
-  const std::string& t = p.cfg.transport.backend;
-  if (disaggregated && t != "auto" && t != "nccl")
-    throw Error("transport.backend = \"" + t + "\" moves KV in host memory; with model.backend = \"" + b +
-                "\" use \"nccl\" (or \"auto\"), or job.mode = \"agg\"");
+  const std::string t = transport_for(b, p.cfg.transport.backend);
+  if (!disaggregated) return;
+  if (t == "nccl" && !mpi::optional_transport_built("nccl"))
+    throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON); use "
+                "\"mpi_two_sided\" or \"auto\" (two-sided MPI through host memory)");
+  if (t != "nccl" && t != "mpi_two_sided")
+    throw Error("transport.backend = \"" + t + "\" exposes host memory, not the GPU's KV pool; with model.backend = \"" +
+                b + "\" use \"nccl\", \"mpi_two_sided\" (staged through host memory) or \"auto\"");
 }
 
 // The planner of a job with job.mode = "auto", on rank 0: a roofline profile
@@ -444,8 +473,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
     if (roles.prefill > 0 || planned) {
       void* base = nullptr;
-      const std::string t = backend != "cpu" && p.cfg.transport.backend == "auto" ? "nccl" : p.cfg.transport.backend;
-      transport = open_transport(t, workers, layout.block_bytes(), blocks, &base);
+      const std::string t = transport_for(backend, p.cfg.transport.backend);
+      transport = open_transport(t, workers, layout.block_bytes(), blocks, &base,
+                                 t == "nccl" ? mpi::DevicePool{} : staging_pool(backend));
       pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
     } else if (backend != "cpu") {
       device_pool = runtime::allocate_pool_memory(backend, static_cast<std::size_t>(blocks) * layout.block_bytes());

@@ -15,4 +15,12 @@ std::unique_ptr<KvTransport> make_optional_transport(std::string_view name, MPI_
   return nullptr;
 }
 
+bool optional_transport_built(std::string_view name) {
+#ifdef TANDEM_NCCL
+  if (name == "nccl") return true;
+#endif
+  (void)name;
+  return false;
+}
+
 }  // namespace tandem::mpi

@@ -13,5 +13,7 @@ namespace tandem::mpi {
 
 // "nccl" (TANDEM_NCCL), else null: not built into this tandem.
 std::unique_ptr<KvTransport> make_optional_transport(std::string_view name, MPI_Comm comm);
+// Whether make_optional_transport(name, ...) would make one.
+bool optional_transport_built(std::string_view name);
 
 }  // namespace tandem::mpi

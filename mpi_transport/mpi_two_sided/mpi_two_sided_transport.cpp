@@ -10,7 +10,8 @@ constexpr int kTagData = 1;
 constexpr int kTagAck = 2;
 }  // namespace
 
-MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm) {
+MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm, DevicePool device)
+    : device_(std::move(device)), staging_(device_.allocate_host) {
   MPI_Comm_dup(comm, &comm_);  // a private channel: no tag can collide with other traffic
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
@@ -25,11 +26,22 @@ MpiTwoSidedTransport::~MpiTwoSidedTransport() {
 Status MpiTwoSidedTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
   block_bytes_ = block_bytes;
   n_blocks_ = n_blocks;
-  pool_.reset(new uint8_t[block_bytes * static_cast<std::size_t>(n_blocks)]());
+  const std::size_t bytes = block_bytes * static_cast<std::size_t>(n_blocks);
+  if (device_) pool_memory_ = device_.allocate(bytes);
+  else pool_memory_ = std::shared_ptr<void>(new uint8_t[bytes](), [](void* p) { delete[] static_cast<uint8_t*>(p); });
+  if (!pool_memory_) return Status(StatusCode::kResourceExhausted, "could not allocate the KV pool");
+  pool_ = static_cast<uint8_t*>(pool_memory_.get());
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
-  *base = pool_.get();
+  *base = pool_;
   return Status();
+}
+
+void MpiTwoSidedTransport::copy_blocks(int32_t block, int32_t count, uint8_t* host, bool to_pool) {
+  uint8_t* at = pool_ + static_cast<std::size_t>(block) * block_bytes_;
+  const std::size_t bytes = static_cast<std::size_t>(count) * block_bytes_;
+  if (device_) device_.copy(to_pool ? at : host, to_pool ? host : at, bytes, to_pool);
+  else std::memcpy(to_pool ? at : host, to_pool ? host : at, bytes);
 }
 
 Status MpiTwoSidedTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
@@ -42,16 +54,22 @@ Status MpiTwoSidedTransport::post(int peer, std::span<const int32_t> src, std::s
   const int64_t id = next_id_++;
   Outgoing& o = outgoing_[id];
   const std::size_t header = 8 + 4 + 4 * dst.size();
-  o.bytes.resize(header + src.size() * block_bytes_);
-  std::memcpy(o.bytes.data(), &id, 8);
+  o.message = staging_.take(header + src.size() * block_bytes_);
+  uint8_t* m = o.message.data();
+  std::memcpy(m, &id, 8);
   const auto count = static_cast<int32_t>(dst.size());
-  std::memcpy(o.bytes.data() + 8, &count, 4);
-  std::memcpy(o.bytes.data() + 12, dst.data(), 4 * dst.size());
-  for (std::size_t i = 0; i < src.size(); ++i)
-    std::memcpy(o.bytes.data() + header + i * block_bytes_, pool_.get() + static_cast<std::size_t>(src[i]) * block_bytes_,
-                block_bytes_);
+  std::memcpy(m + 8, &count, 4);
+  std::memcpy(m + 12, dst.data(), 4 * dst.size());
+  // The message's data is in src order, so a run of consecutive src ids is one copy.
+  for (std::size_t i = 0; i < src.size();) {
+    std::size_t n = 1;
+    while (i + n < src.size() && src[i + n] == src[i] + static_cast<int32_t>(n)) ++n;
+    copy_blocks(src[i], static_cast<int32_t>(n), m + header + i * block_bytes_, false);
+    i += n;
+  }
   // MPI counts are ints; a transfer over 2 GiB would need splitting, far beyond one prompt's KV.
-  TANDEM_MPI(MPI_Isend(o.bytes.data(), static_cast<int>(o.bytes.size()), MPI_BYTE, peer, kTagData, comm_, &o.request));
+  const auto bytes = static_cast<int>(header + src.size() * block_bytes_);
+  TANDEM_MPI(MPI_Isend(m, bytes, MPI_BYTE, peer, kTagData, comm_, &o.request));
   transfer.backend_handle = id;
   return Status();
 }
@@ -63,6 +81,7 @@ Status MpiTwoSidedTransport::test(Transfer& transfer) {
   if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer");
   if (it->second.sent && it->second.acked) {
     transfer.done = true;
+    staging_.give_back(std::move(it->second.message));
     outgoing_.erase(it);
   }
   return Status();
@@ -80,21 +99,39 @@ Status MpiTwoSidedTransport::progress() {
   TANDEM_RETURN_IF_ERROR(acks_->poll([&](int64_t id) {
     if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
   }));
-  // Transfers to us: place the blocks, then acknowledge.
-  return receive_waiting<uint8_t>(comm_, kTagData, MPI_BYTE, [&](int peer, const std::vector<uint8_t>& msg) {
+  return receive_waiting_data();
+}
+
+// Transfers to us, one message at a time into one staging buffer: place the
+// blocks (a run of consecutive destination ids is one copy), then acknowledge.
+Status MpiTwoSidedTransport::receive_waiting_data() {
+  for (;;) {
+    int flag = 0, size = 0;
+    MPI_Status st;
+    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagData, comm_, &flag, &st));
+    if (!flag) return Status();
+    MPI_Get_count(&st, MPI_BYTE, &size);
+    if (incoming_.capacity < static_cast<std::size_t>(size)) {
+      staging_.give_back(std::move(incoming_));
+      incoming_ = staging_.take(static_cast<std::size_t>(size));
+    }
+    uint8_t* m = incoming_.data();
+    TANDEM_MPI(MPI_Recv(m, size, MPI_BYTE, st.MPI_SOURCE, kTagData, comm_, MPI_STATUS_IGNORE));
     int64_t id = 0;
     int32_t count = 0;
-    std::memcpy(&id, msg.data(), 8);
-    std::memcpy(&count, msg.data() + 8, 4);
-    const std::size_t header = 12 + 4 * static_cast<std::size_t>(count);
-    for (int32_t i = 0; i < count; ++i) {
-      int32_t d = 0;
-      std::memcpy(&d, msg.data() + 12 + 4 * i, 4);
-      std::memcpy(pool_.get() + static_cast<std::size_t>(d) * block_bytes_,
-                  msg.data() + header + static_cast<std::size_t>(i) * block_bytes_, block_bytes_);
+    std::memcpy(&id, m, 8);
+    std::memcpy(&count, m + 8, 4);
+    std::vector<int32_t> dst(static_cast<std::size_t>(count));
+    std::memcpy(dst.data(), m + 12, 4 * dst.size());
+    const std::size_t header = 12 + 4 * dst.size();
+    for (std::size_t i = 0; i < dst.size();) {
+      std::size_t n = 1;
+      while (i + n < dst.size() && dst[i + n] == dst[i] + static_cast<int32_t>(n)) ++n;
+      copy_blocks(dst[i], static_cast<int32_t>(n), m + header + i * block_bytes_, true);
+      i += n;
     }
-    return acks_->send(peer, id);
-  });
+    TANDEM_RETURN_IF_ERROR(acks_->send(st.MPI_SOURCE, id));
+  }
 }
 
 Status MpiTwoSidedTransport::destroy() {

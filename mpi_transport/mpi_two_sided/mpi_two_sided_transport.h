@@ -7,6 +7,10 @@
 // sender's test() reports done when the acknowledgement arrives (remote
 // completion, as for RMA). The target must call progress() for transfers to
 // it to finish: Tandem's worker loop does so every iteration.
+//
+// With a DevicePool (a GPU's KV pool), the same messages are packed from and
+// unpacked into the device by the pool's copies, through page-locked host
+// buffers: KV crosses the network in host memory, staged at each end.
 #pragma once
 
 #include <mpi.h>
@@ -17,13 +21,14 @@
 #include <vector>
 
 #include "mpi_transport/acks.h"
+#include "mpi_transport/device_pool.h"
 #include "mpi_transport/kv_transport.h"
 
 namespace tandem::mpi {
 
 class MpiTwoSidedTransport : public KvTransport {
  public:
-  explicit MpiTwoSidedTransport(MPI_Comm comm);
+  explicit MpiTwoSidedTransport(MPI_Comm comm, DevicePool device = {});
   ~MpiTwoSidedTransport() override;
   std::string_view name() const override { return "mpi_two_sided"; }
   int rank() const override { return rank_; }
@@ -33,16 +38,25 @@ class MpiTwoSidedTransport : public KvTransport {
   Status test(Transfer& transfer) override;
   Status progress() override;
   Status destroy() override;
+  // Host buffers allocated so far (they are recycled).
+  int64_t staging_allocations() const { return staging_.allocations(); }
 
  private:
   struct Outgoing {
     MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<uint8_t> bytes;  // [int64 id][int32 count][int32 dst ids...][block data...]
+    StagingBuffers::Buffer message;  // [int64 id][int32 count][int32 dst ids...][block data...]
     bool sent = false, acked = false;
   };
+  // Copies `count` blocks between the pool at `block` and host memory.
+  void copy_blocks(int32_t block, int32_t count, uint8_t* host, bool to_pool);
+  Status receive_waiting_data();
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  std::unique_ptr<uint8_t[]> pool_;
+  DevicePool device_;
+  std::shared_ptr<void> pool_memory_;
+  uint8_t* pool_ = nullptr;
+  StagingBuffers staging_;
+  StagingBuffers::Buffer incoming_;  // one message at a time is received and placed
   std::size_t block_bytes_ = 0;
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;

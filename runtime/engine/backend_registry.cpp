@@ -77,6 +77,19 @@ std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t by
   return nullptr;
 }
 
+std::shared_ptr<void> allocate_host_memory(std::string_view name, std::size_t bytes) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    void* p = nullptr;
+    TANDEM_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  }
+#endif
+  (void)name;
+  (void)bytes;
+  return nullptr;
+}
+
 kv::PoolCopy pool_copy(std::string_view name) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {

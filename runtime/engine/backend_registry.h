@@ -34,6 +34,10 @@ std::size_t backend_free_bytes(std::string_view name);
 // for cuda), owned by the returned handle; null for cpu (the pool owns host memory).
 std::shared_ptr<void> allocate_pool_memory(std::string_view name, std::size_t bytes);
 
+// Page-locked host memory of `bytes` for staging copies to and from the
+// backend's pool (cudaHostAlloc), owned by the handle; null for cpu.
+std::shared_ptr<void> allocate_host_memory(std::string_view name, std::size_t bytes);
+
 // How the KV tiers reach a pool of this backend (kv/tiers.h); empty for cpu.
 kv::PoolCopy pool_copy(std::string_view name);
 

@@ -1,34 +1,117 @@
 // The conformance suite over the MPI backends, on real ranks:
-//   mpirun -np 3 conformance_mpi rma|two_sided
+//   mpirun -np 3 conformance_mpi rma|two_sided|two_sided_staged
+// two_sided_staged runs two-sided MPI over a pool it may reach only through
+// DevicePool's copies, as a GPU's: the stand-in is memory the process cannot
+// touch (PROT_NONE) except inside a copy, so a transport that reads or writes
+// the pool directly crashes the test.
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
-
-#include <cstring>
-#include <memory>
 #include "transport_suite.h"
+
+namespace {
+
+struct Guarded {
+  uint8_t* base = nullptr;
+  std::size_t bytes = 0;
+  int64_t copies = 0, host_allocations = 0;
+
+  // Opens the pages of [p, p + n) for the duration of one copy.
+  void open(const void* p, std::size_t n, int prot) const {
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n + page - 1) & ~(page - 1);
+    if (mprotect(reinterpret_cast<void*>(lo), hi - lo, prot) != 0) std::abort();
+  }
+  // `copies` counts the transport's, not the suite's.
+  void copy(void* dst, const void* src, std::size_t n, bool to_pool, bool by_transport = true) {
+    const void* pool_side = to_pool ? dst : src;
+    open(pool_side, n, PROT_READ | PROT_WRITE);
+    std::memcpy(dst, src, n);
+    open(pool_side, n, PROT_NONE);
+    copies += by_transport ? 1 : 0;
+  }
+  // Whether the pool is closed to the process: reading it fails with EFAULT.
+  bool closed() const {
+    uint8_t byte = 0;
+    iovec local{&byte, 1}, remote{base, 1};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) < 0 && errno == EFAULT;
+  }
+};
+
+tandem::mpi::DevicePool guarded_pool(Guarded& g) {
+  tandem::mpi::DevicePool d;
+  d.allocate = [&g](std::size_t bytes) -> std::shared_ptr<void> {
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    g.base = static_cast<uint8_t*>(p);
+    g.bytes = bytes;
+    return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
+  };
+  d.copy = [&g](void* dst, const void* src, std::size_t n, bool to_pool) { g.copy(dst, src, n, to_pool); };
+  d.allocate_host = [&g](std::size_t bytes) {
+    ++g.host_allocations;
+    return std::shared_ptr<void>(new uint8_t[bytes], [](void* p) { delete[] static_cast<uint8_t*>(p); });
+  };
+  return d;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   tandem::mpi::MpiEnv env(&argc, &argv);
   int failures = 0, checks = 0;
-  const bool two_sided = argc > 1 && std::strcmp(argv[1], "two_sided") == 0;
+  const std::string mode = argc > 1 ? argv[1] : "rma";
   {
+    Guarded guarded;
     std::unique_ptr<tandem::mpi::KvTransport> owned;
-    if (two_sided) owned = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world());
-    else owned = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
+    tandem::conformance::PoolAccess access;
+    if (mode == "two_sided") {
+      owned = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world());
+    } else if (mode == "two_sided_staged") {
+      owned = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
+      // The suite too reaches the pool only through copies.
+      access.write = [&](uint8_t* d, const void* s, std::size_t n) { guarded.copy(d, s, n, true, false); };
+      access.read = [&](void* d, const uint8_t* s, std::size_t n) { guarded.copy(d, s, n, false, false); };
+    } else {
+      owned = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
+    }
     tandem::mpi::KvTransport& t = *owned;
     // A barrier that keeps driving the transport: a two-sided target places
     // incoming blocks only when it makes progress.
-    const auto f = tandem::conformance::run_transport_suite(t, [&] {
-      MPI_Request r;
-      MPI_Ibarrier(env.world(), &r);
-      for (int done = 0; !done;) {
-        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        (void)t.progress();
-      }
-    });
+    auto f = tandem::conformance::run_transport_suite(
+        t,
+        [&] {
+          MPI_Request r;
+          MPI_Ibarrier(env.world(), &r);
+          for (int done = 0; !done;) {
+            MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+            (void)t.progress();
+          }
+        },
+        access);
+    if (mode == "two_sided_staged") {
+      f.check(guarded.base != nullptr && guarded.closed(), "the stand-in device pool is closed to direct access");
+      // Every rank sends or receives.
+      f.check(guarded.copies > 0, "the pool was reached through DevicePool::copy");
+      // Rank 1 posts three messages (5 blocks, then the whole pool twice): the
+      // second whole-pool message reuses the first's staging buffer.
+      const auto& staged = static_cast<tandem::mpi::MpiTwoSidedTransport&>(t);
+      if (t.rank() == 1 && t.size() > 2)
+        f.check(staged.staging_allocations() == 2 && guarded.host_allocations == 2,
+                "staging buffers are recycled (rank 1: " + std::to_string(staged.staging_allocations()) +
+                    " allocations for 3 messages)");
+    }
     for (const auto& s : f.list) std::printf("FAIL [rank %d] %s\n", env.rank(), s.c_str());
     int mine[2] = {static_cast<int>(f.list.size()), f.checks}, all[2] = {0, 0};
     MPI_Reduce(mine, all, 2, MPI_INT, MPI_SUM, 0, env.world());
@@ -36,7 +119,7 @@ int main(int argc, char** argv) {
     checks = all[1];
   }
   if (env.rank() == 0)
-    std::printf("%s conformance: %d passed, %d failed\n", two_sided ? "mpi_two_sided" : "mpi_rma", checks - failures,
-                failures);
+    std::printf("%s conformance: %d passed, %d failed\n", mode == "rma" ? "mpi_rma" : ("mpi_" + mode).c_str(),
+                checks - failures, failures);
   return env.rank() == 0 && failures > 0 ? 1 : 0;
 }
