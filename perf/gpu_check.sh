@@ -27,7 +27,10 @@ checks() {  # TEST_BINARY BENCH_BINARY: the gpu tests, then the benchmark
     *) echo "gpu tests: FAILED (exit $rc)" ;;
   esac
   "$2"
-  return $(( rc == 77 ? 0 : rc ))
+  local bench=$?
+  [ $rc -eq 77 ] && return 0  # no GPU: the bench could not run either, and said so
+  [ $bench -ne 0 ] && echo "gpu_bench: FAILED (exit $bench)"
+  return $(( rc != 0 ? rc : bench ))
 }
 
 case $mode in
@@ -52,7 +55,9 @@ case $mode in
     export LD_LIBRARY_PATH="$dir/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     export TANDEM_SOURCE_DIR=$dir
     checks "$dir/gpu_cuda_backend" "$dir/gpu_bench"
+    rc=$?
     echo "NCCL conformance: not run (bundle mode has no MPI; it needs two GPUs and the built mode)"
+    exit $rc
     ;;
   *)
     b=build-gpu
