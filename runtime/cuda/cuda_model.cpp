@@ -23,23 +23,37 @@ cudaDataType_t cuda_type(DType t) {
 
 }  // namespace
 
-CudaModel::DevMatrix CudaModel::upload(const Matrix& m) {
-  if (m.panels) throw Error("internal: the CUDA backend needs row-major weights (load them with panels = false)");
+CudaModel::DevMatrix CudaModel::upload(std::initializer_list<const Matrix*> parts, const std::string& what) {
   DevMatrix d;
-  d.dtype = m.dtype;
-  d.rows = m.rows;
-  d.cols = m.cols;
-  const std::size_t bytes = static_cast<std::size_t>(m.rows * m.cols) * dtype_size(m.dtype);
-  d.data.resize(bytes);
-  TANDEM_CUDA_CHECK(cudaMemcpy(d.data.get(), m.data, bytes, cudaMemcpyHostToDevice));
+  const Matrix& first = **parts.begin();
+  d.dtype = first.dtype;
+  d.cols = first.cols;
+  for (const Matrix* m : parts) {
+    if (m->panels) throw Error("internal: the CUDA backend needs row-major weights (load them with panels = false)");
+    if (m->dtype != d.dtype || m->cols != d.cols)
+      throw Error("the CUDA backend multiplies " + what + " as one product, but their weights differ in dtype or width (" +
+                  std::string(dtype_name(first.dtype)) + " vs " + std::string(dtype_name(m->dtype)) +
+                  "); convert the checkpoint to one dtype");
+    d.rows += m->rows;
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(d.cols) * dtype_size(d.dtype);
+  d.data.resize(static_cast<std::size_t>(d.rows) * row_bytes);
+  std::size_t at = 0;
+  for (const Matrix* m : parts) {
+    const std::size_t bytes = static_cast<std::size_t>(m->rows) * row_bytes;
+    TANDEM_CUDA_CHECK(cudaMemcpy(d.data.get() + at, m->data, bytes, cudaMemcpyHostToDevice));
+    at += bytes;
+  }
   return d;
 }
 
-DeviceBuffer<float> CudaModel::upload(const std::vector<float>& v) {
+DeviceBuffer<float> CudaModel::upload(std::initializer_list<const std::vector<float>*> parts) {
   DeviceBuffer<float> d;
-  if (v.empty()) return d;
-  d.resize(v.size());
-  TANDEM_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  std::vector<float> all;
+  for (const auto* v : parts) all.insert(all.end(), v->begin(), v->end());
+  if (all.empty()) return d;
+  d.resize(all.size());
+  TANDEM_CUDA_CHECK(cudaMemcpy(d.get(), all.data(), all.size() * sizeof(float), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -54,19 +68,22 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   TANDEM_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_.get(), workspace_.size()));
   const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string(graphs) == "0");
-  embed_ = upload(w.embed);
+  embed_ = upload({&w.embed}, "the embedding");
   tied_ = w.lm_head.data == w.embed.data;
-  if (!tied_) lm_head_ = upload(w.lm_head);
-  final_norm_ = upload(w.final_norm);
-  inv_freq_ = upload(rope_inv_freq(config));
+  if (!tied_) lm_head_ = upload({&w.lm_head}, "the LM head");
+  final_norm_ = upload({&w.final_norm});
+  const std::vector<float> inv_freq = rope_inv_freq(config);
+  inv_freq_ = upload({&inv_freq});
   for (const LayerWeights& lw : w.layers) {
     DevLayer d;
-    d.attn_norm = upload(lw.attn_norm);
-    d.mlp_norm = upload(lw.mlp_norm);
-    d.bq = upload(lw.bq), d.bk = upload(lw.bk), d.bv = upload(lw.bv), d.bo = upload(lw.bo);
-    d.q_norm = upload(lw.q_norm), d.k_norm = upload(lw.k_norm);
-    d.wq = upload(lw.wq), d.wk = upload(lw.wk), d.wv = upload(lw.wv), d.wo = upload(lw.wo);
-    d.w_gate = upload(lw.w_gate), d.w_up = upload(lw.w_up), d.w_down = upload(lw.w_down);
+    d.attn_norm = upload({&lw.attn_norm});
+    d.mlp_norm = upload({&lw.mlp_norm});
+    d.bqkv = upload({&lw.bq, &lw.bk, &lw.bv}), d.bo = upload({&lw.bo});
+    d.q_norm = upload({&lw.q_norm}), d.k_norm = upload({&lw.k_norm});
+    d.wqkv = upload({&lw.wq, &lw.wk, &lw.wv}, "q, k and v");
+    d.wo = upload({&lw.wo}, "o_proj");
+    d.w_gate_up = upload({&lw.w_gate, &lw.w_up}, "gate and up");
+    d.w_down = upload({&lw.w_down}, "down_proj");
     layers_.push_back(std::move(d));
   }
 }
@@ -81,10 +98,9 @@ CudaModel::~CudaModel() {
 
 const void* CudaModel::input_for(const DevMatrix& w, const float* x, int64_t rows) {
   if (w.dtype == DType::kF32) return x;
-  // Tensor cores take both inputs in the weights' type: one rounded copy, shared by
-  // every product of this input (q, k, v; gate, up). The stream orders it after their reads of the last one.
-  to_half(x, rows * w.cols, w.dtype, half_.get(), stream_);
-  return half_.get();
+  // Tensor cores take both inputs in the weights' type.
+  to_half(x, rows * w.cols, w.dtype, act_.get(), stream_);
+  return act_.get();
 }
 
 void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
@@ -103,33 +119,25 @@ void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) 
 // same R and LR always give the same launches and addresses (graph capture).
 void CudaModel::enqueue_step(int64_t R, int64_t LR) {
   const auto& L = pool_.layout();
-  const int64_t H = c_.hidden, hd = c_.head_dim, q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
+  const int64_t H = c_.hidden;
   const int32_t* d_tokens = step_ints_.get();
   const RowTables rt{d_tokens + R, d_tokens + 2 * R, d_tokens + 3 * R + LR};
   const int32_t* d_logit_rows = d_tokens + 3 * R;
   const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
   const float eps = static_cast<float>(c_.rms_norm_eps);
   float* pool = pool_.data();
+  const auto* null = static_cast<const float*>(nullptr);
+  auto or_null = [](const DeviceBuffer<float>& b) { return b.size() ? b.get() : nullptr; };
   embedding(embed_.data.get(), embed_.dtype, d_tokens, R, H, x_.get(), stream_);
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DevLayer& lw = layers_[l];
-    rms_norm(x_.get(), lw.attn_norm.get(), R, H, eps, xn_.get(), stream_);
-    const void* in = input_for(lw.wq, xn_.get(), R);
-    gemm(lw.wq, in, R, q_.get());
-    gemm(lw.wk, in, R, k_.get());
-    gemm(lw.wv, in, R, v_.get());
-    if (c_.qkv_bias) {
-      add_bias(q_.get(), lw.bq.get(), R, q_dim, stream_);
-      add_bias(k_.get(), lw.bk.get(), R, kv_dim, stream_);
-      add_bias(v_.get(), lw.bv.get(), R, kv_dim, stream_);
-    }
-    if (c_.qk_norm) {  // per head: rows of head_dim
-      rms_norm(q_.get(), lw.q_norm.get(), R * c_.heads, hd, eps, q_.get(), stream_);
-      rms_norm(k_.get(), lw.k_norm.get(), R * c_.kv_heads, hd, eps, k_.get(), stream_);
-    }
-    rope(q_.get(), rt.positions, R, c_.heads, hd, inv_freq_.get(), stream_);
-    rope(k_.get(), rt.positions, R, c_.kv_heads, hd, inv_freq_.get(), stream_);
-    kv_write(k_.get(), v_.get(), R, rt, shape, static_cast<int64_t>(l), pool, stream_);
+    // x += the last layer's MLP output (none before the first layer), then the attention norm.
+    add_rms_norm(x_.get(), l == 0 ? null : y_.get(), null, lw.attn_norm.get(), R, H, eps, lw.wqkv.dtype, act_.get(),
+                 stream_);
+    gemm(lw.wqkv, act_.get(), R, qkv_.get());
+    qkv_rope(qkv_.get(), R, c_.heads, or_null(lw.bqkv), c_.qk_norm ? lw.q_norm.get() : null,
+             c_.qk_norm ? lw.k_norm.get() : null, eps, inv_freq_.get(), rt, shape, static_cast<int64_t>(l), pool,
+             q_.get(), stream_);
     if (n_tiles_ == 0) {  // every row decodes (the graph-captured case)
       attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
     } else {  // prefill rows in tiles, the others row by row
@@ -139,23 +147,20 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
         attention(q_.get(), n_decode_, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool,
                   attn_.get(), stream_, d_tokens + tiles_at_ + 2 * n_tiles_);
     }
-    gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, xn_.get());
-    if (lw.bo.size()) add_bias(xn_.get(), lw.bo.get(), R, H, stream_);
-    add(x_.get(), xn_.get(), R * H, stream_);
-    rms_norm(x_.get(), lw.mlp_norm.get(), R, H, eps, xn_.get(), stream_);
-    in = input_for(lw.w_gate, xn_.get(), R);
-    gemm(lw.w_gate, in, R, gate_.get());
-    gemm(lw.w_up, in, R, up_.get());
-    swiglu(gate_.get(), up_.get(), R * c_.intermediate, stream_);
-    gemm(lw.w_down, input_for(lw.w_down, gate_.get(), R), R, xn_.get());
-    add(x_.get(), xn_.get(), R * H, stream_);
+    gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, y_.get());
+    add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, lw.w_gate_up.dtype, act_.get(),
+                 stream_);
+    gemm(lw.w_gate_up, act_.get(), R, gate_up_.get());
+    swiglu(gate_up_.get(), R, c_.intermediate, lw.w_down.dtype, act_.get(), stream_);
+    gemm(lw.w_down, act_.get(), R, y_.get());
   }
+  add(x_.get(), y_.get(), R * H, stream_);
   if (LR == 0) return;
   // Final norm and LM head for the rows that want logits only.
-  gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
-  rms_norm(last_.get(), final_norm_.get(), LR, H, eps, xn_.get(), stream_);
   const DevMatrix& head = tied_ ? embed_ : lm_head_;
-  gemm(head, input_for(head, xn_.get(), LR), LR, logits_.get());
+  gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
+  add_rms_norm(last_.get(), null, null, final_norm_.get(), LR, H, eps, head.dtype, act_.get(), stream_);
+  gemm(head, act_.get(), LR, logits_.get());
 }
 
 void CudaModel::drop_graphs() {
@@ -222,21 +227,19 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
                                     cudaMemcpyHostToDevice, stream_));
   bool moved = false;  // a buffer at a new address: captured graphs point at the old one
   moved |= x_.resize(sz(R * H));
-  moved |= xn_.resize(sz(R * std::max(H, q_dim)));
+  moved |= y_.resize(sz(R * H));
+  moved |= qkv_.resize(sz(R * (q_dim + 2 * kv_dim)));
   moved |= q_.resize(sz(R * q_dim));
-  moved |= k_.resize(sz(R * kv_dim));
-  moved |= v_.resize(sz(R * kv_dim));
   moved |= attn_.resize(sz(R * q_dim));
-  moved |= gate_.resize(sz(R * c_.intermediate));
-  moved |= up_.resize(sz(R * c_.intermediate));
+  moved |= gate_up_.resize(sz(R * 2 * c_.intermediate));
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
-  moved |= half_.resize(sz(R * std::max({H, q_dim, c_.intermediate})) * 2);
+  moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   moved |= last_.resize(sz(R * H));
   moved |= logits_.resize(sz(LR * c_.vocab));
   if (moved) drop_graphs();
 
   // A decode step (one token per sequence, logits for each) runs as a CUDA
-  // graph captured for its batch size: ~20 kernels per layer launched once.
+  // graph captured for its batch size: ~10 kernels per layer launched once.
   // Its first step of a size runs eagerly (cuBLAS settles its kernels), the
   // second is captured, later ones replay it.
   const bool decode = LR == R && R <= kMaxGraphRows &&

@@ -5,6 +5,13 @@
 // o_proj -> residual -> RMSNorm -> SwiGLU MLP -> residual; then the final
 // norm and the LM head for the rows that want logits.
 //
+// Fewer, larger kernels, since a small decode step is bound by launches, not
+// bytes: q, k and v are one product over their weights concatenated (so are
+// gate and up), everything from that product to the pool is one kernel
+// (qkv_rope), each residual add runs with the norm after it, and the norm and
+// SwiGLU write their results in the type of the next product. A layer is 10
+// kernels (plus cuBLAS's), where it was 22.
+//
 // Weights are copied to the device in their checkpoint dtype. Products run
 // in cuBLAS with float32 accumulation: float32 weights in pedantic float32
 // (no TF32), bf16/f16 weights on the tensor cores with the activations
@@ -18,6 +25,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -55,12 +64,13 @@ class CudaModel final : public ModelBackend {
     int64_t rows = 0, cols = 0;
   };
   struct DevLayer {
-    DeviceBuffer<float> attn_norm, bq, bk, bv, bo, q_norm, k_norm, mlp_norm;
-    DevMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    DeviceBuffer<float> attn_norm, bqkv, bo, q_norm, k_norm, mlp_norm;  // bqkv: [bq | bk | bv]
+    DevMatrix wqkv, wo, w_gate_up, w_down;                               // wqkv: rows of wq, wk, wv; w_gate_up: w_gate, w_up
   };
-  static DevMatrix upload(const Matrix& m);
-  static DeviceBuffer<float> upload(const std::vector<float>& v);
-  // x as the products with w take it: itself (float32 weights) or rounded to w's type.
+  // The matrices one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
+  static DevMatrix upload(std::initializer_list<const Matrix*> parts, const std::string& what);
+  static DeviceBuffer<float> upload(std::initializer_list<const std::vector<float>*> parts);
+  // x as the products with w take it: itself (float32 weights) or rounded to w's type in act_.
   const void* input_for(const DevMatrix& w, const float* x, int64_t rows);
   // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
   void gemm(const DevMatrix& w, const void* x, int64_t rows, float* y);
@@ -85,8 +95,8 @@ class CudaModel final : public ModelBackend {
   std::vector<DevLayer> layers_;
 
   // Step buffers.
-  DeviceBuffer<float> x_, xn_, q_, k_, v_, attn_, gate_, up_, last_, logits_;
-  DeviceBuffer<uint8_t> half_;          // a GEMM input rounded to bf16/f16
+  DeviceBuffer<float> x_, y_, qkv_, q_, attn_, gate_up_, last_, logits_;  // y_: a product to add to x_
+  DeviceBuffer<float> act_;             // a product's input: float32, or bf16/f16 in its first half
   DeviceBuffer<uint8_t> workspace_;     // cuBLAS's
   bool graphs_enabled_ = true;          // TANDEM_CUDA_GRAPHS=0: every step launched kernel by kernel
   std::unordered_map<int64_t, Graph> graphs_;  // by batch size

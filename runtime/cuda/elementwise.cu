@@ -1,4 +1,4 @@
-// Small elementwise operations between the big ones: bias, residual, the
+// Small elementwise operations between the big ones: the last residual, the
 // half-precision copy of a GEMM's input, gathering the rows that want logits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,11 +8,6 @@
 
 namespace tandem::runtime::cuda {
 namespace {
-
-__global__ void add_bias_kernel(float* y, const float* bias, int64_t total, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < total) y[i] += bias[i % n];
-}
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -35,13 +30,6 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
 }
 
 }  // namespace
-
-void add_bias(float* y, const float* bias, int64_t rows, int64_t n, cudaStream_t stream) {
-  const int64_t total = rows * n;
-  if (total == 0) return;
-  add_bias_kernel<<<blocks_for(total, 256), 256, 0, stream>>>(y, bias, total, n);
-  TANDEM_CUDA_LAUNCHED();
-}
 
 void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;

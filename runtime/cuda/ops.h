@@ -31,17 +31,22 @@ struct RowTables {
 void embedding(const void* table, DType dtype, const int32_t* tokens, int64_t rows, int64_t hidden, float* out,
                cudaStream_t stream);
 
-// y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for `rows` rows of n (y may be x).
-void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y, cudaStream_t stream);
+// The residual and the norm after it, row by row (`rows` rows of n): when y
+// is given, x[r] += y[r] (+ bias, when given); then out[r] = w * x[r] /
+// sqrt(mean(x[r]^2) + eps), written as out_type (float32, or rounded to
+// bf16/f16 for the product that takes it).
+void add_rms_norm(float* x, const float* y, const float* bias, const float* w, int64_t rows, int64_t n, float eps,
+                  DType out_type, void* out, cudaStream_t stream);
 
-// Rotary embedding, rotate-half form, of `heads` heads in each row of x
-// ([rows][heads * head_dim], in place), at each row's position; inv_freq:
-// [head_dim / 2]. Angles in float32 and cos/sin in double, as the CPU backend.
-void rope(float* x, const int32_t* positions, int64_t rows, int64_t heads, int64_t head_dim, const float* inv_freq,
-          cudaStream_t stream);
-
-// Each row's K and V ([rows][kv_heads * head_dim]) into its slot of `layer`.
-void kv_write(const float* k, const float* v, int64_t rows, RowTables rt, PoolShape shape, int64_t layer, float* pool,
+// From the fused q/k/v product (qkv: [rows][(heads + 2 * kv_heads) * head_dim],
+// q heads then k heads then v heads) to attention's inputs, per head: + bias
+// (same layout, or null); RMSNorm of each q and k head by q_norm / k_norm
+// ([head_dim], or null); rotary embedding, rotate-half form, at the row's
+// position (inv_freq: [head_dim / 2]; angles in float32 and cos/sin in double,
+// as the CPU backend); then q to q_out ([rows][heads * head_dim]) and k, v
+// into the row's slot of `layer` in the pool. head_dim even, <= 512.
+void qkv_rope(const float* qkv, int64_t rows, int64_t heads, const float* bias, const float* q_norm, const float* k_norm,
+              float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, float* pool, float* q_out,
               cudaStream_t stream);
 
 // Causal attention of each row's `heads` query heads (q: [rows][heads *
@@ -60,11 +65,9 @@ void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowT
                      int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
                      cudaStream_t stream);
 
-// gate[i] = silu(gate[i]) * up[i], n elements.
-void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
-
-// y[r][j] += bias[j] for `rows` rows of n.
-void add_bias(float* y, const float* bias, int64_t rows, int64_t n, cudaStream_t stream);
+// out[r][i] = silu(g) * u with g = gate_up[r][i], u = gate_up[r][n + i]
+// (the fused gate/up product), for `rows` rows of n, written as out_type.
+void swiglu(const float* gate_up, int64_t rows, int64_t n, DType out_type, void* out, cudaStream_t stream);
 
 // x[i] += y[i], n elements.
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);

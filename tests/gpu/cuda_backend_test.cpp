@@ -116,11 +116,11 @@ int main(int argc, char** argv) {
 
 TEST_CASE("elementwise ops: exact", "[gpu]") {
   const int64_t rows = 5, n = 300;
-  const auto x = random_floats(rows * n, 1), b = random_floats(n, 2);
+  const auto x = random_floats(rows * n, 1), b = random_floats(rows * n, 2);
   Dev<float> dx(x), db(b);
-  cu::add_bias(dx.p, db.p, rows, n, nullptr);
+  cu::add(dx.p, db.p, rows * n, nullptr);
   auto got = dx.get(x.size());
-  for (int64_t i = 0; i < rows * n; ++i) CHECK(got[i] == x[i] + b[i % n]);
+  for (int64_t i = 0; i < rows * n; ++i) CHECK(got[i] == x[i] + b[i]);
   // bf16 rounding: the same bits as the CPU's f32_to_bf16 (round to nearest even).
   Dev<uint16_t> halves(std::vector<uint16_t>(x.size()));
   cu::to_half(dx.p, rows * n, DType::kBF16, halves.p, nullptr);
@@ -143,48 +143,132 @@ TEST_CASE("elementwise ops: exact", "[gpu]") {
   CHECK(dpicked.get(3) == std::vector<int32_t>{17, 99, 4999});
 }
 
-TEST_CASE("rms_norm, rope and swiglu against the CPU formulas (relative error < 1e-5)", "[gpu]") {
-  const int64_t rows = 7, n = 128, heads = 4, hd = 32;
-  const auto x = random_floats(rows * n, 3), w = random_floats(n, 4);
-  Dev<float> dx(x), dw(w), dy(std::vector<float>(x.size()));
-  cu::rms_norm(dx.p, dw.p, rows, n, 1e-6f, dy.p, nullptr);
-  std::vector<float> want(x.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[r * n + i]) * x[r * n + i];
-    const float inv = 1.0f / std::sqrt(static_cast<float>(ss) / n + 1e-6f);
-    for (int64_t i = 0; i < n; ++i) want[r * n + i] = w[i] * (x[r * n + i] * inv);
-  }
-  CHECK(rel_err(dy.get(x.size()), want) < 1e-5);
-
-  std::vector<int32_t> pos = {0, 1, 5, 17, 100, 4095, 30000};
-  std::vector<float> inv_freq(hd / 2);
-  for (int64_t i = 0; i < hd / 2; ++i) inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / hd));
-  Dev<int32_t> dpos(pos);
-  Dev<float> dinv(inv_freq), dq(x);
-  cu::rope(dq.p, dpos.p, rows, heads, hd, dinv.p, nullptr);
-  std::vector<float> rq = x;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < hd / 2; ++i) {
-        float* v = rq.data() + (r * heads + h) * hd;
-        const float a = static_cast<float>(pos[r]) * inv_freq[i];
-        const float c = static_cast<float>(std::cos(static_cast<double>(a))), s = static_cast<float>(std::sin(static_cast<double>(a)));
-        const float p = v[i], q = v[i + hd / 2];
-        v[i] = p * c - q * s;
-        v[i + hd / 2] = q * c + p * s;
-      }
-  CHECK(rel_err(dq.get(x.size()), rq) < 1e-5);
-
-  const auto up = random_floats(x.size(), 5);
-  Dev<float> dg(x), du(up);
-  cu::swiglu(dg.p, du.p, static_cast<int64_t>(x.size()), nullptr);
-  std::vector<float> sw(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) sw[i] = x[i] * (1.0f / (1.0f + std::exp(-x[i]))) * up[i];
-  CHECK(rel_err(dg.get(x.size()), sw) < 1e-5);
+// RMSNorm of one row of n, as the CPU: w * (x * 1 / sqrt(mean(x^2) + eps)).
+void reference_norm(float* x, const float* w, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(ss) / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) x[i] = w[i] * (x[i] * inv);
 }
 
-TEST_CASE("kv_write places every row in its block and slot; attention matches a plain softmax (< 1e-5)", "[gpu]") {
+// Rotate-half RoPE of one head at `pos`, as the CPU: float angle, double cos/sin.
+void reference_rope(float* v, int64_t hd, int32_t pos, const std::vector<float>& inv_freq) {
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    const float a = static_cast<float>(pos) * inv_freq[i];
+    const float c = static_cast<float>(std::cos(static_cast<double>(a))), s = static_cast<float>(std::sin(static_cast<double>(a)));
+    const float p = v[i], q = v[i + hd / 2];
+    v[i] = p * c - q * s;
+    v[i + hd / 2] = q * c + p * s;
+  }
+}
+
+TEST_CASE("add_rms_norm: the residual exact, the norm < 1e-5, its bf16 output the same value rounded", "[gpu]") {
+  const int64_t rows = 7, n = 1000;  // n not a multiple of the block
+  const auto x = random_floats(rows * n, 3), y = random_floats(rows * n, 12), bias = random_floats(n, 13),
+             w = random_floats(n, 4);
+  for (int variant = 0; variant < 3; ++variant) {  // plain norm; residual; residual + bias
+    INFO("variant " << variant);
+    const bool add = variant > 0, with_bias = variant == 2;
+    std::vector<float> want_x = x;
+    if (add)
+      for (int64_t i = 0; i < rows * n; ++i) want_x[i] = x[i] + (with_bias ? y[i] + bias[i % n] : y[i]);
+    std::vector<float> want = want_x;
+    for (int64_t r = 0; r < rows; ++r) reference_norm(want.data() + r * n, w.data(), n, 1e-6f);
+    Dev<float> dx(x), dy(y), db(bias), dw(w), dout(std::vector<float>(x.size()));
+    cu::add_rms_norm(dx.p, add ? dy.p : nullptr, with_bias ? db.p : nullptr, dw.p, rows, n, 1e-6f, DType::kF32, dout.p,
+                     nullptr);
+    CHECK(dx.get(x.size()) == want_x);
+    const auto got = dout.get(x.size());
+    CHECK(rel_err(got, want) < 1e-5);
+    Dev<float> dx2(x);
+    Dev<uint16_t> halves(std::vector<uint16_t>(x.size()));
+    cu::add_rms_norm(dx2.p, add ? dy.p : nullptr, with_bias ? db.p : nullptr, dw.p, rows, n, 1e-6f, DType::kBF16,
+                     halves.p, nullptr);
+    const auto h = halves.get(x.size());
+    bool same = true;
+    for (std::size_t i = 0; i < h.size(); ++i) same = same && h[i] == f32_to_bf16(got[i]);
+    CHECK(same);
+  }
+}
+
+TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); K and V in their pool slots", "[gpu]") {
+  const int64_t heads = 4, kvh = 2, hd = 64, layers = 2, layer = 1, bs = 16;
+  const std::vector<int32_t> positions = {0, 1, 5, 17, 100, 4095, 30000};
+  const auto rows = static_cast<int64_t>(positions.size());
+  const kv::KvLayout L{layers, kvh, hd, bs};
+  // Row r is its own sequence, its last block is block r (the others it does not touch).
+  std::vector<int32_t> tables, table_of;
+  for (int64_t r = 0; r < rows; ++r) {
+    table_of.push_back(static_cast<int32_t>(tables.size()));
+    tables.insert(tables.end(), static_cast<std::size_t>(positions[r] / bs), 99);
+    tables.push_back(static_cast<int32_t>(r));
+  }
+  const int64_t width = (heads + 2 * kvh) * hd;
+  const auto qkv = random_floats(rows * width, 14), bias = random_floats(width, 15);
+  const auto q_norm = random_floats(hd, 16), k_norm = random_floats(hd, 17);
+  std::vector<float> inv_freq(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) inv_freq[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * i / hd));
+  for (const bool qwen : {true, false}) {  // bias and q/k norm (Qwen-style), or neither (Llama)
+    INFO((qwen ? "bias and q/k norm" : "plain"));
+    std::vector<float> pool(static_cast<std::size_t>(rows * L.block_floats()), 0.0f), q(rows * heads * hd);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t s = 0; s < heads + 2 * kvh; ++s) {
+        std::vector<float> v(qkv.begin() + r * width + s * hd, qkv.begin() + r * width + (s + 1) * hd);
+        if (qwen)
+          for (int64_t i = 0; i < hd; ++i) v[i] += bias[s * hd + i];
+        if (s < heads + kvh) {
+          if (qwen) reference_norm(v.data(), (s < heads ? q_norm : k_norm).data(), hd, 1e-6f);
+          reference_rope(v.data(), hd, positions[r], inv_freq);
+        }
+        float* dst = s < heads ? q.data() + (r * heads + s) * hd
+                     : s < heads + kvh ? pool.data() + L.offset(r, layer, 0, positions[r] % bs) + (s - heads) * hd
+                                       : pool.data() + L.offset(r, layer, 1, positions[r] % bs) + (s - heads - kvh) * hd;
+        std::copy(v.begin(), v.end(), dst);
+      }
+    Dev<float> dqkv(qkv), dbias(bias), dqn(q_norm), dkn(k_norm), dinv(inv_freq), dq(std::vector<float>(q.size())),
+        dpool(std::vector<float>(pool.size(), 0.0f));
+    Dev<int32_t> dtables(tables), dtable_of(table_of), dpos(positions);
+    const cu::RowTables rt{dpos.p, dtable_of.p, dtables.p};
+    cu::qkv_rope(dqkv.p, rows, heads, qwen ? dbias.p : nullptr, qwen ? dqn.p : nullptr, qwen ? dkn.p : nullptr, 1e-6f,
+                 dinv.p, rt, {layers, kvh, hd, bs}, layer, dpool.p, dq.p, nullptr);
+    CHECK(rel_err(dq.get(q.size()), q) < 1e-5);
+    const auto got_pool = dpool.get(pool.size());
+    CHECK(rel_err(got_pool, pool) < 1e-5);
+    // V is only moved (and biased): exact. Nothing outside the rows' slots is written.
+    bool v_exact = true, elsewhere_zero = true;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < kvh * hd; ++i) {
+        const auto at = static_cast<std::size_t>(L.offset(r, layer, 1, positions[r] % bs) + i);
+        v_exact = v_exact && got_pool[at] == pool[at];
+      }
+    for (std::size_t i = 0; i < pool.size(); ++i) elsewhere_zero = elsewhere_zero && (pool[i] != 0.0f || got_pool[i] == 0.0f);
+    CHECK(v_exact);
+    CHECK(elsewhere_zero);
+  }
+}
+
+TEST_CASE("swiglu over the fused gate/up product (< 1e-5), its bf16 output the same value rounded", "[gpu]") {
+  const int64_t rows = 5, n = 300;
+  const auto gu = random_floats(rows * 2 * n, 5);
+  std::vector<float> want(rows * n);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gu[r * 2 * n + i], u = gu[r * 2 * n + n + i];
+      want[r * n + i] = g * (1.0f / (1.0f + std::exp(-g))) * u;
+    }
+  Dev<float> dgu(gu), dout(std::vector<float>(want.size()));
+  cu::swiglu(dgu.p, rows, n, DType::kF32, dout.p, nullptr);
+  const auto got = dout.get(want.size());
+  CHECK(rel_err(got, want) < 1e-5);
+  Dev<uint16_t> halves(std::vector<uint16_t>(want.size()));
+  cu::swiglu(dgu.p, rows, n, DType::kBF16, halves.p, nullptr);
+  const auto h = halves.get(want.size());
+  bool same = true;
+  for (std::size_t i = 0; i < h.size(); ++i) same = same && h[i] == f32_to_bf16(got[i]);
+  CHECK(same);
+}
+
+TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5), row by row and in tiles", "[gpu]") {
   const int64_t layers = 2, kvh = 2, hd = 64, bs = 16, heads = 4, blocks = 8, layer = 1;
   const kv::KvLayout L{layers, kvh, hd, bs};
   // Two sequences: A has 40 positions in blocks {5, 1, 6}, B 3 positions in block {2}; this step
@@ -193,21 +277,18 @@ TEST_CASE("kv_write places every row in its block and slot; attention matches a 
   const std::vector<int32_t> tables = {5, 1, 6, 2}, table_of = {0, 0, 0, 3, 3, 3}, positions = {37, 38, 39, 0, 1, 2};
   const int64_t rows = 6, width = kvh * hd;
   const auto k = random_floats(rows * width, 7), v = random_floats(rows * width, 8), q = random_floats(rows * heads * hd, 9);
-  Dev<float> dpool(pool), dk(k), dv(v), dq(q), dout(std::vector<float>(rows * heads * hd));
-  Dev<int32_t> dtables(tables), dtable_of(table_of), dpos(positions);
-  const cu::RowTables rt{dpos.p, dtable_of.p, dtables.p};
-  const cu::PoolShape shape{layers, kvh, hd, bs};
-  cu::kv_write(dk.p, dv.p, rows, rt, shape, layer, dpool.p, nullptr);
-  cu::attention(dq.p, rows, heads, 0, rt, shape, layer, dpool.p, dout.p, nullptr);
-  const auto got_pool = dpool.get(pool.size());
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {  // the step's own K and V, as qkv_rope places them
     const int64_t blk = tables[table_of[r] + positions[r] / bs], slot = positions[r] % bs;
     for (int64_t i = 0; i < width; ++i) {
       pool[L.offset(blk, layer, 0, slot) + i] = k[r * width + i];
       pool[L.offset(blk, layer, 1, slot) + i] = v[r * width + i];
     }
   }
-  CHECK(got_pool == pool);
+  Dev<float> dpool(pool), dq(q), dout(std::vector<float>(rows * heads * hd));
+  Dev<int32_t> dtables(tables), dtable_of(table_of), dpos(positions);
+  const cu::RowTables rt{dpos.p, dtable_of.p, dtables.p};
+  const cu::PoolShape shape{layers, kvh, hd, bs};
+  cu::attention(dq.p, rows, heads, 0, rt, shape, layer, dpool.p, dout.p, nullptr);
   const auto want = reference_attention(q, pool, L, layer, heads, tables, table_of, positions, 0);
   CHECK(rel_err(dout.get(want.size()), want) < 1e-5);
   // The tiled prefill kernel gives the same: A's three rows as one tile, B's as another.
@@ -245,9 +326,11 @@ TEST_CASE("tiled prefill attention: full 16-row tiles, a sliding window starting
 
 // The whole model, float32 and bf16: logits of a 50-token prompt in chunks and a decode step.
 TEST_CASE("full-model logits match the CPU engine (f32 < 1e-4, bf16 < 3e-2 relative)", "[gpu]") {
-  for (const char* dtype : {"f32", "bf16"}) {
-    INFO(dtype);
-    testing::TinyModel tiny("qwen3", dtype);
+  // Qwen3 (q/k norm), Qwen2 (q/k/v bias), Llama (neither).
+  const std::pair<const char*, const char*> models[] = {{"qwen3", "f32"}, {"qwen3", "bf16"}, {"qwen2", "f32"}, {"llama", "bf16"}};
+  for (const auto& [arch, dtype] : models) {
+    INFO(arch << " " << dtype);
+    testing::TinyModel tiny(arch, dtype);
     auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
     std::mt19937 rng(3);
     std::vector<int32_t> prompt(50);
