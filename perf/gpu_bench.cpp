@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
           ch.logits_last = true;
           chunks.push_back(ch);
         }
-        model.forward(chunks, logits);
+        model.forward_argmax(chunks, next);  // greedy on the device, as the engine's plain-greedy steps
       }
       const double s = since(t0);
       const double tps = static_cast<double>(B * steps) / s;  // the steps after the warm-up

@@ -68,6 +68,10 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   TANDEM_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_.get(), workspace_.size()));
   const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+  // Prefill attention on the tensor cores for half-precision models (TANDEM_CUDA_TC_ATTENTION=0: the float32 kernel).
+  const char* tc = std::getenv("TANDEM_CUDA_TC_ATTENTION");
+  tc_attention_ = w.embed.dtype != DType::kF32 && config.head_dim % 16 == 0 && config.head_dim <= 256 &&
+                  !(tc && std::string(tc) == "0");
   embed_ = upload({&w.embed}, "the embedding");
   tied_ = w.lm_head.data == w.embed.data;
   if (!tied_) lm_head_ = upload({&w.lm_head}, "the LM head");
@@ -141,8 +145,9 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
     if (n_tiles_ == 0) {  // every row decodes (the graph-captured case)
       attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
     } else {  // prefill rows in tiles, the others row by row
-      attention_tiles(q_.get(), c_.heads, c_.sliding_window, rt, d_tokens + tiles_at_, n_tiles_, shape,
-                      static_cast<int64_t>(l), pool, attn_.get(), stream_);
+      (tc_attention_ ? attention_tiles_tc : attention_tiles)(q_.get(), c_.heads, c_.sliding_window, rt,
+                                                            d_tokens + tiles_at_, n_tiles_, shape,
+                                                            static_cast<int64_t>(l), pool, attn_.get(), stream_);
       if (n_decode_ > 0)
         attention(q_.get(), n_decode_, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool,
                   attn_.get(), stream_, d_tokens + tiles_at_ + 2 * n_tiles_);

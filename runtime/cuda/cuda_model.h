@@ -99,6 +99,7 @@ class CudaModel final : public ModelBackend {
   DeviceBuffer<float> act_;             // a product's input: float32, or bf16/f16 in its first half
   DeviceBuffer<uint8_t> workspace_;     // cuBLAS's
   bool graphs_enabled_ = true;          // TANDEM_CUDA_GRAPHS=0: every step launched kernel by kernel
+  bool tc_attention_ = false;           // prefill attention on the tensor cores (bf16/f16 models)
   std::unordered_map<int64_t, Graph> graphs_;  // by batch size
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   DeviceBuffer<int32_t> argmax_out_;    // [logit rows]

@@ -64,6 +64,12 @@ inline constexpr int64_t kTileQ = 16, kTileK = 32;
 void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
                      int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
                      cudaStream_t stream);
+// The same on the tensor cores: q, K and V rounded to bf16, products
+// accumulated and the softmax kept in float32 (within bf16 rounding of
+// attention_tiles). For bf16/f16 models; head_dim a multiple of 16, <= 256.
+void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
+                        int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
+                        cudaStream_t stream);
 
 // out[r][i] = silu(g) * u with g = gate_up[r][i], u = gate_up[r][n + i]
 // (the fused gate/up product), for `rows` rows of n, written as out_type.

@@ -296,9 +296,13 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5), row by 
   Dev<float> dtiled(std::vector<float>(rows * heads * hd));
   cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape, layer, dpool.p, dtiled.p, nullptr);
   CHECK(rel_err(dtiled.get(want.size()), want) < 1e-5);
+  // On the tensor cores: within bf16 rounding of q, K and V (and of the probabilities).
+  Dev<float> dtc(std::vector<float>(rows * heads * hd));
+  cu::attention_tiles_tc(dq.p, heads, 0, rt, dtiles.p, 2, shape, layer, dpool.p, dtc.p, nullptr);
+  CHECK(rel_err(dtc.get(want.size()), want) < 2e-2);
 }
 
-TEST_CASE("tiled prefill attention: full 16-row tiles, a sliding window starting inside a key tile, head_dim 128",
+TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles, a sliding window starting inside a key tile, head_dim 128",
           "[gpu]") {
   const int64_t layers = 1, kvh = 2, hd = 128, bs = 16, heads = 8, blocks = 6, layer = 0;
   const kv::KvLayout L{layers, kvh, hd, bs};
@@ -317,10 +321,14 @@ TEST_CASE("tiled prefill attention: full 16-row tiles, a sliding window starting
   const cu::PoolShape shape{layers, kvh, hd, bs};
   for (int64_t window : {int64_t{0}, int64_t{21}}) {
     INFO("sliding window " << window);
+    const auto want = reference_attention(q, pool, L, layer, heads, tables, table_of, positions, window);
     cu::attention_tiles(dq.p, heads, window, rt, dtiles.p, static_cast<int64_t>(tiles_first.size()), shape, layer, dpool.p,
                         dout.p, nullptr);
-    CHECK(rel_err(dout.get(q.size()), reference_attention(q, pool, L, layer, heads, tables, table_of, positions, window)) <
-          1e-5);
+    CHECK(rel_err(dout.get(q.size()), want) < 1e-5);
+    // Tensor cores: 80 keys are two key tiles of 64, so the online rescaling between them is exercised.
+    cu::attention_tiles_tc(dq.p, heads, window, rt, dtiles.p, static_cast<int64_t>(tiles_first.size()), shape, layer,
+                           dpool.p, dout.p, nullptr);
+    CHECK(rel_err(dout.get(q.size()), want) < 2e-2);
   }
 }
 
