@@ -228,7 +228,9 @@ std::vector<KeySpec> build_schema() {
       key("transport", "backend", &C::transport, &TransportConfig::backend)
           .choices({"auto", "mpi_rma", "mpi_two_sided", "nccl", "libfabric"})
           .doc("How KV blocks move from prefill to decode ranks. auto: MPI one-sided RMA, or two-sided "
-               "MPI where no window can be created (said in one log line). nccl and libfabric come later.")
+               "MPI where no window can be created (said in one log line); with `model.backend = \"cuda\"`, "
+               "NCCL where built, else two-sided MPI staged through page-locked host buffers (docs/gpu.md). "
+               "mpi_rma is refused with cuda. libfabric comes later.")
           ,
       // [http]
       key("http", "host", &C::http, &HttpConfig::host)
