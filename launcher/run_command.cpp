@@ -117,8 +117,10 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
     // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.
     const auto& m = p.model;
     const double rows = static_cast<double>(p.cfg.job.max_batched_tokens);
+    // x, y, last; qkv, q, attn; gate/up; the rounded product input (float32 at most) — as CudaModel::launch.
     const double widths = static_cast<double>(3 * m.hidden + 3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
-                                              3 * m.intermediate);
+                                              2 * m.intermediate +
+                                              std::max({m.hidden, m.heads * m.head_dim, m.intermediate}));
     const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4;
     const double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)) - weights - step -
                         static_cast<double>(1 << 30);

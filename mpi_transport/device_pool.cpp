@@ -25,7 +25,9 @@ StagingBuffers::Buffer StagingBuffers::take(std::size_t bytes) {
   }
   const std::size_t capacity = std::bit_ceil(std::max<std::size_t>(bytes, 4096));
   ++allocations_;
-  return Buffer{allocate_(capacity), capacity};
+  std::shared_ptr<void> memory = allocate_(capacity);
+  if (!memory) memory = std::shared_ptr<void>(new uint8_t[capacity], [](void* p) { delete[] static_cast<uint8_t*>(p); });
+  return Buffer{std::move(memory), capacity};
 }
 
 void StagingBuffers::give_back(Buffer b) {

@@ -1,6 +1,9 @@
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "mpi_transport/mpi_check.h"
 
@@ -52,24 +55,43 @@ Status MpiTwoSidedTransport::post(int peer, std::span<const int32_t> src, std::s
   transfer = Transfer{peer, src.size() * block_bytes_, src.empty(), 0};
   if (src.empty()) return Status();
   const int64_t id = next_id_++;
-  Outgoing& o = outgoing_[id];
-  const std::size_t header = 8 + 4 + 4 * dst.size();
-  o.message = staging_.take(header + src.size() * block_bytes_);
-  uint8_t* m = o.message.data();
-  std::memcpy(m, &id, 8);
-  const auto count = static_cast<int32_t>(dst.size());
-  std::memcpy(m + 8, &count, 4);
-  std::memcpy(m + 12, dst.data(), 4 * dst.size());
-  // The message's data is in src order, so a run of consecutive src ids is one copy.
-  for (std::size_t i = 0; i < src.size();) {
-    std::size_t n = 1;
-    while (i + n < src.size() && src[i + n] == src[i] + static_cast<int32_t>(n)) ++n;
-    copy_blocks(src[i], static_cast<int32_t>(n), m + header + i * block_bytes_, false);
-    i += n;
+  // Pack every message first (a copy from the device may throw: nothing is in flight yet), then send them.
+  const std::size_t per_message = std::max<std::size_t>(1, max_message_bytes_ / block_bytes_);
+  Outgoing o;
+  for (std::size_t first = 0; first < src.size(); first += per_message) {
+    const std::size_t n = std::min(per_message, src.size() - first);
+    Message msg;
+    msg.bytes = 12 + 4 * n + n * block_bytes_;
+    msg.buffer = staging_.take(msg.bytes);
+    uint8_t* m = msg.buffer.data();
+    const std::size_t header = 12 + 4 * n;
+    const auto count = static_cast<int32_t>(n);
+    std::memcpy(m, &id, 8);
+    std::memcpy(m + 8, &count, 4);
+    std::memcpy(m + 12, dst.data() + first, 4 * n);
+    // The message's data is in src order, so a run of consecutive src ids is one copy.
+    for (std::size_t i = 0; i < n;) {
+      std::size_t k = 1;
+      while (i + k < n && src[first + i + k] == src[first + i] + static_cast<int32_t>(k)) ++k;
+      copy_blocks(src[first + i], static_cast<int32_t>(k), m + header + i * block_bytes_, false);
+      i += k;
+    }
+    o.messages.push_back(std::move(msg));
   }
-  // MPI counts are ints; a transfer over 2 GiB would need splitting, far beyond one prompt's KV.
-  const auto bytes = static_cast<int>(header + src.size() * block_bytes_);
-  TANDEM_MPI(MPI_Isend(m, bytes, MPI_BYTE, peer, kTagData, comm_, &o.request));
+  for (std::size_t k = 0; k < o.messages.size(); ++k) {
+    Message& msg = o.messages[k];
+    if (int rc = MPI_Isend(msg.buffer.data(), static_cast<int>(msg.bytes), MPI_BYTE, peer, kTagData, comm_, &msg.request);
+        rc != MPI_SUCCESS) {
+      // The messages already posted stay in flight (and keep their buffers); this transfer never completes.
+      o.messages.resize(k);
+      o.unsent = static_cast<int>(k);
+      o.unacked = static_cast<int>(k) + 1;
+      outgoing_.emplace(id, std::move(o));
+      return mpi_status(rc, "MPI_Isend", __FILE__, __LINE__);
+    }
+  }
+  o.unsent = o.unacked = static_cast<int>(o.messages.size());
+  outgoing_.emplace(id, std::move(o));
   transfer.backend_handle = id;
   return Status();
 }
@@ -79,9 +101,8 @@ Status MpiTwoSidedTransport::test(Transfer& transfer) {
   TANDEM_RETURN_IF_ERROR(progress());
   auto it = outgoing_.find(transfer.backend_handle);
   if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer");
-  if (it->second.sent && it->second.acked) {
+  if (it->second.unsent == 0 && it->second.unacked == 0) {
     transfer.done = true;
-    staging_.give_back(std::move(it->second.message));
     outgoing_.erase(it);
   }
   return Status();
@@ -90,14 +111,18 @@ Status MpiTwoSidedTransport::test(Transfer& transfer) {
 Status MpiTwoSidedTransport::progress() {
   // Our sends.
   for (auto& [id, o] : outgoing_) {
-    if (o.sent) continue;
-    int done = 0;
-    TANDEM_MPI(MPI_Test(&o.request, &done, MPI_STATUS_IGNORE));
-    o.sent = done != 0;
+    for (Message& msg : o.messages) {
+      if (msg.request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      TANDEM_MPI(MPI_Test(&msg.request, &done, MPI_STATUS_IGNORE));  // sets the request to null when done
+      if (!done) continue;
+      --o.unsent;
+      staging_.give_back(std::exchange(msg.buffer, {}));
+    }
   }
-  // Acknowledgements of our transfers (and of our acknowledgements, sent).
+  // Acknowledgements of our messages (and of our acknowledgements, sent).
   TANDEM_RETURN_IF_ERROR(acks_->poll([&](int64_t id) {
-    if (auto it = outgoing_.find(id); it != outgoing_.end()) it->second.acked = true;
+    if (auto it = outgoing_.find(id); it != outgoing_.end()) --it->second.unacked;
   }));
   return receive_waiting_data();
 }
@@ -112,18 +137,26 @@ Status MpiTwoSidedTransport::receive_waiting_data() {
     if (!flag) return Status();
     MPI_Get_count(&st, MPI_BYTE, &size);
     if (incoming_.capacity < static_cast<std::size_t>(size)) {
-      staging_.give_back(std::move(incoming_));
+      staging_.give_back(std::exchange(incoming_, {}));
       incoming_ = staging_.take(static_cast<std::size_t>(size));
     }
     uint8_t* m = incoming_.data();
     TANDEM_MPI(MPI_Recv(m, size, MPI_BYTE, st.MPI_SOURCE, kTagData, comm_, MPI_STATUS_IGNORE));
     int64_t id = 0;
     int32_t count = 0;
-    std::memcpy(&id, m, 8);
-    std::memcpy(&count, m + 8, 4);
+    if (size >= 12) std::memcpy(&id, m, 8), std::memcpy(&count, m + 8, 4);
+    const std::size_t header = 12 + 4 * static_cast<std::size_t>(std::max(count, 0));
+    if (size < 12 || count < 0 ||
+        static_cast<std::size_t>(size) != header + static_cast<std::size_t>(count) * block_bytes_)
+      return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(st.MPI_SOURCE) + " of " +
+                                               std::to_string(size) + " bytes does not hold the " +
+                                               std::to_string(count) + " blocks it announces");
     std::vector<int32_t> dst(static_cast<std::size_t>(count));
     std::memcpy(dst.data(), m + 12, 4 * dst.size());
-    const std::size_t header = 12 + 4 * dst.size();
+    for (int32_t d : dst)
+      if (d < 0 || d >= n_blocks_)
+        return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(st.MPI_SOURCE) + " names block " +
+                                                 std::to_string(d) + ", outside this pool");
     for (std::size_t i = 0; i < dst.size();) {
       std::size_t n = 1;
       while (i + n < dst.size() && dst[i + n] == dst[i] + static_cast<int32_t>(n)) ++n;
@@ -136,7 +169,10 @@ Status MpiTwoSidedTransport::receive_waiting_data() {
 
 Status MpiTwoSidedTransport::destroy() {
   // Finish what is in flight (acknowledgements included) before the pool goes.
-  for (int i = 0; i < 1000000 && (acks_->sending() || !outgoing_.empty()); ++i) TANDEM_RETURN_IF_ERROR(progress());
+  for (int i = 0; i < 1000000 && (acks_->sending() || !outgoing_.empty()); ++i) {
+    TANDEM_RETURN_IF_ERROR(progress());
+    std::erase_if(outgoing_, [](const auto& e) { return e.second.unsent == 0 && e.second.unacked == 0; });
+  }
   TANDEM_MPI(MPI_Barrier(comm_));
   return Status();
 }

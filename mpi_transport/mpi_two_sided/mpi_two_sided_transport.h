@@ -40,12 +40,22 @@ class MpiTwoSidedTransport : public KvTransport {
   Status destroy() override;
   // Host buffers allocated so far (they are recycled).
   int64_t staging_allocations() const { return staging_.allocations(); }
+  // Blocks per message (at least one): kMaxMessageBytes unless a test asks for less.
+  void set_max_message_bytes(std::size_t bytes) { max_message_bytes_ = bytes; }
 
  private:
-  struct Outgoing {
+  // A message holds up to kMaxMessageBytes of blocks (MPI counts are ints; a
+  // long prompt's float32 KV passes 2 GiB): [int64 id][int32 count][int32 dst
+  // ids...][block data...]. A transfer is one or more, each acknowledged.
+  static constexpr std::size_t kMaxMessageBytes = std::size_t{64} << 20;
+  struct Message {
     MPI_Request request = MPI_REQUEST_NULL;
-    StagingBuffers::Buffer message;  // [int64 id][int32 count][int32 dst ids...][block data...]
-    bool sent = false, acked = false;
+    StagingBuffers::Buffer buffer;  // given back once the send completes
+    std::size_t bytes = 0;
+  };
+  struct Outgoing {
+    std::vector<Message> messages;
+    int unsent = 0, unacked = 0;
   };
   // Copies `count` blocks between the pool at `block` and host memory.
   void copy_blocks(int32_t block, int32_t count, uint8_t* host, bool to_pool);
@@ -57,7 +67,7 @@ class MpiTwoSidedTransport : public KvTransport {
   uint8_t* pool_ = nullptr;
   StagingBuffers staging_;
   StagingBuffers::Buffer incoming_;  // one message at a time is received and placed
-  std::size_t block_bytes_ = 0;
+  std::size_t block_bytes_ = 0, max_message_bytes_ = kMaxMessageBytes;
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;
   int64_t next_id_ = 1;

@@ -58,6 +58,9 @@ DeviceBuffer<float> CudaModel::upload(std::initializer_list<const std::vector<fl
 }
 
 CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool) : c_(config), pool_(pool) {
+  if (config.head_dim > 256 || config.head_dim % 2 != 0)
+    throw Error("the CUDA backend's attention takes head_dim up to 256 (even); this model has " +
+                std::to_string(config.head_dim) + "; use model.backend = \"cpu\"");
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TANDEM_CUBLAS_CHECK(cublasCreate(&blas_));
   TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, stream_));

@@ -192,15 +192,19 @@ TEST_CASE("add_rms_norm: the residual exact, the norm < 1e-5, its bf16 output th
 }
 
 TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); K and V in their pool slots", "[gpu]") {
-  const int64_t heads = 4, kvh = 2, hd = 64, layers = 2, layer = 1, bs = 16;
+  // head_dim 64: one warp; 128: two warps sum each norm; 96: the second warp half idle.
+  for (const int64_t hd : {int64_t{64}, int64_t{128}, int64_t{96}}) {
+  INFO("head_dim " << hd);
+  const int64_t heads = 4, kvh = 2, layers = 2, layer = 1, bs = 16;
   const std::vector<int32_t> positions = {0, 1, 5, 17, 100, 4095, 30000};
   const auto rows = static_cast<int64_t>(positions.size());
   const kv::KvLayout L{layers, kvh, hd, bs};
-  // Row r is its own sequence, its last block is block r (the others it does not touch).
+  // Row r is its own sequence, its last block is block r; its earlier blocks are all block `rows`,
+  // which must stay untouched (zero).
   std::vector<int32_t> tables, table_of;
   for (int64_t r = 0; r < rows; ++r) {
     table_of.push_back(static_cast<int32_t>(tables.size()));
-    tables.insert(tables.end(), static_cast<std::size_t>(positions[r] / bs), 99);
+    tables.insert(tables.end(), static_cast<std::size_t>(positions[r] / bs), static_cast<int32_t>(rows));
     tables.push_back(static_cast<int32_t>(r));
   }
   const int64_t width = (heads + 2 * kvh) * hd;
@@ -210,7 +214,7 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
   for (int64_t i = 0; i < hd / 2; ++i) inv_freq[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * i / hd));
   for (const bool qwen : {true, false}) {  // bias and q/k norm (Qwen-style), or neither (Llama)
     INFO((qwen ? "bias and q/k norm" : "plain"));
-    std::vector<float> pool(static_cast<std::size_t>(rows * L.block_floats()), 0.0f), q(rows * heads * hd);
+    std::vector<float> pool(static_cast<std::size_t>((rows + 1) * L.block_floats()), 0.0f), q(rows * heads * hd);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t s = 0; s < heads + 2 * kvh; ++s) {
         std::vector<float> v(qkv.begin() + r * width + s * hd, qkv.begin() + r * width + (s + 1) * hd);
@@ -244,6 +248,7 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
     for (std::size_t i = 0; i < pool.size(); ++i) elsewhere_zero = elsewhere_zero && (pool[i] != 0.0f || got_pool[i] == 0.0f);
     CHECK(v_exact);
     CHECK(elsewhere_zero);
+  }
   }
 }
 
@@ -332,7 +337,7 @@ TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles
   }
 }
 
-// The whole model, float32 and bf16: logits of a 50-token prompt in chunks and a decode step.
+// The whole model, float32 and bf16: logits of a 50-token prompt in chunks and three decode steps.
 TEST_CASE("full-model logits match the CPU engine (f32 < 1e-4, bf16 < 3e-2 relative)", "[gpu]") {
   // Qwen3 (q/k norm), Qwen2 (q/k/v bias), Llama (neither).
   const std::pair<const char*, const char*> models[] = {{"qwen3", "f32"}, {"qwen3", "bf16"}, {"qwen2", "f32"}, {"llama", "bf16"}};
@@ -343,28 +348,37 @@ TEST_CASE("full-model logits match the CPU engine (f32 < 1e-4, bf16 < 3e-2 relat
     std::mt19937 rng(3);
     std::vector<int32_t> prompt(50);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
+    // The prompt in chunks of 20 (prefill), then 3 single-token steps (decode:
+    // with graphs, the first runs eagerly, the second is captured, the third replays it).
     auto run = [&](ModelBackend& m, kv::BlockPool& pool) {
       auto blocks = *pool.allocate(4);
       std::vector<float> all, part;
-      for (int64_t s = 0; s < 50; s += 20) {
+      for (int64_t s = 0; s < 53;) {
+        const int64_t n = s < 50 ? std::min<int64_t>(20, 50 - s) : 1;
         SeqChunk c;
         c.start_pos = s;
-        c.tokens = std::span<const int32_t>(prompt.data() + s, static_cast<std::size_t>(std::min<int64_t>(20, 50 - s)));
+        c.tokens = std::span<const int32_t>(prompt.data() + s, static_cast<std::size_t>(n));
         c.block_table = blocks;
         c.logits_all = true;
         m.forward(std::span<const SeqChunk>(&c, 1), part);
         all.insert(all.end(), part.begin(), part.end());
+        s += n;
       }
       return all;
     };
     kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
     cpu::ThreadPool threads(2);
     cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
-    DevPool dev(tiny.config, 8);
-    cu::CudaModel gpu(tiny.config, *rowmajor, *dev.pool);
-    const auto want = run(cpu_model, cpu_pool), got = run(gpu, *dev.pool);
-    REQUIRE(got.size() == want.size());
-    CHECK(rel_err(got, want) < (std::string(dtype) == "f32" ? 1e-4 : 3e-2));
+    const auto want = run(cpu_model, cpu_pool);
+    for (const bool graphs : {true, false}) {
+      INFO((graphs ? "decode steps as CUDA graphs" : "no graphs"));
+      DevPool dev(tiny.config, 8);
+      cu::CudaModel gpu(tiny.config, *rowmajor, *dev.pool);
+      gpu.use_graphs(graphs);
+      const auto got = run(gpu, *dev.pool);
+      REQUIRE(got.size() == want.size());
+      CHECK(rel_err(got, want) < (std::string(dtype) == "f32" ? 1e-4 : 3e-2));
+    }
   }
 }
 
