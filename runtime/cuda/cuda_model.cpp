@@ -69,6 +69,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   // A fixed workspace: cuBLAS must not allocate inside a captured graph.
   workspace_.resize(std::size_t{32} << 20);
   TANDEM_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_.get(), workspace_.size()));
+  int device = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string(graphs) == "0");
   // Prefill attention on the tensor cores for half-precision models (TANDEM_CUDA_TC_ATTENTION=0: the float32 kernel).
@@ -145,15 +148,17 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
     qkv_rope(qkv_.get(), R, c_.heads, or_null(lw.bqkv), c_.qk_norm ? lw.q_norm.get() : null,
              c_.qk_norm ? lw.k_norm.get() : null, eps, inv_freq_.get(), rt, shape, static_cast<int64_t>(l), pool,
              q_.get(), stream_);
+    const AttentionScratch scratch{attn_partial_.get(), attn_counters_.get(), attn_splits_};
     if (n_tiles_ == 0) {  // every row decodes (the graph-captured case)
-      attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_);
+      attention(q_.get(), R, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool, attn_.get(), stream_,
+                nullptr, scratch);
     } else {  // prefill rows in tiles, the others row by row
       (tc_attention_ ? attention_tiles_tc : attention_tiles)(q_.get(), c_.heads, c_.sliding_window, rt,
                                                             d_tokens + tiles_at_, n_tiles_, shape,
                                                             static_cast<int64_t>(l), pool, attn_.get(), stream_);
       if (n_decode_ > 0)
         attention(q_.get(), n_decode_, c_.heads, c_.sliding_window, rt, shape, static_cast<int64_t>(l), pool,
-                  attn_.get(), stream_, d_tokens + tiles_at_ + 2 * n_tiles_);
+                  attn_.get(), stream_, d_tokens + tiles_at_ + 2 * n_tiles_, scratch);
     }
     gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, y_.get());
     add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, lw.w_gate_up.dtype, act_.get(),
@@ -244,6 +249,16 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   moved |= last_.resize(sz(R * H));
   moved |= logits_.resize(sz(LR * c_.vocab));
+  // Decode rows' attention split over positions when they are too few to fill the GPU.
+  const int64_t split_rows = n_tiles_ == 0 ? R : n_decode_;
+  attn_splits_ = attention_splits(split_rows, c_.heads, sms_);
+  if (attn_splits_ > 1) {
+    moved |= attn_partial_.resize(sz(split_rows * c_.heads * attn_splits_ * (hd + 2)));
+    if (attn_counters_.resize(sz(split_rows * c_.heads))) {
+      moved = true;
+      TANDEM_CUDA_CHECK(cudaMemsetAsync(attn_counters_.get(), 0, attn_counters_.size() * sizeof(int32_t), stream_));
+    }
+  }
   if (moved) drop_graphs();
 
   // A decode step (one token per sequence, logits for each) runs as a CUDA

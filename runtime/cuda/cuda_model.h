@@ -97,6 +97,10 @@ class CudaModel final : public ModelBackend {
   // Step buffers.
   DeviceBuffer<float> x_, y_, qkv_, q_, attn_, gate_up_, last_, logits_;  // y_: a product to add to x_
   DeviceBuffer<float> act_;             // a product's input: float32, or bf16/f16 in its first half
+  DeviceBuffer<float> attn_partial_;    // decode attention split over positions (ops.h AttentionScratch)
+  DeviceBuffer<int32_t> attn_counters_;
+  int64_t attn_splits_ = 1;             // this step's
+  int sms_ = 1;                         // the device's multiprocessors
   DeviceBuffer<uint8_t> workspace_;     // cuBLAS's
   bool graphs_enabled_ = true;          // TANDEM_CUDA_GRAPHS=0: every step launched kernel by kernel
   bool tc_attention_ = false;           // prefill attention on the tensor cores (bf16/f16 models)

@@ -49,13 +49,27 @@ void qkv_rope(const float* qkv, int64_t rows, int64_t heads, const float* bias, 
               float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, float* pool, float* q_out,
               cudaStream_t stream);
 
+// Where decode attention split over positions keeps its parts: partial
+// [rows][heads][splits][head_dim + 2] floats, counters [rows][heads] ints that
+// start at zero (each launch leaves them at zero). splits <= 1 or null
+// buffers: one block per (row, head), no scratch.
+inline constexpr int64_t kMaxAttentionSplits = 32;
+struct AttentionScratch {
+  float* partial = nullptr;
+  int32_t* counters = nullptr;
+  int64_t splits = 1;
+};
+// Splits that give `rows` x `heads` about four blocks per SM (1 when they already do), at most kMaxAttentionSplits.
+int64_t attention_splits(int64_t rows, int64_t heads, int sms);
+
 // Causal attention of each row's `heads` query heads (q: [rows][heads *
 // head_dim]) over its sequence's positions [first, pos] in `layer` (first > 0
 // only with a sliding window), GQA by kv head = head / (heads / kv_heads);
 // out: [rows][heads * head_dim]. head_dim <= 256.
 // only_rows (optional, device): run for rows only_rows[0..rows) instead of 0..rows.
 void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_window, RowTables rt, PoolShape shape,
-               int64_t layer, const float* pool, float* out, cudaStream_t stream, const int32_t* only_rows = nullptr);
+               int64_t layer, const float* pool, float* out, cudaStream_t stream, const int32_t* only_rows = nullptr,
+               AttentionScratch scratch = {});
 
 // The same attention for prefill rows, in tiles: tiles[k] is the first row of
 // tile k and tiles[n_tiles + k] its row count (<= kTileQ consecutive rows of

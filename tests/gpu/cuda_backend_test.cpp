@@ -273,7 +273,8 @@ TEST_CASE("swiglu over the fused gate/up product (< 1e-5), its bf16 output the s
   CHECK(same);
 }
 
-TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5), row by row and in tiles", "[gpu]") {
+TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row, split over positions, and in tiles",
+          "[gpu]") {
   const int64_t layers = 2, kvh = 2, hd = 64, bs = 16, heads = 4, blocks = 8, layer = 1;
   const kv::KvLayout L{layers, kvh, hd, bs};
   // Two sequences: A has 40 positions in blocks {5, 1, 6}, B 3 positions in block {2}; this step
@@ -289,13 +290,28 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5), row by 
       pool[L.offset(blk, layer, 1, slot) + i] = v[r * width + i];
     }
   }
-  Dev<float> dpool(pool), dq(q), dout(std::vector<float>(rows * heads * hd));
+  Dev<float> dpool(pool), dq(q);
   Dev<int32_t> dtables(tables), dtable_of(table_of), dpos(positions);
   const cu::RowTables rt{dpos.p, dtable_of.p, dtables.p};
   const cu::PoolShape shape{layers, kvh, hd, bs};
-  cu::attention(dq.p, rows, heads, 0, rt, shape, layer, dpool.p, dout.p, nullptr);
   const auto want = reference_attention(q, pool, L, layer, heads, tables, table_of, positions, 0);
-  CHECK(rel_err(dout.get(want.size()), want) < 1e-5);
+  // One block per (row, head), then split over positions (more splits than B's 3 positions leaves some empty);
+  // each twice, since the last block of each (row, head) must leave its counter at zero.
+  for (const int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, cu::kMaxAttentionSplits}) {
+    INFO("splits " << splits);
+    Dev<float> partial(std::vector<float>(static_cast<std::size_t>(rows * heads * splits * (hd + 2))));
+    Dev<int32_t> counters(std::vector<int32_t>(static_cast<std::size_t>(rows * heads), 0));
+    for (int round = 0; round < 2; ++round) {
+      Dev<float> fresh(std::vector<float>(rows * heads * hd, -7.0f));
+      cu::attention(dq.p, rows, heads, 0, rt, shape, layer, dpool.p, fresh.p, nullptr, nullptr,
+                    {partial.p, counters.p, splits});
+      CHECK(rel_err(fresh.get(want.size()), want) < 1e-5);
+      CHECK(counters.get(static_cast<std::size_t>(rows * heads)) == std::vector<int32_t>(rows * heads, 0));
+    }
+  }
+  CHECK(cu::attention_splits(1, 16, 132) == cu::kMaxAttentionSplits);
+  CHECK(cu::attention_splits(8, 16, 132) == 5);
+  CHECK(cu::attention_splits(64, 16, 132) == 1);
   // The tiled prefill kernel gives the same: A's three rows as one tile, B's as another.
   Dev<int32_t> dtiles(std::vector<int32_t>{0, 3, 3, 3});
   Dev<float> dtiled(std::vector<float>(rows * heads * hd));
