@@ -3,9 +3,14 @@
 // block, an online softmax per row), with S = Q K^T and O += P V as bf16
 // products accumulated in float32 (WMMA 16x16x16). Q, K and V are rounded to
 // bf16 as they are staged; the softmax and O stay in float32. float32 models
-// keep the SIMT kernel, which matches the CPU more closely.
+// keep the SIMT kernel, which matches the CPU more closely. bf16 WMMA needs
+// sm_80 or newer (Ampere), the oldest architecture Tandem builds for.
 #include <cuda_bf16.h>
 #include <mma.h>
+
+#include <string>
+
+#include "common/error.h"
 
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
@@ -25,15 +30,16 @@ static_assert(kKeys == 16 * kWarps, "each warp computes 16 columns of S");
 // Shared memory, in this order (every part starts 32-byte aligned, as WMMA's loads want):
 //   q  bf16 [16][hd + 8]      k  bf16 [64][hd + 8]     v  bf16 [64][hd + 8]
 //   s  f32  [16][64 + 4]      p  bf16 [16][64 + 8]     o  f32  [16][hd + 4]
-//   row_m, row_l, corr: f32 [16] each
-// The pads (8 bf16, 4 floats) shift each row by 16 bytes, off the banks of the row before.
+//   row_m, row_l, corr: f32 [16] each               key: int64 [64] (each key's K in the pool; -1: none)
+// The pads shift each row off the banks of the row before (s: 8 floats, so that
+// the softmax's 4 rows x 8 lanes of a warp meet no conflict).
 __host__ __device__ constexpr std::size_t up32(std::size_t b) { return (b + 31) / 32 * 32; }
 
 struct Layout {
   int64_t ldh, lds, ldp, ldo;  // leading dimensions in elements
-  std::size_t q, k, v, s, p, o, m, bytes;
+  std::size_t q, k, v, s, p, o, m, key, bytes;
   __host__ __device__ explicit Layout(int64_t hd) {
-    ldh = hd + 8, lds = kKeys + 4, ldp = kKeys + 8, ldo = hd + 4;
+    ldh = hd + 8, lds = kKeys + 8, ldp = kKeys + 8, ldo = hd + 4;
     q = 0;
     k = q + up32(sizeof(bf16) * kTileQ * ldh);
     v = k + up32(sizeof(bf16) * kKeys * ldh);
@@ -41,11 +47,12 @@ struct Layout {
     p = s + up32(sizeof(float) * kTileQ * lds);
     o = p + up32(sizeof(bf16) * kTileQ * ldp);
     m = o + up32(sizeof(float) * kTileQ * ldo);
-    bytes = m + sizeof(float) * 3 * kTileQ;
+    key = m + up32(sizeof(float) * 3 * kTileQ);
+    bytes = key + sizeof(int64_t) * kKeys;
   }
 };
 
-__global__ void attention_tc_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles,
+__global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles,
                                     int64_t n_tiles, PoolShape s, int64_t layer, const float* pool, float scale,
                                     float* out) {
   extern __shared__ __align__(32) unsigned char smem[];
@@ -60,6 +67,7 @@ __global__ void attention_tc_kernel(const float* q, int64_t heads, int64_t windo
   float* row_m = reinterpret_cast<float*>(smem + lay.m);
   float* row_l = row_m + kTileQ;
   float* corr = row_l + kTileQ;
+  int64_t* key_at = reinterpret_cast<int64_t*>(smem + lay.key);
 
   const int64_t tile = blockIdx.x, h = blockIdx.y, g = h / (heads / s.kv_heads);
   const int64_t r0 = tiles[tile], nq = tiles[n_tiles + tile];
@@ -68,8 +76,9 @@ __global__ void attention_tc_kernel(const float* q, int64_t heads, int64_t windo
   auto first_of = [&](int64_t pos) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : int64_t{0}; };
   const int warp = static_cast<int>(threadIdx.x) / 32;
 
-  for (int64_t e = threadIdx.x; e < kTileQ * hd; e += kThreads) {
-    const int64_t i = e / hd, d = e % hd;
+  const int hdi = static_cast<int>(hd), hd4 = hdi / 4;  // 32-bit index arithmetic from here on
+  for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
+    const int i = e / hdi, d = e - i * hdi;
     qs[i * lay.ldh + d] = __float2bfloat16_rn(i < nq ? q[((r0 + i) * heads + h) * hd + d] : 0.0f);
     os[i * lay.ldo + d] = 0.0f;
   }
@@ -77,18 +86,27 @@ __global__ void attention_tc_kernel(const float* q, int64_t heads, int64_t windo
 
   for (int64_t t0 = first_of(p0); t0 <= last; t0 += kKeys) {
     const int64_t nk = last - t0 + 1 < kKeys ? last - t0 + 1 : kKeys;
-    __syncthreads();  // the last tile's K, V and P are no longer read
-    for (int64_t e = threadIdx.x; e < kKeys * hd; e += kThreads) {
-      const int64_t j = e / hd, d = e % hd;
-      float kv = 0.0f, vv = 0.0f;  // keys past the tile's end: zeros (their scores are masked)
-      if (j < nk) {
-        const int64_t t = t0 + j, blk = table[t / s.block_size], slot = t % s.block_size;
-        const float* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + slot * width + g * hd;
-        kv = k[d];
-        vv = k[s.block_size * width + d];
+    __syncthreads();  // the last tile's K, V, P and key offsets are no longer read
+    if (threadIdx.x < kKeys) {  // where each key of the tile is, once
+      const int64_t j = threadIdx.x, t = t0 + j;
+      key_at[j] = j < nk ? ((table[t / s.block_size] * s.layers + layer) * 2) * s.block_size * width +
+                               (t % s.block_size) * width + g * hd
+                         : -1;
+    }
+    __syncthreads();
+    // Four floats at a time (head_dim % 16 == 0 keeps them 16-byte aligned), stored as four bf16.
+    for (int e = static_cast<int>(threadIdx.x); e < kKeys * hd4; e += kThreads) {
+      const int j = e / hd4, c = e - j * hd4;
+      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;  // keys past the tile's end: zeros (scores masked)
+      if (key_at[j] >= 0) {
+        const float* k = pool + key_at[j] + 4 * c;
+        kv = *reinterpret_cast<const float4*>(k);
+        vv = *reinterpret_cast<const float4*>(k + s.block_size * width);
       }
-      ks[j * lay.ldh + d] = __float2bfloat16_rn(kv);
-      vs[j * lay.ldh + d] = __float2bfloat16_rn(vv);
+      auto* kd = reinterpret_cast<__nv_bfloat162*>(ks + j * lay.ldh + 4 * c);
+      auto* vd = reinterpret_cast<__nv_bfloat162*>(vs + j * lay.ldh + 4 * c);
+      kd[0] = __floats2bfloat162_rn(kv.x, kv.y), kd[1] = __floats2bfloat162_rn(kv.z, kv.w);
+      vd[0] = __floats2bfloat162_rn(vv.x, vv.y), vd[1] = __floats2bfloat162_rn(vv.z, vv.w);
     }
     __syncthreads();
     {  // S[:, 16w .. 16w + 16) = Q K^T: K rows are B's columns (col_major B over K's row-major storage)
@@ -134,7 +152,10 @@ __global__ void attention_tc_kernel(const float* q, int64_t heads, int64_t windo
       }
     }
     __syncthreads();
-    for (int64_t e = threadIdx.x; e < kTileQ * hd; e += kThreads) os[(e / hd) * lay.ldo + e % hd] *= corr[e / hd];
+    for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
+      const int i = e / hdi;
+      os[i * lay.ldo + e - i * hdi] *= corr[i];
+    }
     __syncthreads();
     // O[:, n0 .. n0 + 16) += P V for this warp's column slices of O.
     for (int64_t n0 = static_cast<int64_t>(warp) * 16; n0 < hd; n0 += 16 * kWarps) {
@@ -151,8 +172,8 @@ __global__ void attention_tc_kernel(const float* q, int64_t heads, int64_t windo
     }
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < kTileQ * hd; e += kThreads) {
-    const int64_t i = e / hd, d = e % hd;
+  for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
+    const int i = e / hdi, d = e - i * hdi;
     if (i < nq) out[((r0 + i) * heads + h) * hd + d] = os[i * lay.ldo + d] / row_l[i];
   }
 }
@@ -163,6 +184,9 @@ void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, R
                         int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
                         cudaStream_t stream) {
   if (n_tiles == 0) return;
+  if (shape.head_dim % 16 != 0 || shape.head_dim > 256)
+    throw Error("internal: attention_tiles_tc takes head_dim a multiple of 16 up to 256, not " +
+                std::to_string(shape.head_dim));
   const Layout lay(shape.head_dim);
   static std::size_t granted = 48 * 1024;  // the default; past it (head_dim 128 and up), ask once per size
   if (lay.bytes > granted) {

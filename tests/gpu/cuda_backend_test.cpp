@@ -323,9 +323,13 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row,
   CHECK(rel_err(dtc.get(want.size()), want) < 2e-2);
 }
 
-TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles, a sliding window starting inside a key tile, head_dim 128",
+TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles, a sliding window starting inside a "
+          "key tile, head_dim 128, 96 and 256",
           "[gpu]") {
-  const int64_t layers = 1, kvh = 2, hd = 128, bs = 16, heads = 8, blocks = 6, layer = 0;
+  // 96: the warps take uneven column slices of O; 256: past 48 KiB of shared memory (opt-in).
+  for (const int64_t hd : {int64_t{128}, int64_t{96}, int64_t{256}}) {
+  INFO("head_dim " << hd);
+  const int64_t layers = 1, kvh = 2, bs = 16, heads = 8, blocks = 6, layer = 0;
   const kv::KvLayout L{layers, kvh, hd, bs};
   const std::vector<float> pool = random_floats(static_cast<std::size_t>(blocks * L.block_floats()), 10);
   // One sequence of 80 positions in blocks {4, 0, 5, 2, 1}; this step's rows are positions 45..79 (35 rows).
@@ -352,6 +356,7 @@ TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles
     CHECK(rel_err(dout.get(q.size()), want) < 2e-2);
   }
 }
+}
 
 // The whole model, float32 and bf16: logits of a 50-token prompt in chunks and three decode steps.
 TEST_CASE("full-model logits match the CPU engine (f32 < 1e-4, bf16 < 3e-2 relative)", "[gpu]") {
@@ -362,7 +367,7 @@ TEST_CASE("full-model logits match the CPU engine (f32 < 1e-4, bf16 < 3e-2 relat
     testing::TinyModel tiny(arch, dtype);
     auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
     std::mt19937 rng(3);
-    std::vector<int32_t> prompt(50);
+    std::vector<int32_t> prompt(53);  // 50 prefilled, 3 decoded
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
     // The prompt in chunks of 20 (prefill), then 3 single-token steps (decode:
     // with graphs, the first runs eagerly, the second is captured, the third replays it).
