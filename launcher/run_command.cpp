@@ -491,9 +491,11 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     tiers = open_tiers(p, layout, rank <= 1);
     if (tiers) pool->set_lower(tiers.get());
+    runtime::EngineOptions options = engine_options(p);
+    options.sampling_threads = threads.get();  // a step's draws, in parallel
     core = std::make_unique<WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model,
                                         runtime::make_backend(backend, p.model, *weights, *pool, *threads), *pool,
-                                        p.tokenizer.get(), engine_options(p), tiers.get());
+                                        p.tokenizer.get(), options, tiers.get());
     if (tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
     spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}", blocks,
                  p.cfg.kv.block_size, static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),

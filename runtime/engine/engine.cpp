@@ -50,7 +50,9 @@ struct Engine::Sequence {
 
 Engine::Engine(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, cpu::ThreadPool& threads,
                const Tokenizer* tokenizer, EngineOptions options)
-    : Engine(config, std::make_unique<cpu::CpuModel>(config, weights, pool, threads), pool, tokenizer, options) {}
+    : Engine(config, std::make_unique<cpu::CpuModel>(config, weights, pool, threads), pool, tokenizer, options) {
+  if (!options_.sampling_threads) options_.sampling_threads = &threads;
+}
 
 Engine::Engine(const ModelConfig& config, std::unique_ptr<ModelBackend> backend, kv::BlockPool& pool,
                const Tokenizer* tokenizer, EngineOptions options)
@@ -367,6 +369,32 @@ std::vector<EngineOutput> Engine::step() {
 
   // 4. Sample, check for the end, report.
   const auto vocab = static_cast<std::size_t>(config_.vocab);
+  // The rows' draws first, in parallel (each reads and changes only its own
+  // logits row, and keys its randomness by its own request): a draw over a
+  // 150k vocabulary is most of a millisecond, and a step may have hundreds.
+  std::vector<int32_t> drawn(plan.size(), 0);
+  std::vector<PositionLogprobs> drawn_logprobs(plan.size());
+  if (!argmax_only) {
+    std::vector<std::pair<std::size_t, std::size_t>> draws;  // (plan index, logits row)
+    std::size_t r = 0;
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const SeqChunk& c = chunks[i];
+      if (c.logits_all) r += c.tokens.size() - (c.logits_last ? 1 : 0);
+      if (c.logits_last) draws.emplace_back(i, r++);
+    }
+    auto draw = [&](int64_t k) {
+      const auto [i, at] = draws[static_cast<std::size_t>(k)];
+      const Sequence& s = *plan[i].seq;
+      std::span<float> lg(logits_.data() + at * vocab, vocab);
+      std::vector<float> raw;
+      if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
+      drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));
+      if (s.req.params.logprobs >= 0) drawn_logprobs[i] = logprobs_of(raw, drawn[i], s.req.params.logprobs);
+    };
+    if (options_.sampling_threads && draws.size() > 1) options_.sampling_threads->run(static_cast<int64_t>(draws.size()), draw);
+    else
+      for (std::size_t k = 0; k < draws.size(); ++k) draw(static_cast<int64_t>(k));
+  }
   std::size_t row = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
@@ -390,13 +418,9 @@ std::vector<EngineOutput> Engine::step() {
     if (argmax_only) {
       tok = argmax_[row++];
     } else {
-      std::span<float> lg(logits_.data() + row * vocab, vocab);
       ++row;
-      const uint64_t step = static_cast<uint64_t>(s.generated());
-      std::vector<float> raw;
-      if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
-      tok = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, step);
-      if (s.req.params.logprobs >= 0) s.logprobs.push_back(logprobs_of(raw, tok, s.req.params.logprobs));
+      tok = drawn[i];
+      if (s.req.params.logprobs >= 0) s.logprobs.push_back(std::move(drawn_logprobs[i]));
     }
     s.tokens.push_back(tok);
     if (!s.has_first) {

@@ -33,6 +33,9 @@ struct EngineOptions {
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   bool prefix_caching = true;  // reuse cached full blocks of identical prefixes
+  // Where a step's rows are sampled in parallel (null: on the calling thread).
+  // The CPU engine uses its model's pool; give a GPU engine the host's.
+  cpu::ThreadPool* sampling_threads = nullptr;
 };
 
 struct EngineRequest {

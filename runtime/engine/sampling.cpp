@@ -1,7 +1,10 @@
 #include "runtime/engine/sampling.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <unordered_map>
@@ -18,11 +21,43 @@ double counter_uniform(uint64_t key, uint64_t step) {
 
 namespace {
 
+// The largest value, NaNs ignored (-inf when there is none): eight
+// independent maxima, so the loop is not one long chain of compares.
+float max_value(std::span<const float> v) {
+  float m[8];
+  std::fill(std::begin(m), std::end(m), -std::numeric_limits<float>::infinity());
+  std::size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8)
+    for (int k = 0; k < 8; ++k) m[k] = v[i + static_cast<std::size_t>(k)] > m[k] ? v[i + static_cast<std::size_t>(k)] : m[k];
+  for (; i < v.size(); ++i) m[0] = v[i] > m[0] ? v[i] : m[0];
+  return *std::max_element(std::begin(m), std::end(m));
+}
+
+// The first index of the largest value (ties to the lowest id; 0 when v[0] is NaN or nothing compares).
 int32_t argmax(std::span<const float> v) {
-  int32_t best = 0;
-  for (std::size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[static_cast<std::size_t>(best)]) best = static_cast<int32_t>(i);
-  return best;
+  if (v.empty() || std::isnan(v[0])) return 0;
+  const float m = max_value(v);
+  const auto it = std::find(v.begin(), v.end(), m);
+  return it == v.end() ? 0 : static_cast<int32_t>(it - v.begin());
+}
+
+// ids[0..k) = the k best tokens, best first (ties by lower id), for k < v.size():
+// the k-th best value from a small heap, then one pass to collect.
+void top_k_ids(std::span<const float> v, std::size_t k, std::vector<int32_t>& ids, std::vector<float>& heap) {
+  heap.assign(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k));  // NaNs never enter past this point
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  for (std::size_t i = k; i < v.size(); ++i)
+    if (v[i] > heap.front()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+      heap.back() = v[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+  const float kth = heap.front();
+  ids.clear();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (v[i] > kth) ids.push_back(static_cast<int32_t>(i));
+  for (std::size_t i = 0; i < v.size() && ids.size() < k; ++i)  // ties at the k-th value: lowest ids
+    if (v[i] == kth) ids.push_back(static_cast<int32_t>(i));
 }
 
 void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt,
@@ -44,47 +79,110 @@ void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span
 
 }  // namespace
 
+namespace {
+
+// A token's weight relative to the best one: exp((logit - max) / T), and its
+// bucket, floor(-(logit - max) / T) up to kBuckets - 1, which orders tokens
+// by logit coarsely (a lower bucket holds only better tokens). Weights below
+// e^-kNegligible (under 1e-21 of the best token's) count as zero: they could
+// never be drawn, and computing them is most of the work on a wide vocabulary.
+constexpr int kBuckets = 64;
+constexpr float kNegligible = 48.0f;
+
+struct Scratch {
+  std::vector<int32_t> ids;
+  std::vector<double> prob;
+  std::vector<float> heap;
+};
+
+// The smallest best-first prefix of ids[0..n) (sorted by `better`) whose
+// share of `total` reaches top_p; n when none does.
+std::size_t top_p_prefix(const std::vector<double>& prob, std::size_t n, double total, float top_p) {
+  double cum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    cum += prob[i] / total;
+    if (cum >= top_p) return i + 1;
+  }
+  return n;
+}
+
+}  // namespace
+
 int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt,
                      std::span<const int32_t> output, uint64_t key, uint64_t step) {
   apply_penalties(logits, p, prompt, output);
   if (p.temperature <= 1e-5f) return argmax(logits);
 
   const float inv_t = 1.0f / p.temperature;
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::size_t keep = ids.size();
-  // Candidates best first (ties by id) when top-k or top-p need an order;
-  // otherwise in id order, which is as reproducible and needs no sort.
-  if (p.top_k > 0 || p.top_p < 1.0f) {
-    auto better = [&](int32_t a, int32_t b) {
-      const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
-      return la != lb ? la > lb : a < b;
-    };
-    if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < keep) {
-      keep = static_cast<std::size_t>(p.top_k);
-      std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), better);
-    } else {
-      std::sort(ids.begin(), ids.end(), better);
-    }
-  }
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (std::size_t i = 0; i < keep; ++i) max_logit = std::max(max_logit, logits[static_cast<std::size_t>(ids[i])]);
-  std::vector<double> prob(keep);
+  const std::size_t n = logits.size();
+  thread_local Scratch scratch;  // a 150k-token row would otherwise allocate twice per draw
+  std::vector<int32_t>& ids = scratch.ids;
+  std::vector<double>& prob = scratch.prob;
+  auto better = [&](int32_t a, int32_t b) {
+    const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
+    return la != lb ? la > lb : a < b;
+  };
+  const float max_logit = max_value(logits);
+  auto scaled = [&](int32_t id) { return (logits[static_cast<std::size_t>(id)] - max_logit) * inv_t; };
+  auto weight = [&](float x) { return x > -kNegligible ? std::exp(static_cast<double>(x)) : 0.0; };
+
+  // Candidates: best first (ties by id) when top-k or top-p need an order,
+  // else every token in id order, which is as reproducible and needs no sort.
+  std::size_t keep = n;
   double total = 0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    prob[i] = std::exp(static_cast<double>((logits[static_cast<std::size_t>(ids[i])] - max_logit) * inv_t));
-    total += prob[i];
-  }
-  // top-p: the smallest best-first prefix whose mass reaches top_p.
-  if (p.top_p < 1.0f) {
+  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < n) {
+    keep = static_cast<std::size_t>(p.top_k);
+    top_k_ids(logits, keep, ids, scratch.heap);
+    keep = ids.size();  // fewer only when NaNs fill the row
+    std::sort(ids.begin(), ids.end(), better);
+    prob.resize(keep);
+    for (std::size_t i = 0; i < keep; ++i) total += (prob[i] = weight(scaled(ids[i])));
+    if (p.top_p < 1.0f) keep = top_p_prefix(prob, keep, total, p.top_p);
+  } else if (p.top_p < 1.0f) {
+    // The prefix lies among the best tokens: find the bucket where the mass
+    // reaches top_p, and sort only the tokens up to one bucket past it (the
+    // margin absorbs rounding between the two summation orders).
+    std::array<double, kBuckets> mass{};
+    auto bucket = [](float x) { return x > -static_cast<float>(kBuckets - 1) ? static_cast<int>(-x) : kBuckets - 1; };
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = scaled(static_cast<int32_t>(i));
+      const double w = weight(x);
+      total += w;
+      mass[static_cast<std::size_t>(bucket(x))] += w;
+    }
+    int last = kBuckets - 1;
     double cum = 0;
-    for (std::size_t i = 0; i < keep; ++i) {
-      cum += prob[i] / total;
+    for (int b = 0; b < kBuckets; ++b) {
+      cum += mass[static_cast<std::size_t>(b)] / total;
       if (cum >= p.top_p) {
-        keep = i + 1;
+        last = std::min(kBuckets - 1, b + 1);
         break;
       }
     }
+    ids.clear();
+    for (std::size_t i = 0; i < n; ++i)
+      if (bucket(scaled(static_cast<int32_t>(i))) <= last) ids.push_back(static_cast<int32_t>(i));
+    if (last == kBuckets - 1) {  // everything is a candidate
+      ids.resize(n);
+      std::iota(ids.begin(), ids.end(), 0);
+    }
+    std::sort(ids.begin(), ids.end(), better);
+    prob.resize(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) prob[i] = weight(scaled(ids[i]));
+    keep = top_p_prefix(prob, ids.size(), total, p.top_p);
+    if (keep == ids.size() && ids.size() < n) {  // rounding left the prefix short of top_p: all of them, sorted
+      ids.resize(n);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::sort(ids.begin(), ids.end(), better);
+      prob.resize(n);
+      for (std::size_t i = 0; i < n; ++i) prob[i] = weight(scaled(ids[i]));
+      keep = top_p_prefix(prob, n, total, p.top_p);
+    }
+  } else {
+    ids.resize(n);
+    std::iota(ids.begin(), ids.end(), 0);
+    prob.resize(n);
+    for (std::size_t i = 0; i < n; ++i) total += (prob[i] = weight(scaled(static_cast<int32_t>(i))));
   }
   // min-p: drop tokens below min_p times the best one's probability (which is 1 here).
   if (p.min_p > 0.0f)
