@@ -41,7 +41,16 @@ int32_t argmax(std::span<const float> v) {
   return it == v.end() ? 0 : static_cast<int32_t>(it - v.begin());
 }
 
-// ids[0..k) = the k best tokens, best first (ties by lower id), for k < v.size():
+// Best first: higher logit, ties by lower id (a total order, so every sort agrees).
+void sort_best_first(std::vector<int32_t>::iterator first, std::vector<int32_t>::iterator last,
+                     std::span<const float> logits) {
+  std::sort(first, last, [&](int32_t a, int32_t b) {
+    const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
+    return la != lb ? la > lb : a < b;
+  });
+}
+
+// ids = the k best tokens (unordered; ties at the k-th value by lower id), for k < v.size():
 // the k-th best value from a small heap, then one pass to collect.
 void top_k_ids(std::span<const float> v, std::size_t k, std::vector<int32_t>& ids, std::vector<float>& heap) {
   heap.assign(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k));  // NaNs never enter past this point
@@ -95,7 +104,7 @@ struct Scratch {
   std::vector<float> heap;
 };
 
-// The smallest best-first prefix of ids[0..n) (sorted by `better`) whose
+// The smallest prefix of ids[0..n) (sorted best first) whose
 // share of `total` reaches top_p; n when none does.
 std::size_t top_p_prefix(const std::vector<double>& prob, std::size_t n, double total, float top_p) {
   double cum = 0;
@@ -118,10 +127,6 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
   thread_local Scratch scratch;  // a 150k-token row would otherwise allocate twice per draw
   std::vector<int32_t>& ids = scratch.ids;
   std::vector<double>& prob = scratch.prob;
-  auto better = [&](int32_t a, int32_t b) {
-    const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
-    return la != lb ? la > lb : a < b;
-  };
   const float max_logit = max_value(logits);
   auto scaled = [&](int32_t id) { return (logits[static_cast<std::size_t>(id)] - max_logit) * inv_t; };
   auto weight = [&](float x) { return x > -kNegligible ? std::exp(static_cast<double>(x)) : 0.0; };
@@ -134,7 +139,7 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
     keep = static_cast<std::size_t>(p.top_k);
     top_k_ids(logits, keep, ids, scratch.heap);
     keep = ids.size();  // fewer only when NaNs fill the row
-    std::sort(ids.begin(), ids.end(), better);
+    sort_best_first(ids.begin(), ids.end(), logits);
     prob.resize(keep);
     for (std::size_t i = 0; i < keep; ++i) total += (prob[i] = weight(scaled(ids[i])));
     if (p.top_p < 1.0f) keep = top_p_prefix(prob, keep, total, p.top_p);
@@ -166,14 +171,14 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
       ids.resize(n);
       std::iota(ids.begin(), ids.end(), 0);
     }
-    std::sort(ids.begin(), ids.end(), better);
+    sort_best_first(ids.begin(), ids.end(), logits);
     prob.resize(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) prob[i] = weight(scaled(ids[i]));
     keep = top_p_prefix(prob, ids.size(), total, p.top_p);
     if (keep == ids.size() && ids.size() < n) {  // rounding left the prefix short of top_p: all of them, sorted
       ids.resize(n);
       std::iota(ids.begin(), ids.end(), 0);
-      std::sort(ids.begin(), ids.end(), better);
+      sort_best_first(ids.begin(), ids.end(), logits);
       prob.resize(n);
       for (std::size_t i = 0; i < n; ++i) prob[i] = weight(scaled(ids[i]));
       keep = top_p_prefix(prob, n, total, p.top_p);
@@ -203,22 +208,25 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
 }
 
 PositionLogprobs logprobs_of(std::span<const float> logits, int32_t chosen, int64_t n) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (float v : logits) max = std::max(max, v);
+  const float max = max_value(logits);
   double sum = 0;
   for (float v : logits) sum += std::exp(static_cast<double>(v - max));
   const float log_z = max + static_cast<float>(std::log(sum));
   PositionLogprobs out;
   out.chosen = {chosen, logits[static_cast<std::size_t>(chosen)] - log_z};
   if (n > 0) {
-    std::vector<int32_t> ids(logits.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    const auto k = static_cast<std::size_t>(std::min<int64_t>(n, static_cast<int64_t>(ids.size())));
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
-      const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
-      return la != lb ? la > lb : a < b;
-    });
-    for (std::size_t i = 0; i < k; ++i) out.top.push_back({ids[i], logits[static_cast<std::size_t>(ids[i])] - log_z});
+    std::vector<int32_t> ids;
+    std::vector<float> heap;
+    const auto k = static_cast<std::size_t>(std::min<int64_t>(n, static_cast<int64_t>(logits.size())));
+    if (k < logits.size()) {
+      top_k_ids(logits, k, ids, heap);
+    } else {
+      ids.resize(k);
+      std::iota(ids.begin(), ids.end(), 0);
+    }
+    sort_best_first(ids.begin(), ids.end(), logits);
+    ids.resize(std::min(ids.size(), k));
+    for (int32_t id : ids) out.top.push_back({id, logits[static_cast<std::size_t>(id)] - log_z});
   }
   return out;
 }
