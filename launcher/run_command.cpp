@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/commands.h"
+#include "launcher/run/device_binding.h"
 #include "launcher/run/links.h"
 #include "launcher/run/router_loop.h"
 #include "launcher/run/worker_loop.h"
@@ -452,8 +453,41 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   int local_size = 1, local_rank = 0;
   MPI_Comm_size(local, &local_size);
   MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_free(&local);
   const int local_workers = env.size() == 1 ? 1 : std::max(1, local_size - 1);
+  const std::string& backend = p.cfg.model.backend;
+  if (backend != "cpu") {
+    // Each GPU worker binds its device now; two workers of a node on one GPU
+    // (more workers than visible GPUs) stop every rank with one line.
+    std::string uuid;  // (error is empty: the first verdict passed)
+    if (rank != 0 || env.size() == 1) {
+      try {
+        runtime::bind_device(backend, env.size() == 1 ? 0 : worker_device_index(local_rank, local_size, local_workers));
+        uuid = runtime::device_uuid(backend);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    if (env.size() > 1) {
+      constexpr int kUuid = 64;
+      std::vector<char> mine(kUuid, '\0'), all(static_cast<std::size_t>(kUuid * local_size));
+      std::copy_n(uuid.begin(), std::min<std::size_t>(uuid.size(), kUuid - 1), mine.begin());
+      std::vector<int> ranks(static_cast<std::size_t>(local_size));
+      MPI_Allgather(mine.data(), kUuid, MPI_CHAR, all.data(), kUuid, MPI_CHAR, local);
+      MPI_Allgather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, local);
+      std::vector<std::string> uuids;
+      for (int i = 0; i < local_size; ++i) uuids.emplace_back(all.data() + static_cast<std::ptrdiff_t>(i) * kUuid);
+      if (error.empty()) error = shared_device_error(rank, ranks, uuids);
+      error = first_error(env, error);
+    }
+    if (!error.empty()) {
+      if (rank == 0) std::fprintf(stderr, "tandem: error: %s\n", error.c_str());
+      MPI_Comm_free(&local);
+      if (role_comm != MPI_COMM_NULL) MPI_Comm_free(&role_comm);
+      if (workers != MPI_COMM_NULL) MPI_Comm_free(&workers);
+      return 2;
+    }
+  }
+  MPI_Comm_free(&local);
   std::unique_ptr<runtime::ModelWeights> weights;
   std::unique_ptr<mpi::KvTransport> transport;
   std::unique_ptr<kv::BlockPool> pool;
@@ -461,15 +495,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   std::unique_ptr<kv::KvTiers> tiers;
   std::unique_ptr<WorkerCore> core;
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
-  const std::string& backend = p.cfg.model.backend;
   if (rank != 0 || env.size() == 1) {
-    // One device per worker of this node (rank 0 routes and uses none).
-    const int device = env.size() == 1 ? 0 : local_rank - (local_size > local_workers ? 1 : 0);
-    if (backend != "cpu" && device >= runtime::backend_device_count(backend))
-      throw Error("this node runs " + std::to_string(local_workers) + " worker ranks but has " +
-                  std::to_string(runtime::backend_device_count(backend)) +
-                  " GPU(s): start one worker rank per GPU (plus rank 0)");
-    runtime::bind_device(backend, device);
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
     const int64_t blocks = pool_blocks(p, local_workers);
     const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};

@@ -51,6 +51,28 @@ void bind_device(std::string_view name, int index) {
   (void)index;
 }
 
+std::string device_uuid(std::string_view name) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    int device = 0;
+    TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    std::string out = "GPU-";
+    const char* hex = "0123456789abcdef";
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+      const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+      out += hex[b >> 4];
+      out += hex[b & 15];
+    }
+    return out;
+  }
+#endif
+  (void)name;
+  return "";
+}
+
 std::size_t backend_free_bytes(std::string_view name) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {

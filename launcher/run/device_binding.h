@@ -1,0 +1,34 @@
+// Which GPU each worker of a node computes on, and the check that no two
+// share one: the n-th worker of a node takes its n-th visible device (all
+// visible: mpirun, srun --gpus-per-node), which is also its only one when the
+// launcher gave each task its own (srun --gpus-per-task=1).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::launcher {
+
+// The device index of a worker whose rank on its node is `local_rank` among
+// `local_size` ranks, `local_workers` of them workers (rank 0 routes and takes none).
+inline int worker_device_index(int local_rank, int local_size, int local_workers) {
+  return local_rank - (local_size > local_workers ? 1 : 0);
+}
+
+// For world rank `me`: the error when another worker of its node computes on
+// the same device (uuids[i] of world rank ranks[i]; "" for rank 0), else "".
+inline std::string shared_device_error(int me, const std::vector<int>& ranks, const std::vector<std::string>& uuids) {
+  std::string mine;
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == me) mine = uuids[i];
+  if (mine.empty()) return "";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == me || uuids[i] != mine) continue;
+    return "worker ranks " + std::to_string(std::min(me, ranks[i])) + " and " + std::to_string(std::max(me, ranks[i])) +
+           " would share one GPU (" + mine + ") on this node: start one worker rank per GPU plus rank 0 " +
+           "(srun --nodes=N --ntasks=8N+1 --gpus-per-node=8), or give each task its own (srun --gpus-per-task=1)";
+  }
+  return "";
+}
+
+}  // namespace tandem::launcher
