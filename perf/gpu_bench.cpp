@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/devices.h"
+#include "runtime/cuda/ops.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/make_model.h"
 #include "runtime/model/weights.h"
@@ -95,6 +97,108 @@ double gemm_flops() {
 }
 
 double matrix_bytes(const Matrix& m) { return static_cast<double>(m.rows * m.cols) * static_cast<double>(dtype_size(m.dtype)); }
+
+// Microseconds per call of fn (median of 5 runs of 20 calls, CUDA events).
+template <class F>
+double us_per_call(F&& fn) {
+  cudaEvent_t a, b;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&a));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&b));
+  fn();
+  std::vector<double> runs;
+  for (int r = 0; r < 5; ++r) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(a));
+    for (int i = 0; i < 20; ++i) fn();
+    TANDEM_CUDA_CHECK(cudaEventRecord(b));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    runs.push_back(1000.0 * ms / 20);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(runs.begin(), runs.end());
+  return runs[2];
+}
+
+// Where a decode step's time goes: each op of a layer alone, at the bench
+// model's shapes, for `R` sequences at context `ctx`, back to back on the
+// default stream (so launch gaps are not in these figures, unlike a real step).
+void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_step_us) {
+  const int64_t H = c.hidden, hd = c.head_dim, qd = c.heads * hd, kvd = c.kv_heads * hd, I = c.intermediate;
+  const kv::KvLayout L{c.layers, c.kv_heads, hd, 16};
+  const int64_t per_seq = (ctx + 16) / 16, blocks = R * per_seq;
+  cuda::DeviceBuffer<float> pool(static_cast<std::size_t>(blocks * L.block_floats())), x(R * H), y(R * H),
+      qkv(R * (qd + 2 * kvd)), q(R * qd), attn(R * qd), gu(R * 2 * I), act(R * std::max({H, qd, I})),
+      logits(R * c.vocab), w(H), partial(R * c.heads * cuda::kMaxAttentionSplits * (hd + 2));
+  cuda::DeviceBuffer<int32_t> counters(R * c.heads), ints(3 * R + blocks), picked(R);
+  cuda::DeviceBuffer<uint8_t> wqkv((qd + 2 * kvd) * H * 2), wo(H * qd * 2), wgu(2 * I * H * 2), wd(H * I * 2),
+      head(c.vocab * H * 2);
+  for (auto* b : {&pool, &x, &y, &qkv, &q, &attn, &gu, &act, &logits, &w})
+    TANDEM_CUDA_CHECK(cudaMemset(b->get(), 0, b->size() * sizeof(float)));
+  for (auto* b : {&wqkv, &wo, &wgu, &wd, &head}) TANDEM_CUDA_CHECK(cudaMemset(b->get(), 0x3c, b->size()));
+  TANDEM_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.size() * sizeof(int32_t)));
+  std::vector<int32_t> host(static_cast<std::size_t>(3 * R + blocks));  // positions, table_of, tables
+  for (int64_t r = 0; r < R; ++r) {
+    host[static_cast<std::size_t>(r)] = static_cast<int32_t>(ctx);
+    host[static_cast<std::size_t>(R + r)] = static_cast<int32_t>(r * per_seq);
+  }
+  for (int64_t b = 0; b < blocks; ++b) host[static_cast<std::size_t>(2 * R + b)] = static_cast<int32_t>(b);
+  TANDEM_CUDA_CHECK(cudaMemcpy(ints.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  const cuda::RowTables rt{ints.get(), ints.get() + R, ints.get() + 2 * R};
+  const cuda::PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
+  int sms = 1;
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const cuda::AttentionScratch scratch{partial.get(), counters.get(), cuda::attention_splits(R, c.heads, sms)};
+  cublasHandle_t h;
+  TANDEM_CUBLAS_CHECK(cublasCreate(&h));
+  const float one = 1, zero = 0;
+  auto gemm = [&](const void* wt, int64_t n, int64_t k, float* out) {
+    TANDEM_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(R),
+                                     static_cast<int>(k), &one, wt, CUDA_R_16BF, static_cast<int>(k), act.get(),
+                                     CUDA_R_16BF, static_cast<int>(k), &zero, out, CUDA_R_32F, static_cast<int>(n),
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  struct Row {
+    const char* op;
+    double us, bytes;
+    int per_layer;  // calls per layer (0: once per step)
+  };
+  const double f = 4, b16 = 2;
+  const double kv_bytes = static_cast<double>(R * ctx * 2 * kvd) * f;
+  std::vector<Row> rows = {
+      {"add_rms_norm", us_per_call([&] { cuda::add_rms_norm(x.get(), y.get(), nullptr, w.get(), R, H, 1e-6f, DType::kBF16, act.get(), nullptr); }),
+       static_cast<double>(R * H) * (3 * f + b16), 2},
+      {"gemm q/k/v", us_per_call([&] { gemm(wqkv.get(), qd + 2 * kvd, H, qkv.get()); }),
+       static_cast<double>((qd + 2 * kvd) * H) * b16, 1},
+      {"qkv_rope", us_per_call([&] { cuda::qkv_rope(qkv.get(), R, c.heads, nullptr, w.get(), w.get(), 1e-6f, w.get(), rt, shape, 0, pool.get(), q.get(), nullptr); }),
+       static_cast<double>(R * (qd + 2 * kvd)) * 2 * f, 1},
+      {"attention (decode)", us_per_call([&] { cuda::attention(q.get(), R, c.heads, 0, rt, shape, 0, pool.get(), attn.get(), nullptr, nullptr, scratch); }),
+       kv_bytes, 1},
+      {"to_half", us_per_call([&] { cuda::to_half(attn.get(), R * qd, DType::kBF16, act.get(), nullptr); }),
+       static_cast<double>(R * qd) * (f + b16), 1},
+      {"gemm o", us_per_call([&] { gemm(wo.get(), H, qd, y.get()); }), static_cast<double>(H * qd) * b16, 1},
+      {"gemm gate/up", us_per_call([&] { gemm(wgu.get(), 2 * I, H, gu.get()); }), static_cast<double>(2 * I * H) * b16, 1},
+      {"swiglu", us_per_call([&] { cuda::swiglu(gu.get(), R, I, DType::kBF16, act.get(), nullptr); }),
+       static_cast<double>(R * I) * (2 * f + b16), 1},
+      {"gemm down", us_per_call([&] { gemm(wd.get(), H, I, y.get()); }), static_cast<double>(H * I) * b16, 1},
+      {"gemm LM head", us_per_call([&] { gemm(head.get(), c.vocab, H, logits.get()); }),
+       static_cast<double>(c.vocab * H) * b16, 0},
+      {"argmax", us_per_call([&] { cuda::argmax(logits.get(), R, c.vocab, picked.get(), nullptr); }),
+       static_cast<double>(R * c.vocab) * f, 0}};
+  cublasDestroy(h);
+  double step = 0;
+  std::printf("decode ops at %lld sequences, context %lld (attention in %lld split(s)):\n", static_cast<long long>(R),
+              static_cast<long long>(ctx), static_cast<long long>(scratch.splits));
+  for (const Row& r : rows) {
+    const double calls = r.per_layer ? static_cast<double>(r.per_layer * c.layers) : 1.0;
+    step += r.us * calls;
+    std::printf("  %-20s %8.1f us  %7.0f GB/s  x%-4.0f %8.0f us per step\n", r.op, r.us, r.bytes / r.us / 1e3, calls,
+                r.us * calls);
+  }
+  std::printf("  sum of ops %.0f us; the measured step %.0f us (the difference: launch gaps, cuBLAS choices, sync)\n",
+              step, measured_step_us);
+}
 
 }  // namespace
 
@@ -180,6 +284,7 @@ int main(int argc, char** argv) {
     const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * 4);  // float32 K and V
     // Batch 1 launched kernel by kernel first (what the graphs save), then every size with graphs.
     const std::pair<int64_t, bool> runs[] = {{1, false}, {1, true}, {32, true}, {max_seqs, true}};
+    double step_us[2] = {0, 0};  // batch 1 and max_seqs, with graphs
     for (const auto& [B, graphs] : runs) {
       model.use_graphs(graphs);
       prefill(0, B);
@@ -206,7 +311,10 @@ int main(int argc, char** argv) {
                   "datasheet bandwidth, %.1f%% of the measured copy%s\n",
                   static_cast<long long>(B), graphs ? "" : " (no graphs)", tps, roof, weight_bytes / 1e9, 100 * tps / roof,
                   100 * tps * bytes / static_cast<double>(B) / copy, B == 1 && graphs ? " (target 70%)" : "");
+      if (graphs && (B == 1 || B == max_seqs)) step_us[B == 1 ? 0 : 1] = 1e6 * s / static_cast<double>(steps);
     }
+    op_profile(c, 1, ctx, step_us[0]);
+    op_profile(c, max_seqs, ctx, step_us[1]);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_bench: %s\n", e.what());
