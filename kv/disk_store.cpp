@@ -28,6 +28,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The "dtype" attribute of a store of this layout's elements.
+std::string store_dtype(const KvLayout& l) { return l.elem_bytes == 2 ? "bfloat16" : "float32"; }
+
 Dims6 block_dims(const KvLayout& l, hsize_t rows) {
   return {rows, static_cast<hsize_t>(l.layers), 2, static_cast<hsize_t>(l.block_size),
           static_cast<hsize_t>(l.kv_heads), static_cast<hsize_t>(l.head_dim)};
@@ -205,13 +208,15 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
   if (format != "tandem-kv-store" || !fingerprint || !version || !rows || !bs || !layers || !kvh || !hd)
     return skip("is not a Tandem KV store file (attributes missing)");
   const KvLayout& l = o_.id.layout;
+  const std::string dtype = read_string_attr(h, "dtype").value_or("float32");
   if (*fingerprint != o_.id.fingerprint || *version != kStoreLayoutVersion || *bs != l.block_size ||
-      *layers != l.layers || *kvh != l.kv_heads || *hd != l.head_dim) {
+      *layers != l.layers || *kvh != l.kv_heads || *hd != l.head_dim || dtype != store_dtype(l)) {
     foreign = true;
     warnings.push_back(describe() + " holds KV of another model or layout (" + name + ": " + model.value_or("?") +
-                       ", fingerprint " + *fingerprint + ", block_size " + std::to_string(*bs) + "; this job: " +
-                       o_.id.model + ", fingerprint " + o_.id.fingerprint + ", block_size " +
-                       std::to_string(l.block_size) + "): it is not used; point kv.store_path elsewhere");
+                       ", fingerprint " + *fingerprint + ", block_size " + std::to_string(*bs) + ", " + dtype +
+                       "; this job: " + o_.id.model + ", fingerprint " + o_.id.fingerprint + ", block_size " +
+                       std::to_string(l.block_size) + ", " + store_dtype(l) +
+                       "): it is not used; point kv.store_path elsewhere");
     return;
   }
   f.kv = H5Id(H5Dopen2(h, "kv", H5P_DEFAULT));
@@ -322,7 +327,7 @@ bool DiskStore::start_file(std::string& warning) {
     const hid_t h = f.file.get();
     ok = write_string_attr(h, "format", "tandem-kv-store") &&
          write_string_attr(h, "model_fingerprint", o_.id.fingerprint) && write_string_attr(h, "model", o_.id.model) &&
-         write_string_attr(h, "dtype", "float32") && write_int_attr(h, "layout_version", kStoreLayoutVersion) &&
+         write_string_attr(h, "dtype", store_dtype(l)) && write_int_attr(h, "layout_version", kStoreLayoutVersion) &&
          write_int_attr(h, "block_size", l.block_size) && write_int_attr(h, "layers", l.layers) &&
          write_int_attr(h, "kv_heads", l.kv_heads) && write_int_attr(h, "head_dim", l.head_dim) &&
          write_int_attr(h, "blocks", 0);
@@ -332,7 +337,9 @@ bool DiskStore::start_file(std::string& warning) {
     H5Id space(H5Screate_simple(6, zero.data(), max.data()));
     H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
     H5Pset_chunk(dcpl.get(), 6, chunk.data());
-    f.kv = H5Id(H5Dcreate2(h, "kv", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+    // bf16 has no HDF5 type: its bits, as unsigned 16-bit integers (the "dtype" attribute says so).
+    f.kv = H5Id(H5Dcreate2(h, "kv", l.elem_bytes == 2 ? H5T_STD_U16LE : H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                           dcpl.get(), H5P_DEFAULT));
     hash_set_ = create_u64(h, "hash");
     checksum_set_ = create_u64(h, "checksum");
     ok = ok && f.kv.valid() && hash_set_.valid() && checksum_set_.valid();

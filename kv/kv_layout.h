@@ -3,6 +3,7 @@
 // kv_heads x head_dim, contiguous, so one block is one RMA put, one offload
 // write and one hash.
 //   pool: [n_blocks][layers][2][block_size][kv_heads][head_dim], float
+// (or bf16 on a GPU, kv.dtype: the same order, two bytes an element).
 #pragma once
 
 #include <cstddef>
@@ -15,13 +16,16 @@ struct KvLayout {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t block_size = 16;  // tokens
+  int64_t elem_bytes = 4;   // 4: float32 elements (the CPU's); 2: bf16 (GPU pools only)
 
-  // Floats in one token's K (or V) for one layer: kv_heads * head_dim.
+  // Elements in one token's K (or V) for one layer: kv_heads * head_dim.
   int64_t token_stride() const { return kv_heads * head_dim; }
-  // Floats in one block.
-  int64_t block_floats() const { return layers * 2 * block_size * token_stride(); }
-  std::size_t block_bytes() const { return static_cast<std::size_t>(block_floats()) * sizeof(float); }
-  // Offset in floats of (block, layer, k_or_v (0 = K, 1 = V), slot in block).
+  int64_t block_elems() const { return layers * 2 * block_size * token_stride(); }
+  std::size_t block_bytes() const { return static_cast<std::size_t>(block_elems() * elem_bytes); }
+  // A block's storage in floats: what the pool, the tiers and the store move
+  // (for bf16 two elements share a float's four bytes; head_dim is even).
+  int64_t block_floats() const { return block_elems() * elem_bytes / 4; }
+  // Offset in elements of (block, layer, k_or_v (0 = K, 1 = V), slot in block).
   int64_t offset(int64_t block, int64_t layer, int kv, int64_t slot) const {
     return ((block * layers + layer) * 2 + kv) * block_size * token_stride() + slot * token_stride();
   }

@@ -103,10 +103,20 @@ void check_files(const Prepared& p) {
   runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks; reads no weights
 }
 
+// The workers' KV layout: kv.dtype resolved (auto: f32 on the CPU; on a GPU
+// bf16 unless the checkpoint is f32).
+kv::KvLayout kv_layout(const Prepared& p) {
+  kv::KvLayout l{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
+  const std::string& d = p.cfg.kv.dtype;
+  const bool bf16 = d == "bf16" || (d == "auto" && p.cfg.model.backend != "cpu" && p.model.dtype != runtime::DType::kF32);
+  l.elem_bytes = bf16 ? 2 : 4;
+  return l;
+}
+
 // KV blocks for one worker: kv.memory_gib, or room for max_num_seqs full contexts,
 // capped at 60% of the memory this node's ranks could share.
 int64_t pool_blocks(const Prepared& p, int local_ranks) {
-  const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
+  const kv::KvLayout layout = kv_layout(p);
   const double block = static_cast<double>(layout.block_bytes());
   if (p.cfg.kv.memory_gib > 0) return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
   const int64_t want = p.cfg.job.max_num_seqs * ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size);
@@ -321,6 +331,9 @@ void check_backend(const Prepared& p, int ranks) {
   if (b == "cpu") {
     if (p.cfg.transport.backend == "nccl")
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
+    if (p.cfg.kv.dtype == "bf16")
+      throw Error("kv.dtype = \"bf16\" is for GPU pools (model.backend = \"cuda\"); the CPU engine keeps KV in f32: "
+                  "use \"auto\" or \"f32\"");
     return;
   }
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
@@ -498,7 +511,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   if (rank != 0 || env.size() == 1) {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
     const int64_t blocks = pool_blocks(p, local_workers);
-    const kv::KvLayout layout{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
+    const kv::KvLayout layout = kv_layout(p);
     if (roles.prefill > 0 || planned) {
       void* base = nullptr;
       const std::string t = transport_for(backend, p.cfg.transport.backend);
@@ -523,8 +536,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
                                         runtime::make_backend(backend, p.model, *weights, *pool, *threads), *pool,
                                         p.tokenizer.get(), options, tiers.get());
     if (tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
-    spdlog::info("worker ready: {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}", blocks,
-                 p.cfg.kv.block_size, static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
+    spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}", blocks,
+                 layout.elem_bytes == 2 ? "bf16" : "f32", p.cfg.kv.block_size,
+                 static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
                  transport ? std::string(", ") + std::string(transport->name()) + " window" : std::string(), n_threads,
                  backend == "cpu" ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
   }

@@ -1,5 +1,5 @@
 // The CUDA backend on the bench model (Qwen3-0.6B's shape, bf16 weights,
-// float32 KV) against the GPU's rooflines, each measured in the same run and
+// bf16 KV) against the GPU's rooflines, each measured in the same run and
 // given by the datasheet:
 //   HBM:  a device-to-device copy (bytes read + written per second);
 //   bf16: an 8192^3 cuBLAS product on the tensor cores.
@@ -126,7 +126,8 @@ double us_per_call(F&& fn) {
 // default stream (so launch gaps are not in these figures, unlike a real step).
 void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_step_us) {
   const int64_t H = c.hidden, hd = c.head_dim, qd = c.heads * hd, kvd = c.kv_heads * hd, I = c.intermediate;
-  const kv::KvLayout L{c.layers, c.kv_heads, hd, 16};
+  kv::KvLayout L{c.layers, c.kv_heads, hd, 16};
+  L.elem_bytes = 2;
   const int64_t per_seq = (ctx + 16) / 16, blocks = R * per_seq;
   cuda::DeviceBuffer<float> pool(static_cast<std::size_t>(blocks * L.block_floats())), x(R * H), y(R * H),
       qkv(R * (qd + 2 * kvd)), q(R * qd), attn(R * qd), gu(R * 2 * I), act(R * std::max({H, qd, I})),
@@ -146,7 +147,7 @@ void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_st
   for (int64_t b = 0; b < blocks; ++b) host[static_cast<std::size_t>(2 * R + b)] = static_cast<int32_t>(b);
   TANDEM_CUDA_CHECK(cudaMemcpy(ints.get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice));
   const cuda::RowTables rt{ints.get(), ints.get() + R, ints.get() + 2 * R};
-  const cuda::PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
+  const cuda::PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size, DType::kBF16};
   int sms = 1;
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const cuda::AttentionScratch scratch{partial.get(), counters.get(), cuda::attention_splits(R, c.heads, sms)};
@@ -165,14 +166,14 @@ void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_st
     int per_layer;  // calls per layer (0: once per step)
   };
   const double f = 4, b16 = 2;
-  const double kv_bytes = static_cast<double>(R * ctx * 2 * kvd) * f;
+  const double kv_bytes = static_cast<double>(R * ctx * 2 * kvd) * b16;
   std::vector<Row> rows = {
       {"add_rms_norm", us_per_call([&] { cuda::add_rms_norm(x.get(), y.get(), nullptr, w.get(), R, H, 1e-6f, DType::kBF16, act.get(), nullptr); }),
        static_cast<double>(R * H) * (3 * f + b16), 2},
       {"gemm q/k/v", us_per_call([&] { gemm(wqkv.get(), qd + 2 * kvd, H, qkv.get()); }),
        static_cast<double>((qd + 2 * kvd) * H) * b16, 1},
       {"qkv_rope", us_per_call([&] { cuda::qkv_rope(qkv.get(), R, c.heads, nullptr, w.get(), w.get(), 1e-6f, w.get(), rt, shape, 0, pool.get(), q.get(), nullptr); }),
-       static_cast<double>(R * (qd + 2 * kvd)) * 2 * f, 1},
+       static_cast<double>(R * qd) * 2 * f + static_cast<double>(R * 2 * kvd) * (f + b16), 1},
       {"attention (decode)", us_per_call([&] { cuda::attention(q.get(), R, c.heads, 0, rt, shape, 0, pool.get(), attn.get(), nullptr, nullptr, scratch); }),
        kv_bytes, 1},
       {"to_half", us_per_call([&] { cuda::to_half(attn.get(), R * qd, DType::kBF16, act.get(), nullptr); }),
@@ -242,7 +243,8 @@ int main(int argc, char** argv) {
     const double flops_per_token = 2.0 * (weight_bytes / static_cast<double>(dtype_size(c.dtype)) -
                                           static_cast<double>(w->lm_head.rows * w->lm_head.cols));
 
-    const kv::KvLayout layout{c.layers, c.kv_heads, c.head_dim, 16};
+    kv::KvLayout layout{c.layers, c.kv_heads, c.head_dim, 16};
+    layout.elem_bytes = 2;  // bf16 KV, as kv.dtype = "auto" gives a bf16 checkpoint on a GPU
     const int64_t ctx = 512, steps = 32, max_seqs = 128;
     const int64_t per_seq = (ctx + steps + 2 + 15) / 16;
     const int64_t blocks = max_seqs * per_seq;
@@ -281,7 +283,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(ctx), prefill_tps, achieved / 1e12, ds.bf16 > 0 ? 100 * achieved / ds.bf16 : 0.0,
                 100 * achieved / gemm);
 
-    const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * 4);  // float32 K and V
+    const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * layout.elem_bytes);  // K and V
     // Batch 1 launched kernel by kernel first (what the graphs save), then every size with graphs.
     const std::pair<int64_t, bool> runs[] = {{1, false}, {1, true}, {32, true}, {max_seqs, true}};
     double step_us[2] = {0, 0};  // batch 1 and max_seqs, with graphs

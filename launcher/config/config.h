@@ -60,6 +60,7 @@ struct PlannerConfig {
 
 struct KvConfig {
   int64_t block_size = 16;      // tokens per KV block
+  std::string dtype = "auto";   // auto | f32 | bf16: the KV pool's element type
   double memory_gib = 0.0;      // KV pool per worker; 0: what is left after weights, less 10%
   double host_cache_gib = 0.0;  // host-memory tier (G2); 0: off
   std::string store_path;       // HDF5 prefix store (G3) on a shared filesystem; empty: off

@@ -202,6 +202,11 @@ std::vector<KeySpec> build_schema() {
           .at_least(1).at_most(1024)
           .doc("Tokens per KV block: the unit of allocation, transfer, hashing and offload.")
           ,
+      key("kv", "dtype", &C::kv, &KvConfig::dtype)
+          .choices({"auto", "f32", "bf16"})
+          .doc("The KV pool's element type. auto: f32 on the CPU; on a GPU bf16 for bf16/f16 checkpoints (half the "
+               "memory and bytes per step of f32) and f32 for f32 ones. bf16 needs model.backend = \"cuda\".")
+          ,
       key("kv", "memory_gib", &C::kv, &KvConfig::memory_gib)
           .at_least(0)
           .doc("KV pool per worker in GiB; 0: the memory left after the weights, less 10%.")

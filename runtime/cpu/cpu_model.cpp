@@ -9,7 +9,11 @@
 namespace tandem::runtime::cpu {
 
 CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads)
-    : c_(config), w_(weights), pool_(pool), threads_(threads), kern_(cpu::kernels()), inv_freq_(rope_inv_freq(config)) {}
+    : c_(config), w_(weights), pool_(pool), threads_(threads), kern_(cpu::kernels()), inv_freq_(rope_inv_freq(config)) {
+  if (pool.layout().elem_bytes != 4)
+    throw Error("the CPU backend keeps KV in float32 (kv.dtype = \"f32\" or \"auto\"), not " +
+                std::to_string(8 * pool.layout().elem_bytes) + "-bit elements");
+}
 
 void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Product> products) {
   const int64_t parts = threads_.size();

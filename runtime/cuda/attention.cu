@@ -6,9 +6,11 @@
 // load after another.
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
+#include "runtime/cuda/store.cuh"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -21,9 +23,9 @@ constexpr int kWarps = 4;
 // merges. With one split that is the answer; with several, warp 0 writes the
 // block's (acc, m, l) to scratch, and the block that finishes last for its
 // (row, head) merges them all and resets the counter for the next launch.
-template <int PER>
+template <int PER, class T>
 __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, PoolShape s, int64_t layer,
-                                 const float* pool, float scale, float* out, const int32_t* only_rows,
+                                 const T* pool, float scale, float* out, const int32_t* only_rows,
                                  AttentionScratch scratch) {
   const int64_t index = blockIdx.x, r = only_rows ? only_rows[index] : index, h = blockIdx.y;
   const int64_t split = blockIdx.z, splits = gridDim.z, hd = s.head_dim, width = s.kv_heads * hd;
@@ -49,14 +51,14 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
   // Two positions per step (t and t + kWarps): their loads are in flight together.
   for (int64_t t = begin + warp; t < end; t += 2 * kWarps) {
     const bool two = t + kWarps < end;
-    const float* k1 = key_at(t);
-    const float* k2 = two ? key_at(t + kWarps) : k1;
-    const float* v1 = k1 + s.block_size * width;  // the V half of the same block and layer
-    const float* v2 = k2 + s.block_size * width;
+    const T* k1 = key_at(t);
+    const T* k2 = two ? key_at(t + kWarps) : k1;
+    const T* v1 = k1 + s.block_size * width;  // the V half of the same block and layer
+    const T* v2 = k2 + s.block_size * width;
     float dot1 = 0.0f, dot2 = 0.0f;
     for (int i = 0; i < PER; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < hd) dot1 += qv[i] * k1[d], dot2 += qv[i] * k2[d];
+      if (d < hd) dot1 += qv[i] * load_f(k1 + d), dot2 += qv[i] * load_f(k2 + d);
     }
     for (int o = 16; o > 0; o >>= 1) {
       dot1 += __shfl_xor_sync(0xffffffffu, dot1, o);
@@ -68,7 +70,7 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
     l = l * corr + p1 + p2;
     for (int i = 0; i < PER; ++i) {
       const int64_t d = lane + 32 * i;
-      acc[i] = acc[i] * corr + (d < hd ? p1 * v1[d] + p2 * v2[d] : 0.0f);
+      acc[i] = acc[i] * corr + (d < hd ? p1 * load_f(v1 + d) + p2 * load_f(v2 + d) : 0.0f);
     }
     m = m_new;
   }
@@ -136,25 +138,25 @@ int64_t attention_splits(int64_t rows, int64_t heads, int sms) {
 }
 
 void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_window, RowTables rt, PoolShape shape,
-               int64_t layer, const float* pool, float* out, cudaStream_t stream, const int32_t* only_rows,
+               int64_t layer, const void* pool, float* out, cudaStream_t stream, const int32_t* only_rows,
                AttentionScratch scratch) {
   if (rows == 0) return;
   const auto splits = static_cast<unsigned>(scratch.partial && scratch.counters && scratch.splits > 1 ? scratch.splits : 1);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads), splits);
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   const int threads = 32 * kWarps;
-  if (shape.head_dim <= 32)
-    attention_kernel<1><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out,
-                                                      only_rows, scratch);
-  else if (shape.head_dim <= 64)
-    attention_kernel<2><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out,
-                                                      only_rows, scratch);
-  else if (shape.head_dim <= 128)
-    attention_kernel<4><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out,
-                                                      only_rows, scratch);
-  else
-    attention_kernel<8><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, pool, scale, out,
-                                                      only_rows, scratch);
+  auto run = [&](auto per, const auto* kv) {
+    attention_kernel<decltype(per)::value><<<grid, threads, 0, stream>>>(q, heads, sliding_window, rt, shape, layer, kv,
+                                                                          scale, out, only_rows, scratch);
+  };
+  auto with = [&](const auto* kv) {
+    if (shape.head_dim <= 32) run(std::integral_constant<int, 1>{}, kv);
+    else if (shape.head_dim <= 64) run(std::integral_constant<int, 2>{}, kv);
+    else if (shape.head_dim <= 128) run(std::integral_constant<int, 4>{}, kv);
+    else run(std::integral_constant<int, 8>{}, kv);
+  };
+  if (shape.kv == DType::kBF16) with(static_cast<const __nv_bfloat16*>(pool));
+  else with(static_cast<const float*>(pool));
   TANDEM_CUDA_LAUNCHED();
 }
 

@@ -7,6 +7,7 @@
 
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
+#include "runtime/cuda/store.cuh"
 
 namespace tandem::runtime::cuda {
 namespace {
@@ -14,9 +15,9 @@ namespace {
 constexpr int kThreads = 128;
 
 // PER: output elements per thread, kTileQ * head_dim / kThreads rounded up.
-template <int PER>
+template <int PER, class T>
 __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles,
-                                       int64_t n_tiles, PoolShape s, int64_t layer, const float* pool, float scale,
+                                       int64_t n_tiles, PoolShape s, int64_t layer, const T* pool, float scale,
                                        float* out) {
   extern __shared__ float smem[];
   const int64_t hd = s.head_dim, width = s.kv_heads * hd;
@@ -52,9 +53,9 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
       const int64_t j = e / hd, d = e % hd;
       if (j < nk) {
         const int64_t t = t0 + j, blk = table[t / s.block_size], slot = t % s.block_size;
-        const float* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + slot * width + g * hd;
-        ks[j * ks_stride + d] = k[d];
-        vs[e] = k[s.block_size * width + d];
+        const T* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + slot * width + g * hd;
+        ks[j * ks_stride + d] = load_f(k + d);
+        vs[e] = load_f(k + s.block_size * width + d);
       }
     }
     __syncthreads();
@@ -103,34 +104,45 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
   }
 }
 
-template <int PER>
+template <int PER, class T>
 void launch_tiles(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles, int64_t n_tiles,
-                  PoolShape shape, int64_t layer, const float* pool, float* out, cudaStream_t stream) {
+                  PoolShape shape, int64_t layer, const T* pool, float* out, cudaStream_t stream) {
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>((kTileQ + 2 * kTileK) * shape.head_dim + kTileK +
                                                                      kTileQ * (kTileK + 1) + 3 * kTileQ);
   static std::size_t granted = 48 * 1024;  // the default; past it, ask once per size (head_dim 256)
   if (bytes > granted) {
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(attention_tiles_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(attention_tiles_kernel<PER, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
     granted = bytes;
   }
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(heads));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
-  attention_tiles_kernel<PER><<<grid, kThreads, bytes, stream>>>(q, heads, window, rt, tiles, n_tiles, shape, layer,
-                                                                 pool, scale, out);
+  attention_tiles_kernel<PER, T><<<grid, kThreads, bytes, stream>>>(q, heads, window, rt, tiles, n_tiles, shape, layer,
+                                                                    pool, scale, out);
   TANDEM_CUDA_LAUNCHED();
+}
+
+template <class T>
+void dispatch_tiles(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles, int64_t n_tiles,
+                    PoolShape shape, int64_t layer, const T* pool, float* out, cudaStream_t stream) {
+  const int64_t per = (kTileQ * shape.head_dim + kThreads - 1) / kThreads;
+  if (per <= 4) launch_tiles<4>(q, heads, window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
+  else if (per <= 8) launch_tiles<8>(q, heads, window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
+  else if (per <= 16) launch_tiles<16>(q, heads, window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
+  else launch_tiles<32>(q, heads, window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
 }
 
 }  // namespace
 
 void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
-                     int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out, cudaStream_t stream) {
+                     int64_t n_tiles, PoolShape shape, int64_t layer, const void* pool, float* out, cudaStream_t stream) {
   if (n_tiles == 0) return;
-  const int64_t per = (kTileQ * shape.head_dim + kThreads - 1) / kThreads;
-  if (per <= 4) launch_tiles<4>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
-  else if (per <= 8) launch_tiles<8>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
-  else if (per <= 16) launch_tiles<16>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
-  else launch_tiles<32>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, pool, out, stream);
+  if (shape.kv == DType::kBF16)
+    dispatch_tiles(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, static_cast<const __nv_bfloat16*>(pool),
+                   out, stream);
+  else
+    dispatch_tiles(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, static_cast<const float*>(pool), out,
+                   stream);
 }
 
 }  // namespace tandem::runtime::cuda

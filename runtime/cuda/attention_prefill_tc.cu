@@ -52,8 +52,19 @@ struct Layout {
   }
 };
 
+// Four consecutive KV elements as two bf16 pairs: rounded from float32, or as they are.
+__device__ inline void load4(const float* p, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+}
+__device__ inline void load4(const bf16* p, __nv_bfloat162& lo, __nv_bfloat162& hi) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  lo = *reinterpret_cast<const __nv_bfloat162*>(&v.x), hi = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
+}
+
+template <class T>
 __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles,
-                                    int64_t n_tiles, PoolShape s, int64_t layer, const float* pool, float scale,
+                                    int64_t n_tiles, PoolShape s, int64_t layer, const T* pool, float scale,
                                     float* out) {
   extern __shared__ __align__(32) unsigned char smem[];
   const int64_t hd = s.head_dim, width = s.kv_heads * hd;
@@ -94,19 +105,18 @@ __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* 
                          : -1;
     }
     __syncthreads();
-    // Four floats at a time (head_dim % 16 == 0 keeps them 16-byte aligned), stored as four bf16.
+    // Four elements at a time (head_dim % 16 == 0 keeps them aligned), stored as four bf16.
     for (int e = static_cast<int>(threadIdx.x); e < kKeys * hd4; e += kThreads) {
       const int j = e / hd4, c = e - j * hd4;
-      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;  // keys past the tile's end: zeros (scores masked)
-      if (key_at[j] >= 0) {
-        const float* k = pool + key_at[j] + 4 * c;
-        kv = *reinterpret_cast<const float4*>(k);
-        vv = *reinterpret_cast<const float4*>(k + s.block_size * width);
-      }
       auto* kd = reinterpret_cast<__nv_bfloat162*>(ks + j * lay.ldh + 4 * c);
       auto* vd = reinterpret_cast<__nv_bfloat162*>(vs + j * lay.ldh + 4 * c);
-      kd[0] = __floats2bfloat162_rn(kv.x, kv.y), kd[1] = __floats2bfloat162_rn(kv.z, kv.w);
-      vd[0] = __floats2bfloat162_rn(vv.x, vv.y), vd[1] = __floats2bfloat162_rn(vv.z, vv.w);
+      if (key_at[j] >= 0) {
+        const T* k = pool + key_at[j] + 4 * c;
+        load4(k, kd[0], kd[1]);
+        load4(k + s.block_size * width, vd[0], vd[1]);
+      } else {  // keys past the tile's end: zeros (their scores are masked)
+        kd[0] = kd[1] = vd[0] = vd[1] = __floats2bfloat162_rn(0.0f, 0.0f);
+      }
     }
     __syncthreads();
     {  // S[:, 16w .. 16w + 16) = Q K^T: K rows are B's columns (col_major B over K's row-major storage)
@@ -181,23 +191,26 @@ __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* 
 }  // namespace
 
 void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
-                        int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
+                        int64_t n_tiles, PoolShape shape, int64_t layer, const void* pool, float* out,
                         cudaStream_t stream) {
   if (n_tiles == 0) return;
   if (shape.head_dim % 16 != 0 || shape.head_dim > 256)
     throw Error("internal: attention_tiles_tc takes head_dim a multiple of 16 up to 256, not " +
                 std::to_string(shape.head_dim));
   const Layout lay(shape.head_dim);
-  static std::size_t granted = 48 * 1024;  // the default; past it (head_dim 128 and up), ask once per size
-  if (lay.bytes > granted) {
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(lay.bytes)));
-    granted = lay.bytes;
-  }
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(heads));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
-  attention_tc_kernel<<<grid, kThreads, lay.bytes, stream>>>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer,
-                                                             pool, scale, out);
+  auto run = [&](auto kernel, const auto* kv) {
+    static std::size_t granted = 48 * 1024;  // per kernel; past the default (head_dim 128 and up), ask once per size
+    if (lay.bytes > granted) {
+      TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(lay.bytes)));
+      granted = lay.bytes;
+    }
+    kernel<<<grid, kThreads, lay.bytes, stream>>>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, kv, scale,
+                                                  out);
+  };
+  if (shape.kv == DType::kBF16) run(attention_tc_kernel<bf16>, static_cast<const bf16*>(pool));
+  else run(attention_tc_kernel<float>, static_cast<const float*>(pool));
   TANDEM_CUDA_LAUNCHED();
 }
 

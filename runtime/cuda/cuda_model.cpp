@@ -58,6 +58,9 @@ DeviceBuffer<float> CudaModel::upload(std::initializer_list<const std::vector<fl
 }
 
 CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool) : c_(config), pool_(pool) {
+  if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
+    throw Error("internal: the CUDA backend keeps KV in float32 or bf16, not " +
+                std::to_string(pool.layout().elem_bytes) + "-byte elements");
   if (config.head_dim > 256 || config.head_dim % 2 != 0)
     throw Error("the CUDA backend's attention takes head_dim up to 256 (even); this model has " +
                 std::to_string(config.head_dim) + "; use model.backend = \"cpu\"");
@@ -133,9 +136,9 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
   const int32_t* d_tokens = step_ints_.get();
   const RowTables rt{d_tokens + R, d_tokens + 2 * R, d_tokens + 3 * R + LR};
   const int32_t* d_logit_rows = d_tokens + 3 * R;
-  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size};
+  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size, L.elem_bytes == 2 ? DType::kBF16 : DType::kF32};
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  float* pool = pool_.data();
+  void* pool = pool_.data();  // float32 or bf16 elements (shape.kv)
   const auto* null = static_cast<const float*>(nullptr);
   auto or_null = [](const DeviceBuffer<float>& b) { return b.size() ? b.get() : nullptr; };
   embedding(embed_.data.get(), embed_.dtype, d_tokens, R, H, x_.get(), stream_);

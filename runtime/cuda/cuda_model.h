@@ -12,6 +12,8 @@
 // SwiGLU write their results in the type of the next product. A layer is 10
 // kernels (plus cuBLAS's), where it was 22.
 //
+// The KV pool holds float32 or bf16 elements (its layout's elem_bytes;
+// kv.dtype): attention reads either, accumulating in float32.
 // Weights are copied to the device in their checkpoint dtype. Products run
 // in cuBLAS with float32 accumulation: float32 weights in pedantic float32
 // (no TF32), bf16/f16 weights on the tensor cores with the activations

@@ -2,8 +2,8 @@
 // Each enqueues its kernel on `stream` and returns at once: no host
 // synchronisation inside a step. Activations are float32, row-major; shapes
 // in elements. The KV pool is the block-major layout of kv/kv_layout.h in
-// device memory:
-//   pool: [n_blocks][layers][2][block_size][kv_heads][head_dim], float
+// device memory, of float32 or bf16 elements (PoolShape::kv):
+//   pool: [n_blocks][layers][2][block_size][kv_heads][head_dim]
 // A row (one token of one sequence in the step) finds its sequence's blocks
 // at tables + table_of[row], and its position at positions[row].
 #pragma once
@@ -18,6 +18,7 @@ namespace tandem::runtime::cuda {
 
 struct PoolShape {
   int64_t layers = 0, kv_heads = 0, head_dim = 0, block_size = 16;
+  DType kv = DType::kF32;  // the pool's elements: kF32 or kBF16 (kv::KvLayout::elem_bytes 4 or 2)
 };
 
 // The rows' view of the paged pool, all in device memory.
@@ -46,7 +47,7 @@ void add_rms_norm(float* x, const float* y, const float* bias, const float* w, i
 // as the CPU backend); then q to q_out ([rows][heads * head_dim]) and k, v
 // into the row's slot of `layer` in the pool. head_dim even, <= 512.
 void qkv_rope(const float* qkv, int64_t rows, int64_t heads, const float* bias, const float* q_norm, const float* k_norm,
-              float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, float* pool, float* q_out,
+              float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, void* pool, float* q_out,
               cudaStream_t stream);
 
 // Where decode attention split over positions keeps its parts: partial
@@ -68,7 +69,7 @@ int64_t attention_splits(int64_t rows, int64_t heads, int sms);
 // out: [rows][heads * head_dim]. head_dim <= 256.
 // only_rows (optional, device): run for rows only_rows[0..rows) instead of 0..rows.
 void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_window, RowTables rt, PoolShape shape,
-               int64_t layer, const float* pool, float* out, cudaStream_t stream, const int32_t* only_rows = nullptr,
+               int64_t layer, const void* pool, float* out, cudaStream_t stream, const int32_t* only_rows = nullptr,
                AttentionScratch scratch = {});
 
 // The same attention for prefill rows, in tiles: tiles[k] is the first row of
@@ -76,13 +77,13 @@ void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_wind
 // one sequence). Equal to attention() within float rounding.
 inline constexpr int64_t kTileQ = 16, kTileK = 32;
 void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
-                     int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
+                     int64_t n_tiles, PoolShape shape, int64_t layer, const void* pool, float* out,
                      cudaStream_t stream);
 // The same on the tensor cores: q, K and V rounded to bf16, products
 // accumulated and the softmax kept in float32 (within bf16 rounding of
 // attention_tiles). For bf16/f16 models; head_dim a multiple of 16, <= 256.
 void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
-                        int64_t n_tiles, PoolShape shape, int64_t layer, const float* pool, float* out,
+                        int64_t n_tiles, PoolShape shape, int64_t layer, const void* pool, float* out,
                         cudaStream_t stream);
 
 // out[r][i] = silu(g) * u with g = gate_up[r][i], u = gate_up[r][n + i]

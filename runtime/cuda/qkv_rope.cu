@@ -1,7 +1,8 @@
 // Everything between the q/k/v product and attention, in one kernel: the
 // product's row [q heads | k heads | v heads] gets its bias, each q and k head
 // its RMSNorm (Qwen3) and rotary embedding (rotate-half), q goes to the
-// attention input and k, v to the row's slot in the paged pool.
+// attention input and k, v to the row's slot in the paged pool (float32 or
+// bf16, rounded to nearest even).
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
 #include "runtime/cuda/store.cuh"
@@ -13,7 +14,7 @@ namespace {
 // then kv_heads v heads. Thread i < head_dim / 2 owns the pair (i, i + half).
 __global__ void qkv_rope_kernel(const float* qkv, int64_t heads, const float* bias, const float* q_norm,
                                 const float* k_norm, float eps, const float* inv_freq, RowTables rt, PoolShape s,
-                                int64_t layer, float* pool, float* q_out) {
+                                int64_t layer, void* pool, float* q_out) {
   __shared__ float partial[8];
   const int64_t r = blockIdx.x, slot = blockIdx.y, hd = s.head_dim, half = hd / 2, kvh = s.kv_heads;
   const int64_t width = (heads + 2 * kvh) * hd, i = threadIdx.x;
@@ -26,14 +27,15 @@ __global__ void qkv_rope_kernel(const float* qkv, int64_t heads, const float* bi
   }
   const int64_t pos = rt.positions[r];
   const int64_t blk = rt.tables[rt.table_of[r] + pos / s.block_size], in_block = pos % s.block_size;
-  // offset(block, layer, kv, slot), as kv::KvLayout::offset
+  // Element offset(block, layer, kv, slot), as kv::KvLayout::offset; the pool holds s.kv elements.
   auto pool_at = [&](int64_t kv, int64_t g) {
-    return pool + ((blk * s.layers + layer) * 2 + kv) * s.block_size * kvh * hd + in_block * kvh * hd + g * hd;
+    return ((blk * s.layers + layer) * 2 + kv) * s.block_size * kvh * hd + in_block * kvh * hd + g * hd;
   };
   if (is_v) {  // the whole block takes this branch
     if (active) {
-      float* v = pool_at(1, slot - heads - kvh);
-      v[i] = a, v[i + half] = b;
+      const int64_t v = pool_at(1, slot - heads - kvh);
+      store_as(pool, v + i, a, s.kv);
+      store_as(pool, v + i + half, b, s.kv);
     }
     return;
   }
@@ -47,15 +49,21 @@ __global__ void qkv_rope_kernel(const float* qkv, int64_t heads, const float* bi
   const float angle = static_cast<float>(pos) * inv_freq[i];  // as the CPU: float angle, double cos/sin
   const float c = static_cast<float>(cos(static_cast<double>(angle)));
   const float sn = static_cast<float>(sin(static_cast<double>(angle)));
-  float* dst = is_q ? q_out + (r * heads + slot) * hd : pool_at(0, slot - heads);
-  dst[i] = a * c - b * sn;
-  dst[i + half] = b * c + a * sn;
+  if (is_q) {
+    float* dst = q_out + (r * heads + slot) * hd;
+    dst[i] = a * c - b * sn;
+    dst[i + half] = b * c + a * sn;
+  } else {
+    const int64_t k = pool_at(0, slot - heads);
+    store_as(pool, k + i, a * c - b * sn, s.kv);
+    store_as(pool, k + i + half, b * c + a * sn, s.kv);
+  }
 }
 
 }  // namespace
 
 void qkv_rope(const float* qkv, int64_t rows, int64_t heads, const float* bias, const float* q_norm, const float* k_norm,
-              float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, float* pool, float* q_out,
+              float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, void* pool, float* q_out,
               cudaStream_t stream) {
   if (rows == 0) return;
   const int threads = static_cast<int>((shape.head_dim / 2 + 31) / 32 * 32);  // head_dim <= 512: at most 8 warps

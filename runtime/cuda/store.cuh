@@ -1,5 +1,6 @@
-// Writing a float result in the type the next product takes (float32, or
-// bf16/f16 rounded to nearest even, as the CPU's f32_to_bf16 and to_half()).
+// Writing a float result in the type the next product (or the KV pool)
+// takes: float32, or bf16/f16 rounded to nearest even, as the CPU's
+// f32_to_bf16 and to_half(); and reading a KV element back.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +17,10 @@ __device__ inline void store_as(void* out, int64_t i, float v, DType t) {
   else if (t == DType::kF16) static_cast<__half*>(out)[i] = __float2half_rn(v);
   else static_cast<float*>(out)[i] = v;
 }
+
+// A KV element as float, from a float32 or bf16 pool.
+__device__ inline float load_f(const float* p) { return *p; }
+__device__ inline float load_f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
 // The sum of v over the block's threads, on every thread; `partial` holds one
 // float per warp. blockDim.x is a multiple of 32.

@@ -305,3 +305,31 @@ TEST_CASE("tiers reach a pool the host cannot read directly only through the poo
   CHECK(pool.data()[got[0] * kLayout.block_floats() + 5] == 7.5f);
   pool.release(got);
 }
+
+TEST_CASE("disk store of bf16 blocks (GPU pools): bits come back as written; a float32 job does not use it", "[kv]") {
+  TempDir dir;
+  std::vector<std::string> warnings;
+  KvLayout bf16 = kLayout;
+  bf16.elem_bytes = 2;  // 64 elements in 128 bytes: 32 floats of storage
+  REQUIRE(bf16.block_floats() == 32);
+  std::vector<uint16_t> bits(2 * 64);
+  for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(0x3f80 + i);  // 1.0, 1.0078125, ...
+  {
+    DiskStore s({dir.path, {"0123456789abcdef", "test model", bf16}}, warnings);
+    const uint64_t hashes[] = {21, 22};
+    std::string w;
+    REQUIRE(s.write(hashes, reinterpret_cast<const float*>(bits.data()), w));
+  }
+  REQUIRE(warnings.empty());
+  DiskStore again({dir.path, {"0123456789abcdef", "test model", bf16}}, warnings);
+  REQUIRE(warnings.empty());
+  std::vector<uint16_t> out(64);
+  std::string w;
+  REQUIRE(again.read(22, reinterpret_cast<float*>(out.data()), w));
+  CHECK(std::equal(out.begin(), out.end(), bits.begin() + 64));
+  DiskStore f32({dir.path, identity()}, warnings);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("bfloat16") != std::string::npos);
+  CHECK(warnings[0].find("float32") != std::string::npos);
+  CHECK(f32.blocks() == 0);
+}
