@@ -30,6 +30,8 @@ double now_s() {
 
 // The "dtype" attribute of a store of this layout's elements.
 std::string store_dtype(const KvLayout& l) { return l.elem_bytes == 2 ? "bfloat16" : "float32"; }
+// bf16 files are layout version 2: a Tandem that knows only float32 stores calls them another layout.
+int64_t store_version(const KvLayout& l) { return l.elem_bytes == 2 ? 2 : kStoreLayoutVersion; }
 
 Dims6 block_dims(const KvLayout& l, hsize_t rows) {
   return {rows, static_cast<hsize_t>(l.layers), 2, static_cast<hsize_t>(l.block_size),
@@ -209,7 +211,7 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
     return skip("is not a Tandem KV store file (attributes missing)");
   const KvLayout& l = o_.id.layout;
   const std::string dtype = read_string_attr(h, "dtype").value_or("float32");
-  if (*fingerprint != o_.id.fingerprint || *version != kStoreLayoutVersion || *bs != l.block_size ||
+  if (*fingerprint != o_.id.fingerprint || *version != store_version(l) || *bs != l.block_size ||
       *layers != l.layers || *kvh != l.kv_heads || *hd != l.head_dim || dtype != store_dtype(l)) {
     foreign = true;
     warnings.push_back(describe() + " holds KV of another model or layout (" + name + ": " + model.value_or("?") +
@@ -226,6 +228,9 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
     Dims6 dims{};
     if (H5Sget_simple_extent_ndims(space.get()) != 6) return skip("is damaged (/kv is not 6-dimensional)");
     H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    H5Id type(H5Dget_type(f.kv.get()));
+    if (static_cast<int64_t>(H5Tget_size(type.get())) != l.elem_bytes)  // raw chunks are read into block_bytes
+      return skip("is damaged (/kv's elements are not " + store_dtype(l) + ")");
     Dims6 want = block_dims(l, dims[0]);
     if (dims != want || static_cast<int64_t>(dims[0]) < *rows) return skip("is damaged (/kv has the wrong shape)");
     // Blocks are read as raw chunks: one block per chunk, unfiltered.
@@ -327,7 +332,7 @@ bool DiskStore::start_file(std::string& warning) {
     const hid_t h = f.file.get();
     ok = write_string_attr(h, "format", "tandem-kv-store") &&
          write_string_attr(h, "model_fingerprint", o_.id.fingerprint) && write_string_attr(h, "model", o_.id.model) &&
-         write_string_attr(h, "dtype", store_dtype(l)) && write_int_attr(h, "layout_version", kStoreLayoutVersion) &&
+         write_string_attr(h, "dtype", store_dtype(l)) && write_int_attr(h, "layout_version", store_version(l)) &&
          write_int_attr(h, "block_size", l.block_size) && write_int_attr(h, "layers", l.layers) &&
          write_int_attr(h, "kv_heads", l.kv_heads) && write_int_attr(h, "head_dim", l.head_dim) &&
          write_int_attr(h, "blocks", 0);

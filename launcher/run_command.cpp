@@ -351,12 +351,13 @@ void check_backend(const Prepared& p, int ranks) {
 
 // The planner of a job with job.mode = "auto", on rank 0: a roofline profile
 // of this CPU measured now (then fitted to the steps the workers report) and
-// the model's shape (weights in their dtype, KV in fp32).
+// the model's shape (weights in their dtype, KV in kv.dtype).
 std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers) {
   const int threads_each = p.cfg.cluster.threads_per_rank > 0
                                ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                                : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
-  const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)), 4);
+  const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)),
+                                               static_cast<double>(kv_layout(p).elem_bytes));
   const double pool_bytes = static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size * shape.kv_bytes_per_token;
   const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
   spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
@@ -466,7 +467,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   int local_size = 1, local_rank = 0;
   MPI_Comm_size(local, &local_size);
   MPI_Comm_rank(local, &local_rank);
-  const int local_workers = env.size() == 1 ? 1 : std::max(1, local_size - 1);
+  int router_here = rank == 0 ? 1 : 0;  // rank 0 routes on one node only: the others hold workers alone
+  MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local);
+  const int local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
   const std::string& backend = p.cfg.model.backend;
   if (backend != "cpu") {
     // Each GPU worker binds its device now; two workers of a node on one GPU
@@ -474,7 +477,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     std::string uuid;  // (error is empty: the first verdict passed)
     if (rank != 0 || env.size() == 1) {
       try {
-        runtime::bind_device(backend, env.size() == 1 ? 0 : worker_device_index(local_rank, local_size, local_workers));
+        runtime::bind_device(backend, env.size() == 1 ? 0 : worker_device_index(local_rank, router_here != 0));
         uuid = runtime::device_uuid(backend);
       } catch (const Error& e) {
         error = e.what();

@@ -1,11 +1,11 @@
 // The CPU engine against the machine's own limits, measured in the same run.
 //
-//   engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N]
+//   engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N|decode-sampled:N]
 //
 // Without --model it makes the `bench` model (Qwen3-0.6B's shape, bf16) under
 // build/bench-model once. Prints: STREAM triad and FMA peak; prefill tokens/s
 // for 512-token prompts; decode tokens/s at 1, 8, 32 and 64 concurrent
-// sequences; each as a percentage of its roofline (decode: bandwidth / bytes
+// sequences, and at 32 sampled (temperature, top_p) against greedy; each as a percentage of its roofline (decode: bandwidth / bytes
 // of weights read per step; prefill: FMA peak / flops per token). Figures
 // only: it never fails on time.
 #include <algorithm>
@@ -40,8 +40,9 @@ struct Run {
 
 // Decode throughput: n sequences with short prompts; times only steps that
 // have no prefill in them.
+// sampled: temperature 0.7, top_p 0.9 instead of greedy (the host sampler's cost on top of the step).
 Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads, int64_t n,
-           int64_t steps) {
+           int64_t steps, bool sampled = false) {
   kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, n * ((32 + steps + 16) / 16 + 1));
   runtime::Engine e(c, w, pool, threads, nullptr, {n, 4096, 0});
   std::mt19937 rng(1);
@@ -49,7 +50,8 @@ Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtim
     runtime::EngineRequest r{static_cast<uint64_t>(i), {}, {}, static_cast<uint64_t>(i)};
     for (int k = 0; k < 32; ++k) r.prompt.push_back(static_cast<int32_t>(rng() % 150000));
     r.params.max_tokens = steps + 1;
-    r.params.temperature = 0;
+    r.params.temperature = sampled ? 0.7f : 0.0f;
+    r.params.top_p = sampled ? 0.9f : 1.0f;
     r.params.ignore_eos = true;
     e.add(r);
   }
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N]\n");
+      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N|decode-sampled:N]\n");
       return 2;
     }
   }
@@ -134,8 +136,9 @@ int main(int argc, char** argv) {
     }
     const int64_t len = 512;
     if (!only.empty()) {
-      const bool pre = only == "prefill";
-      const Run r = pre ? prefill(c, *w, threads, 2, len) : decode(c, *w, threads, std::atol(only.c_str() + 7), 96);
+      const bool pre = only == "prefill", sampled = only.rfind("decode-sampled:", 0) == 0;
+      const Run r = pre ? prefill(c, *w, threads, 2, len)
+                        : decode(c, *w, threads, std::atol(only.c_str() + (sampled ? 15 : 7)), 96, sampled);
       std::printf("%s: %.1f tokens/s\n", only.c_str(), static_cast<double>(r.tokens) / r.seconds);
       return 0;
     }
@@ -177,6 +180,7 @@ int main(int argc, char** argv) {
       decodes.push_back(rounds[rounds.size() / 2]);
     }
     for (int64_t n : {8, 32, 64}) decodes.push_back(measure(n));
+    const Run sampled32 = decode(c, *w, threads, 32, quick ? 8 : 24, true);  // against decodes[2], greedy at 32
 
     std::printf("machine: %d threads, kernels %s\n", T, runtime::cpu::kernels().name);
     std::printf("  STREAM triad          %.1f-%.1f GB/s (%zu measurements in this run)\n", triad_lo, triad_hi,
@@ -209,6 +213,8 @@ int main(int argc, char** argv) {
                   static_cast<long>(d.n), tps, 1e3 * step_s, gbps, 100.0 * gbps / d.triad, d.triad,
                   d.n == 1 ? " [median of rounds]" : "", gf, 100.0 * gf / peak);
     }
+    std::printf("decode,  32 sequences sampled (temperature 0.7, top_p 0.9): %8.1f tokens/s = %5.1f%% of greedy's\n",
+                tokens_per_s(sampled32), 100.0 * tokens_per_s(sampled32) / tokens_per_s(decodes[2].run));
   } catch (const Error& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());
     return 2;

@@ -9,11 +9,12 @@
 
 namespace tandem::launcher {
 
-// The device index of a worker whose rank on its node is `local_rank` among
-// `local_size` ranks, `local_workers` of them workers (rank 0 routes and takes none).
-inline int worker_device_index(int local_rank, int local_size, int local_workers) {
-  return local_rank - (local_size > local_workers ? 1 : 0);
-}
+// Workers on a node of `local_size` ranks: all of them, less rank 0 on its node.
+inline int workers_on_node(int local_size, bool router_here) { return local_size - (router_here ? 1 : 0); }
+
+// The device index of the worker whose rank on its node is `local_rank`
+// (ranks are ordered by world rank, so rank 0 is its node's first and takes none).
+inline int worker_device_index(int local_rank, bool router_here) { return local_rank - (router_here ? 1 : 0); }
 
 // For world rank `me`: the error when another worker of its node computes on
 // the same device (uuids[i] of world rank ranks[i]; "" for rank 0), else "".
@@ -26,7 +27,8 @@ inline std::string shared_device_error(int me, const std::vector<int>& ranks, co
     if (ranks[i] == me || uuids[i] != mine) continue;
     return "worker ranks " + std::to_string(std::min(me, ranks[i])) + " and " + std::to_string(std::max(me, ranks[i])) +
            " would share one GPU (" + mine + ") on this node: start one worker rank per GPU plus rank 0 " +
-           "(srun --nodes=N --ntasks=8N+1 --gpus-per-node=8), or give each task its own (srun --gpus-per-task=1)";
+           "(with G GPUs per node: srun --nodes=N --ntasks=G*N+1 --gpus-per-node=G), or give each task its own GPU " +
+           "(srun --gpus-per-task=1)";
   }
   return "";
 }

@@ -8,6 +8,9 @@
 #include <cfloat>
 #include <type_traits>
 
+#include <string>
+
+#include "common/error.h"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
 #include "runtime/cuda/store.cuh"
@@ -156,7 +159,8 @@ void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_wind
     else run(std::integral_constant<int, 8>{}, kv);
   };
   if (shape.kv == DType::kBF16) with(static_cast<const __nv_bfloat16*>(pool));
-  else with(static_cast<const float*>(pool));
+  else if (shape.kv == DType::kF32) with(static_cast<const float*>(pool));
+  else throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
   TANDEM_CUDA_LAUNCHED();
 }
 

@@ -5,6 +5,9 @@
 // instead of once per row, which is what makes long prompts affordable.
 #include <cmath>
 
+#include <string>
+
+#include "common/error.h"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
 #include "runtime/cuda/store.cuh"
@@ -137,6 +140,8 @@ void dispatch_tiles(const float* q, int64_t heads, int64_t window, RowTables rt,
 void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
                      int64_t n_tiles, PoolShape shape, int64_t layer, const void* pool, float* out, cudaStream_t stream) {
   if (n_tiles == 0) return;
+  if (shape.kv != DType::kF32 && shape.kv != DType::kBF16)
+    throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
   if (shape.kv == DType::kBF16)
     dispatch_tiles(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, static_cast<const __nv_bfloat16*>(pool),
                    out, stream);

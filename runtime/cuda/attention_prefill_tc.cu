@@ -29,7 +29,7 @@ static_assert(kKeys == 16 * kWarps, "each warp computes 16 columns of S");
 
 // Shared memory, in this order (every part starts 32-byte aligned, as WMMA's loads want):
 //   q  bf16 [16][hd + 8]      k  bf16 [64][hd + 8]     v  bf16 [64][hd + 8]
-//   s  f32  [16][64 + 4]      p  bf16 [16][64 + 8]     o  f32  [16][hd + 4]
+//   s  f32  [16][64 + 8]      p  bf16 [16][64 + 8]     o  f32  [16][hd + 4]
 //   row_m, row_l, corr: f32 [16] each               key: int64 [64] (each key's K in the pool; -1: none)
 // The pads shift each row off the banks of the row before (s: 8 floats, so that
 // the softmax's 4 rows x 8 lanes of a warp meet no conflict).
@@ -210,7 +210,8 @@ void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, R
                                                   out);
   };
   if (shape.kv == DType::kBF16) run(attention_tc_kernel<bf16>, static_cast<const bf16*>(pool));
-  else run(attention_tc_kernel<float>, static_cast<const float*>(pool));
+  else if (shape.kv == DType::kF32) run(attention_tc_kernel<float>, static_cast<const float*>(pool));
+  else throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
   TANDEM_CUDA_LAUNCHED();
 }
 

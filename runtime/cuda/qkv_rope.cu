@@ -3,6 +3,9 @@
 // its RMSNorm (Qwen3) and rotary embedding (rotate-half), q goes to the
 // attention input and k, v to the row's slot in the paged pool (float32 or
 // bf16, rounded to nearest even).
+#include <string>
+
+#include "common/error.h"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
 #include "runtime/cuda/store.cuh"
@@ -66,6 +69,8 @@ void qkv_rope(const float* qkv, int64_t rows, int64_t heads, const float* bias, 
               float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, void* pool, float* q_out,
               cudaStream_t stream) {
   if (rows == 0) return;
+  if (shape.kv != DType::kF32 && shape.kv != DType::kBF16)
+    throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
   const int threads = static_cast<int>((shape.head_dim / 2 + 31) / 32 * 32);  // head_dim <= 512: at most 8 warps
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads + 2 * shape.kv_heads));
   qkv_rope_kernel<<<grid, threads, 0, stream>>>(qkv, heads, bias, q_norm, k_norm, eps, inv_freq, rt, shape, layer, pool,

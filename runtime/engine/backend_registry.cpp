@@ -44,7 +44,12 @@ void bind_device(std::string_view name, int index) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {
     const int n = cuda::device_count();
-    if (n > 0) TANDEM_CUDA_CHECK(cudaSetDevice(index % n));
+    if (index < 0 || n <= 0)
+      throw Error("internal: no GPU for device index " + std::to_string(index) + " (" + std::to_string(n) + " visible)");
+    if (cudaSetDevice(index % n) != cudaSuccess)
+      throw Error("cannot use GPU " + std::to_string(index % n) + " of the " + std::to_string(n) +
+                  " visible here (" + cudaGetErrorString(cudaGetLastError()) +
+                  "): check CUDA_VISIBLE_DEVICES and the launcher's GPU binding");
   }
 #endif
   (void)name;

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -50,10 +51,12 @@ std::vector<float> random_floats(std::size_t n, uint32_t seed, float scale = 1.0
   return v;
 }
 
-// max |a - b| / max(1, max |b|): relative to the reference's scale.
+// max |a - b| / max(1, max |b|): relative to the reference's scale; infinite
+// when a holds a NaN or an infinity (max() would pass a NaN over).
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, scale = 1;
   for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
     diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
@@ -267,6 +270,9 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
                  dinv.p, rt, {layers, kvh, hd, bs, DType::kBF16}, layer, dpool16.p, dq.p, nullptr);
     const auto got16 = dpool16.get(pool.size());
     CHECK(rel_err(from_bf16(got16), pool) < 1e-2);
+    bool elsewhere16_zero = true;
+    for (std::size_t i = 0; i < pool.size(); ++i) elsewhere16_zero = elsewhere16_zero && (pool[i] != 0.0f || got16[i] == 0);
+    CHECK(elsewhere16_zero);
     bool v16_exact = true;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < kvh * hd; ++i) {
@@ -340,11 +346,11 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row,
   CHECK(cu::attention_splits(64, 16, 132) == 1);
   // The tiled prefill kernel gives the same: A's three rows as one tile, B's as another.
   Dev<int32_t> dtiles(std::vector<int32_t>{0, 3, 3, 3});
-  Dev<float> dtiled(std::vector<float>(rows * heads * hd));
+  Dev<float> dtiled(std::vector<float>(rows * heads * hd, -7.0f));
   cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape, layer, dpool.p, dtiled.p, nullptr);
   CHECK(rel_err(dtiled.get(want.size()), want) < 1e-5);
   // On the tensor cores: within bf16 rounding of q, K and V (and of the probabilities).
-  Dev<float> dtc(std::vector<float>(rows * heads * hd));
+  Dev<float> dtc(std::vector<float>(rows * heads * hd, -7.0f));
   cu::attention_tiles_tc(dq.p, heads, 0, rt, dtiles.p, 2, shape, layer, dpool.p, dtc.p, nullptr);
   CHECK(rel_err(dtc.get(want.size()), want) < 2e-2);
   // A bf16 pool: every kernel against the reference over the rounded values.
@@ -357,15 +363,19 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row,
     INFO("bf16 pool, splits " << splits);
     Dev<float> partial(std::vector<float>(static_cast<std::size_t>(rows * heads * splits * (hd + 2))));
     Dev<int32_t> counters(std::vector<int32_t>(static_cast<std::size_t>(rows * heads), 0));
-    Dev<float> fresh(std::vector<float>(rows * heads * hd, -7.0f));
-    cu::attention(dq.p, rows, heads, 0, rt, shape16, layer, dpool16.p, fresh.p, nullptr, nullptr,
-                  {partial.p, counters.p, splits});
-    CHECK(rel_err(fresh.get(want16.size()), want16) < 1e-5);
+    for (int round = 0; round < 2; ++round) {
+      Dev<float> fresh(std::vector<float>(rows * heads * hd, -7.0f));
+      cu::attention(dq.p, rows, heads, 0, rt, shape16, layer, dpool16.p, fresh.p, nullptr, nullptr,
+                    {partial.p, counters.p, splits});
+      CHECK(rel_err(fresh.get(want16.size()), want16) < 1e-5);
+      CHECK(counters.get(static_cast<std::size_t>(rows * heads)) == std::vector<int32_t>(rows * heads, 0));
+    }
   }
-  cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape16, layer, dpool16.p, dtiled.p, nullptr);
-  CHECK(rel_err(dtiled.get(want16.size()), want16) < 1e-5);
-  cu::attention_tiles_tc(dq.p, heads, 0, rt, dtiles.p, 2, shape16, layer, dpool16.p, dtc.p, nullptr);
-  CHECK(rel_err(dtc.get(want16.size()), want16) < 2e-2);
+  Dev<float> tiled16(std::vector<float>(rows * heads * hd, -7.0f)), tc16(std::vector<float>(rows * heads * hd, -7.0f));
+  cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape16, layer, dpool16.p, tiled16.p, nullptr);
+  CHECK(rel_err(tiled16.get(want16.size()), want16) < 1e-5);
+  cu::attention_tiles_tc(dq.p, heads, 0, rt, dtiles.p, 2, shape16, layer, dpool16.p, tc16.p, nullptr);
+  CHECK(rel_err(tc16.get(want16.size()), want16) < 2e-2);
 }
 
 TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles, a sliding window starting inside a "
@@ -392,10 +402,15 @@ TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles
   for (int64_t window : {int64_t{0}, int64_t{21}}) {
     INFO("sliding window " << window);
     const auto want = reference_attention(q, pool, L, layer, heads, tables, table_of, positions, window);
+    // Each kernel writes over a sentinel, so one that wrote nothing cannot pass on another's output.
+    const std::vector<float> sentinel(q.size(), -7.0f);
+    auto reset = [&] { REQUIRE(cudaMemcpy(dout.p, sentinel.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess); };
+    reset();
     cu::attention_tiles(dq.p, heads, window, rt, dtiles.p, static_cast<int64_t>(tiles_first.size()), shape, layer, dpool.p,
                         dout.p, nullptr);
     CHECK(rel_err(dout.get(q.size()), want) < 1e-5);
     // Tensor cores: 80 keys are two key tiles of 64, so the online rescaling between them is exercised.
+    reset();
     cu::attention_tiles_tc(dq.p, heads, window, rt, dtiles.p, static_cast<int64_t>(tiles_first.size()), shape, layer,
                            dpool.p, dout.p, nullptr);
     CHECK(rel_err(dout.get(q.size()), want) < 2e-2);
@@ -406,8 +421,10 @@ TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles
     cu::PoolShape shape16 = shape;
     shape16.kv = DType::kBF16;
     const auto n_tiles = static_cast<int64_t>(tiles_first.size());
+    reset();
     cu::attention_tiles(dq.p, heads, window, rt, dtiles.p, n_tiles, shape16, layer, dpool16.p, dout.p, nullptr);
     CHECK(rel_err(dout.get(q.size()), want16) < 1e-5);
+    reset();
     cu::attention_tiles_tc(dq.p, heads, window, rt, dtiles.p, n_tiles, shape16, layer, dpool16.p, dout.p, nullptr);
     CHECK(rel_err(dout.get(q.size()), want16) < 2e-2);
   }

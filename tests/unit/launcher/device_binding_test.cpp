@@ -6,9 +6,11 @@ using tandem::launcher::shared_device_error;
 using tandem::launcher::worker_device_index;
 
 TEST_CASE("the n-th worker of a node takes its n-th GPU; rank 0's node shifts by one", "[devices]") {
-  // Node 0 of `-N2 -n17`: rank 0 and 8 workers; node 1: 8 workers.
-  for (int r = 1; r < 9; ++r) CHECK(worker_device_index(r, 9, 8) == r - 1);
-  for (int r = 0; r < 8; ++r) CHECK(worker_device_index(r, 8, 8) == r);
+  // `-N2 -n17`: node 0 holds rank 0 and 8 workers, node 1 holds 8 workers.
+  CHECK(tandem::launcher::workers_on_node(9, true) == 8);
+  CHECK(tandem::launcher::workers_on_node(8, false) == 8);
+  for (int r = 1; r < 9; ++r) CHECK(worker_device_index(r, true) == r - 1);
+  for (int r = 0; r < 8; ++r) CHECK(worker_device_index(r, false) == r);
 }
 
 TEST_CASE("two workers on one GPU are refused with one line naming both", "[devices]") {
