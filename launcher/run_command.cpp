@@ -358,7 +358,11 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
                                : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
   const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)),
                                                static_cast<double>(kv_layout(p).elem_bytes));
-  const double pool_bytes = static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size * shape.kv_bytes_per_token;
+  // With GPU workers rank 0 does not touch a GPU (it may have none): the CPU profile is only the
+  // planner's first guess there, until the workers' reported steps replace it.
+  const double pool_bytes = p.cfg.model.backend != "cpu" ? 0.0
+                            : static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size *
+                                  shape.kv_bytes_per_token;
   const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
   spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
                hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
