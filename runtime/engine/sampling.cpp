@@ -90,19 +90,111 @@ void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span
 
 namespace {
 
-// A token's weight relative to the best one: exp((logit - max) / T), and its
-// bucket, floor(-(logit - max) / T) up to kBuckets - 1, which orders tokens
-// by logit coarsely (a lower bucket holds only better tokens). Weights below
-// e^-kNegligible (under 1e-21 of the best token's) count as zero: they could
-// never be drawn, and computing them is most of the work on a wide vocabulary.
-constexpr int kBuckets = 64;
+// A token's weight relative to the best one: exp((logit - max) / T). Weights
+// below e^-kNegligible (under 1e-21 of the best token's) count as zero: they
+// could never be drawn, and computing them is most of the work on a wide
+// vocabulary.
 constexpr float kNegligible = 48.0f;
+// top-p orders tokens coarsely first, by bin = floor(-(logit - max) / T * kPerUnit):
+// a lower bin holds only better tokens, and only the bins where the prefix
+// ends and the draw lands are sorted.
+constexpr int kPerUnit = 64;
+constexpr int kBins = static_cast<int>(kNegligible) * kPerUnit + 1;  // the last: negligible weights
 
 struct Scratch {
   std::vector<int32_t> ids;
   std::vector<double> prob;
   std::vector<float> heap;
+  std::vector<double> mass, kept;  // per bin: all weights; those min-p keeps
+  std::vector<uint16_t> bin;       // per token
 };
+
+int bin_of(float x) { return x > -kNegligible ? static_cast<int>(-x * static_cast<float>(kPerUnit)) : kBins - 1; }
+
+// top-p (without top-k): the smallest best-first prefix whose mass reaches
+// top_p of the total, min-p inside it, then a draw in best-first order, as
+// the plain sort-everything sampler does, sorting only one or two bins.
+template <class Scaled, class Weight>
+int32_t sample_top_p(std::span<const float> logits, Scaled scaled, Weight weight, const SamplingParams& p, double u01,
+                     Scratch& sc) {
+  const std::size_t n = logits.size();
+  const double min_p = p.min_p > 0.0f ? static_cast<double>(p.min_p) : 0.0;
+  sc.mass.assign(kBins, 0.0);
+  sc.kept.assign(kBins, 0.0);
+  sc.bin.resize(n);
+  double total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = scaled(static_cast<int32_t>(i));
+    const double w = weight(x);
+    const int b = bin_of(x);
+    sc.bin[i] = static_cast<uint16_t>(b);
+    total += w;
+    sc.mass[static_cast<std::size_t>(b)] += w;
+    if (w >= min_p) sc.kept[static_cast<std::size_t>(b)] += w;
+  }
+  if (!(total > 0)) return argmax(logits);
+  // One bin's tokens, best first.
+  auto sorted_bin = [&](int b) {
+    sc.ids.clear();
+    for (std::size_t i = 0; i < n; ++i)
+      if (sc.bin[i] == b) sc.ids.push_back(static_cast<int32_t>(i));
+    sort_best_first(sc.ids.begin(), sc.ids.end(), logits);
+  };
+  // Where the prefix ends: bin `last`, its first `in_last` tokens (all bins: n / every token).
+  int last = kBins - 1;
+  std::size_t in_last = 0;
+  double cum = 0;
+  for (int b = 0; b < kBins && in_last == 0; ++b) {
+    const double m = sc.mass[static_cast<std::size_t>(b)];
+    if (m == 0 || cum + m / total < p.top_p) {
+      cum += m / total;
+      continue;
+    }
+    sorted_bin(b);  // the crossing bin, token by token
+    for (std::size_t k = 0; k < sc.ids.size(); ++k)
+      if ((cum += weight(scaled(sc.ids[k])) / total) >= p.top_p) {
+        last = b, in_last = k + 1;
+        break;
+      }
+  }
+  std::vector<int32_t> last_ids;  // the crossing bin's kept tokens, best first
+  double last_kept = 0;
+  if (in_last > 0) {
+    last_ids.assign(sc.ids.begin(), sc.ids.begin() + static_cast<std::ptrdiff_t>(in_last));
+    for (int32_t id : last_ids)
+      if (const double w = weight(scaled(id)); w >= min_p) last_kept += w;
+  } else {
+    last = kBins;  // rounding never reached top_p: every token is kept
+  }
+  double mass = last_kept;
+  for (int b = 0; b < std::min(last, kBins); ++b) mass += sc.kept[static_cast<std::size_t>(b)];
+  const double target = u01 * mass;
+  // The draw: whole bins while the target lies past them, then token by token.
+  double c = 0;
+  int32_t picked = -1;
+  auto scan = [&](const std::vector<int32_t>& ids) {
+    for (int32_t id : ids) {
+      const double w = weight(scaled(id));
+      if (w == 0 || w < min_p) continue;
+      c += w;
+      picked = id;
+      if (target < c) return true;
+    }
+    return false;
+  };
+  for (int b = 0; b < std::min(last, kBins); ++b) {
+    const double k = sc.kept[static_cast<std::size_t>(b)];
+    if (k == 0) continue;
+    if (c + k <= target) {
+      c += k;
+      continue;
+    }
+    sorted_bin(b);
+    if (scan(sc.ids)) return picked;
+  }
+  if (scan(last_ids)) return picked;
+  return picked >= 0 ? picked : argmax(logits);
+}
 
 // The smallest prefix of ids[0..n) (sorted best first) whose
 // share of `total` reaches top_p; n when none does.
@@ -144,45 +236,7 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
     for (std::size_t i = 0; i < keep; ++i) total += (prob[i] = weight(scaled(ids[i])));
     if (p.top_p < 1.0f) keep = top_p_prefix(prob, keep, total, p.top_p);
   } else if (p.top_p < 1.0f) {
-    // The prefix lies among the best tokens: find the bucket where the mass
-    // reaches top_p, and sort only the tokens up to one bucket past it (the
-    // margin absorbs rounding between the two summation orders).
-    std::array<double, kBuckets> mass{};
-    auto bucket = [](float x) { return x > -static_cast<float>(kBuckets - 1) ? static_cast<int>(-x) : kBuckets - 1; };
-    for (std::size_t i = 0; i < n; ++i) {
-      const float x = scaled(static_cast<int32_t>(i));
-      const double w = weight(x);
-      total += w;
-      mass[static_cast<std::size_t>(bucket(x))] += w;
-    }
-    int last = kBuckets - 1;
-    double cum = 0;
-    for (int b = 0; b < kBuckets; ++b) {
-      cum += mass[static_cast<std::size_t>(b)] / total;
-      if (cum >= p.top_p) {
-        last = std::min(kBuckets - 1, b + 1);
-        break;
-      }
-    }
-    ids.clear();
-    for (std::size_t i = 0; i < n; ++i)
-      if (bucket(scaled(static_cast<int32_t>(i))) <= last) ids.push_back(static_cast<int32_t>(i));
-    if (last == kBuckets - 1) {  // everything is a candidate
-      ids.resize(n);
-      std::iota(ids.begin(), ids.end(), 0);
-    }
-    sort_best_first(ids.begin(), ids.end(), logits);
-    prob.resize(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) prob[i] = weight(scaled(ids[i]));
-    keep = top_p_prefix(prob, ids.size(), total, p.top_p);
-    if (keep == ids.size() && ids.size() < n) {  // rounding left the prefix short of top_p: all of them, sorted
-      ids.resize(n);
-      std::iota(ids.begin(), ids.end(), 0);
-      sort_best_first(ids.begin(), ids.end(), logits);
-      prob.resize(n);
-      for (std::size_t i = 0; i < n; ++i) prob[i] = weight(scaled(ids[i]));
-      keep = top_p_prefix(prob, n, total, p.top_p);
-    }
+    return sample_top_p(logits, scaled, weight, p, counter_uniform(key, step), scratch);
   } else {
     ids.resize(n);
     std::iota(ids.begin(), ids.end(), 0);
