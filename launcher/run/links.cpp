@@ -4,15 +4,21 @@
 
 namespace tandem::launcher {
 
-// The router should need a small fraction of a core while the workers compute.
-router::RankReport router_report(std::chrono::steady_clock::time_point started) {
+double process_cpu_seconds() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+// The router should need a small fraction of a core while the workers compute:
+// its CPU time since `started` (start-up, tokenizer and config loading, is not
+// routing) over the wall time since.
+router::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start) {
   router::RankReport r;
   r.rank = 0;
   r.role = "router";
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-                     static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+  const double cpu = process_cpu_seconds() - cpu_at_start;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   r.busy_fraction = wall > 0 ? cpu / wall : 0;
   return r;

@@ -15,7 +15,9 @@
 namespace tandem::launcher {
 
 // Rank 0's own counters: its CPU use over the job (user + system time / wall time).
-router::RankReport router_report(std::chrono::steady_clock::time_point started);
+// This process's CPU time (user + system, every thread), in seconds.
+double process_cpu_seconds();
+router::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start);
 
 // -np 1: the router steps an engine in this process.
 class InProcessLink : public WorkerLink {
@@ -104,7 +106,7 @@ class MpiLink : public WorkerLink {
     const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
     for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, how));
     for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, how));
-    std::vector<router::RankReport> reports{router_report(started_)};
+    std::vector<router::RankReport> reports{router_report(started_, cpu_started_)};
     // Every tag, in each worker's send order: the counters, deltas and cache
     // reports still on their way must be received too, or a worker whose
     // larger messages wait for a matching receive would never finish sending.
@@ -133,6 +135,7 @@ class MpiLink : public WorkerLink {
   std::vector<int> workers_, prefill_;
   mpi::Backoff backoff_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  double cpu_started_ = process_cpu_seconds();
   std::vector<router::RankReport> late_stats_;  // counters that arrived during shutdown
 };
 
