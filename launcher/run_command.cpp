@@ -4,6 +4,7 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <climits>
 #include <csignal>
@@ -352,7 +353,8 @@ void check_backend(const Prepared& p, int ranks) {
 // The planner of a job with job.mode = "auto", on rank 0: a roofline profile
 // of this CPU measured now (then fitted to the steps the workers report) and
 // the model's shape (weights in their dtype, KV in kv.dtype).
-std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers) {
+std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers,
+                                                          const std::string& gpu_name) {
   const int threads_each = p.cfg.cluster.threads_per_rank > 0
                                ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                                : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
@@ -363,9 +365,20 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   const double pool_bytes = p.cfg.model.backend != "cpu" ? 0.0
                             : static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size *
                                   shape.kv_bytes_per_token;
-  const auto hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
-  spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
-               hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
+  planner::HardwareProfile hw;
+  const std::string builtin = planner::HardwareProfile::builtin_for_device(gpu_name);
+  if (p.cfg.model.backend != "cpu" && !builtin.empty()) {
+    hw = planner::HardwareProfile::named(builtin);
+    spdlog::info("planner: GPU workers ({}): the built-in {} profile, {:.0f} TFLOP/s and {:.0f} GB/s; policy {}",
+                 gpu_name, builtin, hw.peak_flops / 1e12, hw.hbm_bytes_per_s / 1e9, p.cfg.planner.policy);
+  } else {
+    hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
+    if (p.cfg.model.backend != "cpu")
+      spdlog::warn("planner: no built-in profile for the workers' GPU ({}): this CPU's stands in until the workers' "
+                   "steps calibrate it", gpu_name.empty() ? "unknown" : gpu_name);
+    spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",
+                 hw.peak_flops / 1e9, hw.hbm_bytes_per_s / 1e9, threads_each, p.cfg.planner.policy);
+  }
   planner::SimOptions so;
   so.workers = workers;
   so.max_num_seqs = p.cfg.job.max_num_seqs;
@@ -475,6 +488,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local);
   const int local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
   const std::string& backend = p.cfg.model.backend;
+  std::string gpu_name;  // the workers' GPU (rank 0 learns it from rank 1)
   if (backend != "cpu") {
     // Each GPU worker binds its device now; two workers of a node on one GPU
     // (more workers than visible GPUs) stop every rank with one line.
@@ -498,6 +512,19 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       for (int i = 0; i < local_size; ++i) uuids.emplace_back(all.data() + static_cast<std::ptrdiff_t>(i) * kUuid);
       if (error.empty()) error = shared_device_error(rank, ranks, uuids);
       error = first_error(env, error);
+    }
+    if (error.empty() && env.size() > 1) {  // the first worker's GPU, for the planner on rank 0
+      std::array<char, 256> name{};
+      if (rank == 1) {
+        std::string mine;
+        try {
+          mine = runtime::device_name(backend);
+        } catch (const Error&) {  // only a label for the planner: never worth a hang in the broadcast
+        }
+        std::copy_n(mine.begin(), std::min<std::size_t>(mine.size(), name.size() - 1), name.begin());
+      }
+      MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 1, env.world());
+      gpu_name = name.data();
     }
     if (!error.empty()) {
       if (rank == 0) std::fprintf(stderr, "tandem: error: %s\n", error.c_str());
@@ -575,7 +602,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       // job.mode = "auto": the planner re-splits the workers between epochs.
       std::unique_ptr<planner::EpochPlanner> epoch_planner;
       if (planned) {
-        epoch_planner = make_epoch_planner(p, env.size() - 1, local_workers);
+        epoch_planner = make_epoch_planner(p, env.size() - 1, local_workers, gpu_name);
         std::vector<int> ranks;
         for (int r = 1; r < env.size(); ++r) ranks.push_back(r);
         setup.planner = epoch_planner.get();

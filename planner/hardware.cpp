@@ -1,5 +1,7 @@
 #include "planner/hardware.h"
 
+#include <cctype>
+
 #include <toml++/toml.h>
 
 #include "common/error.h"
@@ -40,6 +42,18 @@ HardwareProfile HardwareProfile::named(const std::string& n) {
   if (n == "b200") return builtin("b200", 2250, 8.0, 180, 900, 0.776);
   if (std::filesystem::exists(n)) return from_toml(n);
   throw Error("unknown hardware '" + n + "': use h100, h200, b200 or a TOML profile file");
+}
+
+std::string HardwareProfile::builtin_for_device(const std::string& device_name) {
+  std::string upper = device_name;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const char* model : {"H100", "H200", "B200"})
+    if (upper.find(model) != std::string::npos) {
+      std::string key = model;
+      key[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(key[0])));
+      return key;
+    }
+  return "";
 }
 
 HardwareProfile HardwareProfile::from_toml(const std::filesystem::path& file) {

@@ -31,6 +31,9 @@ struct HardwareProfile {
 
   // "h100", "h200", "b200" or a TOML file with the same keys; throws tandem::Error.
   static HardwareProfile named(const std::string& name_or_file);
+  // The built-in profile ("h100", "h200", "b200") for a CUDA device name such
+  // as "NVIDIA H100 80GB HBM3"; "" when there is none.
+  static std::string builtin_for_device(const std::string& device_name);
   static HardwareProfile from_toml(const std::filesystem::path& file);
 };
 

@@ -56,6 +56,20 @@ void bind_device(std::string_view name, int index) {
   (void)index;
 }
 
+std::string device_name(std::string_view name) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    int device = 0;
+    TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return prop.name;
+  }
+#endif
+  (void)name;
+  return "";
+}
+
 std::string device_uuid(std::string_view name) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {

@@ -27,6 +27,8 @@ bool backend_wants_panels(std::string_view name);
 int backend_device_count(std::string_view name);
 // Makes the calling process compute on device index % devices (no-op for cpu).
 void bind_device(std::string_view name, int index);
+// The current device's name ("NVIDIA H100 80GB HBM3"), "" for cpu.
+std::string device_name(std::string_view name);
 // The current device's UUID ("GPU-8-4-4-4-12" hex, as nvidia-smi -L), "" for cpu.
 std::string device_uuid(std::string_view name);
 // Free memory where the backend computes, in bytes (0 for cpu: use the host's).

@@ -219,3 +219,13 @@ TEST_CASE("policies by name; bad names and splits are one clear error", "[planne
   CHECK(all_splits(4)[0].agg());
   CHECK(all_splits(4)[3].name() == "3P:1D");
 }
+
+TEST_CASE("a GPU's device name picks its built-in profile", "[planner]") {
+  using tandem::planner::HardwareProfile;
+  CHECK(HardwareProfile::builtin_for_device("NVIDIA H100 80GB HBM3") == "h100");
+  CHECK(HardwareProfile::builtin_for_device("NVIDIA H200") == "h200");
+  CHECK(HardwareProfile::builtin_for_device("NVIDIA B200") == "b200");
+  CHECK(HardwareProfile::builtin_for_device("NVIDIA A100-SXM4-80GB").empty());
+  CHECK(HardwareProfile::builtin_for_device("").empty());
+  CHECK(HardwareProfile::named(HardwareProfile::builtin_for_device("NVIDIA H200")).hbm_bytes_per_s == 4.8e12);
+}
