@@ -1,6 +1,7 @@
 // Prefill attention on the tensor cores, for bf16/f16 models: the tiled loop
-// of attention_prefill.cu (kTileQ rows of one sequence and one query head per
-// block, an online softmax per row), with S = Q K^T and O += P V as bf16
+// of attention_prefill.cu (kTileQ rows of one sequence per block, for the
+// query heads of one KV head that fit, which share each staged K/V tile; an
+// online softmax per row and head), with S = Q K^T and O += P V as bf16
 // products accumulated in float32 (WMMA 16x16x16). Q, K and V are rounded to
 // bf16 as they are staged; the softmax and O stay in float32. float32 models
 // keep the SIMT kernel, which matches the CPU more closely. bf16 WMMA needs
@@ -8,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common/error.h"
@@ -27,10 +29,11 @@ constexpr int kRowThreads = kThreads / kTileQ;  // threads sharing a row in the 
 static_assert(kTileQ == 16, "one WMMA tile of rows");
 static_assert(kKeys == 16 * kWarps, "each warp computes 16 columns of S");
 
-// Shared memory, in this order (every part starts 32-byte aligned, as WMMA's loads want):
-//   q  bf16 [16][hd + 8]      k  bf16 [64][hd + 8]     v  bf16 [64][hd + 8]
-//   s  f32  [16][64 + 8]      p  bf16 [16][64 + 8]     o  f32  [16][hd + 4]
-//   row_m, row_l, corr: f32 [16] each               key: int64 [64] (each key's K in the pool; -1: none)
+// Shared memory, in this order (every part starts 32-byte aligned, as WMMA's loads want),
+// for hpb query heads of one KV head (a GQA group, or part of one), which share each K/V tile:
+//   q  bf16 [hpb][16][hd + 8] k  bf16 [64][hd + 8]     v  bf16 [64][hd + 8]
+//   s  f32  [16][64 + 8]      p  bf16 [16][64 + 8]     o  f32  [hpb][16][hd + 4]
+//   row_m, row_l, corr: f32 [hpb][16] each          key: int64 [64] (each key's K in the pool; -1: none)
 // The pads shift each row off the banks of the row before (s: 8 floats, so that
 // the softmax's 4 rows x 8 lanes of a warp meet no conflict).
 __host__ __device__ constexpr std::size_t up32(std::size_t b) { return (b + 31) / 32 * 32; }
@@ -38,16 +41,17 @@ __host__ __device__ constexpr std::size_t up32(std::size_t b) { return (b + 31) 
 struct Layout {
   int64_t ldh, lds, ldp, ldo;  // leading dimensions in elements
   std::size_t q, k, v, s, p, o, m, key, bytes;
-  __host__ __device__ explicit Layout(int64_t hd) {
+  __host__ __device__ Layout(int64_t hd, int64_t hpb) {
     ldh = hd + 8, lds = kKeys + 8, ldp = kKeys + 8, ldo = hd + 4;
+    const auto heads = static_cast<std::size_t>(hpb);
     q = 0;
-    k = q + up32(sizeof(bf16) * kTileQ * ldh);
+    k = q + up32(sizeof(bf16) * heads * kTileQ * ldh);
     v = k + up32(sizeof(bf16) * kKeys * ldh);
     s = v + up32(sizeof(bf16) * kKeys * ldh);
     p = s + up32(sizeof(float) * kTileQ * lds);
     o = p + up32(sizeof(bf16) * kTileQ * ldp);
-    m = o + up32(sizeof(float) * kTileQ * ldo);
-    key = m + up32(sizeof(float) * 3 * kTileQ);
+    m = o + up32(sizeof(float) * heads * kTileQ * ldo);
+    key = m + up32(sizeof(float) * 3 * heads * kTileQ);
     bytes = key + sizeof(int64_t) * kKeys;
   }
 };
@@ -65,22 +69,23 @@ __device__ inline void load4(const bf16* p, __nv_bfloat162& lo, __nv_bfloat162& 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* q, int64_t heads, int64_t window, RowTables rt, const int32_t* tiles,
                                     int64_t n_tiles, PoolShape s, int64_t layer, const T* pool, float scale,
-                                    float* out) {
+                                    float* out, int64_t hpb) {
   extern __shared__ __align__(32) unsigned char smem[];
   const int64_t hd = s.head_dim, width = s.kv_heads * hd;
-  const Layout lay(hd);
-  bf16* qs = reinterpret_cast<bf16*>(smem + lay.q);
+  const Layout lay(hd, hpb);
   bf16* ks = reinterpret_cast<bf16*>(smem + lay.k);
   bf16* vs = reinterpret_cast<bf16*>(smem + lay.v);
   float* ss = reinterpret_cast<float*>(smem + lay.s);
   bf16* ps = reinterpret_cast<bf16*>(smem + lay.p);
-  float* os = reinterpret_cast<float*>(smem + lay.o);
-  float* row_m = reinterpret_cast<float*>(smem + lay.m);
-  float* row_l = row_m + kTileQ;
-  float* corr = row_l + kTileQ;
   int64_t* key_at = reinterpret_cast<int64_t*>(smem + lay.key);
+  // Query head h0 + hh's own parts.
+  auto qs_of = [&](int64_t hh) { return reinterpret_cast<bf16*>(smem + lay.q) + hh * kTileQ * lay.ldh; };
+  auto os_of = [&](int64_t hh) { return reinterpret_cast<float*>(smem + lay.o) + hh * kTileQ * lay.ldo; };
+  auto stats_of = [&](int64_t hh) { return reinterpret_cast<float*>(smem + lay.m) + hh * 3 * kTileQ; };
 
-  const int64_t tile = blockIdx.x, h = blockIdx.y, g = h / (heads / s.kv_heads);
+  // Block (tile, y): KV head g = y / parts, its query heads h0 .. h0 + hpb.
+  const int64_t group = heads / s.kv_heads, parts = group / hpb;
+  const int64_t tile = blockIdx.x, g = blockIdx.y / parts, h0 = g * group + (blockIdx.y % parts) * hpb;
   const int64_t r0 = tiles[tile], nq = tiles[n_tiles + tile];
   const int32_t* table = rt.tables + rt.table_of[r0];
   const int64_t p0 = rt.positions[r0], last = p0 + nq - 1;
@@ -88,12 +93,16 @@ __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* 
   const int warp = static_cast<int>(threadIdx.x) / 32;
 
   const int hdi = static_cast<int>(hd), hd4 = hdi / 4;  // 32-bit index arithmetic from here on
-  for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
-    const int i = e / hdi, d = e - i * hdi;
-    qs[i * lay.ldh + d] = __float2bfloat16_rn(i < nq ? q[((r0 + i) * heads + h) * hd + d] : 0.0f);
-    os[i * lay.ldo + d] = 0.0f;
+  for (int64_t hh = 0; hh < hpb; ++hh) {
+    bf16* qs = qs_of(hh);
+    float* os = os_of(hh);
+    for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
+      const int i = e / hdi, d = e - i * hdi;
+      qs[i * lay.ldh + d] = __float2bfloat16_rn(i < nq ? q[((r0 + i) * heads + h0 + hh) * hd + d] : 0.0f);
+      os[i * lay.ldo + d] = 0.0f;
+    }
+    if (threadIdx.x < kTileQ) stats_of(hh)[threadIdx.x] = -INFINITY, stats_of(hh)[kTileQ + threadIdx.x] = 0.0f;
   }
-  if (threadIdx.x < kTileQ) row_m[threadIdx.x] = -INFINITY, row_l[threadIdx.x] = 0.0f;
 
   for (int64_t t0 = first_of(p0); t0 <= last; t0 += kKeys) {
     const int64_t nk = last - t0 + 1 < kKeys ? last - t0 + 1 : kKeys;
@@ -119,72 +128,84 @@ __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* 
       }
     }
     __syncthreads();
-    {  // S[:, 16w .. 16w + 16) = Q K^T: K rows are B's columns (col_major B over K's row-major storage)
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
-        wmma::load_matrix_sync(a, qs + d0, static_cast<unsigned>(lay.ldh));
-        wmma::load_matrix_sync(b, ks + static_cast<int64_t>(warp) * 16 * lay.ldh + d0, static_cast<unsigned>(lay.ldh));
-        wmma::mma_sync(acc, a, b, acc);
+    for (int64_t hh = 0; hh < hpb; ++hh) {  // each query head over the same staged K and V
+      const bf16* qs = qs_of(hh);
+      float* os = os_of(hh);
+      float* row_m = stats_of(hh);
+      float* row_l = row_m + kTileQ;
+      float* corr = row_l + kTileQ;
+      if (hh > 0) __syncthreads();  // the last head's S and P are no longer read
+      {  // S[:, 16w .. 16w + 16) = Q K^T: K rows are B's columns (col_major B over K's row-major storage)
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+          wmma::load_matrix_sync(a, qs + d0, static_cast<unsigned>(lay.ldh));
+          wmma::load_matrix_sync(b, ks + static_cast<int64_t>(warp) * 16 * lay.ldh + d0, static_cast<unsigned>(lay.ldh));
+          wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(ss + warp * 16, acc, static_cast<unsigned>(lay.lds), wmma::mem_row_major);
       }
-      wmma::store_matrix_sync(ss + warp * 16, acc, static_cast<unsigned>(lay.lds), wmma::mem_row_major);
-    }
-    __syncthreads();
-    {  // The online softmax: kRowThreads lanes of one warp per row, kKeys / kRowThreads columns each.
-      const int i = static_cast<int>(threadIdx.x) / kRowThreads, part = static_cast<int>(threadIdx.x) % kRowThreads;
-      const int64_t pos = p0 + i;
-      float v[kKeys / kRowThreads];
-      float m = -INFINITY;
-      for (int c = 0; c < kKeys / kRowThreads; ++c) {
-        const int j = part + c * kRowThreads;
-        const int64_t t = t0 + j;
-        const bool seen = i < nq && j < nk && t <= pos && t >= first_of(pos);
-        v[c] = seen ? ss[i * lay.lds + j] * scale : -INFINITY;
-        m = fmaxf(m, v[c]);
+      __syncthreads();
+      {  // The online softmax: kRowThreads lanes of one warp per row, kKeys / kRowThreads columns each.
+        const int i = static_cast<int>(threadIdx.x) / kRowThreads, part = static_cast<int>(threadIdx.x) % kRowThreads;
+        const int64_t pos = p0 + i;
+        float v[kKeys / kRowThreads];
+        float m = -INFINITY;
+        for (int c = 0; c < kKeys / kRowThreads; ++c) {
+          const int j = part + c * kRowThreads;
+          const int64_t t = t0 + j;
+          const bool seen = i < nq && j < nk && t <= pos && t >= first_of(pos);
+          v[c] = seen ? ss[i * lay.lds + j] * scale : -INFINITY;
+          m = fmaxf(m, v[c]);
+        }
+        for (int o = kRowThreads / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        m = fmaxf(m, row_m[i]);
+        float sum = 0.0f;
+        for (int c = 0; c < kKeys / kRowThreads; ++c) {
+          const float pr = m == -INFINITY ? 0.0f : expf(v[c] - m);  // nothing visible to this row yet: all zero
+          ps[i * lay.ldp + part + c * kRowThreads] = __float2bfloat16_rn(pr);
+          sum += pr;
+        }
+        for (int o = kRowThreads / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        __syncwarp();  // every lane of the row has read row_m before it changes
+        if (part == 0) {
+          const float c = m == -INFINITY ? 1.0f : expf(row_m[i] - m);
+          corr[i] = c;
+          row_l[i] = row_l[i] * c + sum;
+          row_m[i] = m;
+        }
       }
-      for (int o = kRowThreads / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      m = fmaxf(m, row_m[i]);
-      float sum = 0.0f;
-      for (int c = 0; c < kKeys / kRowThreads; ++c) {
-        const float pr = m == -INFINITY ? 0.0f : expf(v[c] - m);  // nothing visible to this row yet: all zero
-        ps[i * lay.ldp + part + c * kRowThreads] = __float2bfloat16_rn(pr);
-        sum += pr;
+      __syncthreads();
+      for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
+        const int i = e / hdi;
+        os[i * lay.ldo + e - i * hdi] *= corr[i];
       }
-      for (int o = kRowThreads / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      __syncwarp();  // every lane of the row has read row_m before it changes
-      if (part == 0) {
-        const float c = m == -INFINITY ? 1.0f : expf(row_m[i] - m);
-        corr[i] = c;
-        row_l[i] = row_l[i] * c + sum;
-        row_m[i] = m;
+      __syncthreads();
+      // O[:, n0 .. n0 + 16) += P V for this warp's column slices of O.
+      for (int64_t n0 = static_cast<int64_t>(warp) * 16; n0 < hd; n0 += 16 * kWarps) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::load_matrix_sync(acc, os + n0, static_cast<unsigned>(lay.ldo), wmma::mem_row_major);
+        for (int j0 = 0; j0 < kKeys; j0 += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+          wmma::load_matrix_sync(a, ps + j0, static_cast<unsigned>(lay.ldp));
+          wmma::load_matrix_sync(b, vs + static_cast<int64_t>(j0) * lay.ldh + n0, static_cast<unsigned>(lay.ldh));
+          wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(os + n0, acc, static_cast<unsigned>(lay.ldo), wmma::mem_row_major);
       }
-    }
-    __syncthreads();
-    for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
-      const int i = e / hdi;
-      os[i * lay.ldo + e - i * hdi] *= corr[i];
-    }
-    __syncthreads();
-    // O[:, n0 .. n0 + 16) += P V for this warp's column slices of O.
-    for (int64_t n0 = static_cast<int64_t>(warp) * 16; n0 < hd; n0 += 16 * kWarps) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, os + n0, static_cast<unsigned>(lay.ldo), wmma::mem_row_major);
-      for (int j0 = 0; j0 < kKeys; j0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, ps + j0, static_cast<unsigned>(lay.ldp));
-        wmma::load_matrix_sync(b, vs + static_cast<int64_t>(j0) * lay.ldh + n0, static_cast<unsigned>(lay.ldh));
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(os + n0, acc, static_cast<unsigned>(lay.ldo), wmma::mem_row_major);
     }
   }
   __syncthreads();
-  for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
-    const int i = e / hdi, d = e - i * hdi;
-    if (i < nq) out[((r0 + i) * heads + h) * hd + d] = os[i * lay.ldo + d] / row_l[i];
+  for (int64_t hh = 0; hh < hpb; ++hh) {
+    const float* os = os_of(hh);
+    const float* row_l = stats_of(hh) + kTileQ;
+    for (int e = static_cast<int>(threadIdx.x); e < kTileQ * hdi; e += kThreads) {
+      const int i = e / hdi, d = e - i * hdi;
+      if (i < nq) out[((r0 + i) * heads + h0 + hh) * hd + d] = os[i * lay.ldo + d] / row_l[i];
+    }
   }
 }
 
@@ -197,17 +218,32 @@ void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, R
   if (shape.head_dim % 16 != 0 || shape.head_dim > 256)
     throw Error("internal: attention_tiles_tc takes head_dim a multiple of 16 up to 256, not " +
                 std::to_string(shape.head_dim));
-  const Layout lay(shape.head_dim);
-  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(heads));
+  // Query heads per block: as many of a KV head's group as shared memory holds
+  // (at most 8, a divisor of the group), so each K/V tile is staged once for all of them.
+  static int smem_limit = [] {
+    int device = 0, bytes = 48 * 1024;
+    if (cudaGetDevice(&device) == cudaSuccess)
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    return bytes;
+  }();
+  const int64_t group = heads / shape.kv_heads;
+  int64_t hpb = 1;
+  for (int64_t c = std::min<int64_t>(group, 8); c > 1; --c)
+    if (group % c == 0 && Layout(shape.head_dim, c).bytes <= static_cast<std::size_t>(smem_limit)) {
+      hpb = c;
+      break;
+    }
+  const Layout lay(shape.head_dim, hpb);
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(shape.kv_heads * (group / hpb)));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   auto run = [&](auto kernel, const auto* kv) {
-    static std::size_t granted = 48 * 1024;  // per kernel; past the default (head_dim 128 and up), ask once per size
+    static std::size_t granted = 48 * 1024;  // per kernel; past the default, ask once per size
     if (lay.bytes > granted) {
       TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(lay.bytes)));
       granted = lay.bytes;
     }
     kernel<<<grid, kThreads, lay.bytes, stream>>>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, kv, scale,
-                                                  out);
+                                                  out, hpb);
   };
   if (shape.kv == DType::kBF16) run(attention_tc_kernel<bf16>, static_cast<const bf16*>(pool));
   else if (shape.kv == DType::kF32) run(attention_tc_kernel<float>, static_cast<const float*>(pool));
