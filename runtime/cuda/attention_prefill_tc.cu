@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* 
       float* row_m = stats_of(hh);
       float* row_l = row_m + kTileQ;
       float* corr = row_l + kTileQ;
-      if (hh > 0) __syncthreads();  // the last head's S and P are no longer read
+      // (No barrier here: this head's S writes ss, which the last head read before two barriers
+      // ago, and its P waits for the barrier after S, which every warp reaches past its last PV.)
       {  // S[:, 16w .. 16w + 16) = Q K^T: K rows are B's columns (col_major B over K's row-major storage)
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
         wmma::fill_fragment(acc, 0.0f);
@@ -218,30 +219,42 @@ void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, R
   if (shape.head_dim % 16 != 0 || shape.head_dim > 256)
     throw Error("internal: attention_tiles_tc takes head_dim a multiple of 16 up to 256, not " +
                 std::to_string(shape.head_dim));
-  // Query heads per block: as many of a KV head's group as shared memory holds
-  // (at most 8, a divisor of the group), so each K/V tile is staged once for all of them.
-  static int smem_limit = [] {
-    int device = 0, bytes = 48 * 1024;
-    if (cudaGetDevice(&device) == cudaSuccess)
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    return bytes;
+  // Query heads per block: as many of a KV head's group (a divisor of it, at
+  // most 8) as one block's shared memory holds while two blocks still fit on
+  // an SM, so each K/V tile is staged once for all of them. (One device per
+  // process: the limits are read once.)
+  struct Limits {
+    int block = 48 * 1024, sm = 96 * 1024;
+  };
+  static const Limits limits = [] {
+    Limits l;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l.block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l.sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a launch error: keep the defaults
+      l = Limits{};
+    }
+    return l;
   }();
   const int64_t group = heads / shape.kv_heads;
   int64_t hpb = 1;
-  for (int64_t c = std::min<int64_t>(group, 8); c > 1; --c)
-    if (group % c == 0 && Layout(shape.head_dim, c).bytes <= static_cast<std::size_t>(smem_limit)) {
+  for (int64_t c = std::min<int64_t>(group, 8); c > 1; --c) {
+    const std::size_t bytes = Layout(shape.head_dim, c).bytes;
+    if (group % c == 0 && bytes <= static_cast<std::size_t>(limits.block) &&
+        2 * (bytes + 1024) <= static_cast<std::size_t>(limits.sm)) {
       hpb = c;
       break;
     }
+  }
   const Layout lay(shape.head_dim, hpb);
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(shape.kv_heads * (group / hpb)));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   auto run = [&](auto kernel, const auto* kv) {
-    static std::size_t granted = 48 * 1024;  // per kernel; past the default, ask once per size
-    if (lay.bytes > granted) {
-      TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(lay.bytes)));
-      granted = lay.bytes;
-    }
+    // Each kernel may use up to the block limit: set once (thread-safe), it only raises a ceiling.
+    static const cudaError_t raised =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limits.block);
+    TANDEM_CUDA_CHECK(raised);
     kernel<<<grid, kThreads, lay.bytes, stream>>>(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, kv, scale,
                                                   out, hpb);
   };

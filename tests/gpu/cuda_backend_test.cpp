@@ -382,9 +382,11 @@ TEST_CASE("tiled prefill attention (float32 and tensor cores): full 16-row tiles
           "key tile, head_dim 128, 96 and 256",
           "[gpu]") {
   // 96: the warps take uneven column slices of O; 256: past 48 KiB of shared memory (opt-in).
-  for (const int64_t hd : {int64_t{128}, int64_t{96}, int64_t{256}}) {
-  INFO("head_dim " << hd);
-  const int64_t layers = 1, kvh = 2, bs = 16, heads = 8, blocks = 6, layer = 0;
+  // Query heads per KV head 4, 8 and 3: the tensor-core kernel's blocks take 4, 8 (or 4 twice) and 3 of them.
+  for (const int64_t hd : {int64_t{128}, int64_t{96}, int64_t{256}})
+  for (const int64_t heads : {int64_t{8}, int64_t{16}, int64_t{6}}) {
+  INFO("head_dim " << hd << ", heads " << heads);
+  const int64_t layers = 1, kvh = 2, bs = 16, blocks = 6, layer = 0;
   const kv::KvLayout L{layers, kvh, hd, bs};
   const std::vector<float> pool = random_floats(static_cast<std::size_t>(blocks * L.block_floats()), 10);
   // One sequence of 80 positions in blocks {4, 0, 5, 2, 1}; this step's rows are positions 45..79 (35 rows).
