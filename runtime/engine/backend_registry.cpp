@@ -56,15 +56,21 @@ void bind_device(std::string_view name, int index) {
   (void)index;
 }
 
+#ifdef TANDEM_CUDA
+namespace {
+cudaDeviceProp current_device_props() {
+  int device = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop;
+}
+}  // namespace
+#endif
+
 std::string device_name(std::string_view name) {
 #ifdef TANDEM_CUDA
-  if (name == "cuda") {
-    int device = 0;
-    TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-    cudaDeviceProp prop{};
-    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    return prop.name;
-  }
+  if (name == "cuda") return current_device_props().name;
 #endif
   (void)name;
   return "";
@@ -73,10 +79,7 @@ std::string device_name(std::string_view name) {
 std::string device_uuid(std::string_view name) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {
-    int device = 0;
-    TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-    cudaDeviceProp prop{};
-    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    const cudaDeviceProp prop = current_device_props();
     std::string out = "GPU-";
     const char* hex = "0123456789abcdef";
     for (int i = 0; i < 16; ++i) {

@@ -13,11 +13,12 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <tuple>
 
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
-#include "transport_suite.h"
+#include "mpi_suite.h"
 
 namespace {
 
@@ -89,19 +90,7 @@ int main(int argc, char** argv) {
       owned = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
     }
     tandem::mpi::KvTransport& t = *owned;
-    // A barrier that keeps driving the transport: a two-sided target places
-    // incoming blocks only when it makes progress.
-    auto f = tandem::conformance::run_transport_suite(
-        t,
-        [&] {
-          MPI_Request r;
-          MPI_Ibarrier(env.world(), &r);
-          for (int done = 0; !done;) {
-            MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-            (void)t.progress();
-          }
-        },
-        access);
+    auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, access);
     if (mode == "two_sided_staged") {
       f.check(guarded.base != nullptr && guarded.closed(), "the stand-in device pool is closed to direct access");
       // Every rank sends or receives.
@@ -115,11 +104,7 @@ int main(int argc, char** argv) {
                 "staging buffers come from DevicePool::allocate_host and are recycled (rank 1: " +
                     std::to_string(staged.staging_allocations()) + " allocations for 27 messages)");
     }
-    for (const auto& s : f.list) std::printf("FAIL [rank %d] %s\n", env.rank(), s.c_str());
-    int mine[2] = {static_cast<int>(f.list.size()), f.checks}, all[2] = {0, 0};
-    MPI_Reduce(mine, all, 2, MPI_INT, MPI_SUM, 0, env.world());
-    failures = all[0];
-    checks = all[1];
+    std::tie(failures, checks) = tandem::conformance::gather_failures(env.world(), f);
   }
   if (env.rank() == 0)
     std::printf("%s conformance: %d passed, %d failed\n", mode == "rma" ? "mpi_rma" : ("mpi_" + mode).c_str(),

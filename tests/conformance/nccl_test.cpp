@@ -6,10 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/nccl/nccl_transport.h"
-#include "transport_suite.h"
+#include "mpi_suite.h"
 
 int main(int argc, char** argv) {
   int devices = 0;
@@ -32,22 +33,8 @@ int main(int argc, char** argv) {
     device.read = [](void* d, const uint8_t* s, std::size_t n) {
       if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
     };
-    const auto f = tandem::conformance::run_transport_suite(
-        t,
-        [&] {
-          MPI_Request r;
-          MPI_Ibarrier(env.world(), &r);
-          for (int done = 0; !done;) {
-            MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-            (void)t.progress();
-          }
-        },
-        device);
-    for (const auto& s : f.list) std::printf("FAIL [rank %d] %s\n", env.rank(), s.c_str());
-    int mine[2] = {static_cast<int>(f.list.size()), f.checks}, all[2] = {0, 0};
-    MPI_Reduce(mine, all, 2, MPI_INT, MPI_SUM, 0, env.world());
-    failures = all[0];
-    checks = all[1];
+    const auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, device);
+    std::tie(failures, checks) = tandem::conformance::gather_failures(env.world(), f);
   }
   if (env.rank() == 0) std::printf("nccl conformance: %d passed, %d failed\n", checks - failures, failures);
   return env.rank() == 0 && failures > 0 ? 1 : 0;

@@ -329,18 +329,22 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row,
   const auto want = reference_attention(q, pool, L, layer, heads, tables, table_of, positions, 0);
   // One block per (row, head), then split over positions (more splits than B's 3 positions leaves some empty);
   // each twice, since the last block of each (row, head) must leave its counter at zero.
-  for (const int64_t splits : {int64_t{1}, int64_t{3}, int64_t{7}, cu::kMaxAttentionSplits}) {
-    INFO("splits " << splits);
-    Dev<float> partial(std::vector<float>(static_cast<std::size_t>(rows * heads * splits * (hd + 2))));
-    Dev<int32_t> counters(std::vector<int32_t>(static_cast<std::size_t>(rows * heads), 0));
-    for (int round = 0; round < 2; ++round) {
-      Dev<float> fresh(std::vector<float>(rows * heads * hd, -7.0f));
-      cu::attention(dq.p, rows, heads, 0, rt, shape, layer, dpool.p, fresh.p, nullptr, nullptr,
-                    {partial.p, counters.p, splits});
-      CHECK(rel_err(fresh.get(want.size()), want) < 1e-5);
-      CHECK(counters.get(static_cast<std::size_t>(rows * heads)) == std::vector<int32_t>(rows * heads, 0));
+  auto check_splits = [&](const cu::PoolShape& sh, const void* pool_dev, const std::vector<float>& expect,
+                          std::initializer_list<int64_t> split_counts) {
+    for (const int64_t splits : split_counts) {
+      INFO("splits " << splits << (sh.kv == DType::kBF16 ? ", bf16 pool" : ""));
+      Dev<float> partial(std::vector<float>(static_cast<std::size_t>(rows * heads * splits * (hd + 2))));
+      Dev<int32_t> counters(std::vector<int32_t>(static_cast<std::size_t>(rows * heads), 0));
+      for (int round = 0; round < 2; ++round) {
+        Dev<float> fresh(std::vector<float>(rows * heads * hd, -7.0f));
+        cu::attention(dq.p, rows, heads, 0, rt, sh, layer, pool_dev, fresh.p, nullptr, nullptr,
+                      {partial.p, counters.p, splits});
+        CHECK(rel_err(fresh.get(expect.size()), expect) < 1e-5);
+        CHECK(counters.get(static_cast<std::size_t>(rows * heads)) == std::vector<int32_t>(rows * heads, 0));
+      }
     }
-  }
+  };
+  check_splits(shape, dpool.p, want, {1, 3, 7, cu::kMaxAttentionSplits});
   CHECK(cu::attention_splits(1, 16, 132) == cu::kMaxAttentionSplits);
   CHECK(cu::attention_splits(8, 16, 132) == 5);
   CHECK(cu::attention_splits(64, 16, 132) == 1);
@@ -359,18 +363,7 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row,
   Dev<uint16_t> dpool16(pool16);
   cu::PoolShape shape16 = shape;
   shape16.kv = DType::kBF16;
-  for (const int64_t splits : {int64_t{1}, int64_t{7}}) {
-    INFO("bf16 pool, splits " << splits);
-    Dev<float> partial(std::vector<float>(static_cast<std::size_t>(rows * heads * splits * (hd + 2))));
-    Dev<int32_t> counters(std::vector<int32_t>(static_cast<std::size_t>(rows * heads), 0));
-    for (int round = 0; round < 2; ++round) {
-      Dev<float> fresh(std::vector<float>(rows * heads * hd, -7.0f));
-      cu::attention(dq.p, rows, heads, 0, rt, shape16, layer, dpool16.p, fresh.p, nullptr, nullptr,
-                    {partial.p, counters.p, splits});
-      CHECK(rel_err(fresh.get(want16.size()), want16) < 1e-5);
-      CHECK(counters.get(static_cast<std::size_t>(rows * heads)) == std::vector<int32_t>(rows * heads, 0));
-    }
-  }
+  check_splits(shape16, dpool16.p, want16, {1, 7});
   Dev<float> tiled16(std::vector<float>(rows * heads * hd, -7.0f)), tc16(std::vector<float>(rows * heads * hd, -7.0f));
   cu::attention_tiles(dq.p, heads, 0, rt, dtiles.p, 2, shape16, layer, dpool16.p, tiled16.p, nullptr);
   CHECK(rel_err(tiled16.get(want16.size()), want16) < 1e-5);
