@@ -133,6 +133,12 @@ void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_st
       qkv(R * (qd + 2 * kvd)), q(R * qd), attn(R * qd), gu(R * 2 * I), act(R * std::max({H, qd, I})),
       logits(R * c.vocab), w(H), partial(R * c.heads * cuda::kMaxAttentionSplits * (hd + 2));
   cuda::DeviceBuffer<int32_t> counters(R * c.heads), ints(3 * R + blocks), picked(R);
+  cuda::DeviceBuffer<cuda::DrawParams> draws(R);
+  {
+    const std::vector<cuda::DrawParams> host_draws(static_cast<std::size_t>(R), cuda::DrawParams{0.8f, 0.0f, 0.5});
+    TANDEM_CUDA_CHECK(cudaMemcpy(draws.get(), host_draws.data(), host_draws.size() * sizeof(cuda::DrawParams),
+                                 cudaMemcpyHostToDevice));
+  }
   cuda::DeviceBuffer<uint8_t> wqkv((qd + 2 * kvd) * H * 2), wo(H * qd * 2), wgu(2 * I * H * 2), wd(H * I * 2),
       head(c.vocab * H * 2);
   for (auto* b : {&pool, &x, &y, &qkv, &q, &attn, &gu, &act, &logits, &w})
@@ -186,7 +192,9 @@ void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_st
       {"gemm LM head", us_per_call([&] { gemm(head.get(), c.vocab, H, logits.get()); }),
        static_cast<double>(c.vocab * H) * b16, 0},
       {"argmax", us_per_call([&] { cuda::argmax(logits.get(), R, c.vocab, picked.get(), nullptr); }),
-       static_cast<double>(R * c.vocab) * f, 0}};
+       static_cast<double>(R * c.vocab) * f, 0},
+      {"draw (temperature)", us_per_call([&] { cuda::draw(logits.get(), R, c.vocab, draws.get(), picked.get(), nullptr); }),
+       static_cast<double>(R * c.vocab) * 2 * f, 0}};
   cublasDestroy(h);
   double step = 0;
   std::printf("decode ops at %lld sequences, context %lld (attention in %lld split(s)):\n", static_cast<long long>(R),

@@ -77,6 +77,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+  const char* draw_env = std::getenv("TANDEM_CUDA_DRAW");
+  draw_enabled_ = !(draw_env && std::string(draw_env) == "0");
   // Prefill attention on the tensor cores for half-precision models (TANDEM_CUDA_TC_ATTENTION=0: the float32 kernel).
   const char* tc = std::getenv("TANDEM_CUDA_TC_ATTENTION");
   tc_attention_ = w.embed.dtype != DType::kF32 && config.head_dim % 16 == 0 && config.head_dim <= 256 &&
@@ -105,6 +107,7 @@ CudaModel::~CudaModel() {
   drop_graphs();
   if (pinned_) cudaFreeHost(pinned_);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
+  if (pinned_draws_) cudaFreeHost(pinned_draws_);
   if (blas_) cublasDestroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -318,6 +321,33 @@ bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int
   if (LR > 0) {
     argmax_out_.resize(static_cast<std::size_t>(LR));
     argmax(logits_.get(), LR, c_.vocab, argmax_out_.get(), stream_);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+  }
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its tokens
+  return true;
+}
+
+bool CudaModel::forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
+                             std::vector<int32_t>& tokens) {
+  if (!draw_enabled_) return false;
+  const int64_t LR = launch(chunks);
+  if (LR != static_cast<int64_t>(draws.size()))
+    throw Error("internal: " + std::to_string(draws.size()) + " draws for " + std::to_string(LR) + " logits rows");
+  tokens.resize(static_cast<std::size_t>(LR));
+  if (LR > 0) {
+    if (draws.size() > pinned_draws_count_) {
+      if (pinned_draws_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_draws_));
+      pinned_draws_count_ = 2 * draws.size();
+      TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_draws_), pinned_draws_count_ * sizeof(DrawParams)));
+    }
+    for (std::size_t i = 0; i < draws.size(); ++i)
+      pinned_draws_[i] = DrawParams{draws[i].temperature, draws[i].min_p, draws[i].u};
+    draw_params_.resize(draws.size());  // after launch(): not inside a captured graph
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(draw_params_.get(), pinned_draws_, draws.size() * sizeof(DrawParams),
+                                      cudaMemcpyHostToDevice, stream_));
+    argmax_out_.resize(static_cast<std::size_t>(LR));
+    draw(logits_.get(), LR, c_.vocab, draw_params_.get(), argmax_out_.get(), stream_);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));
   }

@@ -34,6 +34,7 @@
 
 #include "kv/block_pool.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/ops.h"
 #include "runtime/engine/backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
@@ -58,6 +59,9 @@ class CudaModel final : public ModelBackend {
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
   // The greedy tokens picked on the device: LR int32 to the host instead of LR x vocab floats.
   bool forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) override;
+  // Greedy and plain-temperature rows drawn on the device (draw.cu); TANDEM_CUDA_DRAW=0 turns it off.
+  bool forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
+                    std::vector<int32_t>& tokens) override;
 
  private:
   struct DevMatrix {
@@ -109,6 +113,10 @@ class CudaModel final : public ModelBackend {
   std::unordered_map<int64_t, Graph> graphs_;  // by batch size
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   DeviceBuffer<int32_t> argmax_out_;    // [logit rows]
+  DeviceBuffer<DrawParams> draw_params_;  // [logit rows]
+  DrawParams* pinned_draws_ = nullptr;  // staging for draw_params_
+  std::size_t pinned_draws_count_ = 0;
+  bool draw_enabled_ = true;
   std::vector<int32_t> host_ints_;
   int64_t n_tiles_ = 0, n_decode_ = 0, tiles_at_ = 0;  // this step's prefill tiles (see launch())
   int32_t* pinned_ = nullptr;           // staging for step_ints_

@@ -100,6 +100,15 @@ void to_half(const float* x, int64_t n, DType dtype, void* out, cudaStream_t str
 // index, as the host sampler's greedy pick.
 void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream);
 
+// One row's draw (runtime/engine/backend.h DeviceDraw): temperature 0 is greedy.
+struct DrawParams {
+  float temperature = 0.0f, min_p = 0.0f;
+  double u = 0.0;  // the request's uniform number for this step, in [0, 1)
+};
+// out[r] = the token sample_token would draw from row r (rows of n logits)
+// with no penalties, top-k or top-p: greedy, or temperature and min-p.
+void draw(const float* logits, int64_t rows, int64_t n, const DrawParams* params, int32_t* out, cudaStream_t stream);
+
 // out[i] = x[rows[i]], rows of `width`.
 void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t width, float* out, cudaStream_t stream);
 

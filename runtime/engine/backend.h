@@ -19,6 +19,14 @@ struct SeqChunk {
   bool logits_all = false;                 // logits for every token (prompt logprobs)
 };
 
+// One logits row's draw made on the device (forward_draw): what sample_token
+// does for a row with no penalties, logprobs, top-k or top-p. temperature 0
+// is greedy; u is the request's uniform number for the step (counter_uniform).
+struct DeviceDraw {
+  float temperature = 0.0f, min_p = 0.0f;
+  double u = 0.0;
+};
+
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
@@ -34,6 +42,17 @@ class ModelBackend {
   // host. False (and nothing run) where the backend has no such path.
   virtual bool forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) {
     (void)chunks;
+    (void)tokens;
+    return false;
+  }
+  // Optional, for steps whose every sampled row is greedy or plain
+  // temperature (and min-p): the same step, drawing logits row i's token by
+  // draws[i] where the logits are. False (and nothing run) where the backend
+  // has no such path.
+  virtual bool forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
+                            std::vector<int32_t>& tokens) {
+    (void)chunks;
+    (void)draws;
     (void)tokens;
     return false;
   }

@@ -363,8 +363,27 @@ std::vector<EngineOutput> Engine::step() {
            p.frequency_penalty == 0.0f && p.logprobs < 0 && p.prompt_logprobs < 0;
   };
   const bool greedy = std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return plain_greedy(pl.seq->req.params); });
-  const bool argmax_only = greedy && model_->forward_argmax(chunks, argmax_);
-  if (!argmax_only) model_->forward(chunks, logits_);
+  bool tokens_on_device = greedy && model_->forward_argmax(chunks, argmax_);
+  // Otherwise, rows that are greedy or plain temperature (min-p allowed; no
+  // top-k, top-p, penalties or logprobs) may be drawn where the logits are too.
+  auto device_drawable = [&](const SamplingParams& p) {
+    return plain_greedy(p) ||
+           (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+            p.logprobs < 0 && p.prompt_logprobs < 0 && p.top_p >= 1.0f && (p.top_k <= 0 || p.top_k >= config_.vocab));
+  };
+  if (!tokens_on_device &&
+      std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return device_drawable(pl.seq->req.params); })) {
+    std::vector<DeviceDraw> draws;
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      if (!chunks[i].logits_last) continue;
+      const Sequence& s = *plan[i].seq;
+      const SamplingParams& p = s.req.params;
+      draws.push_back({p.temperature <= 1e-5f ? 0.0f : p.temperature, p.min_p,
+                       counter_uniform(s.req.rng_key, static_cast<uint64_t>(s.generated()))});
+    }
+    tokens_on_device = model_->forward_draw(chunks, draws, argmax_);
+  }
+  if (!tokens_on_device) model_->forward(chunks, logits_);
   ++stats_.steps;
 
   // 4. Sample, check for the end, report.
@@ -374,7 +393,7 @@ std::vector<EngineOutput> Engine::step() {
   // 150k vocabulary is most of a millisecond, and a step may have hundreds.
   std::vector<int32_t> drawn(plan.size(), 0);
   std::vector<PositionLogprobs> drawn_logprobs(plan.size());
-  if (!argmax_only) {
+  if (!tokens_on_device) {
     std::vector<std::pair<std::size_t, std::size_t>> draws;  // (plan index, logits row)
     std::size_t r = 0;
     for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -415,7 +434,7 @@ std::vector<EngineOutput> Engine::step() {
     publish_full_blocks(s);
     if (!c.logits_last) continue;
     int32_t tok = 0;
-    if (argmax_only) {
+    if (tokens_on_device) {
       tok = argmax_[row++];
     } else {
       ++row;

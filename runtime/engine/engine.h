@@ -155,7 +155,7 @@ class Engine {
   EngineStats stats_;
   StepShape last_step_;
   std::vector<float> logits_;
-  std::vector<int32_t> argmax_;  // a greedy step's tokens, when the backend picks them
+  std::vector<int32_t> argmax_;  // a step's tokens, when the backend picks or draws them (forward_argmax / forward_draw)
 };
 
 }  // namespace tandem::runtime

@@ -19,6 +19,7 @@
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/sampling.h"
 #include "../unit/runtime/test_model.h"
 
 using namespace tandem;
@@ -175,6 +176,46 @@ void reference_rope(float* v, int64_t hd, int32_t pos, const std::vector<float>&
     const float p = v[i], q = v[i + hd / 2];
     v[i] = p * c - q * s;
     v[i + hd / 2] = q * c + p * s;
+  }
+}
+
+TEST_CASE("draw: the token sample_token picks, for greedy and plain-temperature rows with min-p", "[gpu]") {
+  for (const int64_t vocab : {int64_t{1000}, int64_t{151936}}) {
+    INFO("vocab " << vocab);
+    // Rows: spread logits, one dominant token, coarse values with ties, flat.
+    std::vector<float> logits;
+    for (int shape = 0; shape < 4; ++shape) {
+      auto row = random_floats(static_cast<std::size_t>(vocab), 40 + static_cast<uint32_t>(shape),
+                               shape == 3 ? 0.3f : 3.0f);
+      if (shape == 1) row[static_cast<std::size_t>(vocab / 3)] = 25.0f;
+      if (shape == 2)
+        for (auto& x : row) x = std::round(x);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    Dev<float> dlogits(logits);
+    int compared = 0, not_argmax = 0;
+    for (const float t : {0.0f, 0.5f, 1.0f, 1.5f})
+      for (const float min_p : {0.0f, 0.05f})
+        for (uint64_t key = 1; key <= 6; ++key) {
+          std::vector<cu::DrawParams> params;
+          for (int r = 0; r < 4; ++r) params.push_back({t, min_p, counter_uniform(key * 7 + r, key)});
+          Dev<cu::DrawParams> dparams(params);
+          Dev<int32_t> dout(std::vector<int32_t>(4, -1));
+          cu::draw(dlogits.p, 4, vocab, dparams.p, dout.p, nullptr);
+          const auto got = dout.get(4);
+          for (int r = 0; r < 4; ++r) {
+            std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+            SamplingParams sp;
+            sp.temperature = t, sp.min_p = min_p;
+            const int32_t want = sample_token(row, sp, {}, {}, key * 7 + static_cast<uint64_t>(r), key);
+            INFO("row " << r << " T " << t << " min_p " << min_p << " key " << key);
+            CHECK(got[static_cast<std::size_t>(r)] == want);
+            ++compared;
+            const auto best = std::max_element(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+            not_argmax += want != static_cast<int32_t>(best - (logits.begin() + r * vocab));
+          }
+        }
+    CHECK(not_argmax > compared / 4);  // most draws are not simply the best token
   }
 }
 

@@ -321,3 +321,99 @@ TEST_CASE("requests the engine cannot serve are refused with one line", "[engine
   CHECK_THROWS_WITH(e.add(r), Catch::Contains("needs up to 90 tokens of KV cache but the pool holds 64"));
   CHECK_FALSE(e.has_work());
 }
+
+namespace {
+
+// A backend that "draws where the logits are" (here on the host, from the
+// DeviceDraw it is given, as the CUDA backend's draw kernel does), so the
+// engine's forward_draw path can be held to its sample_token path.
+class DrawingBackend : public ModelBackend {
+ public:
+  DrawingBackend(const ModelConfig& c, const ModelWeights& w, kv::BlockPool& pool, cpu::ThreadPool& threads)
+      : inner_(c, w, pool, threads), vocab_(c.vocab) {}
+  std::string_view name() const override { return "drawing"; }
+  void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override { inner_.forward(chunks, logits); }
+  bool forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
+                    std::vector<int32_t>& tokens) override {
+    std::vector<float> logits;
+    inner_.forward(chunks, logits);
+    REQUIRE(logits.size() == draws.size() * static_cast<std::size_t>(vocab_));
+    tokens.clear();
+    for (std::size_t r = 0; r < draws.size(); ++r)
+      tokens.push_back(draw(std::span<const float>(logits.data() + r * static_cast<std::size_t>(vocab_),
+                                                   static_cast<std::size_t>(vocab_)),
+                            draws[r]));
+    ++draw_steps;
+    return true;
+  }
+  int draw_steps = 0;
+
+ private:
+  // Inverse CDF in id order over exp((logit - max) / T), min-p applied; greedy at T = 0.
+  static int32_t draw(std::span<const float> row, const DeviceDraw& d) {
+    const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    if (d.temperature <= 1e-5f) return best;
+    const float max = row[static_cast<std::size_t>(best)], inv_t = 1.0f / d.temperature;
+    std::vector<double> w(row.size());
+    double mass = 0;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      const float x = (row[i] - max) * inv_t;
+      w[i] = x > -48.0f ? std::exp(static_cast<double>(x)) : 0.0;
+      if (d.min_p > 0 && w[i] < d.min_p) w[i] = 0;
+      mass += w[i];
+    }
+    double c = 0;
+    for (std::size_t i = 0; i < row.size(); ++i)
+      if (w[i] > 0 && d.u * mass < (c += w[i])) return static_cast<int32_t>(i);
+    return best;
+  }
+  cpu::CpuModel inner_;
+  int64_t vocab_;
+};
+
+}  // namespace
+
+TEST_CASE("greedy and plain-temperature steps drawn by the backend give sample_token's tokens", "[engine][sampling]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(21);
+  std::vector<EngineRequest> reqs;
+  for (uint64_t i = 0; i < 6; ++i) {
+    EngineRequest r{i, random_prompt(rng, 5 + 3 * static_cast<int64_t>(i)), {}, 1000 + i};
+    r.params.max_tokens = 12;
+    r.params.ignore_eos = true;
+    r.params.temperature = i == 0 ? 0.0f : 0.6f + 0.2f * static_cast<float>(i % 3);
+    r.params.min_p = i % 2 ? 0.05f : 0.0f;
+    reqs.push_back(r);
+  }
+  auto run = [&](Engine& e) {
+    for (const auto& r : reqs) e.add(r);
+    std::map<uint64_t, std::vector<int32_t>> out;
+    while (e.has_work())
+      for (auto& o : e.step())
+        if (o.finished) out[o.id] = o.tokens;
+    return out;
+  };
+  const kv::KvLayout layout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16};
+  cpu::ThreadPool threads(2);
+  kv::BlockPool host_pool(layout, 64), draw_pool(layout, 64);
+  Engine host(tiny.config, *tiny.weights, host_pool, threads, nullptr, EngineOptions{8, 64, 0, true});
+  auto backend = std::make_unique<DrawingBackend>(tiny.config, *tiny.weights, draw_pool, threads);
+  DrawingBackend* drawing = backend.get();
+  Engine device(tiny.config, std::move(backend), draw_pool, nullptr, EngineOptions{8, 64, 0, true});
+  const auto want = run(host), got = run(device);
+  CHECK(drawing->draw_steps > 0);
+  for (const auto& [id, tokens] : want) {
+    INFO("request " << id);
+    CHECK(got.at(id) == tokens);
+  }
+  // A top-p request is not drawn on the device: its steps go through forward().
+  drawing->draw_steps = 0;
+  EngineRequest topp{99, random_prompt(rng, 7), {}, 7};
+  topp.params.max_tokens = 4;
+  topp.params.temperature = 0.8f;
+  topp.params.top_p = 0.9f;
+  topp.params.ignore_eos = true;
+  device.add(topp);
+  while (device.has_work()) device.step();
+  CHECK(drawing->draw_steps == 0);
+}
