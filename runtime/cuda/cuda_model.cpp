@@ -237,8 +237,9 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
     for (const auto* v : {&tile_first, &tile_rows, &decode_rows}) host_ints_.insert(host_ints_.end(), v->begin(), v->end());
   if (host_ints_.size() > pinned_count_) {
     if (pinned_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_ = nullptr, pinned_count_ = 0;  // nothing to free twice if the next allocation throws
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), host_ints_.size() * 2 * sizeof(int32_t)));
     pinned_count_ = host_ints_.size() * 2;
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), pinned_count_ * sizeof(int32_t)));
   }
   std::memcpy(pinned_, host_ints_.data(), host_ints_.size() * sizeof(int32_t));
   if (step_ints_.resize(host_ints_.size())) drop_graphs();
@@ -306,8 +307,9 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   }
   if (logits.size() > pinned_logits_count_) {
     if (pinned_logits_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_logits_));
+    pinned_logits_ = nullptr, pinned_logits_count_ = 0;
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), logits.size() * sizeof(float)));
     pinned_logits_count_ = logits.size();
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), pinned_logits_count_ * sizeof(float)));
   }
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_, logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                     stream_));
@@ -331,22 +333,24 @@ bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int
 bool CudaModel::forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
                              std::vector<int32_t>& tokens) {
   if (!draw_enabled_) return false;
+  // Sized before the step's kernels: growing a buffer (cudaFree) would wait for the whole device.
+  if (draws.size() > pinned_draws_count_) {
+    if (pinned_draws_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_draws_));
+    pinned_draws_ = nullptr, pinned_draws_count_ = 0;
+    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_draws_), 2 * draws.size() * sizeof(DrawParams)));
+    pinned_draws_count_ = 2 * draws.size();
+  }
+  draw_params_.resize(std::max<std::size_t>(1, draws.size()));
+  argmax_out_.resize(std::max<std::size_t>(1, draws.size()));
   const int64_t LR = launch(chunks);
   if (LR != static_cast<int64_t>(draws.size()))
     throw Error("internal: " + std::to_string(draws.size()) + " draws for " + std::to_string(LR) + " logits rows");
   tokens.resize(static_cast<std::size_t>(LR));
   if (LR > 0) {
-    if (draws.size() > pinned_draws_count_) {
-      if (pinned_draws_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_draws_));
-      pinned_draws_count_ = 2 * draws.size();
-      TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_draws_), pinned_draws_count_ * sizeof(DrawParams)));
-    }
     for (std::size_t i = 0; i < draws.size(); ++i)
       pinned_draws_[i] = DrawParams{draws[i].temperature, draws[i].min_p, draws[i].u};
-    draw_params_.resize(draws.size());  // after launch(): not inside a captured graph
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(draw_params_.get(), pinned_draws_, draws.size() * sizeof(DrawParams),
                                       cudaMemcpyHostToDevice, stream_));
-    argmax_out_.resize(static_cast<std::size_t>(LR));
     draw(logits_.get(), LR, c_.vocab, draw_params_.get(), argmax_out_.get(), stream_);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));

@@ -6,6 +6,8 @@
 // instead of the row's logits. Sums run over contiguous chunks, one per
 // thread, then across threads in a fixed order: deterministic, and equal to
 // the host's sequential sums up to rounding.
+#include <cstdint>
+
 #include "runtime/cuda/argmax.cuh"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
@@ -26,7 +28,7 @@ __device__ inline double weight(float logit, float max, float inv_t, double min_
 __global__ void draw_kernel(const float* logits, int64_t n, const DrawParams* params, int32_t* out) {
   __shared__ double warp_sums[kWarps];
   __shared__ float warp_max[kWarps];
-  __shared__ int32_t picked, last_with_weight;
+  __shared__ int32_t picked;
   const float* row = logits + blockIdx.x * n;
   const DrawParams p = params[blockIdx.x];
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
@@ -40,7 +42,7 @@ __global__ void draw_kernel(const float* logits, int64_t n, const DrawParams* pa
   for (int64_t i = threadIdx.x; i < n; i += kThreads) m = row[i] > m ? row[i] : m;
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (lane == 0) warp_max[warp] = m;
-  if (threadIdx.x == 0) picked = -1, last_with_weight = -1;
+  if (threadIdx.x == 0) picked = INT32_MAX;
   __syncthreads();
   m = -INFINITY;
   for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w]);
@@ -51,44 +53,39 @@ __global__ void draw_kernel(const float* logits, int64_t n, const DrawParams* pa
   const int64_t end = begin + chunk < n ? begin + chunk : n;
   double mine = 0;
   for (int64_t i = begin; i < end; ++i) mine += weight(row[i], m, inv_t, min_p);
-  // Exclusive prefix of the chunks' weights, in thread order.
+  // Each chunk's range [lo, hi) of the cumulative weight, in thread order. A
+  // chunk's lo is computed exactly as the previous chunk's hi (the same adds of
+  // the same values), so the ranges tile [0, total) with no gap or overlap and
+  // exactly one chunk holds the target.
   double incl = mine;
   for (int o = 1; o < 32; o <<= 1) {
     const double up = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += up;
   }
+  const double prev = __shfl_up_sync(0xffffffffu, incl, 1);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
-  double before = incl - mine, total = 0;
+  double offset = 0, total = 0;
   for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += warp_sums[w];
+    if (w == warp) offset = total;
     total += warp_sums[w];
   }
-  const double target = p.u * total;
-  if (mine > 0) atomicMax(&last_with_weight, static_cast<int32_t>(threadIdx.x));
-  if (mine > 0 && before <= target && target < before + mine) {  // the draw lands in this chunk
-    double c = before;
+  const double lo = offset + (lane > 0 ? prev : 0.0), hi = offset + incl;
+  const double target = p.u * total;  // < total for u < 1
+  if (lo <= target && target < hi) {  // the draw lands in this chunk
+    double c = lo;
+    int32_t last = -1;
     for (int64_t i = begin; i < end; ++i) {
       const double w = weight(row[i], m, inv_t, min_p);
       if (w == 0) continue;
       c += w;
-      if (target < c) {
-        picked = static_cast<int32_t>(i);
-        break;
-      }
+      last = static_cast<int32_t>(i);
+      if (target < c) break;
     }
+    atomicMin(&picked, last);  // one thread gets here; rounding past its last weight keeps that last one
   }
   __syncthreads();
-  if (picked < 0 && static_cast<int>(threadIdx.x) == last_with_weight) {
-    // Rounding put the target past the last weight: the last token with one, as the host.
-    for (int64_t i = end - 1; i >= begin; --i)
-      if (weight(row[i], m, inv_t, min_p) > 0) {
-        picked = static_cast<int32_t>(i);
-        break;
-      }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) out[blockIdx.x] = picked < 0 ? 0 : picked;
+  if (threadIdx.x == 0) out[blockIdx.x] = picked == INT32_MAX ? 0 : picked;  // no weight at all: 0, as the host
 }
 
 }  // namespace

@@ -182,14 +182,17 @@ void reference_rope(float* v, int64_t hd, int32_t pos, const std::vector<float>&
 TEST_CASE("draw: the token sample_token picks, for greedy and plain-temperature rows with min-p", "[gpu]") {
   for (const int64_t vocab : {int64_t{1000}, int64_t{151936}}) {
     INFO("vocab " << vocab);
-    // Rows: spread logits, one dominant token, coarse values with ties, flat.
+    // Rows: spread logits, one dominant token, coarse values with ties, flat; all NaN; one +inf.
+    constexpr int kRows = 6;
     std::vector<float> logits;
-    for (int shape = 0; shape < 4; ++shape) {
+    for (int shape = 0; shape < kRows; ++shape) {
       auto row = random_floats(static_cast<std::size_t>(vocab), 40 + static_cast<uint32_t>(shape),
                                shape == 3 ? 0.3f : 3.0f);
       if (shape == 1) row[static_cast<std::size_t>(vocab / 3)] = 25.0f;
       if (shape == 2)
         for (auto& x : row) x = std::round(x);
+      if (shape == 4) std::fill(row.begin(), row.end(), std::numeric_limits<float>::quiet_NaN());
+      if (shape == 5) row[7] = std::numeric_limits<float>::infinity();
       logits.insert(logits.end(), row.begin(), row.end());
     }
     Dev<float> dlogits(logits);
@@ -198,12 +201,12 @@ TEST_CASE("draw: the token sample_token picks, for greedy and plain-temperature 
       for (const float min_p : {0.0f, 0.05f})
         for (uint64_t key = 1; key <= 6; ++key) {
           std::vector<cu::DrawParams> params;
-          for (int r = 0; r < 4; ++r) params.push_back({t, min_p, counter_uniform(key * 7 + r, key)});
+          for (int r = 0; r < kRows; ++r) params.push_back({t, min_p, counter_uniform(key * 7 + r, key)});
           Dev<cu::DrawParams> dparams(params);
-          Dev<int32_t> dout(std::vector<int32_t>(4, -1));
-          cu::draw(dlogits.p, 4, vocab, dparams.p, dout.p, nullptr);
-          const auto got = dout.get(4);
-          for (int r = 0; r < 4; ++r) {
+          Dev<int32_t> dout(std::vector<int32_t>(kRows, -1));
+          cu::draw(dlogits.p, kRows, vocab, dparams.p, dout.p, nullptr);
+          const auto got = dout.get(kRows);
+          for (int r = 0; r < kRows; ++r) {
             std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
             SamplingParams sp;
             sp.temperature = t, sp.min_p = min_p;
@@ -212,10 +215,21 @@ TEST_CASE("draw: the token sample_token picks, for greedy and plain-temperature 
             CHECK(got[static_cast<std::size_t>(r)] == want);
             ++compared;
             const auto best = std::max_element(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
-            not_argmax += want != static_cast<int32_t>(best - (logits.begin() + r * vocab));
+            if (r < 4) not_argmax += want != static_cast<int32_t>(best - (logits.begin() + r * vocab));
           }
         }
-    CHECK(not_argmax > compared / 4);  // most draws are not simply the best token
+    CHECK(not_argmax > compared / 6);  // many draws are not simply the best token
+    // A number just under 1: a token with a weight near the end of the row (none at all: 0, as the host).
+    const double almost_one = std::nextafter(1.0, 0.0);
+    Dev<cu::DrawParams> dlast(std::vector<cu::DrawParams>(kRows, cu::DrawParams{1.0f, 0.0f, almost_one}));
+    Dev<int32_t> dout(std::vector<int32_t>(kRows, -1));
+    cu::draw(dlogits.p, kRows, vocab, dlast.p, dout.p, nullptr);
+    const auto got = dout.get(kRows);
+    for (int r = 0; r < kRows; ++r) {
+      INFO("u just under 1, row " << r);
+      if (r < 4) CHECK(got[static_cast<std::size_t>(r)] > vocab / 2);
+      else CHECK(got[static_cast<std::size_t>(r)] == 0);
+    }
   }
 }
 

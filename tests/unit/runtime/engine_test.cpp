@@ -363,9 +363,13 @@ class DrawingBackend : public ModelBackend {
       mass += w[i];
     }
     double c = 0;
-    for (std::size_t i = 0; i < row.size(); ++i)
-      if (w[i] > 0 && d.u * mass < (c += w[i])) return static_cast<int32_t>(i);
-    return best;
+    int32_t last = 0;  // as the host: past the end, the last token with a weight (0 when none has one)
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      if (w[i] == 0) continue;
+      last = static_cast<int32_t>(i);
+      if (d.u * mass < (c += w[i])) return last;
+    }
+    return last;
   }
   cpu::CpuModel inner_;
   int64_t vocab_;
