@@ -4,7 +4,6 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
-#include <array>
 #include <chrono>
 #include <climits>
 #include <csignal>
@@ -22,6 +21,8 @@
 #include "common/log.h"
 #include "launcher/commands.h"
 #include "launcher/run/device_binding.h"
+#include "launcher/run/gpu_workers.h"
+#include "launcher/run/transport_setup.h"
 #include "launcher/run/links.h"
 #include "launcher/run/router_loop.h"
 #include "launcher/run/worker_loop.h"
@@ -30,8 +31,6 @@
 #include "planner/epoch_planner.h"
 #include "planner/machine.h"
 #include "mpi_transport/mpi_env.h"
-#include "mpi_transport/mpi_rma/mpi_rma_transport.h"
-#include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
 #include "mpi_transport/transport_registry.h"
 #include "runtime/engine/backend_registry.h"
 #include "kv/tiers.h"
@@ -256,61 +255,6 @@ Roles plan_roles(const Config& cfg, int world_size) {
   return {p, d};
 }
 
-// The transport that moves KV for workers on model.backend: as asked, but
-// "auto" on a GPU is NCCL where built, else two-sided MPI staged through host
-// memory (one-sided windows would expose host memory, not the GPU's pool).
-std::string transport_for(const std::string& model_backend, const std::string& requested) {
-  if (model_backend == "cpu" || requested != "auto") return requested;
-  return mpi::optional_transport_built("nccl") ? "nccl" : "mpi_two_sided";
-}
-
-// How a host-memory transport reaches a pool on model.backend's device; empty for cpu.
-mpi::DevicePool staging_pool(const std::string& model_backend) {
-  mpi::DevicePool d;
-  if (model_backend == "cpu") return d;
-  d.allocate = [model_backend](std::size_t bytes) { return runtime::allocate_pool_memory(model_backend, bytes); };
-  d.copy = runtime::pool_copy(model_backend);
-  d.allocate_host = [model_backend](std::size_t bytes) { return runtime::allocate_host_memory(model_backend, bytes); };
-  return d;
-}
-
-// The KV transport of the workers (collective over them). auto: one-sided RMA
-// where every worker can create its window, else two-sided MPI for all. With
-// a device pool (GPU workers), two-sided MPI staged through host memory.
-std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
-                                                 int64_t blocks, void** base, const mpi::DevicePool& device) {
-  if (backend == "nccl") {
-    auto nccl = mpi::make_optional_transport("nccl", workers);
-    if (!nccl) throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON)");
-    if (Status st = nccl->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("NCCL transport: " + st.to_string());
-    return nccl;
-  }
-  if (backend == "libfabric")
-    throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\"");
-  if (device) {
-    if (backend != "mpi_two_sided") throw Error("internal: transport " + backend + " cannot reach a device pool");
-    auto staged = std::make_unique<mpi::MpiTwoSidedTransport>(workers, device);
-    if (Status st = staged->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
-    return staged;
-  }
-  if (backend == "mpi_rma" || backend == "auto") {
-    auto rma = std::make_unique<mpi::MpiRmaTransport>(workers);
-    const Status st = rma->create_pool(block_bytes, blocks, base);
-    int ok = st.ok() ? 1 : 0, all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, workers);
-    if (all_ok) return rma;
-    if (st.ok()) (void)rma->destroy();
-    if (backend == "mpi_rma")
-      throw Error("could not create the KV window (" + st.to_string() + "); set transport.backend = \"auto\"");
-    int wrank = 0;
-    MPI_Comm_rank(workers, &wrank);
-    if (wrank == 0) spdlog::warn("one-sided MPI windows are not available here; KV moves by two-sided MPI instead");
-  }
-  auto two = std::make_unique<mpi::MpiTwoSidedTransport>(workers);
-  if (Status st = two->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
-  return two;
-}
-
 // Rank 0 decides whether the job can start; every rank learns the verdict.
 // The error of the lowest rank that has one ("" when none has), on every
 // rank; another rank's is prefixed with its number.
@@ -492,40 +436,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   if (backend != "cpu") {
     // Each GPU worker binds its device now; two workers of a node on one GPU
     // (more workers than visible GPUs) stop every rank with one line.
-    std::string uuid;  // (error is empty: the first verdict passed)
-    if (rank != 0 || env.size() == 1) {
-      try {
-        runtime::bind_device(backend, env.size() == 1 ? 0 : worker_device_index(local_rank, router_here != 0));
-        uuid = runtime::device_uuid(backend);
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    }
-    if (env.size() > 1) {
-      constexpr int kUuid = 64;
-      std::vector<char> mine(kUuid, '\0'), all(static_cast<std::size_t>(kUuid * local_size));
-      std::copy_n(uuid.begin(), std::min<std::size_t>(uuid.size(), kUuid - 1), mine.begin());
-      std::vector<int> ranks(static_cast<std::size_t>(local_size));
-      MPI_Allgather(mine.data(), kUuid, MPI_CHAR, all.data(), kUuid, MPI_CHAR, local);
-      MPI_Allgather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, local);
-      std::vector<std::string> uuids;
-      for (int i = 0; i < local_size; ++i) uuids.emplace_back(all.data() + static_cast<std::ptrdiff_t>(i) * kUuid);
-      if (error.empty()) error = shared_device_error(rank, ranks, uuids);
-      error = first_error(env, error);
-    }
-    if (error.empty() && env.size() > 1) {  // the first worker's GPU, for the planner on rank 0
-      std::array<char, 256> name{};
-      if (rank == 1) {
-        std::string mine;
-        try {
-          mine = runtime::device_name(backend);
-        } catch (const Error&) {  // only a label for the planner: never worth a hang in the broadcast
-        }
-        std::copy_n(mine.begin(), std::min<std::size_t>(mine.size(), name.size() - 1), name.begin());
-      }
-      MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 1, env.world());
-      gpu_name = name.data();
-    }
+    error = bind_worker_device(backend, rank, env.size(), local, local_rank, router_here != 0);
+    if (env.size() > 1) error = first_error(env, error);
+    if (error.empty() && env.size() > 1) gpu_name = first_worker_gpu(backend, rank, env.world());
     if (!error.empty()) {
       if (rank == 0) std::fprintf(stderr, "tandem: error: %s\n", error.c_str());
       MPI_Comm_free(&local);

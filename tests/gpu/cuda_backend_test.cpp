@@ -544,14 +544,7 @@ TEST_CASE("greedy tokens equal the CPU engine's for 32 steps in float32", "[gpu]
     r.params.temperature = 0;
     reqs.push_back(r);
   }
-  auto run = [&](Engine& e) {
-    for (const auto& r : reqs) e.add(r);
-    std::map<uint64_t, std::vector<int32_t>> out;
-    while (e.has_work())
-      for (auto& o : e.step())
-        if (o.finished) out[o.id] = o.tokens;
-    return out;
-  };
+  auto run = [&](Engine& e) { return testing::run_to_end(e, reqs); };
   const kv::KvLayout layout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16};
   kv::BlockPool cpu_pool(layout, 64);
   cpu::ThreadPool threads(2);

@@ -389,14 +389,7 @@ TEST_CASE("greedy and plain-temperature steps drawn by the backend give sample_t
     r.params.min_p = i % 2 ? 0.05f : 0.0f;
     reqs.push_back(r);
   }
-  auto run = [&](Engine& e) {
-    for (const auto& r : reqs) e.add(r);
-    std::map<uint64_t, std::vector<int32_t>> out;
-    while (e.has_work())
-      for (auto& o : e.step())
-        if (o.finished) out[o.id] = o.tokens;
-    return out;
-  };
+  auto run = [&](Engine& e) { return testing::run_to_end(e, reqs); };
   const kv::KvLayout layout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16};
   cpu::ThreadPool threads(2);
   kv::BlockPool host_pool(layout, 64), draw_pool(layout, 64);

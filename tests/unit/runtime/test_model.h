@@ -2,10 +2,13 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <vector>
 
 #include <unistd.h>
 
+#include "runtime/engine/engine.h"
 #include "runtime/model/make_model.h"
 #include "runtime/model/weights.h"
 #include "tokenizer_files.h"
@@ -32,5 +35,16 @@ struct TinyModel {
   }
   ~TinyModel() { std::filesystem::remove_all(dir); }
 };
+
+// Adds the requests and steps the engine until it is idle: each request's tokens by id.
+inline std::map<uint64_t, std::vector<int32_t>> run_to_end(runtime::Engine& e,
+                                                           const std::vector<runtime::EngineRequest>& reqs) {
+  for (const auto& r : reqs) e.add(r);
+  std::map<uint64_t, std::vector<int32_t>> out;
+  while (e.has_work())
+    for (auto& o : e.step())
+      if (o.finished) out[o.id] = o.tokens;
+  return out;
+}
 
 }  // namespace tandem::testing

@@ -1,0 +1,31 @@
+// The workers' KV transport, chosen from transport.backend and
+// model.backend, and opened (collective over the workers).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mpi_transport/device_pool.h"
+#include "mpi_transport/kv_transport.h"
+
+namespace tandem::launcher {
+
+// The transport that moves KV for workers on model.backend: as asked, but
+// "auto" on a GPU is NCCL where built, else two-sided MPI staged through host
+// memory (one-sided windows would expose host memory, not the GPU's pool).
+std::string transport_for(const std::string& model_backend, const std::string& requested);
+
+// How a host-memory transport reaches a pool on model.backend's device; empty for cpu.
+mpi::DevicePool staging_pool(const std::string& model_backend);
+
+// The KV transport of the workers (collective over them). auto: one-sided RMA
+// where every worker can create its window, else two-sided MPI for all. With
+// a device pool (GPU workers), two-sided MPI staged through host memory.
+// Throws tandem::Error (one line).
+std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
+                                                 int64_t blocks, void** base, const mpi::DevicePool& device);
+
+}  // namespace tandem::launcher
