@@ -33,13 +33,6 @@ std::string backend_unavailable(std::string_view name) {
 
 bool backend_wants_panels(std::string_view name) { return name == "cpu"; }
 
-int backend_device_count(std::string_view name) {
-#ifdef TANDEM_CUDA
-  if (name == "cuda") return cuda::device_count();
-#endif
-  return name == "cpu" ? 1 : 0;
-}
-
 void bind_device(std::string_view name, int index) {
 #ifdef TANDEM_CUDA
   if (name == "cuda") {

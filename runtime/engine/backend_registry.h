@@ -23,8 +23,6 @@ std::string backend_unavailable(std::string_view name);
 // Whether the backend reads weights in the CPU's panel layout (ModelWeights::load's `panels`).
 bool backend_wants_panels(std::string_view name);
 
-// Devices of the backend visible here (1 for cpu).
-int backend_device_count(std::string_view name);
 // Makes the calling process compute on device index % devices (no-op for cpu).
 void bind_device(std::string_view name, int index);
 // The current device's name ("NVIDIA H100 80GB HBM3"), "" for cpu.

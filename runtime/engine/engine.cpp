@@ -356,21 +356,19 @@ std::vector<EngineOutput> Engine::step() {
       stats_.decode_tokens += take;
     }
   }
-  // Plain greedy rows only (no penalties, no logprobs): a backend may pick the
-  // tokens where the logits are, instead of sending every row back.
-  auto plain_greedy = [](const SamplingParams& p) {
-    return p.temperature <= 1e-5f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-           p.frequency_penalty == 0.0f && p.logprobs < 0 && p.prompt_logprobs < 0;
+  // Rows a backend may finish where the logits are, instead of sending every
+  // row back: no penalties or logprobs, and greedy (forward_argmax) or plain
+  // temperature with min-p at most (forward_draw).
+  auto plain = [](const SamplingParams& p) {
+    return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+           p.logprobs < 0 && p.prompt_logprobs < 0;
+  };
+  auto plain_greedy = [&](const SamplingParams& p) { return plain(p) && p.temperature <= 1e-5f; };
+  auto device_drawable = [&](const SamplingParams& p) {
+    return plain(p) && (p.temperature <= 1e-5f || (p.top_p >= 1.0f && (p.top_k <= 0 || p.top_k >= config_.vocab)));
   };
   const bool greedy = std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return plain_greedy(pl.seq->req.params); });
   bool tokens_on_device = greedy && model_->forward_argmax(chunks, argmax_);
-  // Otherwise, rows that are greedy or plain temperature (min-p allowed; no
-  // top-k, top-p, penalties or logprobs) may be drawn where the logits are too.
-  auto device_drawable = [&](const SamplingParams& p) {
-    return plain_greedy(p) ||
-           (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-            p.logprobs < 0 && p.prompt_logprobs < 0 && p.top_p >= 1.0f && (p.top_k <= 0 || p.top_k >= config_.vocab));
-  };
   if (!tokens_on_device &&
       std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return device_drawable(pl.seq->req.params); })) {
     std::vector<DeviceDraw> draws;

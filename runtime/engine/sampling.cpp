@@ -223,16 +223,17 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
   auto scaled = [&](int32_t id) { return (logits[static_cast<std::size_t>(id)] - max_logit) * inv_t; };
   auto weight = [&](float x) { return x > -kNegligible ? std::exp(static_cast<double>(x)) : 0.0; };
 
-  // Candidates: best first (ties by id) when top-k or top-p need an order,
-  // else every token in id order, which is as reproducible and needs no sort.
+  // Candidates: the top k best first (ties by id), then top-p within them;
+  // top-p alone walks probability bins (sample_top_p); otherwise every token
+  // in id order, which is as reproducible and needs no sort.
   std::size_t keep = n;
-  double total = 0;
   if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < n) {
     keep = static_cast<std::size_t>(p.top_k);
     top_k_ids(logits, keep, ids, scratch.heap);
     keep = ids.size();  // fewer only when NaNs fill the row
     sort_best_first(ids.begin(), ids.end(), logits);
     prob.resize(keep);
+    double total = 0;
     for (std::size_t i = 0; i < keep; ++i) total += (prob[i] = weight(scaled(ids[i])));
     if (p.top_p < 1.0f) keep = top_p_prefix(prob, keep, total, p.top_p);
   } else if (p.top_p < 1.0f) {
@@ -241,7 +242,7 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span
     ids.resize(n);
     std::iota(ids.begin(), ids.end(), 0);
     prob.resize(n);
-    for (std::size_t i = 0; i < n; ++i) total += (prob[i] = weight(scaled(static_cast<int32_t>(i))));
+    for (std::size_t i = 0; i < n; ++i) prob[i] = weight(scaled(static_cast<int32_t>(i)));
   }
   // min-p: drop tokens below min_p times the best one's probability (which is 1 here).
   if (p.min_p > 0.0f)
