@@ -217,8 +217,11 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
     warnings.push_back(describe() + " holds KV of another model or layout (" + name + ": " + model.value_or("?") +
                        ", fingerprint " + *fingerprint + ", block_size " + std::to_string(*bs) + ", " + dtype +
                        "; this job: " + o_.id.model + ", fingerprint " + o_.id.fingerprint + ", block_size " +
-                       std::to_string(l.block_size) + ", " + store_dtype(l) +
-                       "): it is not used; point kv.store_path elsewhere");
+                       std::to_string(l.block_size) + ", " + store_dtype(l) + "): it is not used; " +
+                       (*fingerprint == o_.id.fingerprint && *bs == l.block_size && dtype != store_dtype(l)
+                            ? "set kv.dtype = \"" + std::string(dtype == "bfloat16" ? "bf16" : "f32") +
+                                  "\" to use it, or point kv.store_path elsewhere"
+                            : std::string("point kv.store_path elsewhere")));
     return;
   }
   f.kv = H5Id(H5Dopen2(h, "kv", H5P_DEFAULT));

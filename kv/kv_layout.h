@@ -3,7 +3,7 @@
 // kv_heads x head_dim, contiguous, so one block is one RMA put, one offload
 // write and one hash.
 //   pool: [n_blocks][layers][2][block_size][kv_heads][head_dim], float
-// (or bf16 on a GPU, kv.dtype: the same order, two bytes an element).
+// (or bf16, kv.dtype: the same order, two bytes an element).
 #pragma once
 
 #include <cstddef>
@@ -16,7 +16,7 @@ struct KvLayout {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t block_size = 16;  // tokens
-  int64_t elem_bytes = 4;   // 4: float32 elements (the CPU's); 2: bf16 (GPU pools only)
+  int64_t elem_bytes = 4;   // 4: float32 elements; 2: bf16 (kv.dtype)
 
   // Elements in one token's K (or V) for one layer: kv_heads * head_dim.
   int64_t token_stride() const { return kv_heads * head_dim; }

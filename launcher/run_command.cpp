@@ -276,9 +276,6 @@ void check_backend(const Prepared& p, int ranks) {
   if (b == "cpu") {
     if (p.cfg.transport.backend == "nccl")
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
-    if (p.cfg.kv.dtype == "bf16")
-      throw Error("kv.dtype = \"bf16\" is for GPU pools (model.backend = \"cuda\"); the CPU engine keeps KV in f32: "
-                  "use \"auto\" or \"f32\"");
     return;
   }
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())

@@ -1,13 +1,17 @@
 // The CPU engine against the machine's own limits, measured in the same run.
 //
-//   engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N|decode-sampled:N]
+//   engine_bench [--model DIR] [--threads N] [--quick]
+//                [--only prefill|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]
 //
 // Without --model it makes the `bench` model (Qwen3-0.6B's shape, bf16) under
 // build/bench-model once. Prints: STREAM triad and FMA peak; prefill tokens/s
 // for 512-token prompts; decode tokens/s at 1, 8, 32 and 64 concurrent
-// sequences, and at 32 sampled (temperature, top_p) against greedy; each as a percentage of its roofline (decode: bandwidth / bytes
-// of weights read per step; prefill: FMA peak / flops per token). Figures
-// only: it never fails on time.
+// sequences, and at 32 sampled (temperature, top_p) against greedy; each as a
+// percentage of its roofline (decode: bandwidth / bytes of weights read per
+// step; prefill: FMA peak / flops per token). Then long-context decode (8
+// sequences 1,024 tokens deep, where KV reads rival the weights') with
+// float32 KV and with bf16 KV, against the roofline of weights + KV bytes.
+// Figures only: it never fails on time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +19,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,17 +43,18 @@ struct Run {
   int64_t tokens = 0;
 };
 
-// Decode throughput: n sequences with short prompts; times only steps that
-// have no prefill in them.
+// Decode throughput: n sequences with prompts of prompt_len tokens; times
+// only steps that have no prefill in them.
 // sampled: temperature 0.7, top_p 0.9 instead of greedy (the host sampler's cost on top of the step).
+// kv_bytes: the KV pool's element size (4: f32, 2: bf16).
 Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads, int64_t n,
-           int64_t steps, bool sampled = false) {
-  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, n * ((32 + steps + 16) / 16 + 1));
+           int64_t steps, bool sampled = false, int64_t prompt_len = 32, int64_t kv_bytes = 4) {
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_bytes}, n * ((prompt_len + steps + 16) / 16 + 1));
   runtime::Engine e(c, w, pool, threads, nullptr, {n, 4096, 0});
   std::mt19937 rng(1);
   for (int64_t i = 0; i < n; ++i) {
     runtime::EngineRequest r{static_cast<uint64_t>(i), {}, {}, static_cast<uint64_t>(i)};
-    for (int k = 0; k < 32; ++k) r.prompt.push_back(static_cast<int32_t>(rng() % 150000));
+    for (int64_t k = 0; k < prompt_len; ++k) r.prompt.push_back(static_cast<int32_t>(rng() % 150000));
     r.params.max_tokens = steps + 1;
     r.params.temperature = sampled ? 0.7f : 0.0f;
     r.params.top_p = sampled ? 0.9f : 1.0f;
@@ -102,7 +108,9 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: engine_bench [--model DIR] [--threads N] [--quick] [--only prefill|decode:N|decode-sampled:N]\n");
+      std::fprintf(stderr,
+                   "usage: engine_bench [--model DIR] [--threads N] [--quick] "
+                   "[--only prefill|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
       return 2;
     }
   }
@@ -135,10 +143,15 @@ int main(int argc, char** argv) {
       }
     }
     const int64_t len = 512;
+    // Long-context decode: n sequences this deep, float32 or bf16 KV.
+    const int64_t long_n = 8, long_ctx = 1024;
+    auto decode_long = [&](int64_t kv_bytes) { return decode(c, *w, threads, long_n, quick ? 8 : 16, false, long_ctx, kv_bytes); };
     if (!only.empty()) {
       const bool pre = only == "prefill", sampled = only.rfind("decode-sampled:", 0) == 0;
-      const Run r = pre ? prefill(c, *w, threads, 2, len)
-                        : decode(c, *w, threads, std::atol(only.c_str() + (sampled ? 15 : 7)), 96, sampled);
+      const bool deep = only.rfind("decode-long:", 0) == 0;
+      const Run r = pre    ? prefill(c, *w, threads, 2, len)
+                    : deep ? decode_long(only == "decode-long:bf16" ? 2 : 4)
+                           : decode(c, *w, threads, std::atol(only.c_str() + (sampled ? 15 : 7)), 96, sampled);
       std::printf("%s: %.1f tokens/s\n", only.c_str(), static_cast<double>(r.tokens) / r.seconds);
       return 0;
     }
@@ -181,6 +194,9 @@ int main(int argc, char** argv) {
     }
     for (int64_t n : {8, 32, 64}) decodes.push_back(measure(n));
     const Run sampled32 = decode(c, *w, threads, 32, quick ? 8 : 24, true);  // against decodes[2], greedy at 32
+    const double long_triad0 = planner::triad_gbps(T);
+    const Run long32 = decode_long(4), long16 = decode_long(2);
+    const double long_triad = std::max(long_triad0, planner::triad_gbps(T));
 
     std::printf("machine: %d threads, kernels %s\n", T, runtime::cpu::kernels().name);
     std::printf("  STREAM triad          %.1f-%.1f GB/s (%zu measurements in this run)\n", triad_lo, triad_hi,
@@ -215,6 +231,20 @@ int main(int argc, char** argv) {
     }
     std::printf("decode,  32 sequences sampled (temperature 0.7, top_p 0.9): %8.1f tokens/s = %5.1f%% of greedy's\n",
                 tokens_per_s(sampled32), 100.0 * tokens_per_s(sampled32) / tokens_per_s(decodes[2].run));
+    // A long-context step reads the weights once and every sequence's K and V
+    // (the average depth over the timed steps: about long_ctx).
+    for (auto [name, run, kv_bytes] : {std::tuple{"f32 ", long32, 4}, std::tuple{"bf16", long16, 2}}) {
+      const double tps = tokens_per_s(run);
+      const double step_s = static_cast<double>(long_n) / tps;
+      const double kv = static_cast<double>(long_n * long_ctx * c.layers * 2 * c.kv_heads * c.head_dim * kv_bytes);
+      const double gbps = (weight_bytes + kv) / step_s / 1e9;
+      std::printf("decode, %ld sequences %ld tokens deep, %s KV: %8.1f tokens/s, %6.1f ms/step, %.2f GB of KV + "
+                  "%.2f GB of weights per step at %5.1f GB/s = %5.1f%% of the bandwidth roofline (triad %.1f GB/s)\n",
+                  static_cast<long>(long_n), static_cast<long>(long_ctx), name, tps, 1e3 * step_s, kv / 1e9,
+                  weight_bytes / 1e9, gbps, 100.0 * gbps / long_triad, long_triad);
+    }
+    std::printf("decode, %ld sequences %ld tokens deep: bf16 KV %.2fx the tokens/s of f32 KV, half the KV memory\n",
+                static_cast<long>(long_n), static_cast<long>(long_ctx), tokens_per_s(long16) / tokens_per_s(long32));
   } catch (const Error& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());
     return 2;

@@ -204,8 +204,9 @@ std::vector<KeySpec> build_schema() {
           ,
       key("kv", "dtype", &C::kv, &KvConfig::dtype)
           .choices({"auto", "f32", "bf16"})
-          .doc("The KV pool's element type. auto: f32 on the CPU; on a GPU bf16 for bf16/f16 checkpoints (half the "
-               "memory and bytes per step of f32) and f32 for f32 ones. bf16 needs model.backend = \"cuda\".")
+          .doc("The KV pool's element type. bf16 holds twice the tokens of f32 in the same memory and halves every KV "
+               "transfer and offload; its outputs differ from f32's at rounding level (still reproducible). auto: f32 on "
+               "the CPU (the reference); on a GPU bf16 for bf16/f16 checkpoints and f32 for f32 ones.")
           ,
       key("kv", "memory_gib", &C::kv, &KvConfig::memory_gib)
           .at_least(0)

@@ -9,10 +9,30 @@
 namespace tandem::runtime::cpu {
 
 CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads)
-    : c_(config), w_(weights), pool_(pool), threads_(threads), kern_(cpu::kernels()), inv_freq_(rope_inv_freq(config)) {
-  if (pool.layout().elem_bytes != 4)
-    throw Error("the CPU backend keeps KV in float32 (kv.dtype = \"f32\" or \"auto\"), not " +
-                std::to_string(8 * pool.layout().elem_bytes) + "-bit elements");
+    : c_(config),
+      w_(weights),
+      pool_(pool),
+      threads_(threads),
+      kern_(cpu::kernels()),
+      inv_freq_(rope_inv_freq(config)),
+      kv_dtype_(pool.layout().elem_bytes == 2 ? DType::kBF16 : DType::kF32) {
+  if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
+    throw Error("the CPU backend keeps KV in float32 or bf16, not " + std::to_string(8 * pool.layout().elem_bytes) +
+                "-bit elements");
+}
+
+// Element e of the pool, as bytes (float32 or bf16 elements).
+const void* CpuModel::kv_at(int64_t e) const {
+  return reinterpret_cast<const uint8_t*>(pool_.data()) + e * pool_.layout().elem_bytes;
+}
+
+void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
+  if (kv_dtype_ == DType::kF32) {
+    std::copy_n(src, n, pool_.data() + e);
+    return;
+  }
+  uint16_t* dst = reinterpret_cast<uint16_t*>(pool_.data()) + e;
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
 void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Product> products) {
@@ -50,7 +70,6 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
   const int64_t hd = c_.head_dim, heads = c_.heads, group = c_.heads / c_.kv_heads;
   const int64_t q_dim = heads * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const float* pool = pool_.data();
   const int64_t rows = static_cast<int64_t>(rows_.size());
   auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
 
@@ -69,7 +88,7 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
 
   threads_.run(static_cast<int64_t>(query_blocks_.size()), [&](int64_t task) {
     thread_local std::vector<float> scores;
-    thread_local std::vector<const float*> keys, values;
+    thread_local std::vector<const void*> keys, values;
     const QueryBlock& qb = query_blocks_[sz(task)];
     const int64_t g = qb.h0 / group;
     const SeqChunk& ch = chunks[sz(rows_[sz(qb.r0)].chunk)];
@@ -91,14 +110,14 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
     scores.resize(sz(M * count));
     for (int64_t j = lo; j <= hi; ++j) {
       const int64_t blk = ch.block_table[sz(j / L.block_size)];
-      keys[sz(j - lo)] = pool + L.offset(blk, layer, 0, j % L.block_size) + g * hd;
-      values[sz(j - lo)] = pool + L.offset(blk, layer, 1, j % L.block_size) + g * hd;
+      keys[sz(j - lo)] = kv_at(L.offset(blk, layer, 0, j % L.block_size) + g * hd);
+      values[sz(j - lo)] = kv_at(L.offset(blk, layer, 1, j % L.block_size) + g * hd);
     }
     // Queries are hd apart within a row (heads of one KV head) or q_dim apart (one head, many rows).
     const int64_t ldq = nh > 1 ? hd : q_dim;
     const float* q = q_.data() + qb.r0 * q_dim + qb.h0 * hd;
     float* out = attn_.data() + qb.r0 * q_dim + qb.h0 * hd;
-    kern_.dot_rows(q, ldq, M, keys.data(), count, hd, scores.data(), count);
+    kern_.dot_rows(q, ldq, M, kv_dtype_, keys.data(), count, hd, scores.data(), count);
     for (int64_t m = 0; m < M; ++m) {
       float* s = scores.data() + m * count + (first_of(m) - lo);
       const int64_t n = pos_of(m) + 1 - first_of(m);
@@ -115,17 +134,17 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
       for (int64_t j = 0; j < n; ++j) s[j] /= sum;
       // The positions before the joint range, alone (this also zeroes the output).
       const int64_t pre = std::max<int64_t>(0, std::min(joint_lo, pos_of(m) + 1) - first_of(m));
-      kern_.weighted_sum(s, count, 1, values.data() + (first_of(m) - lo), pre, hd, false, out + m * ldq, ldq);
+      kern_.weighted_sum(s, count, 1, kv_dtype_, values.data() + (first_of(m) - lo), pre, hd, false, out + m * ldq, ldq);
     }
     if (joint_lo < joint_hi) {  // every query's middle part, together
-      kern_.weighted_sum(scores.data() + (joint_lo - lo), count, M, values.data() + (joint_lo - lo),
+      kern_.weighted_sum(scores.data() + (joint_lo - lo), count, M, kv_dtype_, values.data() + (joint_lo - lo),
                          joint_hi - joint_lo, hd, true, out, ldq);
     }
     for (int64_t m = 0; m < M; ++m) {  // the rest, alone
       const int64_t from = std::max(joint_lo, std::max(joint_hi, first_of(m)));
       const int64_t n = pos_of(m) + 1 - from;
       if (n > 0)
-        kern_.weighted_sum(scores.data() + m * count + (from - lo), count, 1, values.data() + (from - lo), n, hd,
+        kern_.weighted_sum(scores.data() + m * count + (from - lo), count, 1, kv_dtype_, values.data() + (from - lo), n, hd,
                            true, out + m * ldq, ldq);
     }
   });
@@ -198,7 +217,6 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
            {{&lw.wq, q_.data(), b ? &lw.bq : nullptr},
             {&lw.wk, kbuf_.data(), b ? &lw.bk : nullptr},
             {&lw.wv, vbuf_.data(), b ? &lw.bv : nullptr}});
-    float* pool = pool_.data();
     for (int64_t r = 0; r < R; ++r) {
       for (int64_t h = 0; h < c_.heads; ++h) {
         float* q = q_.data() + r * q_dim + h * hd;
@@ -212,8 +230,8 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
       }
       const auto& ref = rows_[sz(r)];
       const int64_t blk = chunks[sz(ref.chunk)].block_table[sz(ref.pos / L.block_size)];
-      std::copy_n(kbuf_.data() + r * kv_dim, kv_dim, pool + L.offset(blk, l, 0, ref.pos % L.block_size));
-      std::copy_n(vbuf_.data() + r * kv_dim, kv_dim, pool + L.offset(blk, l, 1, ref.pos % L.block_size));
+      store_kv(kbuf_.data() + r * kv_dim, kv_dim, L.offset(blk, l, 0, ref.pos % L.block_size));
+      store_kv(vbuf_.data() + r * kv_dim, kv_dim, L.offset(blk, l, 1, ref.pos % L.block_size));
     }
     attention(l, chunks);
     matmul(attn_.data(), R, {{&lw.wo, xn_.data(), lw.bo.empty() ? nullptr : &lw.bo}});

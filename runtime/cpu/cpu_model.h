@@ -50,6 +50,10 @@ class CpuModel final : public ModelBackend {
   void matmul(const float* x, int64_t rows, std::initializer_list<Product> products);
   void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
+  // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
+  // nearest even as on a GPU, which halves the pool and every KV transfer.
+  const void* kv_at(int64_t element) const;
+  void store_kv(const float* src, int64_t n, int64_t element);
 
   const ModelConfig& c_;
   const ModelWeights& w_;
@@ -57,6 +61,7 @@ class CpuModel final : public ModelBackend {
   ThreadPool& threads_;
   const KernelTable& kern_;
   std::vector<float> inv_freq_;  // [head_dim / 2], RoPE frequencies after scaling
+  DType kv_dtype_;               // the pool's elements
 
   // Step buffers, [rows][width].
   std::vector<float> x_, xn_, q_, kbuf_, vbuf_, attn_, gate_, up_;

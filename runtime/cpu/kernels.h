@@ -25,15 +25,18 @@ struct KernelTable {
   float (*dot)(const float* a, const float* b, int64_t n);
   // y[i] = fma(a, x[i], y[i])
   void (*axpy)(float a, const float* x, float* y, int64_t n);
-  // Attention scores of M queries (q + m * ldq) against the same rows:
-  // out[m * ldo + r] = dot(q + m * ldq, rows[r], n), bitwise as dot(), faster.
-  void (*dot_rows)(const float* q, int64_t ldq, int64_t M, const float* const* rows, int64_t count, int64_t n,
-                   float* out, int64_t ldo);
-  // M weighted sums of the same rows: for each m, o = out + m * ldo is set to
-  // 0 (unless accumulate), then for r in order axpy(w[m * ldw + r], rows[r],
-  // o, n) — bitwise as that loop, with o kept in registers.
-  void (*weighted_sum)(const float* w, int64_t ldw, int64_t M, const float* const* rows, int64_t count, int64_t n,
-                       bool accumulate, float* out, int64_t ldo);
+  // Attention scores of M queries (q + m * ldq) against the same rows, whose
+  // elements are of type kv (float32 or bf16 KV, widened exactly):
+  // out[m * ldo + r] = dot(q + m * ldq, rows[r], n), bitwise as dot() on the
+  // widened rows, faster.
+  void (*dot_rows)(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count,
+                   int64_t n, float* out, int64_t ldo);
+  // M weighted sums of the same rows (of type kv): for each m, o = out + m *
+  // ldo is set to 0 (unless accumulate), then for r in order axpy(w[m * ldw +
+  // r], rows[r], o, n) — bitwise as that loop on the widened rows, with o kept
+  // in registers.
+  void (*weighted_sum)(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count,
+                       int64_t n, bool accumulate, float* out, int64_t ldo);
 };
 
 const KernelTable& kernels();         // the best table this CPU runs

@@ -153,55 +153,87 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 // Four rows at a time: four independent 8-lane chains, each exactly dot().
-void dot_rows_one(const float* q, const float* const* rows, int64_t count, int64_t n, float* out) {
+template <DType D>
+void dot_rows_one(const float* q, const void* const* rows, int64_t count, int64_t n, float* out) {
   const int64_t n8 = n & ~int64_t{7};
   int64_t r = 0;
   for (; r + 4 <= count; r += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const float *p0 = rows[r], *p1 = rows[r + 1], *p2 = rows[r + 2], *p3 = rows[r + 3];
+    const void *p0 = rows[r], *p1 = rows[r + 1], *p2 = rows[r + 2], *p3 = rows[r + 3];
     for (int64_t k = 0; k < n8; k += 8) {
       const __m256 qv = _mm256_loadu_ps(q + k);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p0 + k), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p1 + k), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p2 + k), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p3 + k), a3);
+      a0 = _mm256_fmadd_ps(qv, load8<D>(p0, k), a0);
+      a1 = _mm256_fmadd_ps(qv, load8<D>(p1, k), a1);
+      a2 = _mm256_fmadd_ps(qv, load8<D>(p2, k), a2);
+      a3 = _mm256_fmadd_ps(qv, load8<D>(p3, k), a3);
     }
     float v[4] = {fold(a0), fold(a1), fold(a2), fold(a3)};
-    const float* ps[4] = {p0, p1, p2, p3};
+    const void* ps[4] = {p0, p1, p2, p3};
     for (int i = 0; i < 4; ++i) {
-      for (int64_t k = n8; k < n; ++k) v[i] = std::fma(q[k], ps[i][k], v[i]);
+      for (int64_t k = n8; k < n; ++k) v[i] = std::fma(q[k], load1<D>(ps[i], k), v[i]);
       out[r + i] = v[i];
     }
   }
-  for (; r < count; ++r) out[r] = dot(q, rows[r], n);
+  for (; r < count; ++r) {
+    const auto* row = static_cast<const uint8_t*>(rows[r]);
+    tile<D, 1, 1, 1>(q, 0, &row, n, out + r, 0);
+  }
 }
 
-void dot_rows(const float* q, int64_t ldq, int64_t M, const float* const* rows, int64_t count, int64_t n, float* out,
-              int64_t ldo) {
-  for (int64_t m = 0; m < M; ++m) dot_rows_one(q + m * ldq, rows, count, n, out + m * ldo);
+template <DType D>
+void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows, int64_t count, int64_t n, float* out,
+                int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) dot_rows_one<D>(q + m * ldq, rows, count, n, out + m * ldo);
+}
+
+void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
+              float* out, int64_t ldo) {
+  switch (kv) {
+    case DType::kF32: return dot_rows_d<DType::kF32>(q, ldq, M, rows, count, n, out, ldo);
+    case DType::kBF16: return dot_rows_d<DType::kBF16>(q, ldq, M, rows, count, n, out, ldo);
+    case DType::kF16: return dot_rows_d<DType::kF16>(q, ldq, M, rows, count, n, out, ldo);
+  }
 }
 
 // Columns in chunks of 64 held in eight registers across every row.
-void weighted_sum_one(const float* w, const float* const* rows, int64_t count, int64_t n, bool accumulate, float* out) {
+template <DType D>
+void weighted_sum_one(const float* w, const void* const* rows, int64_t count, int64_t n, bool accumulate, float* out) {
+  constexpr int64_t es = D == DType::kF32 ? 4 : 2;
   int64_t c = 0;
   for (; c + 64 <= n; c += 64) {
     __m256 acc[8];
     for (int i = 0; i < 8; ++i) acc[i] = accumulate ? _mm256_loadu_ps(out + c + 8 * i) : _mm256_setzero_ps();
     for (int64_t r = 0; r < count; ++r) {
       const __m256 wv = _mm256_set1_ps(w[r]);
-      const float* row = rows[r] + c;
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 8 * i), acc[i]);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(wv, load8<D>(rows[r], c + 8 * i), acc[i]);
     }
     for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, acc[i]);
   }
   if (!accumulate)
     for (int64_t i = c; i < n; ++i) out[i] = 0.0f;
-  for (int64_t r = 0; r < count; ++r) axpy(w[r], rows[r] + c, out + c, n - c);
+  for (int64_t r = 0; r < count; ++r) {
+    const __m256 av = _mm256_set1_ps(w[r]);
+    const auto* row = static_cast<const uint8_t*>(rows[r]) + c * es;
+    float* o = out + c;
+    int64_t i = 0;
+    for (; i + 8 <= n - c; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(av, load8<D>(row, i), _mm256_loadu_ps(o + i)));
+    for (; i < n - c; ++i) o[i] = std::fma(w[r], load1<D>(row, i), o[i]);
+  }
 }
 
-void weighted_sum(const float* w, int64_t ldw, int64_t M, const float* const* rows, int64_t count, int64_t n,
+template <DType D>
+void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* rows, int64_t count, int64_t n,
+                    bool accumulate, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) weighted_sum_one<D>(w + m * ldw, rows, count, n, accumulate, out + m * ldo);
+}
+
+void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
                   bool accumulate, float* out, int64_t ldo) {
-  for (int64_t m = 0; m < M; ++m) weighted_sum_one(w + m * ldw, rows, count, n, accumulate, out + m * ldo);
+  switch (kv) {
+    case DType::kF32: return weighted_sum_d<DType::kF32>(w, ldw, M, rows, count, n, accumulate, out, ldo);
+    case DType::kBF16: return weighted_sum_d<DType::kBF16>(w, ldw, M, rows, count, n, accumulate, out, ldo);
+    case DType::kF16: return weighted_sum_d<DType::kF16>(w, ldw, M, rows, count, n, accumulate, out, ldo);
+  }
 }
 
 }  // namespace

@@ -189,19 +189,41 @@ void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
 
 // Attention scores: the queries are the rows of x, six keys make a tile
 // (three pairs), exactly the matrix tile on row pointers.
-void dot_rows(const float* q, int64_t ldq, int64_t M, const float* const* rows, int64_t count, int64_t n, float* out,
-              int64_t ldo) {
+template <DType D>
+void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows, int64_t count, int64_t n, float* out,
+                int64_t ldo) {
   const auto* w = reinterpret_cast<const uint8_t* const*>(rows);
   int64_t r = 0;
-  for (; r + 6 <= count; r += 6) row_tiles<DType::kF32, 6, 3, 1, false>(0, M, q, ldq, w + r, n, out + r, ldo);
-  if (r < count) avx2_kernels()->dot_rows(q, ldq, M, rows + r, count - r, n, out + r, ldo);
+  for (; r + 6 <= count; r += 6) row_tiles<D, 6, 3, 1, false>(0, M, q, ldq, w + r, n, out + r, ldo);
+  if (r < count) avx2_kernels()->dot_rows(q, ldq, M, D, rows + r, count - r, n, out + r, ldo);
+}
+
+void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
+              float* out, int64_t ldo) {
+  switch (kv) {
+    case DType::kF32: return dot_rows_d<DType::kF32>(q, ldq, M, rows, count, n, out, ldo);
+    case DType::kBF16: return dot_rows_d<DType::kBF16>(q, ldq, M, rows, count, n, out, ldo);
+    case DType::kF16: return dot_rows_d<DType::kF16>(q, ldq, M, rows, count, n, out, ldo);
+  }
+}
+
+// Sixteen elements from i on (those the mask keeps), widened to float.
+template <DType D>
+inline __m512 load16(__mmask16 mask, const void* base, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + i);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + i);
+    if constexpr (D == DType::kBF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else return _mm512_cvtph_ps(h);
+  }
 }
 
 // MR weighted sums over 64 columns at a time (the last chunk masked); each
 // output element is its own FMA chain over the rows, so lane width does not
 // matter to the bits.
-template <int MR>
-void weighted_sum_tile(const float* w, int64_t ldw, const float* const* rows, int64_t count, int64_t n,
+template <DType D, int MR>
+void weighted_sum_tile(const float* w, int64_t ldw, const void* const* rows, int64_t count, int64_t n,
                        bool accumulate, float* out, int64_t ldo) {
   for (int64_t c = 0; c < n; c += 64) {
     __mmask16 mask[4];
@@ -215,7 +237,7 @@ void weighted_sum_tile(const float* w, int64_t ldw, const float* const* rows, in
         acc[m][i] = accumulate ? _mm512_maskz_loadu_ps(mask[i], out + m * ldo + c + 16 * i) : _mm512_setzero_ps();
     for (int64_t r = 0; r < count; ++r) {
       __m512 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = _mm512_maskz_loadu_ps(mask[i], rows[r] + c + 16 * i);
+      for (int i = 0; i < 4; ++i) v[i] = load16<D>(mask[i], rows[r], c + 16 * i);
       for (int m = 0; m < MR; ++m) {
         const __m512 wv = _mm512_set1_ps(w[m * ldw + r]);
         for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_fmadd_ps(wv, v[i], acc[m][i]);
@@ -226,15 +248,25 @@ void weighted_sum_tile(const float* w, int64_t ldw, const float* const* rows, in
   }
 }
 
-void weighted_sum(const float* w, int64_t ldw, int64_t M, const float* const* rows, int64_t count, int64_t n,
-                  bool accumulate, float* out, int64_t ldo) {
+template <DType D>
+void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* rows, int64_t count, int64_t n,
+                    bool accumulate, float* out, int64_t ldo) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) weighted_sum_tile<4>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo);
+  for (; m + 4 <= M; m += 4) weighted_sum_tile<D, 4>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo);
   switch (M - m) {
-    case 3: weighted_sum_tile<3>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
-    case 2: weighted_sum_tile<2>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
-    case 1: weighted_sum_tile<1>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
+    case 3: weighted_sum_tile<D, 3>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
+    case 2: weighted_sum_tile<D, 2>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
+    case 1: weighted_sum_tile<D, 1>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
     default: break;
+  }
+}
+
+void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
+                  bool accumulate, float* out, int64_t ldo) {
+  switch (kv) {
+    case DType::kF32: return weighted_sum_d<DType::kF32>(w, ldw, M, rows, count, n, accumulate, out, ldo);
+    case DType::kBF16: return weighted_sum_d<DType::kBF16>(w, ldw, M, rows, count, n, accumulate, out, ldo);
+    case DType::kF16: return weighted_sum_d<DType::kF16>(w, ldw, M, rows, count, n, accumulate, out, ldo);
   }
 }
 

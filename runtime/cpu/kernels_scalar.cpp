@@ -54,19 +54,23 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
-void dot_rows(const float* q, int64_t ldq, int64_t M, const float* const* rows, int64_t count, int64_t n, float* out,
-              int64_t ldo) {
+void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
+              float* out, int64_t ldo) {
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t r = 0; r < count; ++r) out[m * ldo + r] = dot(q + m * ldq, rows[r], n);
+    for (int64_t r = 0; r < count; ++r)
+      out[m * ldo + r] = dot8(q + m * ldq, [&](int64_t k) { return load_as_f32(rows[r], kv, static_cast<std::size_t>(k)); }, n);
 }
 
-void weighted_sum(const float* w, int64_t ldw, int64_t M, const float* const* rows, int64_t count, int64_t n,
+void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
                   bool accumulate, float* out, int64_t ldo) {
   for (int64_t m = 0; m < M; ++m) {
     float* o = out + m * ldo;
     if (!accumulate)
       for (int64_t i = 0; i < n; ++i) o[i] = 0.0f;
-    for (int64_t r = 0; r < count; ++r) axpy(w[m * ldw + r], rows[r], o, n);
+    for (int64_t r = 0; r < count; ++r) {
+      const float a = w[m * ldw + r];
+      for (int64_t i = 0; i < n; ++i) o[i] = std::fma(a, load_as_f32(rows[r], kv, static_cast<std::size_t>(i)), o[i]);
+    }
   }
 }
 

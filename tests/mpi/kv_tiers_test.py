@@ -12,7 +12,10 @@ Checks, each against the tokens of a run without any tier:
    without write permission: one warning line each, correct outputs;
  - a pool holding a third of the working set: identical outputs, hits move
    to host memory, and (with the store) to disk; the reorder window groups
-   requests by shared prefix, output still in input order.
+   requests by shared prefix, output still in input order;
+ - kv.dtype = bf16: the store holds the bf16 bits (uint16, dtype attribute
+   "bfloat16"), a second bf16 job reads them back with outputs equal to a
+   cold bf16 run, and a float32 job ignores that store with one warning.
 Usage: kv_tiers_test.py TANDEM SRC_DIR"""
 import json
 import os
@@ -243,5 +246,37 @@ with tempfile.TemporaryDirectory() as d:
     check("small pool + store, second run: identical outputs, hits from disk",
           p3.returncode == 0 and disk == big and dt.get("hit_tokens", {}).get("disk", 0) > 0, json.dumps(dt))
     print(f"     prompt tokens computed: {json.dumps(computed)}; with the store: {sd.get('prompt_tokens_computed')}")
+
+    # 6. bf16 KV: half the bytes in the store, the same exactly-once reuse.
+    bf16 = 'dtype = "bf16"\n'
+    store16 = tmp / "store16"
+    kv16 = bf16 + f'store_path = "{store16}"\nstore_min_hits = 1\n'
+    p0, cold16, _, _ = run("cold16", bf16)
+    p1, first16, s1, w1 = run("first16", kv16)
+    p2, second16, s2, w2 = run("second16", kv16)
+    check("bf16: cold, first and second job with the store complete with equal outputs, no warnings",
+          p0.returncode == 0 and p1.returncode == 0 and p2.returncode == 0 and len(cold16) == 48 and
+          first16 == cold16 and second16 == cold16 and not w1 and not w2, "; ".join(w1 + w2))
+    t2 = s2.get("kv_tiers", {})
+    check("bf16: the second job's prompts come from the store",
+          t2.get("hit_tokens", {}).get("disk", 0) > 0 and
+          s2.get("prompt_tokens_computed", 1 << 30) <= 0.1 * s1.get("prompt_tokens_computed", 0), json.dumps(t2))
+    files16 = sorted(store16.glob("*.h5"))
+    ok16 = bool(files16)
+    for f in files16:
+        with h5py.File(f, "r") as h:
+            n = int(h.attrs["blocks"])
+            bits = h["kv"][:n]
+            ok16 &= h["kv"].dtype == np.uint16 and h.attrs["dtype"] == "bfloat16" and int(h.attrs["layout_version"]) == 2
+            ok16 &= bits.shape[1:] == (cfg["num_hidden_layers"], 2, 16, cfg["num_key_value_heads"], cfg["head_dim"])
+            values = (bits.astype(np.uint32) << 16).view(np.float32)  # bf16 is float32's upper half
+            ok16 &= bool(np.isfinite(values).all()) and bool(np.abs(values).sum() > 0)
+    written16 = s1.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
+    check("bf16: h5py reads uint16 bits, dtype = bfloat16, layout_version 2, finite non-zero values",
+          ok16 and written16 > 0, f"{len(files16)} files, {written16} blocks written")
+    p, tokens, s, w = run("f32_on_bf16_store", f'store_path = "{store16}"\n')
+    check("a float32 job ignores a bf16 store with one warning, outputs as cold",
+          p.returncode == 0 and tokens == cold and len(w) == 1 and 'set kv.dtype = "bf16" to use it' in w[0] and
+          s.get("kv_tiers", {}).get("hit_tokens", {}).get("disk", 1) == 0, "; ".join(w))
 
 sys.exit(check.exit_code())

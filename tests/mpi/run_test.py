@@ -4,7 +4,8 @@ same outputs (token ids and text) with -np 1, aggregated with 2 workers, and
 disaggregated 1P+1D, 1P+2D, 2P+1D and 2P+3D; every custom_id appears exactly
 once; every line has the OpenAI Batch output shape; in disaggregated runs
 the summary's kv_bytes_transferred equals the blocks of the prompts that
-travelled, and the decode ranks computed no prompt tokens of those; bad lines
+travelled (half as many bytes with kv.dtype = bf16, whose runs agree with
+each other bitwise as well), and the decode ranks computed no prompt tokens of those; bad lines
 become 400 error lines while the rest complete.
 Usage: run_test.py TANDEM SRC_DIR"""
 import json
@@ -82,9 +83,15 @@ with tempfile.TemporaryDirectory() as tmp:
                ("disagg 2P+1D", 4, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
                ("disagg 2P+3D", 6, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
                ("disagg 1P+2D two-sided", 4, ["job.mode=disagg", "cluster.prefill_ranks=1",
-                                              "transport.backend=mpi_two_sided"])]
-    reference = None
+                                              "transport.backend=mpi_two_sided"]),
+               # bf16 KV: its own reference (rounding differs from float32), half the bytes on the wire.
+               ("np1 bf16", 1, ["kv.dtype=bf16"]),
+               ("disagg 1P+2D bf16", 4, ["job.mode=disagg", "cluster.prefill_ranks=1", "kv.dtype=bf16"]),
+               ("disagg 1P+1D two-sided bf16", 3, ["job.mode=disagg", "cluster.prefill_ranks=1", "kv.dtype=bf16",
+                                                  "transport.backend=mpi_two_sided"])]
+    reference = {}
     for name, np, sets in configs:
+        kv_dtype = "bf16" if "kv.dtype=bf16" in sets else "f32"
         out = tmp / f"out-{np}-{len(sets)}-{name[-5:].replace(' ', '')}.jsonl"
         p = run(np, out, *sets)
         check(f"{name}: exit 0", p.returncode == 0, p.stderr.strip()[-300:])
@@ -105,14 +112,16 @@ with tempfile.TemporaryDirectory() as tmp:
                                 l["response"]["body"]["choices"][0].get("message", {}).get("content")))
                for l in lines if l["response"]["status_code"] == 200}
         check(f"{name}: all 200", len(got) == len(inputs), f"{len(got)} of {len(inputs)}")
-        if reference is None:
-            reference = got
+        if kv_dtype not in reference:
+            reference[kv_dtype] = got
         else:
-            diff = [k for k in reference if reference[k] != got.get(k)]
+            ref = reference[kv_dtype]
+            diff = [k for k in ref if ref[k] != got.get(k)]
             check(f"{name}: token ids and text bitwise equal to -np 1", not diff, f"{len(diff)} differ, e.g. {diff[:3]}")
         summary = json.loads(Path(str(out) + ".summary.json").read_text())
         if "disagg" in name:
-            block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # layers x K,V x block x kv_heads x head_dim x float (tiny preset)
+            # layers x K,V x block x kv_heads x head_dim x element (tiny preset)
+            block_bytes = 2 * 2 * 16 * 2 * 16 * (2 if kv_dtype == "bf16" else 4)
             travelled = [l for l in lines if l["tandem"]["prefill_worker"] >= 0]
             local = [l for l in lines if l["tandem"]["prefill_worker"] < 0]
             want = sum(l["tandem"]["kv_blocks_moved"] * block_bytes for l in travelled)

@@ -306,7 +306,7 @@ TEST_CASE("tiers reach a pool the host cannot read directly only through the poo
   pool.release(got);
 }
 
-TEST_CASE("disk store of bf16 blocks (GPU pools): bits come back as written; a float32 job does not use it", "[kv]") {
+TEST_CASE("disk store of bf16 blocks: bits come back as written; a float32 job does not use it", "[kv]") {
   TempDir dir;
   std::vector<std::string> warnings;
   KvLayout bf16 = kLayout;

@@ -119,44 +119,58 @@ TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shap
   CHECK(y1 == y2);
 
   // The attention kernels against the loops they stand for, on every table,
-  // for several queries at once (strided as in the model) and resumed sums.
+  // for several queries at once (strided as in the model) and resumed sums,
+  // with float32 and half-width (bf16, f16) KV rows: the reference is the
+  // float loop on the rows widened.
   std::vector<const KernelTable*> tables{avx2, &scalar};
   if (avx512_kernels()) tables.push_back(avx512_kernels());
-  for (int64_t n : {16, 64, 128, 136}) {
-    for (int64_t count : {1, 3, 4, 9, 130}) {
-      std::vector<std::vector<float>> rows(static_cast<std::size_t>(count), std::vector<float>(static_cast<std::size_t>(n)));
-      std::vector<const float*> ptrs;
-      for (auto& r : rows) {
-        for (auto& v : r) v = u(rng);
-        ptrs.push_back(r.data());
-      }
-      for (int64_t M : {1, 2, 3, 5, 7}) {
-        const int64_t ldq = n + 3, ldo = count + 2, ldw = count + 1;
-        std::vector<float> q(static_cast<std::size_t>(M * ldq)), w(static_cast<std::size_t>(M * ldw));
-        for (auto& v : q) v = u(rng);
-        for (auto& v : w) v = u(rng);
-        for (const KernelTable* t : tables) {
-          INFO(t->name << " n " << n << " count " << count << " M " << M);
-          std::vector<float> scores(static_cast<std::size_t>(M * ldo), -5.0f);
-          t->dot_rows(q.data(), ldq, M, ptrs.data(), count, n, scores.data(), ldo);
-          for (int64_t m = 0; m < M; ++m) {
-            for (int64_t r = 0; r < count; ++r) REQUIRE(scores[m * ldo + r] == scalar.dot(q.data() + m * ldq, ptrs[r], n));
-            REQUIRE(scores[m * ldo + count] == -5.0f);
+  for (DType kv : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t n : {16, 20, 64, 128, 136}) {
+      for (int64_t count : {1, 3, 4, 9, 130}) {
+        const std::size_t es = dtype_size(kv);
+        std::vector<std::vector<uint8_t>> rows(static_cast<std::size_t>(count), std::vector<uint8_t>(static_cast<std::size_t>(n) * es));
+        std::vector<std::vector<float>> wide(static_cast<std::size_t>(count), std::vector<float>(static_cast<std::size_t>(n)));
+        std::vector<const void*> ptrs;
+        std::vector<const float*> wide_ptrs;
+        for (std::size_t r = 0; r < rows.size(); ++r) {
+          for (int64_t i = 0; i < n; ++i) {
+            const float v = u(rng);
+            const uint16_t h = kv == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+            if (kv == DType::kF32) std::memcpy(rows[r].data() + 4 * i, &v, 4);
+            else std::memcpy(rows[r].data() + 2 * i, &h, 2);
+            wide[r][static_cast<std::size_t>(i)] = load_as_f32(rows[r].data(), kv, static_cast<std::size_t>(i));
           }
-          // Sums over all rows at once, and split in two calls (the second accumulating).
-          const int64_t ld_out = n + 5, split = count / 3;
-          std::vector<float> sum(static_cast<std::size_t>(M * ld_out), 123.0f), sum2 = sum;
-          t->weighted_sum(w.data(), ldw, M, ptrs.data(), count, n, false, sum.data(), ld_out);
-          t->weighted_sum(w.data(), ldw, M, ptrs.data(), split, n, false, sum2.data(), ld_out);
-          t->weighted_sum(w.data() + split, ldw, M, ptrs.data() + split, count - split, n, true, sum2.data(), ld_out);
-          for (int64_t m = 0; m < M; ++m) {
-            std::vector<float> ref(static_cast<std::size_t>(n), 0.0f);
-            for (int64_t r = 0; r < count; ++r) scalar.axpy(w[m * ldw + r], ptrs[r], ref.data(), n);
-            for (int64_t i = 0; i < n; ++i) {
-              REQUIRE(std::memcmp(&sum[m * ld_out + i], &ref[i], 4) == 0);
-              REQUIRE(std::memcmp(&sum2[m * ld_out + i], &ref[i], 4) == 0);
+          ptrs.push_back(rows[r].data());
+          wide_ptrs.push_back(wide[r].data());
+        }
+        for (int64_t M : {1, 2, 3, 5, 7}) {
+          const int64_t ldq = n + 3, ldo = count + 2, ldw = count + 1;
+          std::vector<float> q(static_cast<std::size_t>(M * ldq)), w(static_cast<std::size_t>(M * ldw));
+          for (auto& v : q) v = u(rng);
+          for (auto& v : w) v = u(rng);
+          for (const KernelTable* t : tables) {
+            INFO(t->name << " kv " << dtype_name(kv) << " n " << n << " count " << count << " M " << M);
+            std::vector<float> scores(static_cast<std::size_t>(M * ldo), -5.0f);
+            t->dot_rows(q.data(), ldq, M, kv, ptrs.data(), count, n, scores.data(), ldo);
+            for (int64_t m = 0; m < M; ++m) {
+              for (int64_t r = 0; r < count; ++r) REQUIRE(scores[m * ldo + r] == scalar.dot(q.data() + m * ldq, wide_ptrs[r], n));
+              REQUIRE(scores[m * ldo + count] == -5.0f);
             }
-            for (int64_t i = n; i < ld_out && m + 1 < M; ++i) REQUIRE(sum[m * ld_out + i] == 123.0f);
+            // Sums over all rows at once, and split in two calls (the second accumulating).
+            const int64_t ld_out = n + 5, split = count / 3;
+            std::vector<float> sum(static_cast<std::size_t>(M * ld_out), 123.0f), sum2 = sum;
+            t->weighted_sum(w.data(), ldw, M, kv, ptrs.data(), count, n, false, sum.data(), ld_out);
+            t->weighted_sum(w.data(), ldw, M, kv, ptrs.data(), split, n, false, sum2.data(), ld_out);
+            t->weighted_sum(w.data() + split, ldw, M, kv, ptrs.data() + split, count - split, n, true, sum2.data(), ld_out);
+            for (int64_t m = 0; m < M; ++m) {
+              std::vector<float> ref(static_cast<std::size_t>(n), 0.0f);
+              for (int64_t r = 0; r < count; ++r) scalar.axpy(w[m * ldw + r], wide_ptrs[r], ref.data(), n);
+              for (int64_t i = 0; i < n; ++i) {
+                REQUIRE(std::memcmp(&sum[m * ld_out + i], &ref[i], 4) == 0);
+                REQUIRE(std::memcmp(&sum2[m * ld_out + i], &ref[i], 4) == 0);
+              }
+              for (int64_t i = n; i < ld_out && m + 1 < M; ++i) REQUIRE(sum[m * ld_out + i] == 123.0f);
+            }
           }
         }
       }
