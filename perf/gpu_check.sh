@@ -17,7 +17,10 @@ cd "$(dirname "$0")/.."
 mode=${1:-build}
 dir=${2:-}
 
-checks() {  # TEST_BINARY BENCH_BINARY: the gpu tests, then the benchmark
+# TEST_BINARY BENCH_BINARY NEED_GPU: the gpu tests, then the benchmark. With
+# NEED_GPU=1 (a bundle run, or nvidia-smi lists a GPU) a skip is a failure:
+# the tests did not see the GPU they were sent to.
+checks() {
   nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
   "$1" --durations yes
   local rc=$?
@@ -26,9 +29,13 @@ checks() {  # TEST_BINARY BENCH_BINARY: the gpu tests, then the benchmark
     77) echo "gpu tests: skipped (no GPU visible)" ;;
     *) echo "gpu tests: FAILED (exit $rc)" ;;
   esac
+  if [ $rc -eq 77 ] && [ "$3" = 1 ]; then
+    echo "gpu tests: FAILED (this machine should have a GPU, the tests saw none)"
+    return 1
+  fi
   "$2"
   local bench=$?
-  [ $rc -eq 77 ] && return 0  # no GPU: the bench could not run either, and said so
+  [ $rc -eq 77 ] && return 0  # no GPU here: the bench could not run either, and said so
   [ $bench -ne 0 ] && echo "gpu_bench: FAILED (exit $bench)"
   return $(( rc != 0 ? rc : bench ))
 }
@@ -50,11 +57,16 @@ case $mode in
     ;;
   --run-bundle)
     [ -n "$dir" ] || { echo "usage: $0 --run-bundle DIR" >&2; exit 2; }
-    dir=$(cd "$dir" && pwd)
-    cuda_libs=$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
-    export LD_LIBRARY_PATH="$dir/lib:${cuda_libs:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    dir=$(cd "$dir" 2>/dev/null && pwd) || { echo "$2: no such directory; was the bundle carried to this machine?" >&2; exit 2; }
+    for b in gpu_cuda_backend gpu_bench; do
+      [ -x "$dir/$b" ] || { echo "$dir/$b: missing; was the bundle carried to this machine?" >&2; exit 2; }
+    done
+    hit=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)
+    cuda_libs=/usr/local/cuda/lib64
+    [ -n "$hit" ] && cuda_libs=$(dirname "$hit")
+    export LD_LIBRARY_PATH="$dir/lib:$cuda_libs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     export TANDEM_SOURCE_DIR=$dir
-    checks "$dir/gpu_cuda_backend" "$dir/gpu_bench"
+    checks "$dir/gpu_cuda_backend" "$dir/gpu_bench" 1
     rc=$?
     echo "NCCL conformance: not run (bundle mode has no MPI; it needs two GPUs and the built mode)"
     exit $rc
@@ -63,9 +75,9 @@ case $mode in
     b=build-gpu
     cmake -S . -B "$b" -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_WERROR=ON -DCMAKE_CUDA_ARCHITECTURES=native > /dev/null &&
       cmake --build "$b" -j "$(nproc)" --target gpu_cuda_backend gpu_bench conformance_nccl || exit 1
-    checks "$b/tests/gpu/gpu_cuda_backend" "$b/perf/gpu_bench"
-    rc=$?
     gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+    checks "$b/tests/gpu/gpu_cuda_backend" "$b/perf/gpu_bench" $(( gpus > 0 ))
+    rc=$?
     if [ "$gpus" -ge 2 ]; then
       (cd "$b" && ctest -R gpu_conformance_nccl --output-on-failure) || rc=1
     else

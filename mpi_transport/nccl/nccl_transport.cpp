@@ -53,8 +53,15 @@ NcclTransport::~NcclTransport() {
 Status NcclTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
   block_bytes_ = block_bytes;
   n_blocks_ = n_blocks;
-  TANDEM_CUDA_RT(cudaMalloc(reinterpret_cast<void**>(&pool_), block_bytes * static_cast<std::size_t>(n_blocks)));
-  TANDEM_CUDA_RT(cudaMemset(pool_, 0, block_bytes * static_cast<std::size_t>(n_blocks)));
+  // Every rank learns whether every pool was made before any waits on the
+  // others: a rank that returned alone would leave the rest in MPI_Allgather.
+  cudaError_t made = cudaMalloc(reinterpret_cast<void**>(&pool_), block_bytes * static_cast<std::size_t>(n_blocks));
+  if (made == cudaSuccess) made = cudaMemset(pool_, 0, block_bytes * static_cast<std::size_t>(n_blocks));
+  if (made == cudaSuccess) made = cudaDeviceSynchronize();
+  int all_made = made == cudaSuccess;
+  TANDEM_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_made, 1, MPI_INT, MPI_MIN, comm_));
+  if (made != cudaSuccess) return cuda_status(made, "cudaMalloc (the KV pool)", __FILE__, __LINE__);
+  if (!all_made) return Status(StatusCode::kUnavailable, "another rank could not allocate its KV pool on its GPU");
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
   for (int d = 0; d < 2; ++d) {
@@ -64,8 +71,36 @@ Status NcclTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, voi
     TANDEM_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_));
     TANDEM_NCCL(ncclCommInitRank(&nccl_[d], size_, id, rank_));
   }
+  TANDEM_RETURN_IF_ERROR(connect_all());
   *base = pool_;
   return Status();
+}
+
+// NCCL connects a pair on its first send or receive, inside ncclGroupEnd,
+// and holds the host there until the peer joins. Left to the first transfer,
+// two ranks sending to each other at once (one on each communicator) would
+// each wait for the other for ever, and any sender would stall until its
+// peer's next progress(). So every pair is connected here, all ranks
+// together: in one group per communicator, one byte each way that it carries.
+Status NcclTransport::connect_all() {
+  uint8_t* scratch = nullptr;  // [0]: the byte sent; [1 + p]: the byte from rank p
+  TANDEM_CUDA_RT(cudaMalloc(reinterpret_cast<void**>(&scratch), static_cast<std::size_t>(size_) + 1));
+  Status s;
+  for (int d = 0; d < 2 && s.ok(); ++d) {
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+      if (p == rank_) continue;
+      r = direction(p, true) == d ? ncclSend(scratch, 1, ncclUint8, p, nccl_[d], stream_[d])
+                                  : ncclRecv(scratch + 1 + p, 1, ncclUint8, p, nccl_[d], stream_[d]);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (r == ncclSuccess) r = ended;
+    if (r != ncclSuccess) s = nccl_status(r, "connecting the NCCL pairs", __FILE__, __LINE__);
+    else if (const cudaError_t e = cudaStreamSynchronize(stream_[d]); e != cudaSuccess)
+      s = cuda_status(e, "cudaStreamSynchronize (connecting the NCCL pairs)", __FILE__, __LINE__);
+  }
+  cudaFree(scratch);
+  return s;
 }
 
 // Traffic from a lower rank to a higher one uses communicator and stream 0,
@@ -149,7 +184,10 @@ Status NcclTransport::progress() {
   // Receives that have landed: acknowledge, in order.
   while (!incoming_.empty()) {
     const cudaError_t q = cudaEventQuery(incoming_.front().done);
-    if (q == cudaErrorNotReady) break;
+    if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: never left for the model's next launch check to find
+      break;
+    }
     if (q != cudaSuccess) return cuda_status(q, "cudaEventQuery", __FILE__, __LINE__);
     Incoming in = incoming_.front();
     incoming_.pop_front();

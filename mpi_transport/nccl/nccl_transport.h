@@ -3,7 +3,8 @@
 //
 // create_pool() allocates the pool in device memory (cudaMalloc, the current
 // device) and builds the NCCL communicator over the transport's MPI ranks,
-// rank 0's ncclUniqueId broadcast with MPI. post() sends the peer a header
+// rank 0's ncclUniqueId broadcast with MPI, then connects every pair at once
+// (a lazy first connection blocks the host until the peer joins). post() sends the peer a header
 // over MPI (transfer id, destination runs), then issues one ncclSend per run
 // of consecutive blocks in one NCCL group (two communicators and streams, one
 // per direction between ranks, so opposite transfers never wait on each other). The
@@ -56,6 +57,7 @@ class NcclTransport : public KvTransport {
   };
   int direction(int peer, bool send) const;
   Status issue(int peer, const std::vector<BlockRun>& runs, bool send);
+  Status connect_all();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

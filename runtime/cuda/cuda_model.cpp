@@ -283,12 +283,17 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
         enqueue_step(R, LR);
       } catch (...) {  // leave the stream out of capture mode, or every later step fails too
         if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();  // this failure is reported once, not again by the next step's launch check
         throw;
       }
-      TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
-      cudaGraphDestroy(graph);
-      TANDEM_CUDA_CHECK(made);
+      cudaError_t made = cudaStreamEndCapture(stream_, &graph);
+      if (made == cudaSuccess) made = cudaGraphInstantiate(&g.exec, graph, 0);
+      if (graph) cudaGraphDestroy(graph);
+      if (made != cudaSuccess) {
+        g.exec = nullptr;
+        (void)cudaGetLastError();
+        TANDEM_CUDA_CHECK(made);
+      }
     }
     if (g.exec) TANDEM_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     else enqueue_step(R, LR);
@@ -318,10 +323,13 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
 }
 
 bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) {
+  // Sized before the step's kernels: growing a buffer (cudaFree) would wait for the whole device.
+  std::size_t rows = 1;
+  for (const SeqChunk& ch : chunks) rows += ch.logits_all ? ch.tokens.size() : ch.logits_last && !ch.tokens.empty();
+  argmax_out_.resize(rows);
   const int64_t LR = launch(chunks);
   tokens.resize(static_cast<std::size_t>(LR));
   if (LR > 0) {
-    argmax_out_.resize(static_cast<std::size_t>(LR));
     argmax(logits_.get(), LR, c_.vocab, argmax_out_.get(), stream_);
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));
