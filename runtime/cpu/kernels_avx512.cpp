@@ -200,11 +200,7 @@ void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows,
 
 void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
               float* out, int64_t ldo) {
-  switch (kv) {
-    case DType::kF32: return dot_rows_d<DType::kF32>(q, ldq, M, rows, count, n, out, ldo);
-    case DType::kBF16: return dot_rows_d<DType::kBF16>(q, ldq, M, rows, count, n, out, ldo);
-    case DType::kF16: return dot_rows_d<DType::kF16>(q, ldq, M, rows, count, n, out, ldo);
-  }
+  with_dtype(kv, [&](auto d) { dot_rows_d<decltype(d)::value>(q, ldq, M, rows, count, n, out, ldo); });
 }
 
 // Sixteen elements from i on (those the mask keeps), widened to float.
@@ -263,11 +259,7 @@ void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* r
 
 void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
                   bool accumulate, float* out, int64_t ldo) {
-  switch (kv) {
-    case DType::kF32: return weighted_sum_d<DType::kF32>(w, ldw, M, rows, count, n, accumulate, out, ldo);
-    case DType::kBF16: return weighted_sum_d<DType::kBF16>(w, ldw, M, rows, count, n, accumulate, out, ldo);
-    case DType::kF16: return weighted_sum_d<DType::kF16>(w, ldw, M, rows, count, n, accumulate, out, ldo);
-  }
+  with_dtype(kv, [&](auto d) { weighted_sum_d<decltype(d)::value>(w, ldw, M, rows, count, n, accumulate, out, ldo); });
 }
 
 template <DType D>
@@ -278,11 +270,7 @@ void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n
 
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (M < 4 && !W.panels) return avx2_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);
-  switch (W.dtype) {
-    case DType::kF32: return matmul_d<DType::kF32>(x, ldx, M, W, n0, n1, y, ldy);
-    case DType::kBF16: return matmul_d<DType::kBF16>(x, ldx, M, W, n0, n1, y, ldy);
-    case DType::kF16: return matmul_d<DType::kF16>(x, ldx, M, W, n0, n1, y, ldy);
-  }
+  with_dtype(W.dtype, [&](auto d) { matmul_d<decltype(d)::value>(x, ldx, M, W, n0, n1, y, ldy); });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace tandem::runtime {
 
@@ -34,6 +35,19 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+
+// f(std::integral_constant<DType, t>{}): a kernel templated on the element
+// type, chosen at run time (f's parameter is `auto d`; the type is
+// decltype(d)::value).
+template <class F>
+decltype(auto) with_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kBF16: return f(std::integral_constant<DType, DType::kBF16>{});
+    case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
+    case DType::kF32: break;
+  }
+  return f(std::integral_constant<DType, DType::kF32>{});
+}
 
 // Element i of a tensor of type t, as float.
 inline float load_as_f32(const void* data, DType t, std::size_t i) {
