@@ -118,7 +118,22 @@ kv::KvLayout kv_layout(const Prepared& p) {
 int64_t pool_blocks(const Prepared& p, int local_ranks) {
   const kv::KvLayout layout = kv_layout(p);
   const double block = static_cast<double>(layout.block_bytes());
-  if (p.cfg.kv.memory_gib > 0) return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
+  if (p.cfg.kv.memory_gib > 0) {
+    if (p.cfg.model.backend == "cpu") {  // more than the node has: one line now, not an allocation failure later
+      struct sysinfo si {};
+      sysinfo(&si);
+      const double total_gib = static_cast<double>(si.totalram) * si.mem_unit / (1 << 30);
+      if (p.cfg.kv.memory_gib * local_ranks > total_gib) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "kv.memory_gib = %g for each of %d worker(s) on this node is more than its %.1f GiB of memory; "
+                      "lower it (0 sizes the pool from the memory left)",
+                      p.cfg.kv.memory_gib, local_ranks, total_gib);
+        throw Error(line);
+      }
+    }
+    return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
+  }
   const int64_t want = p.cfg.job.max_num_seqs * ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size);
   if (p.cfg.model.backend != "cpu") {  // the device's free memory less the weights (not yet loaded), a step and 1 GiB; 90%
     double weights = 0;
@@ -269,10 +284,27 @@ std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
   return first == 0 ? verdict : "rank " + std::to_string(first) + ": " + verdict;
 }
 
+// What a worker's setup step threw, as one line ("" when it succeeded).
+template <class Work>
+std::string setup_error(Work&& work) {
+  try {
+    work();
+    return "";
+  } catch (const std::bad_alloc&) {
+    return "out of memory while loading the model or allocating the KV pool; lower kv.memory_gib (0 sizes it "
+           "from the memory left) or run fewer ranks per node";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 // model.backend on a worker: built, with a device, and with what this job asks
 // of it. Throws tandem::Error (one line).
 void check_backend(const Prepared& p, int ranks) {
   const std::string& b = p.cfg.model.backend;
+  if (p.cfg.transport.backend == "libfabric")
+    throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\" (MPI one-sided windows, or "
+                "NCCL between GPUs, which reaches EFA through its plugin)");
   if (b == "cpu") {
     if (p.cfg.transport.backend == "nccl")
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
@@ -452,10 +484,24 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   std::unique_ptr<kv::KvTiers> tiers;
   std::unique_ptr<WorkerCore> core;
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
-  if (rank != 0 || env.size() == 1) {
+  // The workers load in three phases, every rank learning after each whether
+  // any worker failed: a worker that failed alone would otherwise leave the
+  // others in the transport's collective calls and rank 0 waiting for it to
+  // report loaded, a job hung without a word. On failure the lowest failing
+  // rank's line is printed once and every rank returns.
+  const bool worker = rank != 0 || env.size() == 1;
+  std::string failed;
+  auto phase = [&](auto&& work) {
+    if (worker && failed.empty()) failed = setup_error(work);
+    if (env.size() > 1) failed = first_error(env, failed);
+    return failed.empty();
+  };
+  int64_t blocks = 0;
+  const kv::KvLayout layout = kv_layout(p);
+  phase([&] {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
-    const int64_t blocks = pool_blocks(p, local_workers);
-    const kv::KvLayout layout = kv_layout(p);
+    blocks = pool_blocks(p, local_workers);
+  }) && phase([&] {
     if (roles.prefill > 0 || planned) {
       void* base = nullptr;
       const std::string t = transport_for(backend, p.cfg.transport.backend);
@@ -468,6 +514,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     } else {
       pool = std::make_unique<kv::BlockPool>(layout, blocks);
     }
+  }) && phase([&] {
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                               : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
@@ -485,6 +532,17 @@ int run_job(const RunOptions& o, int argc, char** argv) {
                  static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
                  transport ? std::string(", ") + std::string(transport->name()) + " window" : std::string(), n_threads,
                  backend == "cpu" ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
+  });
+  if (!failed.empty()) {
+    if (rank == 0) std::fprintf(stderr, "tandem: error: %s\n", failed.c_str());
+    core.reset();
+    tiers.reset();
+    pool.reset();
+    if (transport) (void)transport->destroy();
+    transport.reset();
+    if (role_comm != MPI_COMM_NULL) MPI_Comm_free(&role_comm);
+    if (workers != MPI_COMM_NULL) MPI_Comm_free(&workers);
+    return 2;
   }
 
   try {

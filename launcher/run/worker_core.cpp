@@ -34,13 +34,27 @@ void WorkerCore::admit(const WireRequest& w, bool prefill_only) {
     engine_.add(std::move(r));
     if (w.stream && !prefill_only) streaming_.insert(w.id);
   } catch (const Error& e) {
-    WireResult res;
-    res.id = w.id;
-    res.ok = false;
-    res.error = e.what();
-    res.worker = rank_;
-    refused_.push_back(std::move(res));
+    refuse(w.id, e.what());
   }
+}
+
+bool WorkerCore::fits(const WireRequest& w) {
+  try {
+    engine_.check(runtime::EngineRequest{w.id, w.prompt, w.params, w.rng_key, false});
+    return true;
+  } catch (const Error& e) {
+    refuse(w.id, e.what());
+    return false;
+  }
+}
+
+void WorkerCore::refuse(uint64_t id, const std::string& why) {
+  WireResult res;
+  res.id = id;
+  res.ok = false;
+  res.error = why;
+  res.worker = rank_;
+  refused_.push_back(std::move(res));
 }
 
 void WorkerCore::poll_tiers() {

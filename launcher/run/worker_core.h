@@ -33,6 +33,10 @@ class WorkerCore {
   // whose prefix is being read from the disk store waits aside until it is
   // in host memory; the engine meanwhile runs the others.
   void submit(const WireRequest& request, bool prefill_only = false);
+  // Decode side of a disaggregated request, before reserving its blocks: true
+  // when it could run here; otherwise it is refused (its error line goes to
+  // rank 0 with the next step's results) and false.
+  bool fits(const WireRequest& request);
   bool has_work() const {
     return engine_.has_work() || !refused_.empty() || !first_tokens_.empty() || !staged_.empty();
   }
@@ -97,6 +101,7 @@ class WorkerCore {
   };
   void poll_tiers();
   void admit(const WireRequest& request, bool prefill_only);
+  void refuse(uint64_t id, const std::string& why);
 
   int rank_;
   std::string role_;

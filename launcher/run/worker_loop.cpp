@@ -124,6 +124,13 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         }
         case mpi::kTagCancel: {  // the client went away: free its blocks wherever the request is
           const uint64_t id = decode_cancel(m->bytes);
+          if (m->source != 0) {  // from the prefill rank, which refused it (rank 0 has its error): no KV will come
+            if (auto it = awaiting.find(id); it != awaiting.end()) {
+              core.release(it->second.blocks);
+              awaiting.erase(it);
+            }
+            break;
+          }
           if (auto it = awaiting.find(id); it != awaiting.end()) {
             it->second.request.params.max_tokens = 0;  // its KV still lands in these blocks; dropped then
           } else if (auto q = std::find_if(to_reserve.begin(), to_reserve.end(),
@@ -151,6 +158,11 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     // the blocks after the cached prefix will travel.
     while (!to_reserve.empty()) {
       auto& [r, arrival] = to_reserve.front();
+      if (!core.fits(r)) {  // could never get its blocks here: refused now, not waited for
+        to_reserve.pop_front();
+        any = true;
+        continue;
+      }
       if (!core.prefix_ready(r.prompt)) break;  // its stored prefix is on the way up from disk
       auto cached = core.cached_prefix(r.prompt);
       const int64_t bs = core.block_size();
@@ -173,7 +185,12 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       auto out = core.step();
       if (!out.deltas.deltas.empty()) check(box.send(0, mpi::kTagDeltas, encode(out.deltas)));
       for (auto& r : out.results) {
-        if (!r.ok) destinations.erase(r.id);  // refused on a prefill rank: rank 0 hears it from here
+        // Refused on a prefill rank: rank 0 hears it from here, and the decode
+        // rank frees the blocks it reserved for the KV that will not come.
+        if (auto d = destinations.find(r.id); !r.ok && d != destinations.end()) {
+          check(box.send(d->second.decode_rank, mpi::kTagCancel, encode_cancel(r.id)));
+          destinations.erase(d);
+        }
         check(box.send(0, mpi::kTagResult, encode(r)));
       }
       any = any || out.progress || !out.handoffs.empty();

@@ -63,7 +63,7 @@ Engine::Engine(const ModelConfig& config, std::unique_ptr<ModelBackend> backend,
 
 Engine::~Engine() = default;
 
-void Engine::add(EngineRequest request) {
+void Engine::check(const EngineRequest& request) const {
   const auto n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) throw Error("request " + std::to_string(request.id) + ": the prompt is empty");
   for (int32_t t : request.prompt) {
@@ -77,13 +77,20 @@ void Engine::add(EngineRequest request) {
                 " (shorten the prompt or raise model.max_model_len)");
   }
   // A request that could not finish even alone in the pool would be preempted forever: refuse it now.
-  const int64_t longest = std::min(n + std::max<int64_t>(1, request.params.max_tokens), max_model_len_);
+  // (A prefill-only request stops after its first token.)
+  const int64_t generated = request.prefill_only ? 1 : std::max<int64_t>(1, request.params.max_tokens);
+  const int64_t longest = std::min(n + generated, max_model_len_);
   const int64_t pool_tokens = pool_.capacity() * pool_.layout().block_size;
   if (longest > pool_tokens) {
     throw Error("request " + std::to_string(request.id) + ": needs up to " + std::to_string(longest) +
                 " tokens of KV cache but the pool holds " + std::to_string(pool_tokens) +
                 " (raise kv.memory_gib or lower max_tokens)");
   }
+}
+
+void Engine::add(EngineRequest request) {
+  check(request);
+  const auto n = static_cast<int64_t>(request.prompt.size());
   auto s = std::make_unique<Sequence>();
   s->req = std::move(request);
   s->arrival = arrivals_++;

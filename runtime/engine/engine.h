@@ -107,8 +107,10 @@ class Engine {
   ~Engine();
 
   // Throws tandem::Error (one line) for an empty prompt, a token outside the
-  // vocabulary, or a prompt that leaves no room in max_model_len.
+  // vocabulary, a prompt that leaves no room in max_model_len, or a request
+  // that could not finish even alone in the pool (check: the same, adding nothing).
   void add(EngineRequest request);
+  void check(const EngineRequest& request) const;
   void cancel(uint64_t id);  // finishes it with FinishReason::kAbort at the next step
 
   // Disaggregation, decode side. reserve_blocks: blocks for n_tokens of KV,

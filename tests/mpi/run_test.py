@@ -182,8 +182,31 @@ with tempfile.TemporaryDirectory() as tmp:
     check("bad lines: the summary counts them", summary["requests_failed"] == 8 and summary["requests_ok"] == 40,
           f"{summary['requests_ok']} ok, {summary['requests_failed']} failed")
 
+    # A request that can never fit a worker's KV pool, disaggregated: a 400 line
+    # at once, the rest complete, the job ends (it used to wait for the blocks for ever).
+    small_pool = tmp / "small_pool.jsonl"
+    small_pool.write_text(
+        json.dumps({"custom_id": "small", "prompt": "hi", "max_tokens": 4}) + "\n" +
+        json.dumps({"custom_id": "huge", "prompt": "word " * 400, "max_tokens": 300}) + "\n" +
+        json.dumps({"custom_id": "mid", "prompt": "word " * 90, "max_tokens": 300}) + "\n" +
+        json.dumps({"custom_id": "small2", "prompt": "hi there", "max_tokens": 4}) + "\n")
+    out = tmp / "small-pool-out.jsonl"
+    p = run(3, out, f"job.input={small_pool}", "job.mode=disagg", "kv.memory_gib=0.00006", "router.local_prefill_tokens=1",
+            timeout=120)
+    lines = {l["custom_id"]: l for l in load(out)} if p.returncode == 0 else {}
+    check("KV pool too small for a request, disaggregated: the job ends, that line is a 400 naming the pool, the rest 200",
+          p.returncode == 0 and len(lines) == 4 and
+          all(lines[k]["response"]["status_code"] == 400 and "tokens of KV cache but the pool holds" in
+              lines[k]["error"]["message"] for k in ("huge", "mid")) and
+          all(lines[k]["response"]["status_code"] == 200 for k in ("small", "small2")),
+          f"rc {p.returncode}, {json.dumps({k: l['response']['status_code'] for k, l in lines.items()})}")
+
     # Start-up failures: one line from rank 0, every rank exits non-zero, before work.
     for what, sets, needle in [("missing input", ["job.input=/nonexistent/in.jsonl"], "/nonexistent/in.jsonl: cannot read the input"),
+                               ("a KV pool larger than the node (a worker's check)", ["kv.memory_gib=100000"],
+                                "kv.memory_gib = 100000 for each of 2 worker(s)"),
+                               ("a transport not built yet (a worker's check)", ['transport.backend="libfabric"'],
+                                'transport.backend = "libfabric" is not available yet'),
                                ("unwritable output", [], "cannot write here"),
                                ("bad model directory", [f"model.path={tmp}/nomodel"], "config.json: cannot read the model config")]:
         o = "/proc/forbidden/out.jsonl" if what == "unwritable output" else str(tmp / "x.jsonl")
