@@ -32,6 +32,22 @@ SlurmEnv SlurmEnv::from_environment() {
   e.array_task_id = number("SLURM_ARRAY_TASK_ID", -1);
   e.array_task_min = number("SLURM_ARRAY_TASK_MIN", e.array_task_id < 0 ? 0 : e.array_task_id);
   e.array_task_count = number("SLURM_ARRAY_TASK_COUNT", 1);
+  if (e.array_task_id >= 0 && e.array_task_count > 1) {
+    // --array=0-9 and 0-90:10 have evenly spaced ids: a task's place is (id - min) / stride.
+    // A list (1,2,5) would shard by guesswork and lose lines: refused.
+    const int64_t max = number("SLURM_ARRAY_TASK_MAX", e.array_task_id), step = number("SLURM_ARRAY_TASK_STEP", 0);
+    const int64_t span = max - e.array_task_min, gaps = e.array_task_count - 1;
+    const int64_t stride = span > 0 && span % gaps == 0 ? span / gaps : 0;
+    if (stride <= 0 || (step > 0 && step != stride) || e.array_task_id < e.array_task_min || e.array_task_id > max ||
+        (e.array_task_id - e.array_task_min) % stride != 0) {
+      throw Error("Slurm array task " + std::to_string(e.array_task_id) + ": the array's task ids (" +
+                  std::to_string(e.array_task_min) + " to " + std::to_string(max) + ", " +
+                  std::to_string(e.array_task_count) + " tasks) are not evenly spaced, so a task cannot tell which "
+                  "share of the input is its own; submit --array=0-" + std::to_string(gaps) +
+                  " (a step such as --array=0-" + std::to_string(gaps * 10) + ":10 works too)");
+    }
+    e.array_task_stride = stride;
+  }
   e.ntasks = number("SLURM_NTASKS", 1);
   e.procid = number("SLURM_PROCID", 0);
   if (const char* n = get("SLURM_JOB_NODELIST")) e.nodelist = n;

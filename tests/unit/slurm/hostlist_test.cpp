@@ -93,3 +93,31 @@ TEST_CASE("array tasks get their shard and their own output", "[slurm]") {
   CHECK(tandem::slurm::shard_output_path("/scratch/run.d/out", e) == "/scratch/run.d/out.task5");
   CHECK(tandem::slurm::shard_output_path("res-{task}.jsonl", e) == "res-5.jsonl");
 }
+
+TEST_CASE("array tasks: a stepped array shards by place; a list with uneven ids is refused", "[slurm]") {
+  auto env = [](const char* id, const char* min, const char* max, const char* count, const char* step) {
+    ::setenv("SLURM_JOB_ID", "77", 1);
+    ::setenv("SLURM_ARRAY_TASK_ID", id, 1);
+    ::setenv("SLURM_ARRAY_TASK_MIN", min, 1);
+    ::setenv("SLURM_ARRAY_TASK_MAX", max, 1);
+    ::setenv("SLURM_ARRAY_TASK_COUNT", count, 1);
+    if (step) ::setenv("SLURM_ARRAY_TASK_STEP", step, 1);
+    else ::unsetenv("SLURM_ARRAY_TASK_STEP");
+  };
+  env("2", "0", "2", "2", "2");  // --array=0-2:2, the second task
+  auto e = tandem::slurm::SlurmEnv::from_environment();
+  CHECK(e.shard_index() == 1);
+  CHECK(e.shard_count() == 2);
+  env("30", "10", "40", "4", nullptr);  // --array=10,20,30,40 (no step given)
+  CHECK(tandem::slurm::SlurmEnv::from_environment().shard_index() == 2);
+  env("7", "3", "9", "3", nullptr);  // --array=3-9:3 ids are 3, 6, 9: 7 is not one of them
+  CHECK_THROWS_WITH(tandem::slurm::SlurmEnv::from_environment(), Catch::Contains("not evenly spaced"));
+  env("2", "1", "5", "3", nullptr);  // --array=1,2,5
+  CHECK_THROWS_WITH(tandem::slurm::SlurmEnv::from_environment(),
+                    Catch::Contains("array task 2: the array's task ids (1 to 5, 3 tasks) are not evenly spaced"));
+  env("4", "4", "4", "1", nullptr);  // a one-task array: the whole input
+  CHECK(tandem::slurm::SlurmEnv::from_environment().shard_index() == 0);
+  for (const char* v : {"SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX",
+                        "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_STEP"})
+    ::unsetenv(v);
+}
