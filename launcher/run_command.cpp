@@ -87,6 +87,8 @@ Prepared prepare(const RunOptions& o) {
 
 // Rank 0's checks of what only it touches: input, output, summary, and that the weights map.
 void check_files(const Prepared& p) {
+  if (std::filesystem::is_directory(p.cfg.job.input))
+    throw Error(p.cfg.job.input + ": is a directory, not a JSONL file; check job.input or --input");
   if (!std::ifstream(p.cfg.job.input))
     throw Error(p.cfg.job.input + ": cannot read the input (" + std::strerror(errno) + "); check job.input or --input");
   for (const auto& path : {p.cfg.job.output, p.cfg.job.summary}) {

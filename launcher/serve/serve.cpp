@@ -125,6 +125,12 @@ class HttpFrontend {
       api_key_ = key;
     }
     routes();
+    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a
+    // second job bind the same port and take half of the first one's requests.
+    server_.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+    });
     if (!server_.bind_to_port(http_.host, static_cast<int>(http_.port))) {
       throw Error("cannot listen on " + http_.host + ":" + std::to_string(http_.port) +
                   " (in use, or not an address of this host); set http.port / http.host");

@@ -203,6 +203,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Start-up failures: one line from rank 0, every rank exits non-zero, before work.
     for what, sets, needle in [("missing input", ["job.input=/nonexistent/in.jsonl"], "/nonexistent/in.jsonl: cannot read the input"),
+                               ("an input that is a directory", [f"job.input={tmp}"], f"{tmp}: is a directory"),
                                ("a KV pool larger than the node (a worker's check)", ["kv.memory_gib=100000"],
                                 "kv.memory_gib = 100000 for each of 2 worker(s)"),
                                ("a transport not built yet (a worker's check)", ['transport.backend="libfabric"'],

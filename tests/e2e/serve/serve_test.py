@@ -150,6 +150,11 @@ with tempfile.TemporaryDirectory() as d:
         time.sleep(2)
         used = (ticks() - before) / os.sysconf("SC_CLK_TCK")
         check("-np 1: idle server uses (almost) no CPU", used < 0.3, f"{used:.2f} s of CPU in 2 s")
+        # A second job on the same port: one line, exit 2 (the port is not shared between the two).
+        second = subprocess.run([tandem, "serve", "-c", str(s.job)], capture_output=True, text=True, env=env, timeout=60)
+        errs = [l for l in second.stderr.splitlines() if l.startswith("tandem: error:")]
+        check("a second server on a busy port stops with one line", second.returncode == 2 and len(errs) == 1 and
+              f"cannot listen on 127.0.0.1:{s.port}" in errs[0], f"rc {second.returncode}: {second.stderr[-300:]}")
     check("-np 1: SIGTERM exits 0", s.stop() == 0)
 
     # --- 1-3: the client, safety, SIGTERM --------------------------------------------------------------------
