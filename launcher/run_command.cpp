@@ -373,10 +373,10 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   // Slurm warns of a time limit or preemption with USR1 (--signal=B:USR1@T) or TERM.
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  if (o.serve) {
-    std::signal(SIGINT, on_stop_signal);  // Ctrl-C in an interactive allocation drains too
-    std::signal(SIGPIPE, SIG_IGN);        // a client that hangs up is not our death
-  }
+  // A client that hangs up, or an mpirun that is going away and closed our
+  // stdout, is not our death: rank 0 still commits what it wrote.
+  std::signal(SIGPIPE, SIG_IGN);
+  if (o.serve) std::signal(SIGINT, on_stop_signal);  // Ctrl-C in an interactive allocation drains too
   const int rank = env.rank();
   std::string error;
   Prepared p;

@@ -53,8 +53,10 @@ class OutputWriter {
     out_.commit();
     last_commit_ = Clock::now();
   }
-  void maybe_commit() {
-    if (std::chrono::duration<double>(Clock::now() - last_commit_).count() >= flush_seconds_) commit();
+  // Every flush_seconds; every second while draining (the job may be killed any moment).
+  void maybe_commit(bool draining) {
+    const double every = draining ? std::min(flush_seconds_, 1.0) : flush_seconds_;
+    if (std::chrono::duration<double>(Clock::now() - last_commit_).count() >= every) commit();
   }
 
  private:
@@ -297,7 +299,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     if (!stopping && g_stop_signal.load() != 0) {
       stopping = true;
       drain_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(cfg.job.drain_seconds * 1e3));
-      spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:.0f} s", g_stop_signal.load(),
+      out.commit();  // first: what is written is safe now, whatever kills the job before the drain ends
+      spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:g} s", g_stop_signal.load(),
                    in_flight.size(), cfg.job.drain_seconds);
     }
     // Admit lines while there is room. Built requests pass through a window
@@ -367,7 +370,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         if (--c.open == 0) s.planner->measured(epoch_of(r.id), std::chrono::duration<double>(c.last - c.first).count());
       }
     }
-    out.maybe_commit();
+    out.maybe_commit(stopping);
     if (std::chrono::duration<double>(Clock::now() - last_progress).count() >= (tty ? 0.5 : cfg.job.progress_seconds)) {
       progress(false);
       last_progress = Clock::now();

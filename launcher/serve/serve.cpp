@@ -448,7 +448,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
       draining = true;
       front.set_draining();
       deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(http.drain_seconds * 1e3));
-      spdlog::info("signal {}: no new requests; finishing {} in flight for up to {:.0f} s", g_stop_signal.load(),
+      spdlog::info("signal {}: no new requests; finishing {} in flight for up to {:g} s", g_stop_signal.load(),
                    live.size(), http.drain_seconds);
     }
     front.inbox().take(fresh, cancelled);

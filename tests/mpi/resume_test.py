@@ -132,5 +132,32 @@ with tempfile.TemporaryDirectory() as tmp:
     summary = json.loads(Path(str(out) + ".summary.json").read_text())
     check("the resumed run counts what it skipped", summary["requests_resumed"] == partial, f"{summary['requests_resumed']}")
 
+    # scancel on the exec-mpirun path: TERM to every rank and to mpirun, which
+    # kills the ranks ~2 s later. With a checkpoint only every 60 s, what was
+    # written before the signal must still be committed (at the signal), so
+    # the resumed run does not compute it again.
+    out = tmp / "scancelled.jsonl"
+    proc = start(out, "--set", "job.flush_seconds=60", "--set", "job.drain_seconds=30")
+    wait_lines(proc, out, 60)
+    ranks = [int(x) for x in subprocess.run(["pgrep", "-f", f"tandem run -c {job} --output {out}"], capture_output=True,
+                                            text=True).stdout.split() if x.strip()]
+    written = lines_of(out)
+    for pid in ranks + [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    proc.communicate(timeout=120)
+    p = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    rows, bad, complete = parsed(out)
+    got = [r["custom_id"] for r in rows]
+    summary = json.loads(Path(str(out) + ".summary.json").read_text()) if p.returncode == 0 else {}
+    check("TERM to mpirun and the ranks, then --resume: every custom_id exactly once, outputs as uninterrupted",
+          p.returncode == 0 and sorted(got) == ids and bad == 0 and
+          all(r["tandem"]["token_ids"] == ref.get(r["custom_id"]) for r in rows), f"{len(got)} lines")
+    check("TERM: the lines written before the signal were committed at once (not computed again)",
+          summary.get("requests_resumed", 0) >= written > 0, f"{written} written at the signal, "
+          f"{summary.get('requests_resumed')} resumed")
+
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
