@@ -114,9 +114,12 @@ std::string format_result(const BatchRequest& req, const RequestResult& res, con
 
 std::string format_error(const LineError& err, const OutputContext&) {
   const json error = {{"message", err.message}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", nullptr}};
-  json line = {{"id", hex_id("batch_req_", err.custom_id)},
+  // The ids hash the message too (it names the line): lines without a
+  // custom_id, and a duplicate of a line that succeeded, get ids of their own.
+  const std::string key = err.custom_id + '\n' + err.message;
+  json line = {{"id", hex_id("batch_req_", key)},
                {"custom_id", err.custom_id.empty() ? json(nullptr) : json(err.custom_id)},
-               {"response", {{"status_code", err.status}, {"request_id", hex_id("req_", err.custom_id)},
+               {"response", {{"status_code", err.status}, {"request_id", hex_id("req_", key)},
                              {"body", {{"error", error}}}}},
                {"error", {{"code", "invalid_request"}, {"message", err.message}}}};
   return dump(line);

@@ -178,6 +178,9 @@ with tempfile.TemporaryDirectory() as tmp:
         check(f"bad lines: {what} is a 400 with a clear message", any(needle in m for m in msgs))
     ok = [l for l in lines if l["response"]["status_code"] == 200]
     check("bad lines: the 40 good lines complete", len(ok) == 40, f"{len(ok)}")
+    check("bad lines: every output line has its own id and request_id",
+          len({l["id"] for l in lines}) == len(lines) and len({l["response"]["request_id"] for l in lines}) == len(lines),
+          f"{len({l['id'] for l in lines})} ids for {len(lines)} lines")
     summary = json.loads(Path(str(out) + ".summary.json").read_text())
     check("bad lines: the summary counts them", summary["requests_failed"] == 8 and summary["requests_ok"] == 40,
           f"{summary['requests_ok']} ok, {summary['requests_failed']} failed")
