@@ -1,5 +1,7 @@
 #include "slurm/resumable_output.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,11 +28,42 @@ ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unor
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool has_output = fs::exists(path_) && fs::file_size(path_, ec) > 0;
-  if (!resume && (has_output || fs::exists(ckpt_path_))) {
+  const bool had_ckpt = fs::exists(ckpt_path_);
+  if (!resume && (has_output || had_ckpt)) {
     throw Error(path_ + ": the output already exists; pass --resume (or set job.resume = true) to continue it, "
                         "or choose another output");
   }
-  if (resume && fs::exists(ckpt_path_)) {
+  if (resume && has_output && !had_ckpt)
+    throw Error(path_ + ": has no checkpoint (" + ckpt_path_ + ") to resume from; move the output away or choose another");
+  // One job at a time: the checkpoint is locked for the job's life (flock; on
+  // a file system without locks, unlocked). A second job on the same output
+  // (the same sbatch submitted twice: the scripts always resume) would cut
+  // the first one's output back and interleave lines with it.
+  const int fd = ::open(ckpt_path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(ckpt_path_ + ": cannot open the checkpoint (" + std::strerror(errno) + ")");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(fd);
+    throw Error(path_ + ": another job is writing this output now (it holds " + ckpt_path_ +
+                "'s lock); wait for it to end, or choose another output");
+  }
+  ckpt_ = ::fdopen(fd, "a");
+  if (!ckpt_) {
+    ::close(fd);
+    throw Error(ckpt_path_ + ": cannot open the checkpoint for appending (" + std::strerror(errno) + ")");
+  }
+  try {
+    open_locked(resume, had_ckpt, has_output, done);
+  } catch (...) {  // a constructor that throws runs no destructor: close, and leave no new checkpoint behind
+    std::fclose(ckpt_);
+    ckpt_ = nullptr;
+    if (!had_ckpt) fs::remove(ckpt_path_, ec);
+    throw;
+  }
+}
+
+void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output, std::unordered_set<std::string>& done) {
+  namespace fs = std::filesystem;
+  if (resume && had_ckpt) {
     // Replay the checkpoint: keys become done at the commit record that follows them.
     std::ifstream in(ckpt_path_);
     std::vector<std::string> keys;
@@ -51,13 +84,9 @@ ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unor
                   std::to_string(committed_) + "); it was changed outside Tandem — restore it or start a new output");
     }
     if (size > committed_) fs::resize_file(path_, static_cast<std::uintmax_t>(committed_));  // drop uncommitted lines
-  } else if (resume && has_output) {
-    throw Error(path_ + ": has no checkpoint (" + ckpt_path_ + ") to resume from; move the output away or choose another");
   }
   out_ = std::fopen(path_.c_str(), "a");
   if (!out_) throw Error(path_ + ": cannot open the output for appending (" + std::strerror(errno) + ")");
-  ckpt_ = std::fopen(ckpt_path_.c_str(), "a");
-  if (!ckpt_) throw Error(ckpt_path_ + ": cannot open the checkpoint for appending (" + std::strerror(errno) + ")");
   written_ = committed_;
 }
 

@@ -36,6 +36,9 @@ class ResumableOutput {
   const std::string& checkpoint_path() const { return ckpt_path_; }
 
  private:
+  // The constructor's second half, with the checkpoint open and locked.
+  void open_locked(bool resume, bool had_ckpt, bool has_output, std::unordered_set<std::string>& done);
+
   std::string path_, ckpt_path_;
   std::FILE* out_ = nullptr;
   std::FILE* ckpt_ = nullptr;

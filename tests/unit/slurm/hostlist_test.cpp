@@ -5,9 +5,13 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <unordered_set>
+
+#include <unistd.h>
 
 #include "common/error.h"
 #include "slurm/hostlist.h"
+#include "slurm/resumable_output.h"
 #include "slurm/slurm_env.h"
 
 using tandem::slurm::expand_hostlist;
@@ -120,4 +124,30 @@ TEST_CASE("array tasks: a stepped array shards by place; a list with uneven ids 
   for (const char* v : {"SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX",
                         "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_STEP"})
     ::unsetenv(v);
+}
+
+TEST_CASE("one job at a time on an output: a second writer is refused with one line, then may resume", "[slurm]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tandem-lock-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string out = (dir / "out.jsonl").string();
+  std::unordered_set<std::string> done;
+  {
+    tandem::slurm::ResumableOutput first(out, false, done);
+    first.write("a", "{\"custom_id\":\"a\"}");
+    first.commit();
+    CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(out, true, done),
+                      Catch::Contains("another job is writing this output now"));
+    // The refused writer changed nothing: the first one's line is still there and committed.
+    first.write("b", "{\"custom_id\":\"b\"}");
+    first.commit();
+  }
+  tandem::slurm::ResumableOutput again(out, true, done);  // the first one ended: its lock went with it
+  CHECK(done == std::unordered_set<std::string>{"a", "b"});
+  // A refused fresh start (no checkpoint to resume from) leaves no checkpoint behind.
+  const std::string other = (dir / "other.jsonl").string();
+  std::ofstream(other) << "{}\n";
+  CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(other, true, done), Catch::Contains("has no checkpoint"));
+  CHECK(!fs::exists(other + ".ckpt"));
+  fs::remove_all(dir);
 }
