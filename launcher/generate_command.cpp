@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "launcher/commands.h"
+#include "launcher/run/worker_core.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/weights.h"
 
@@ -68,7 +69,7 @@ int run_generate(const GenerateOptions& o) {
   req.id = 0;
   req.prompt = prompt;
   req.params = o.params;
-  req.rng_key = o.params.seed;
+  req.rng_key = sampling_key(true, o.params.seed, 0, "");  // as run and serve key a request's "seed"
   engine.add(std::move(req));
   runtime::EngineOutput result;
   while (engine.has_work()) {

@@ -264,6 +264,14 @@ Roles plan_roles(const Config& cfg, int world_size) {
   else if (p == 0) p = workers - d;
   else if (d == 0) d = workers - p;
   if (d == 0) d = workers - p;
+  const bool one_set = (cfg.cluster.prefill_ranks > 0) != (cfg.cluster.decode_ranks > 0);
+  if (one_set && (p < 1 || d < 1)) {
+    const bool pre = cfg.cluster.prefill_ranks > 0;
+    throw Error(std::string(pre ? "cluster.prefill_ranks" : "cluster.decode_ranks") + " = " +
+                std::to_string(pre ? cfg.cluster.prefill_ranks : cfg.cluster.decode_ranks) + " leaves no " +
+                (pre ? "decode" : "prefill") + " rank among the " + std::to_string(workers) +
+                " worker ranks of this job (ranks - 1); lower it, or start more ranks");
+  }
   if (p < 1 || d < 1 || p + d != workers) {
     throw Error("cluster.prefill_ranks = " + std::to_string(cfg.cluster.prefill_ranks) + " and cluster.decode_ranks = " +
                 std::to_string(cfg.cluster.decode_ranks) + " do not split the " + std::to_string(workers) +

@@ -275,7 +275,9 @@ class HttpFrontend {
       if (!f->ok) return fail(400, f->error);
       results.push_back(to_result(ex->prompt, *f));
     }
-    send_json(res, 200, router::response_body(ex->req, results, s_.outputs, ex->ids.id));
+    router::OutputContext outputs = s_.outputs;
+    outputs.created = ex->ids.created;  // this request's time, as its stream's chunks carry (not the server's start)
+    send_json(res, 200, router::response_body(ex->req, results, outputs, ex->ids.id));
     res.body.push_back('\n');
     metrics_.request(label, 200);
   }

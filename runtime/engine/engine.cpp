@@ -71,6 +71,11 @@ void Engine::check(const EngineRequest& request) const {
       throw Error("request " + std::to_string(request.id) + ": token id " + std::to_string(t) +
                   " is outside the vocabulary (0.." + std::to_string(config_.vocab - 1) + ")");
   }
+  for (int32_t t : request.params.stop_token_ids) {  // one that can never be drawn is a mistake, not a no-op
+    if (t < 0 || t >= config_.vocab)
+      throw Error("request " + std::to_string(request.id) + ": stop_token_ids has " + std::to_string(t) +
+                  ", outside the vocabulary (0.." + std::to_string(config_.vocab - 1) + ")");
+  }
   if (n >= max_model_len_) {
     throw Error("request " + std::to_string(request.id) + ": the prompt has " + std::to_string(n) +
                 " tokens but the context holds " + std::to_string(max_model_len_) +

@@ -66,5 +66,13 @@ printf '{"custom_id":"a","prompt":"hi","max_tokens":2}\n' > "$tmp/in.jsonl"
 check "run: kv.dtype = bf16 on the CPU completes" test $rc -eq 0 -a "$(grep -c '"status_code": *200' "$tmp/kv16.jsonl")" -eq 1
 check "run: the worker says its KV blocks are bf16" grep -q 'worker ready: [0-9]* bf16 KV blocks' "$tmp/log"
 
+# A seed means the same draw in generate as in run (and serve): the same tokens.
+"$tandem" generate --model "$tmp/b" --prompt "The cluster is" --max-tokens 12 --ignore-eos --json --temperature 1 \
+  --seed 5 > "$tmp/gs"
+printf '{"custom_id":"s","prompt":"The cluster is","max_tokens":12,"temperature":1,"seed":5,"ignore_eos":true}\n' > "$tmp/s.jsonl"
+"$tandem" run --model "$tmp/b" --input "$tmp/s.jsonl" --output "$tmp/s-out.jsonl" > /dev/null 2>&1
+check "generate --seed 5 samples the tokens run samples for \"seed\": 5" \
+  test -n "$(ids "$tmp/gs")" -a "$(ids "$tmp/gs")" = "$(ids "$tmp/s-out.jsonl")"
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]

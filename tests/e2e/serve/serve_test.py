@@ -150,6 +150,11 @@ with tempfile.TemporaryDirectory() as d:
         time.sleep(2)
         used = (ticks() - before) / os.sysconf("SC_CLK_TCK")
         check("-np 1: idle server uses (almost) no CPU", used < 0.3, f"{used:.2f} s of CPU in 2 s")
+        asked = int(time.time())
+        st, body, _ = http("POST", s.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        created = json.loads(body).get("created", 0) if st == 200 else 0
+        check("a response's created is its own time, not the server's start", asked <= created <= time.time() + 1,
+              f"created {created}, asked at {asked}")
         # A second job on the same port: one line, exit 2 (the port is not shared between the two).
         second = subprocess.run([tandem, "serve", "-c", str(s.job)], capture_output=True, text=True, env=env, timeout=60)
         errs = [l for l in second.stderr.splitlines() if l.startswith("tandem: error:")]

@@ -350,6 +350,13 @@ TEST_CASE("requests the engine cannot serve are refused with one line", "[engine
   r.prompt = std::vector<int32_t>(60, 5);
   r.params.max_tokens = 30;
   CHECK_THROWS_WITH(e.add(r), Catch::Contains("needs up to 90 tokens of KV cache but the pool holds 64"));
+  // A prefill-only request (a prefill rank's) needs room for its prompt and one token only.
+  r.prefill_only = true;
+  CHECK_NOTHROW(e.check(r));
+  r.prefill_only = false;
+  r.params.max_tokens = 2;
+  r.params.stop_token_ids = {99999999};
+  CHECK_THROWS_WITH(e.add(r), Catch::Contains("stop_token_ids has 99999999, outside the vocabulary"));
   CHECK_FALSE(e.has_work());
 }
 
