@@ -37,6 +37,7 @@
 #include "runtime/model/fingerprint.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
+#include "slurm/resumable_output.h"
 #include "slurm/slurm_env.h"
 
 namespace tandem::launcher {
@@ -87,6 +88,7 @@ Prepared prepare(const RunOptions& o) {
 
 // Rank 0's checks of what only it touches: input, output, summary, and that the weights map.
 void check_files(const Prepared& p) {
+  if (const std::string busy = slurm::output_in_use(p.cfg.job.output); !busy.empty()) throw Error(busy);
   if (std::filesystem::is_directory(p.cfg.job.input))
     throw Error(p.cfg.job.input + ": is a directory, not a JSONL file; check job.input or --input");
   if (!std::ifstream(p.cfg.job.input))
@@ -241,8 +243,11 @@ std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& l
 }
 
 void log_summary(const nlohmann::json& s) {
-  spdlog::info("done: {} ok, {} failed in {:.1f} s; {:.1f} output tok/s; TTFT p50 {:.0f} ms, ITL p50 {:.1f} ms",
+  // A resumed run counts this run's requests; the lines done by earlier runs are named too.
+  const int64_t resumed = s.value("requests_resumed", int64_t{0});
+  spdlog::info("done: {} ok, {} failed in {:.1f} s{}; {:.1f} output tok/s; TTFT p50 {:.0f} ms, ITL p50 {:.1f} ms",
                s["requests_ok"].get<int64_t>(), s["requests_failed"].get<int64_t>(), s["elapsed_s"].get<double>(),
+               resumed > 0 ? " (and " + std::to_string(resumed) + " done by earlier runs, skipped)" : std::string(),
                s["output_tokens_per_s"].get<double>(), s["ttft_ms"]["p50"].get<double>(),
                s["itl_ms"]["p50"].get<double>());
 }
@@ -294,15 +299,15 @@ std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
   return first == 0 ? verdict : "rank " + std::to_string(first) + ": " + verdict;
 }
 
-// What a worker's setup step threw, as one line ("" when it succeeded).
+// What a worker's setup step threw, as one line ("" when it succeeded);
+// out_of_memory: what to say when it ran out of memory.
 template <class Work>
-std::string setup_error(Work&& work) {
+std::string setup_error(Work&& work, const char* out_of_memory) {
   try {
     work();
     return "";
   } catch (const std::bad_alloc&) {
-    return "out of memory while loading the model or allocating the KV pool; lower kv.memory_gib (0 sizes it "
-           "from the memory left) or run fewer ranks per node";
+    return out_of_memory;
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -501,17 +506,18 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   // rank's line is printed once and every rank returns.
   const bool worker = rank != 0 || env.size() == 1;
   std::string failed;
-  auto phase = [&](auto&& work) {
-    if (worker && failed.empty()) failed = setup_error(work);
+  auto phase = [&](const char* out_of_memory, auto&& work) {
+    if (worker && failed.empty()) failed = setup_error(work, out_of_memory);
     if (env.size() > 1) failed = first_error(env, failed);
     return failed.empty();
   };
   int64_t blocks = 0;
   const kv::KvLayout layout = kv_layout(p);
-  phase([&] {
+  phase("out of memory loading the model's weights; run fewer ranks per node (cluster.threads_per_rank gives each "
+        "more cores)", [&] {
     weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
     blocks = pool_blocks(p, local_workers);
-  }) && phase([&] {
+  }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
     if (roles.prefill > 0 || planned) {
       void* base = nullptr;
       const std::string t = transport_for(backend, p.cfg.transport.backend);
@@ -524,7 +530,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     } else {
       pool = std::make_unique<kv::BlockPool>(layout, blocks);
     }
-  }) && phase([&] {
+  }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                               : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);

@@ -21,7 +21,21 @@ void sync_file(std::FILE* f, const std::string& path) {
     throw Error(path + ": cannot write (" + std::strerror(errno) + "); is the disk full?");
 }
 
+std::string in_use_message(const std::string& path, const std::string& ckpt) {
+  return path + ": another job is writing this output now (it holds " + ckpt +
+         "'s lock); wait for it to end, or choose another output";
+}
+
 }  // namespace
+
+std::string output_in_use(const std::string& path) {
+  const std::string ckpt = path + ".ckpt";
+  const int fd = ::open(ckpt.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";  // no checkpoint: nobody is writing it
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases the probe's lock, if it got one
+  return held ? in_use_message(path, ckpt) : "";
+}
 
 ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unordered_set<std::string>& done)
     : path_(path), ckpt_path_(path + ".ckpt") {
@@ -43,8 +57,7 @@ ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unor
   if (fd < 0) throw Error(ckpt_path_ + ": cannot open the checkpoint (" + std::strerror(errno) + ")");
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
     ::close(fd);
-    throw Error(path_ + ": another job is writing this output now (it holds " + ckpt_path_ +
-                "'s lock); wait for it to end, or choose another output");
+    throw Error(in_use_message(path_, ckpt_path_));
   }
   ckpt_ = ::fdopen(fd, "a");
   if (!ckpt_) {

@@ -19,6 +19,10 @@
 
 namespace tandem::slurm {
 
+// Why another job is writing `path` now (its checkpoint's lock is held), or
+// "" — for a check before any work; the ResumableOutput takes the lock itself.
+std::string output_in_use(const std::string& path);
+
 class ResumableOutput {
  public:
   // Throws tandem::Error (one line, naming the file and the fix).

@@ -342,7 +342,10 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       if (it == in_flight.end()) continue;
       InFlight& f = it->second;
       if (!r.ok) {
-        fail(r.id, f.request.custom_id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + r.error});
+        // The engine names the request by its id (the 0-based line index): the line number alone says it.
+        const std::string engine_name = "request " + std::to_string(r.id) + ": ";
+        const std::string why = r.error.rfind(engine_name, 0) == 0 ? r.error.substr(engine_name.size()) : r.error;
+        fail(r.id, f.request.custom_id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
       } else {
         router::RequestResult res;
         res.prompt_ids = std::move(f.prompt);

@@ -98,7 +98,8 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         case mpi::kTagRequest: {
           WireRequest r = decode_request(m->bytes);
           if (r.prefill_rank < 0) core.submit(r);
-          else to_reserve.emplace_back(std::move(r), std::chrono::steady_clock::now());
+          else if (core.fits(r)) to_reserve.emplace_back(std::move(r), std::chrono::steady_clock::now());
+          // else: it could never get its blocks here; refused now (the 400 goes out with the next step)
           break;
         }
         case mpi::kTagPrefill: {
@@ -158,11 +159,6 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     // the blocks after the cached prefix will travel.
     while (!to_reserve.empty()) {
       auto& [r, arrival] = to_reserve.front();
-      if (!core.fits(r)) {  // could never get its blocks here: refused now, not waited for
-        to_reserve.pop_front();
-        any = true;
-        continue;
-      }
       if (!core.prefix_ready(r.prompt)) break;  // its stored prefix is on the way up from disk
       auto cached = core.cached_prefix(r.prompt);
       const int64_t bs = core.block_size();

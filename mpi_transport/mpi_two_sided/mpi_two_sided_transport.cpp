@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -30,9 +32,22 @@ Status MpiTwoSidedTransport::create_pool(std::size_t block_bytes, int64_t n_bloc
   block_bytes_ = block_bytes;
   n_blocks_ = n_blocks;
   const std::size_t bytes = block_bytes * static_cast<std::size_t>(n_blocks);
-  if (device_) pool_memory_ = device_.allocate(bytes);
-  else pool_memory_ = std::shared_ptr<void>(new uint8_t[bytes](), [](void* p) { delete[] static_cast<uint8_t*>(p); });
-  if (!pool_memory_) return Status(StatusCode::kResourceExhausted, "could not allocate the KV pool");
+  std::string failed;
+  try {
+    if (device_) pool_memory_ = device_.allocate(bytes);
+    else pool_memory_ = std::shared_ptr<void>(new uint8_t[bytes](), [](void* p) { delete[] static_cast<uint8_t*>(p); });
+    if (!pool_memory_) failed = "could not allocate the KV pool";
+  } catch (const std::bad_alloc&) {
+    failed = "out of memory allocating the KV pool; lower kv.memory_gib";
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  // Every rank learns whether every pool was made before the collective below:
+  // a rank that returned alone would leave the others in MPI_Allgather.
+  int all_made = failed.empty();
+  TANDEM_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_made, 1, MPI_INT, MPI_MIN, comm_));
+  if (!failed.empty()) return Status(StatusCode::kResourceExhausted, failed);
+  if (!all_made) return Status(StatusCode::kResourceExhausted, "another worker could not allocate its KV pool");
   pool_ = static_cast<uint8_t*>(pool_memory_.get());
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));

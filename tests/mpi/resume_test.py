@@ -159,5 +159,21 @@ with tempfile.TemporaryDirectory() as tmp:
           summary.get("requests_resumed", 0) >= written > 0, f"{written} written at the signal, "
           f"{summary.get('requests_resumed')} resumed")
 
+    # The same job submitted twice (the scripts always pass --resume): the
+    # second stops with one line before any work; the first is unharmed.
+    out = tmp / "twice.jsonl"
+    proc = start(out)
+    wait_lines(proc, out, 20)
+    second = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=120)
+    errs = [l for l in second.stderr.splitlines() if l.startswith("tandem: error:")]
+    check("a second job on a running job's output stops with one line (exit 2)",
+          second.returncode == 2 and len(errs) == 1 and "another job is writing this output now" in errs[0],
+          f"rc {second.returncode}: {second.stderr[-300:]}")
+    proc.communicate(timeout=300)
+    rows, bad, complete = parsed(out)
+    check("... and the first job's output is whole: every custom_id once, as uninterrupted",
+          proc.returncode == 0 and sorted(r["custom_id"] for r in rows) == ids and bad == 0 and
+          all(r["tandem"]["token_ids"] == ref.get(r["custom_id"]) for r in rows), f"{len(rows)} lines")
+
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
