@@ -1,0 +1,48 @@
+// What a job needs, decided and checked before any rank starts work: the
+// prepared config and model, rank 0's file checks, each worker's backend
+// check, the KV layout and pool size, and the prefill/decode split.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kv/kv_layout.h"
+#include "launcher/config/config.h"
+#include "runtime/model/model_config.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace tandem::launcher {
+
+// Everything a rank needs to start, checked before any rank starts work.
+struct Prepared {
+  Config cfg;
+  runtime::ModelConfig model;
+  std::unique_ptr<runtime::Tokenizer> tokenizer;
+  int64_t max_model_len = 0;
+};
+
+// Rank 0's checks of what only it touches: input, output, summary, and that
+// the weights map. Throws tandem::Error (one line).
+void check_files(const Prepared& p);
+// model.backend on a worker: built, with a device, and with what this job asks
+// of it. Throws tandem::Error (one line).
+void check_backend(const Prepared& p, int ranks);
+// The workers' KV layout: kv.dtype resolved (auto: f32 on the CPU; on a GPU
+// bf16 unless the checkpoint is f32).
+kv::KvLayout kv_layout(const Prepared& p);
+// KV blocks for one worker: kv.memory_gib, or room for max_num_seqs full
+// contexts, capped at 60% of the memory this node's ranks could share.
+// Throws tandem::Error for a kv.memory_gib beyond the node's memory.
+int64_t pool_blocks(const Prepared& p, int local_ranks);
+
+struct Roles {
+  int prefill = 0;  // ranks 1..prefill prefill; 0: aggregated
+  int decode = 0;
+};
+
+// How the workers split, from job.mode and [cluster]. Throws on a split that
+// cannot be (every rank computes the same answer).
+Roles plan_roles(const Config& cfg, int world_size);
+
+}  // namespace tandem::launcher
