@@ -43,7 +43,21 @@ TEST_CASE("Batch lines in both forms, with every option by its OpenAI name", "[r
 }
 
 TEST_CASE("bad lines say what is wrong and how to fix it", "[router][input]") {
-  CHECK(error_of("{not json") == "not valid JSON; each line must be one JSON object");
+  CHECK_THAT(error_of("{not json"), Catch::StartsWith("not valid JSON at column 3: syntax error") &&
+                                       Catch::EndsWith("; each line must be one JSON object"));
+  // A line broken after its custom_id (a number too large for a double, a line cut short) keeps the id.
+  for (const char* broken : {R"({"custom_id":"big","prompt":"x","temperature":1e400})", R"({"custom_id":"cut","prompt":"x)"}) {
+    auto b = parse_batch_line(broken);
+    REQUIRE(std::holds_alternative<LineError>(b));
+    CHECK(std::get<LineError>(b).custom_id == (std::string(broken).find("big") != std::string::npos ? "big" : "cut"));
+    CHECK_THAT(std::get<LineError>(b).message, Catch::StartsWith("not valid JSON at "));
+  }
+  CHECK_THAT(std::get<LineError>(parse_batch_line(R"({"custom_id":"big","temperature":1e400})")).message,
+             Catch::Contains("at byte 38 (number overflow parsing '1e400')"));
+  // Only the line's own custom_id, not one nested inside it.
+  auto nested = parse_batch_line(R"({"body":{"custom_id":"inner"},"x":tru})");
+  REQUIRE(std::holds_alternative<LineError>(nested));
+  CHECK(std::get<LineError>(nested).custom_id.empty());
   CHECK(error_of("[1,2]") == "each line must be a JSON object, got an array");
   CHECK(error_of(R"({"prompt":"x"})") == "missing 'custom_id' (every line needs a unique string id)");
   CHECK(error_of(R"({"custom_id":7,"prompt":"x"})") == "'custom_id' must be a non-empty string, got 7");
