@@ -1,10 +1,15 @@
 #include "kv/block_pool.h"
 
+#include "common/big_alloc.h"
+
 namespace tandem::kv {
 
 BlockPool::BlockPool(const KvLayout& layout, int64_t n_blocks)
-    : layout_(layout), n_blocks_(n_blocks), owned_(new float[static_cast<std::size_t>(n_blocks * layout.block_floats())]()),
-      base_(owned_.get()), meta_(static_cast<std::size_t>(n_blocks)) {
+    : layout_(layout),
+      n_blocks_(n_blocks),
+      owned_(allocate_big(static_cast<std::size_t>(n_blocks) * layout.block_bytes())),
+      base_(static_cast<float*>(owned_.get())),
+      meta_(static_cast<std::size_t>(n_blocks)) {
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 

@@ -97,7 +97,7 @@ class BlockPool {
 
   KvLayout layout_;
   int64_t n_blocks_;
-  std::unique_ptr<float[]> owned_;
+  std::shared_ptr<void> owned_;  // common/big_alloc.h: zero until written
   float* base_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
   std::vector<Meta> meta_;

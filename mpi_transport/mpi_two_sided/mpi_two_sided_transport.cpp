@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "common/big_alloc.h"
 #include "mpi_transport/mpi_check.h"
 
 namespace tandem::mpi {
@@ -35,7 +36,7 @@ Status MpiTwoSidedTransport::create_pool(std::size_t block_bytes, int64_t n_bloc
   std::string failed;
   try {
     if (device_) pool_memory_ = device_.allocate(bytes);
-    else pool_memory_ = std::shared_ptr<void>(new uint8_t[bytes](), [](void* p) { delete[] static_cast<uint8_t*>(p); });
+    else pool_memory_ = allocate_big(bytes);
     if (!pool_memory_) failed = "could not allocate the KV pool";
   } catch (const std::bad_alloc&) {
     failed = "out of memory allocating the KV pool; lower kv.memory_gib";
