@@ -69,7 +69,9 @@ Prepared prepare(const RunOptions& o) {
     p.cfg.job.output = slurm::shard_output_path(p.cfg.job.output, slurm::SlurmEnv::from_environment());
     // A requeued Slurm job continues its output.
     if (const char* restarts = std::getenv("SLURM_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) p.cfg.job.resume = true;
+    // Its summary too: an explicit job.summary is per task like the output ({task}, or .task<ID>).
     if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
+    else p.cfg.job.summary = slurm::shard_output_path(p.cfg.job.summary, slurm::SlurmEnv::from_environment());
   }
   p.model = runtime::ModelConfig::load(p.cfg.model.path);
   p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);

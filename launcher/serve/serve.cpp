@@ -521,7 +521,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
           std::vector<int> prefill(s.worker_ranks.begin(), s.worker_ranks.begin() + d.split.prefill);
           if (link.set_roles(d.epoch, prefill)) dispatch.refresh();
         }
-        spdlog::info("{} (from the last {:.0f} s: {} requests)", d.describe(), s.epoch_seconds, epoch_requests.size());
+        spdlog::info("{} (from the last {:g} s: {} requests)", d.describe(), s.epoch_seconds, epoch_requests.size());
         epoch_requests.clear();
       }
       epoch_start = Clock::now();
