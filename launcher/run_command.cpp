@@ -117,6 +117,7 @@ RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplat
   const auto slurm_env = slurm::SlurmEnv::from_environment();
   s.shard_index = slurm_env.shard_index();
   s.shard_count = slurm_env.shard_count();
+  s.array_task = slurm_env.array_task_id;
   s.block_size = p.cfg.kv.block_size;
   s.route_policy = p.cfg.router.policy;
   s.overlap_weight = p.cfg.router.overlap_weight_device;

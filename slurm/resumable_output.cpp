@@ -26,7 +26,29 @@ std::string in_use_message(const std::string& path, const std::string& ckpt) {
          "'s lock); wait for it to end, or choose another output";
 }
 
+std::optional<OutputShard> shard_of(const nlohmann::json& record) {
+  if (!record.is_object() || !record.contains("shard") || !record["shard"].is_object()) return std::nullopt;
+  const auto& s = record["shard"];
+  return OutputShard{s.value("task", int64_t{-1}), s.value("index", int64_t{0}), s.value("count", int64_t{1})};
+}
+
 }  // namespace
+
+std::optional<OutputShard> recorded_shard(const std::string& path) {
+  std::ifstream in(path + ".ckpt");
+  for (std::string line; std::getline(in, line);)
+    if (auto shard = shard_of(nlohmann::json::parse(line, nullptr, false))) return shard;
+  return std::nullopt;
+}
+
+OutputShard continue_shard(const OutputShard& recorded, const OutputShard& now, const std::string& path) {
+  if (recorded.index == now.index && recorded.count == now.count) return now;
+  if (now.count == 1 && now.task >= 0 && now.task == recorded.task) return recorded;  // resubmitted alone
+  throw Error(path + ": was written by array task " + std::to_string(recorded.task) + " as shard " +
+              std::to_string(recorded.index + 1) + " of " + std::to_string(recorded.count) + ", but this job is shard " +
+              std::to_string(now.index + 1) + " of " + std::to_string(now.count) + "; resubmit that task alone (--array=" +
+              std::to_string(recorded.task) + ") or the original --array range, or choose another output");
+}
 
 std::string output_in_use(const std::string& path) {
   const std::string ckpt = path + ".ckpt";
@@ -85,6 +107,8 @@ void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output, s
       const auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_string()) {
         keys.push_back(j.get<std::string>());
+      } else if (auto shard = shard_of(j)) {
+        shard_ = shard;
       } else if (j.is_object() && j.contains("committed_bytes")) {
         committed_ = j["committed_bytes"].get<int64_t>();
         for (auto& k : keys) done.insert(std::move(k));
@@ -106,6 +130,15 @@ void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output, s
 ResumableOutput::~ResumableOutput() {
   if (out_) std::fclose(out_);
   if (ckpt_) std::fclose(ckpt_);
+}
+
+void ResumableOutput::record_shard(const OutputShard& shard) {
+  if (shard_) return;
+  const nlohmann::json rec = {{"shard", {{"task", shard.task}, {"index", shard.index}, {"count", shard.count}}}};
+  if (std::fputs((rec.dump() + "\n").c_str(), ckpt_) < 0)
+    throw Error(ckpt_path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
+  sync_file(ckpt_, ckpt_path_);
+  shard_ = shard;
 }
 
 void ResumableOutput::write(const std::string& key, const std::string& line) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -23,6 +24,19 @@ namespace tandem::slurm {
 // "" — for a check before any work; the ResumableOutput takes the lock itself.
 std::string output_in_use(const std::string& path);
 
+// Which share of the input an array task wrote to an output (index of count;
+// task: its SLURM_ARRAY_TASK_ID), recorded in the checkpoint by its first job.
+struct OutputShard {
+  int64_t task = -1, index = 0, count = 1;
+};
+// The share recorded for `path`, if its checkpoint has one.
+std::optional<OutputShard> recorded_shard(const std::string& path);
+// How a job that is shard `now` continues an output recorded as `recorded`:
+// the same share, or one task resubmitted alone (a one-task array with the
+// recorded task id) keeping the recorded share. Throws tandem::Error (one
+// line) for any other change: it would take lines of another task's share.
+OutputShard continue_shard(const OutputShard& recorded, const OutputShard& now, const std::string& path);
+
 class ResumableOutput {
  public:
   // Throws tandem::Error (one line, naming the file and the fix).
@@ -31,6 +45,11 @@ class ResumableOutput {
   ~ResumableOutput();
   ResumableOutput(const ResumableOutput&) = delete;
   ResumableOutput& operator=(const ResumableOutput&) = delete;
+
+  // The array share recorded with this output, if any (see OutputShard).
+  const std::optional<OutputShard>& recorded_shard() const { return shard_; }
+  // Records it (durably), once; later jobs on this output read it back.
+  void record_shard(const OutputShard& shard);
 
   // Appends one line (without its newline) for `key`.
   void write(const std::string& key, const std::string& line);
@@ -48,6 +67,7 @@ class ResumableOutput {
   std::FILE* ckpt_ = nullptr;
   int64_t written_ = 0, committed_ = 0;
   std::vector<std::string> pending_;  // keys written since the last commit
+  std::optional<OutputShard> shard_;
 };
 
 }  // namespace tandem::slurm

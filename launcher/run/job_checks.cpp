@@ -15,11 +15,16 @@
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/weights.h"
 #include "slurm/resumable_output.h"
+#include "slurm/slurm_env.h"
 
 namespace tandem::launcher {
 
 void check_files(const Prepared& p) {
   if (const std::string busy = slurm::output_in_use(p.cfg.job.output); !busy.empty()) throw Error(busy);
+  if (const auto recorded = slurm::recorded_shard(p.cfg.job.output)) {  // an array task's output: the same share
+    const auto env = slurm::SlurmEnv::from_environment();
+    (void)slurm::continue_shard(*recorded, {env.array_task_id, env.shard_index(), env.shard_count()}, p.cfg.job.output);
+  }
   if (std::filesystem::is_directory(p.cfg.job.input))
     throw Error(p.cfg.job.input + ": is a directory, not a JSONL file; check job.input or --input");
   if (!std::ifstream(p.cfg.job.input))

@@ -101,6 +101,17 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   OutputWriter out(file, cfg.job.output_order == "input", cfg.job.flush_seconds);
   int64_t resumed = 0;
   if (s.resume) spdlog::info("resuming {}: {} line(s) already done", s.output, done.size());
+  // An array task's share of the input is recorded with its output. One task
+  // resubmitted alone (--array=2: a one-task array) keeps the share it had;
+  // any other change of sharding would take lines that are another task's.
+  // (Rank 0 checked this before any work; here it is applied.)
+  const slurm::OutputShard now{s.array_task, s.shard_index, s.shard_count};
+  const slurm::OutputShard shard = file.recorded_shard() ? slurm::continue_shard(*file.recorded_shard(), now, s.output) : now;
+  if (shard.count != now.count)
+    spdlog::info("array task {} alone: it keeps its share of the input, shard {} of {}, as its output records",
+                 shard.task, shard.index + 1, shard.count);
+  if (!file.recorded_shard() && s.array_task >= 0) file.record_shard(now);
+  const int64_t shard_index = shard.index, shard_count = shard.count;
   router::JobStats stats;
   auto start = Clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
@@ -165,7 +176,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       const uint64_t i = first + k;
       const std::string& l = ahead[k];
       if (l.find_first_not_of(" \t\r") == std::string::npos ||
-          static_cast<int64_t>(i % static_cast<uint64_t>(s.shard_count)) != s.shard_index)
+          static_cast<int64_t>(i % static_cast<uint64_t>(shard_count)) != shard_index)
         continue;
       auto parsed = router::parse_batch_line(l);
       if (!std::holds_alternative<router::BatchRequest>(parsed)) continue;
@@ -234,7 +245,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     }
     const uint64_t i = index++;
     if (line.find_first_not_of(" \t\r") == std::string::npos ||
-        static_cast<int64_t>(i % static_cast<uint64_t>(s.shard_count)) != s.shard_index) {
+        static_cast<int64_t>(i % static_cast<uint64_t>(shard_count)) != shard_index) {
       out.skip(i);  // blank lines carry no request; other array tasks take the other shards
       return;
     }

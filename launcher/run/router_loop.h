@@ -34,6 +34,7 @@ struct RouterSetup {
   int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
   bool resume = false;  // continue an existing output (skip what its checkpoint says is done)
   int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index
+  int64_t array_task = -1;                    // SLURM_ARRAY_TASK_ID; -1 outside an array
   // job.mode = "auto": before each epoch of epoch_requests input lines, the
   // planner reads the epoch's requests ahead and chooses the split; the
   // first P of worker_ranks then prefill. Null: the split never changes.

@@ -74,5 +74,23 @@ printf '{"custom_id":"s","prompt":"The cluster is","max_tokens":12,"temperature"
 check "generate --seed 5 samples the tokens run samples for \"seed\": 5" \
   test -n "$(ids "$tmp/gs")" -a "$(ids "$tmp/gs")" = "$(ids "$tmp/s-out.jsonl")"
 
+# An array task's output records its share of the input: task 2 of --array=0-3
+# resubmitted alone (--array=2) keeps shard 3 of 4 instead of taking every line;
+# a job that would shard it otherwise stops with one line before any work.
+for i in 0 1 2 3 4 5 6 7; do printf '{"custom_id":"q%d","prompt":"hi %d","max_tokens":2}\n' $i $i; done > "$tmp/arr.jsonl"
+array_run() {  # MIN MAX COUNT [run flags]
+  local min=$1 max=$2 count=$3; shift 3
+  SLURM_JOB_ID=9 SLURM_ARRAY_TASK_ID=2 SLURM_ARRAY_TASK_MIN=$min SLURM_ARRAY_TASK_MAX=$max SLURM_ARRAY_TASK_COUNT=$count \
+    "$tandem" run --model "$tmp/b" --input "$tmp/arr.jsonl" --output "$tmp/arr-out.jsonl" "$@"
+}
+array_run 0 3 4 > /dev/null 2>&1
+check "array task 2 of 0-3 takes lines 2 and 6" test "$(grep -o '"custom_id":"q[0-9]"' "$tmp/arr-out.task2.jsonl" | sort | tr -d '\n')" = '"custom_id":"q2""custom_id":"q6"'
+array_run 2 2 1 --resume > "$tmp/log" 2>&1; rc=$?
+check "resubmitted alone (--array=2): exit 0, nothing added, it says it keeps shard 3 of 4" \
+  test $rc -eq 0 -a "$(wc -l < "$tmp/arr-out.task2.jsonl")" -eq 2 -a -n "$(grep 'shard 3 of 4, as its output records' "$tmp/log")"
+array_run 0 2 2 --resume > /dev/null 2> "$tmp/err"; rc=$?  # --array=0-2:2: task 2 would be shard 2 of 2
+check "another sharding of that output stops with one line" \
+  test $rc -eq 2 -a "$(grep -c '^tandem: error:' "$tmp/err")" -eq 1 -a -n "$(grep 'written by array task 2 as shard 3 of 4' "$tmp/err")"
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]
