@@ -210,6 +210,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     stats.request_failed();
   };
   bool stopping = false;
+  int stop_signal = 0;  // the signal that started the drain (a later one may follow: Slurm's TERM, then the script's USR1)
   Clock::time_point drain_deadline;
   auto progress = [&](bool final) {
     const double el = std::chrono::duration<double>(Clock::now() - start).count();
@@ -309,9 +310,10 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   while (true) {
     if (!stopping && g_stop_signal.load() != 0) {
       stopping = true;
+      stop_signal = g_stop_signal.load();
       drain_deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(cfg.job.drain_seconds * 1e3));
       out.commit();  // first: what is written is safe now, whatever kills the job before the drain ends
-      spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:g} s", g_stop_signal.load(),
+      spdlog::warn("signal {} received: no new requests; draining {} in flight for up to {:g} s", stop_signal,
                    in_flight.size(), cfg.job.drain_seconds);
     }
     // Admit lines while there is room. Built requests pass through a window
@@ -394,7 +396,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   const auto abandoned = static_cast<int64_t>(in_flight.size());
   if (stopping) {
     spdlog::warn("stopped by signal {}: {} request(s) in flight abandoned; every written line is committed; "
-                 "rerun with --resume to finish the input", g_stop_signal.load(), abandoned);
+                 "rerun with --resume to finish the input", stop_signal, abandoned);
   }
   if (tty) std::fprintf(stderr, "\n");
   progress(true);
