@@ -323,7 +323,8 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     if (workers != MPI_COMM_NULL) MPI_Comm_split(workers, prefill_rank ? 1 : 0, rank, &role_comm);
   }
   if (rank == 0 && env.size() > 1) {
-    if (roles.prefill > 0) spdlog::info("disaggregated: {} prefill rank(s), {} decode rank(s)", roles.prefill, roles.decode);
+    if (planned) spdlog::info("job.mode = auto: the planner splits the {} worker rank(s) anew for each epoch", env.size() - 1);
+    else if (roles.prefill > 0) spdlog::info("disaggregated: {} prefill rank(s), {} decode rank(s)", roles.prefill, roles.decode);
     else spdlog::info("aggregated: {} worker rank(s) prefill and decode", roles.decode);
   }
 
