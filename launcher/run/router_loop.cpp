@@ -164,6 +164,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     bool started = false;
   };
   std::map<int64_t, EpochClock> epoch_clock;
+  std::map<int64_t, int64_t> planned_epoch;  // input epoch -> the planner's epoch (they differ once a resumed epoch had nothing left)
   auto epoch_of = [&](uint64_t i) { return static_cast<int64_t>(i / static_cast<uint64_t>(std::max<int64_t>(1, s.epoch_requests))); };
   auto plan_epoch = [&](uint64_t first) {
     for (int64_t k = static_cast<int64_t>(ahead.size()); k < s.epoch_requests; ++k) {
@@ -181,6 +182,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       auto parsed = router::parse_batch_line(l);
       if (!std::holds_alternative<router::BatchRequest>(parsed)) continue;
       auto& req = std::get<router::BatchRequest>(parsed);
+      if (done.count(req.custom_id)) continue;  // written by an earlier run (resume): no work in this epoch
       auto ids = router::build_prompt(req, s.prompts);
       if (!std::holds_alternative<std::vector<int32_t>>(ids)) continue;
       Built b{std::get<std::vector<int32_t>>(std::move(ids)), req.params.max_tokens};
@@ -189,6 +191,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     }
     if (reqs.empty()) return;
     const auto d = s.planner->decide(reqs);
+    planned_epoch[epoch_of(first)] = d.epoch;
     if (d.changed()) {
       std::vector<int> prefill(s.worker_ranks.begin(), s.worker_ranks.begin() + d.split.prefill);
       if (link.set_roles(d.epoch, prefill)) dispatch.refresh();
@@ -383,7 +386,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       if (s.planner) {
         EpochClock& c = epoch_clock[epoch_of(r.id)];
         c.last = Clock::now();
-        if (--c.open == 0) s.planner->measured(epoch_of(r.id), std::chrono::duration<double>(c.last - c.first).count());
+        if (auto pe = planned_epoch.find(epoch_of(r.id)); --c.open == 0 && pe != planned_epoch.end())
+          s.planner->measured(pe->second, std::chrono::duration<double>(c.last - c.first).count());
       }
     }
     out.maybe_commit(stopping);

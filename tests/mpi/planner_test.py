@@ -32,12 +32,12 @@ with tempfile.TemporaryDirectory() as d:
             f.write(json.dumps({"custom_id": f"q{i}", "prompt": " ".join(rng.choices(words, k=600 if long_prompt else 8)),
                                 "max_tokens": 4 if long_prompt else 160, "temperature": 0, "ignore_eos": True}) + "\n")
 
-    def run(name, mode, policy):
+    def run(name, mode, policy, inp="in.jsonl", *extra):
         job = tmp / f"{name}.toml"
-        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / "in.jsonl"}"\nmode = "{mode}"\n'
+        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / inp}"\nmode = "{mode}"\n'
                        f'epoch_requests = 30\nmax_num_seqs = 16\n[kv]\nmemory_gib = 0.05\n[planner]\npolicy = "{policy}"\n')
         out = tmp / f"{name}.jsonl"
-        p = subprocess.run(["mpirun", "--oversubscribe", "-np", "5", tandem, "run", "-c", job, "--output", out],
+        p = subprocess.run(["mpirun", "--oversubscribe", "-np", "5", tandem, "run", "-c", job, "--output", out, *extra],
                            capture_output=True, text=True, env=env, timeout=300)
         if p.returncode != 0:
             print(p.stdout[-3000:], p.stderr[-3000:])
@@ -64,5 +64,16 @@ with tempfile.TemporaryDirectory() as d:
                                        re.fullmatch(r"agg|\d+P:\d+D", e["split"]) for e in epochs), epochs)
         check(f"{policy}: outputs token-for-token those of the static run", tokens == static,
               f"{sum(tokens.get(k) != v for k, v in static.items())} differ")
+
+    # Resumed: the planner plans only what is left. A first job did lines 0-39;
+    # the resumed one's epochs hold the 20 lines still to do, not 60.
+    (tmp / "first40.jsonl").write_text("".join((tmp / "in.jsonl").read_text().splitlines(keepends=True)[:40]))
+    p1, _, _ = run("resumed", "auto", "lookahead", "first40.jsonl")
+    p2, tokens, summary = run("resumed", "auto", "lookahead", "in.jsonl", "--resume")
+    planned = sum(e.get("requests", 0) for e in summary.get("epochs", []))
+    check("resumed with auto: outputs as the static run, and the epochs plan only the 20 lines left",
+          p1.returncode == 0 and p2.returncode == 0 and tokens == static and planned == 20 and
+          all(e.get("measured_s") for e in summary.get("epochs", [])),
+          f"{planned} requests planned: {summary.get('epochs')}")
 
 sys.exit(check.exit_code())
