@@ -35,10 +35,11 @@ std::optional<OutputShard> shard_of(const nlohmann::json& record) {
 }  // namespace
 
 std::optional<OutputShard> recorded_shard(const std::string& path) {
+  // An array task records its share first thing (before any line is committed): the first record or none.
   std::ifstream in(path + ".ckpt");
-  for (std::string line; std::getline(in, line);)
-    if (auto shard = shard_of(nlohmann::json::parse(line, nullptr, false))) return shard;
-  return std::nullopt;
+  std::string line;
+  if (!std::getline(in, line)) return std::nullopt;
+  return shard_of(nlohmann::json::parse(line, nullptr, false));
 }
 
 OutputShard continue_shard(const OutputShard& recorded, const OutputShard& now, const std::string& path) {

@@ -110,7 +110,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   if (shard.count != now.count)
     spdlog::info("array task {} alone: it keeps its share of the input, shard {} of {}, as its output records",
                  shard.task, shard.index + 1, shard.count);
-  if (!file.recorded_shard() && s.array_task >= 0) file.record_shard(now);
+  // Recorded first thing in a new checkpoint (one from before this record existed stays without).
+  if (!file.recorded_shard() && s.array_task >= 0 && file.committed_bytes() == 0) file.record_shard(now);
   const int64_t shard_index = shard.index, shard_count = shard.count;
   router::JobStats stats;
   auto start = Clock::now();
