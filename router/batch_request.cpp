@@ -1,6 +1,12 @@
 #include "router/batch_request.h"
 
+#include <algorithm>
+#include <charconv>
+#include <initializer_list>
+
 #include <nlohmann/json.hpp>
+
+#include "common/text.h"
 
 namespace tandem::router {
 namespace {
@@ -69,8 +75,123 @@ std::string message_content(const json& m, std::size_t i) {
   throw Bad{"messages[" + std::to_string(i) + "].content must be a string or an array of text parts"};
 }
 
-void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http) {
+// Every field of a request body, and what Tandem does with it. Honoured
+// fields are read by parse_body. The others either change nothing in the
+// output (accepted) or would change it in a way Tandem cannot honour: those
+// are refused, naming the field, as is any field Tandem does not know (a
+// typo such as "max_token" must not fall back to a default without a word).
+// docs/run.md lists them; keep it in step.
+const std::vector<std::string>& honoured_fields(bool chat) {
+  static const std::vector<std::string> common = {
+      "model", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options", "temperature", "top_p",
+      "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
+      "stop_token_ids", "ignore_eos", "logprobs", "logit_bias", "min_tokens"};
+  static const std::vector<std::string> completions = [] {
+    auto v = common;
+    v.insert(v.end(), {"prompt", "prompt_token_ids", "echo", "prompt_logprobs"});
+    return v;
+  }();
+  static const std::vector<std::string> chat_fields = [] {
+    auto v = common;
+    v.insert(v.end(), {"messages", "top_logprobs"});
+    return v;
+  }();
+  return chat ? chat_fields : completions;
+}
+
+bool one_of(const std::string& key, std::initializer_list<std::string_view> names) {
+  return std::find(names.begin(), names.end(), key) != names.end();
+}
+
+// Fields that never change the output (bookkeeping for OpenAI's service).
+bool no_effect(const std::string& key) {
+  return one_of(key, {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                      "parallel_tool_calls", "priority"});
+}
+
+std::string unsupported(const std::string& key, const std::string& why) {
+  return "'" + key + "' is not supported: " + why + "; remove it (docs/run.md lists the fields Tandem honours)";
+}
+
+// Throws Bad for a field that would change the result and is not honoured,
+// or one Tandem does not know; values that ask for the default are accepted.
+void check_fields(const json& body, bool chat, bool batch_line) {
+  const auto& honoured = honoured_fields(chat);
+  for (const auto& [key, v] : body.items()) {
+    if (std::find(honoured.begin(), honoured.end(), key) != honoured.end() || no_effect(key)) continue;
+    if (batch_line && one_of(key, {"custom_id", "method", "url"})) continue;  // a short-form line's own fields
+    if (v.is_null()) continue;  // null asks for the default everywhere in OpenAI's API
+    if (key == "response_format") {
+      if (v.is_object() && v.value("type", "") == "text" && v.size() == 1) continue;
+      throw Bad{unsupported(key, "Tandem cannot constrain the output to JSON or a schema (only {\"type\": \"text\"})")};
+    }
+    if (one_of(key, {"tools", "functions"})) {
+      if (v.is_array() && v.empty()) continue;
+      throw Bad{unsupported(key, "tool and function calling are not implemented (the tools would be left out of the "
+                                 "prompt)")};
+    }
+    if (one_of(key, {"tool_choice", "function_call"})) {
+      if (v == "none") continue;
+      throw Bad{unsupported(key, "tool and function calling are not implemented")};
+    }
+    if (key == "best_of") {
+      if (v.is_number_integer() && v.get<int64_t>() == 1) continue;
+      throw Bad{unsupported(key, "best_of above 1 is not implemented; write one line per sample instead")};
+    }
+    if (key == "modalities") {
+      if (v == json::array({"text"})) continue;
+      throw Bad{unsupported(key, "only text output is produced")};
+    }
+    if (key == "skip_special_tokens" && v == true) continue;  // what Tandem does
+    if (one_of(key, {"include_stop_str_in_output", "use_beam_search"}) && v == false) continue;
+    if (key == "spaces_between_special_tokens" && v == true) continue;
+    if (one_of(key, {"suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                     "guided_decoding_backend", "reasoning_effort", "chat_template", "chat_template_kwargs",
+                     "add_generation_prompt", "continue_final_message", "documents", "include_stop_str_in_output",
+                     "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "bad_words",
+                     "allowed_token_ids", "logits_processors", "use_beam_search", "length_penalty", "audio",
+                     "prediction", "web_search_options", "top_a", "typical_p", "mirostat"}))
+      throw Bad{unsupported(key, "Tandem does not implement it, and ignoring it would change the output")};
+    const auto hint = closest_match(key, honoured);
+    throw Bad{"unknown field '" + key + "'" + (hint ? "; did you mean '" + *hint + "'?" : std::string()) +
+              " (docs/run.md lists the fields Tandem reads)"};
+  }
+}
+
+// OpenAI's logit_bias: {"token id": bias in -100..100}, as (id, bias) sorted by id.
+std::vector<std::pair<int32_t, float>> logit_bias_of(const json& v) {
+  if (!v.is_object()) throw Bad{"'logit_bias' must be an object of {\"token id\": bias}"};
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [id, bias] : v.items()) {
+    int64_t t = -1;
+    const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), t);
+    if (ec != std::errc() || end != id.data() + id.size() || t < 0 || t > INT32_MAX)
+      throw Bad{"'logit_bias' keys must be token ids (non-negative integers as strings), got " + json(id).dump()};
+    if (!bias.is_number() || bias.get<double>() < -100 || bias.get<double>() > 100)
+      throw Bad{"'logit_bias' values must be numbers from -100 to 100, got " + bias.dump() + " for token " + id};
+    out.emplace_back(static_cast<int32_t>(t), bias.get<float>());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A chat message's fields: role, content and reasoning_content are read; name and tool_call_id
+// are not rendered by the chat templates Tandem knows (nor by the models' own), so they change nothing.
+void check_message_fields(const json& m, std::size_t i) {
+  for (const auto& [key, v] : m.items()) {
+    if (one_of(key, {"role", "content", "reasoning_content", "name", "tool_call_id", "refusal"})) continue;
+    if (v.is_null() || (v.is_array() && v.empty())) continue;
+    const std::string where = "messages[" + std::to_string(i) + "]." + key;
+    if (one_of(key, {"tool_calls", "function_call"}))
+      throw Bad{"'" + where + "' is not supported: tool calling is not implemented (the calls would be left out of "
+                "the prompt); remove it"};
+    throw Bad{"unknown field '" + where + "' (a message has role, content, and for assistants reasoning_content)"};
+  }
+}
+
+void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form) {
   if (!body.is_object()) throw Bad{"'body' must be an object"};
+  check_fields(body, r.endpoint == Endpoint::kChat, short_form);
   if (body.contains("model")) {
     if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
     r.model = body["model"].get<std::string>();
@@ -85,6 +206,7 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
       const json& m = ms[i];
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         throw Bad{"messages[" + std::to_string(i) + "] must be an object with a string 'role'"};
+      check_message_fields(m, i);
       runtime::ChatMessage cm{m["role"].get<std::string>(), message_content(m, i), std::nullopt};
       if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
         cm.reasoning_content = m["reasoning_content"].get<std::string>();
@@ -169,6 +291,13 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
   }
   if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null())
     p.stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids");
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) p.logit_bias = logit_bias_of(body["logit_bias"]);
+  if (body.contains("min_tokens") && !body["min_tokens"].is_null()) {
+    p.min_tokens = integer(body, "min_tokens", 0);
+    if (r.max_tokens_given && p.min_tokens > p.max_tokens)
+      throw Bad{"'min_tokens' (" + std::to_string(p.min_tokens) + ") must be at most max_tokens (" +
+                std::to_string(p.max_tokens) + ")"};
+  }
   if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {
     if (!body["ignore_eos"].is_boolean()) throw Bad{"'ignore_eos' must be true or false"};
     p.ignore_eos = body["ignore_eos"].get<bool>();
@@ -262,11 +391,11 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
       else if (url == "/v1/chat/completions") r.endpoint = Endpoint::kChat;
       else throw Bad{"unknown 'url' " + json(url).dump() + "; use \"/v1/completions\" or \"/v1/chat/completions\""};
       if (j.contains("method") && j["method"] != "POST") throw Bad{"'method' must be \"POST\""};
-      parse_body(j["body"], r, default_max_tokens, false);
+      parse_body(j["body"], r, default_max_tokens, false, false);
     } else {
       // Short form: the request's fields sit next to custom_id.
       r.endpoint = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
-      parse_body(j, r, default_max_tokens, false);
+      parse_body(j, r, default_max_tokens, false, true);
     }
     return r;
   } catch (const Bad& b) {
@@ -285,7 +414,7 @@ ParsedLine parse_request_body(Endpoint endpoint, std::string_view text, int64_t 
   try {
     BatchRequest r;
     r.endpoint = endpoint;
-    parse_body(body, r, default_max_tokens, true);
+    parse_body(body, r, default_max_tokens, true, false);
     return r;
   } catch (const Bad& b) {
     return LineError{"", 400, b.message};

@@ -14,7 +14,8 @@ json params_json(const runtime::SamplingParams& p) {
           {"frequency_penalty", p.frequency_penalty}, {"repetition_penalty", p.repetition_penalty},
           {"seed", p.seed},               {"stop_token_ids", p.stop_token_ids},
           {"stop", p.stop},               {"ignore_eos", p.ignore_eos},
-          {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs}};
+          {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs},
+          {"logit_bias", p.logit_bias},   {"min_tokens", p.min_tokens}};
 }
 
 runtime::SamplingParams params_from(const json& j) {
@@ -33,6 +34,8 @@ runtime::SamplingParams params_from(const json& j) {
   p.ignore_eos = j.at("ignore_eos");
   p.logprobs = j.at("logprobs");
   p.prompt_logprobs = j.at("prompt_logprobs");
+  p.logit_bias = j.at("logit_bias").get<std::vector<std::pair<int32_t, float>>>();
+  p.min_tokens = j.at("min_tokens");
   return p;
 }
 

@@ -35,6 +35,8 @@ struct Engine::Sequence {
   bool has_first = false;
   int64_t preemptions = 0;
   int64_t prompt_computed = 0;  // prompt positions run through the model here (recomputation included)
+  bool hits_counted = false;    // its prefix-cache hits are counted once, at its first admission on any rank
+  std::size_t stop_text_from = 0;  // min_tokens: a stop string must end past this much of the text
   int64_t published = 0;        // leading blocks published in the prefix cache
   int64_t received = 0;         // leading blocks whose KV another rank computed (disaggregated prefill)
   uint64_t last_hash = kv::kRootHash;
@@ -70,6 +72,11 @@ void Engine::check(const EngineRequest& request) const {
     if (t < 0 || t >= config_.vocab)
       throw Error("request " + std::to_string(request.id) + ": token id " + std::to_string(t) +
                   " is outside the vocabulary (0.." + std::to_string(config_.vocab - 1) + ")");
+  }
+  for (const auto& [t, bias] : request.params.logit_bias) {
+    if (t < 0 || t >= config_.vocab)
+      throw Error("request " + std::to_string(request.id) + ": logit_bias names token " + std::to_string(t) +
+                  ", outside the vocabulary (0.." + std::to_string(config_.vocab - 1) + ")");
   }
   for (int32_t t : request.params.stop_token_ids) {  // one that can never be drawn is a mistake, not a no-op
     if (t < 0 || t >= config_.vocab)
@@ -125,6 +132,7 @@ void Engine::add_prefilled(EngineRequest request, std::vector<int32_t> blocks, c
   s->n_prompt = static_cast<int64_t>(s->tokens.size());
   s->computed = s->n_prompt;
   s->received = s->n_prompt / pool_.layout().block_size;
+  s->hits_counted = true;  // the prefill rank counted them
   s->blocks = std::move(blocks);
   s->added = arrival;
   s->first_token = Clock::now();
@@ -224,14 +232,19 @@ EngineOutput Engine::finish(Sequence& s, FinishReason reason) {
 }
 
 // After a token was appended: true when a stop string, stop token or EOS ends the sequence.
+// Before min_tokens tokens are out, nothing does (the sampler bans the stop tokens meanwhile).
 bool Engine::finish_check(Sequence& s) {
   const int32_t t = s.tokens.back();
   const auto& p = s.req.params;
+  const bool may_stop = s.generated() >= p.min_tokens;
   if (s.decoder && !s.stop_string_hit) {
     s.text += s.decoder->push(t);
+    if (!may_stop) s.stop_text_from = s.text.size();
     for (const auto& stop : p.stop) {
-      if (stop.empty()) continue;
-      const auto at = s.text.find(stop);
+      if (stop.empty() || !may_stop) continue;
+      // A stop string counts only where it ends in text of the tokens after min_tokens.
+      const std::size_t from = s.stop_text_from >= stop.size() ? s.stop_text_from - stop.size() + 1 : 0;
+      const auto at = s.text.find(stop, from);
       if (at != std::string::npos) {
         s.text.resize(at);
         s.stop_string_hit = true;
@@ -327,11 +340,14 @@ std::vector<EngineOutput> Engine::step() {
       drop_blocks(s);  // gives back the cached prefix it took; it looks again next step
       break;
     }
-    if (s.computed > 0 && s.prompt_computed == 0) {
+    // Hits count once per request: not again when a preempted sequence (or one whose KV a
+    // prefill rank sent, already counted there) finds its own blocks on coming back.
+    if (!s.hits_counted && s.computed > 0) {
       stats_.prefix_hit_tokens += std::min(s.computed, s.n_prompt);
       for (std::size_t t = 0; t < s.cached_from.size(); ++t)
         stats_.hit_tokens_by_tier[t] += s.cached_from[t] * pool_.layout().block_size;
     }
+    s.hits_counted = true;
     note_computing(s, take);
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
@@ -373,7 +389,7 @@ std::vector<EngineOutput> Engine::step() {
   // temperature with min-p at most (forward_draw).
   auto plain = [](const SamplingParams& p) {
     return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-           p.logprobs < 0 && p.prompt_logprobs < 0;
+           p.logprobs < 0 && p.prompt_logprobs < 0 && p.logit_bias.empty() && p.min_tokens == 0;
   };
   auto plain_greedy = [&](const SamplingParams& p) { return plain(p) && p.temperature <= 1e-5f; };
   auto device_drawable = [&](const SamplingParams& p) {
@@ -417,6 +433,7 @@ std::vector<EngineOutput> Engine::step() {
       std::span<float> lg(logits_.data() + at * vocab, vocab);
       std::vector<float> raw;
       if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
+      if (has_logit_rules(s.req.params, s.generated())) apply_logit_rules(lg, s.req.params, s.generated(), config_.eos_token_ids);
       drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));
       if (s.req.params.logprobs >= 0) drawn_logprobs[i] = logprobs_of(raw, drawn[i], s.req.params.logprobs);
     };

@@ -209,6 +209,17 @@ std::size_t top_p_prefix(const std::vector<double>& prob, std::size_t n, double 
 
 }  // namespace
 
+void apply_logit_rules(std::span<float> logits, const SamplingParams& p, int64_t generated,
+                       std::span<const int32_t> eos) {
+  for (const auto& [id, bias] : p.logit_bias) logits[static_cast<std::size_t>(id)] += bias;
+  if (generated >= p.min_tokens) return;
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  for (int32_t t : p.stop_token_ids) logits[static_cast<std::size_t>(t)] = kBanned;
+  if (!p.ignore_eos)
+    for (int32_t t : eos)
+      if (t >= 0 && static_cast<std::size_t>(t) < logits.size()) logits[static_cast<std::size_t>(t)] = kBanned;
+}
+
 int32_t sample_token(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt,
                      std::span<const int32_t> output, uint64_t key, uint64_t step) {
   apply_penalties(logits, p, prompt, output);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::runtime {
@@ -27,6 +28,12 @@ struct SamplingParams {
   bool ignore_eos = false;
   int64_t logprobs = -1;            // -1: none; n >= 0: the sampled token's plus the top n
   int64_t prompt_logprobs = -1;     // -1: none; n >= 0: for every prompt token (echo / scoring)
+  // (token id, bias) sorted by id: added to the token's logit before penalties
+  // and temperature (OpenAI's logit_bias, -100..100; -100 bans, 100 forces).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Before this many tokens are out, EOS (unless ignore_eos) and
+  // stop_token_ids cannot be drawn and no stop string ends the output (vLLM's min_tokens).
+  int64_t min_tokens = 0;
 };
 
 struct TokenLogprob {
@@ -42,6 +49,19 @@ struct PositionLogprobs {
 
 // A uniform double in [0, 1) for (key, step): splitmix64 of the pair.
 double counter_uniform(uint64_t key, uint64_t step);
+
+// logit_bias and min_tokens on one row of logits, in place, before
+// sample_token: the biases added, and while fewer than min_tokens tokens are
+// out (`generated`), the stop tokens set to -inf (`eos`: the model's end
+// tokens, banned too unless ignore_eos). A row's result depends only on the
+// row and the request, so batches stay invariant. The logprobs a request
+// asks for are of the raw logits, before this.
+void apply_logit_rules(std::span<float> logits, const SamplingParams& p, int64_t generated,
+                       std::span<const int32_t> eos);
+// True when apply_logit_rules may change a row at this point of the request.
+inline bool has_logit_rules(const SamplingParams& p, int64_t generated) {
+  return !p.logit_bias.empty() || generated < p.min_tokens;
+}
 
 // Applies penalties, temperature, top-k, top-p and min-p to `logits` (in
 // place) and picks a token. `prompt` and `output` are the sequence so far.

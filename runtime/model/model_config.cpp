@@ -19,6 +19,9 @@ int64_t positive(const nlohmann::json& j, const char* key, const std::string& wh
 }  // namespace
 
 ModelConfig ModelConfig::load(const std::filesystem::path& model_dir) {
+  if (std::filesystem::exists(model_dir) && !std::filesystem::is_directory(model_dir))
+    throw Error(model_dir.string() + ": is a file, not a model directory; give the directory that holds config.json, "
+                                     "the *.safetensors and tokenizer.json (model.path or --model)");
   const auto path = model_dir / "config.json";
   std::ifstream in(path);
   if (!in) {

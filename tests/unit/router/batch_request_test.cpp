@@ -77,3 +77,53 @@ TEST_CASE("bad lines say what is wrong and how to fix it", "[router][input]") {
   REQUIRE(std::holds_alternative<LineError>(p));
   CHECK(std::get<LineError>(p).custom_id == "keep-me");  // the error line carries the id when it could be read
 }
+
+TEST_CASE("fields that would change the result and are not honoured are refused, naming the field",
+          "[router][input]") {
+  // Batch lines (both forms) and HTTP bodies alike.
+  auto http_error = [](Endpoint e, const std::string& body) {
+    auto p = parse_request_body(e, body);
+    REQUIRE(std::holds_alternative<LineError>(p));
+    CHECK(std::get<LineError>(p).status == 400);
+    return std::get<LineError>(p).message;
+  };
+  const std::string chat = R"({"custom_id":"a","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],)";
+  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_object"}}})"),
+             Catch::Contains("'response_format' is not supported"));
+  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}}})"),
+             Catch::Contains("'response_format' is not supported"));
+  CHECK_THAT(error_of(chat + R"("tools":[{"type":"function","function":{"name":"f"}}]}})"),
+             Catch::Contains("'tools' is not supported"));
+  CHECK_THAT(error_of(chat + R"("tool_choice":"auto"}})"), Catch::Contains("'tool_choice' is not supported"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}]})"),
+             Catch::Contains("'messages[1].tool_calls' is not supported"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","suffix":"y"})"), Catch::Contains("'suffix' is not supported"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","best_of":3})"), Catch::Contains("'best_of' is not supported"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","guided_json":{}})"), Catch::Contains("'guided_json' is not supported"));
+  CHECK_THAT(http_error(Endpoint::kChat, R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})"),
+             Catch::Contains("'response_format' is not supported"));
+  CHECK_THAT(http_error(Endpoint::kChat, R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})"),
+             Catch::Contains("'tools' is not supported"));
+  // A field nobody knows is a mistake, most often a typo: never a silent default.
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","max_token":100})"),
+             Catch::Contains("unknown field 'max_token'; did you mean 'max_tokens'?"));
+  CHECK_THAT(http_error(Endpoint::kCompletions, R"({"prompt":"x","temprature":0.5})"),
+             Catch::Contains("unknown field 'temprature'; did you mean 'temperature'?"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","top_logprobs":2})"), Catch::Contains("unknown field 'top_logprobs'"));
+  // Values that ask for what Tandem does anyway, and bookkeeping fields, are accepted.
+  ok(chat + R"("response_format":{"type":"text"},"tools":[],"tool_choice":"none","user":"u","metadata":{"k":"v"},"store":false,"parallel_tool_calls":true,"n":1,"best_of":null}})");
+  ok(R"({"custom_id":"a","messages":[{"role":"user","content":"hi","name":"ann"},{"role":"assistant","content":"x","tool_calls":[]}]})");
+  ok(R"({"custom_id":"a","prompt":"x","best_of":1,"skip_special_tokens":true,"user":"u"})");
+}
+
+TEST_CASE("logit_bias and min_tokens are read and checked", "[router][input]") {
+  auto r = ok(R"({"custom_id":"a","prompt":"x","max_tokens":9,"logit_bias":{"50256":-100,"7":2.5,"12":100},"min_tokens":3})");
+  CHECK(r.params.logit_bias == std::vector<std::pair<int32_t, float>>{{7, 2.5f}, {12, 100.0f}, {50256, -100.0f}});
+  CHECK(r.params.min_tokens == 3);
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","logit_bias":{"x":1}})"), Catch::Contains("'logit_bias' keys must be token ids"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","logit_bias":{"5":101}})"), Catch::Contains("from -100 to 100"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","logit_bias":[1]})"), Catch::Contains("'logit_bias' must be an object"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","max_tokens":4,"min_tokens":5})"),
+             Catch::Contains("'min_tokens' (5) must be at most max_tokens (4)"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","min_tokens":-1})"), Catch::Contains("'min_tokens' must be at least 0"));
+}

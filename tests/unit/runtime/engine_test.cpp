@@ -335,6 +335,132 @@ TEST_CASE("sampling options: stop tokens, stop strings, max_tokens, logprobs, pr
   CHECK(sample(12, 77) != sample(13, 78));
 }
 
+// A decode rank's sequence whose KV a prefill rank sent, preempted for lack
+// of blocks, finds its own blocks in the prefix cache when it comes back:
+// that is recomputation saved, not a prefix hit of the request (the prefill
+// rank counted those), so prefix_hit_rate cannot pass 1.
+TEST_CASE("prefix hits count once per request, not again after a preemption", "[engine][prefix][preemption]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(31);
+  kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 10);
+  cpu::ThreadPool threads(2);
+  Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, {8, 256, 0});
+  for (uint64_t i = 0; i < 3; ++i) {
+    EngineRequest q{i, random_prompt(rng, 48), {}, 90 + i};  // 3 full blocks each
+    q.params.max_tokens = 40;
+    q.params.ignore_eos = true;
+    auto blocks = e.reserve_blocks(48);
+    REQUIRE(blocks);
+    e.add_prefilled(q, *blocks, PrefillHandoff{7, {}, {}}, std::chrono::steady_clock::now());
+  }
+  const auto out = run_all(e);
+  CHECK(out.size() == 3);
+  CHECK(e.stats().preemptions > 0);  // 3 x 88 tokens of KV in 160: someone came back
+  CHECK(e.stats().prefix_hit_tokens == 0);
+}
+
+TEST_CASE("logit_bias: the tokens of a plain greedy or sampled draw over the biased logits, alone or batched",
+          "[engine][sampling][invariance]") {
+  testing::TinyModel tiny;
+  std::mt19937 rng(41);
+  const auto target = random_prompt(rng, 30);
+  auto generate = [&](const SamplingParams& params, int64_t others) {
+    kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 1024);
+    cpu::ThreadPool threads(2);
+    Engine e(tiny.config, *tiny.weights, pool, threads, nullptr, {64, 2048, 0});
+    std::mt19937 r2(3);
+    for (int64_t i = 0; i < others; ++i) {
+      EngineRequest q{static_cast<uint64_t>(100 + i), random_prompt(r2, 5 + static_cast<int64_t>(r2() % 40)), {}, 7};
+      q.params.max_tokens = 1 + static_cast<int64_t>(r2() % 20);
+      e.add(q);
+    }
+    e.add(EngineRequest{1, target, params, 42});
+    return run_all(e).at(1).tokens;
+  };
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 12;
+  greedy.ignore_eos = true;
+  const auto plain = generate(greedy, 0);
+  // Banning each token greedy chose first moves the draw elsewhere; forcing one token takes every step.
+  SamplingParams banned = greedy;
+  banned.logit_bias = {{plain[0], -100.0f}};
+  const auto b = generate(banned, 0);
+  CHECK(b[0] != plain[0]);
+  CHECK(std::find(b.begin(), b.end(), plain[0]) == b.end());
+  CHECK(generate(banned, 30) == b);
+  SamplingParams forced = greedy;
+  forced.logit_bias = {{5, 100.0f}};
+  CHECK(generate(forced, 0) == std::vector<int32_t>(12, 5));
+  // Sampled, with a mild bias: the same alone and among 30 others.
+  SamplingParams sampled = greedy;
+  sampled.temperature = 0.9f;
+  sampled.logit_bias = {{plain[1], 2.5f}, {plain[2], -1.0f}, {17, 4.0f}};
+  const auto alone = generate(sampled, 0);
+  CHECK(generate(sampled, 30) == alone);
+  CHECK(alone != generate([&] { auto p = sampled; p.logit_bias.clear(); return p; }(), 0));
+}
+
+TEST_CASE("min_tokens: no stop token, EOS or stop string ends the output before it", "[engine][sampling]") {
+  testing::TinyModel tiny;
+  auto tok = Tokenizer::load(tiny.dir);
+  std::mt19937 rng(43);
+  const auto prompt = random_prompt(rng, 20);
+  auto generate = [&](const SamplingParams& params, int64_t others) {
+    kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 1024);
+    cpu::ThreadPool threads(2);
+    Engine e(tiny.config, *tiny.weights, pool, threads, tok.get(), {64, 2048, 0});
+    std::mt19937 r2(5);
+    for (int64_t i = 0; i < others; ++i) {
+      EngineRequest q{static_cast<uint64_t>(100 + i), random_prompt(r2, 5 + static_cast<int64_t>(r2() % 40)), {}, 7};
+      q.params.max_tokens = 1 + static_cast<int64_t>(r2() % 20);
+      e.add(q);
+    }
+    e.add(EngineRequest{1, prompt, params, 42});
+    return run_all(e).at(1);
+  };
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 16;
+  greedy.ignore_eos = true;
+  const auto plain = generate(greedy, 0).tokens;
+  // Stopping on greedy's second token: without min_tokens it ends at 2 tokens.
+  SamplingParams stop = greedy;
+  stop.stop_token_ids = {plain[1]};
+  CHECK(generate(stop, 0).tokens.size() == 2);
+  SamplingParams held = stop;
+  held.min_tokens = 6;
+  const auto h = generate(held, 0);
+  REQUIRE(h.tokens.size() >= 6);
+  // The reference: the first six tokens are greedy's with the stop token banned (logit_bias -inf-like).
+  SamplingParams reference = greedy;
+  reference.max_tokens = 6;
+  reference.logit_bias = {{plain[1], -100.0f}};
+  const auto ref = generate(reference, 0).tokens;
+  CHECK(std::vector<int32_t>(h.tokens.begin(), h.tokens.begin() + 6) == ref);
+  CHECK(generate(held, 30).tokens == h.tokens);
+  if (h.reason == FinishReason::kStop) CHECK(h.tokens.back() == plain[1]);
+  // EOS is held back too (unless ignore_eos): the model's EOS forced by a bias cannot end it before 4 tokens.
+  SamplingParams eos = greedy;
+  eos.ignore_eos = false;
+  eos.logit_bias = {{tiny.config.eos_token_ids.at(0), 100.0f}};
+  CHECK(generate(eos, 0).tokens.size() == 1);
+  eos.min_tokens = 4;
+  const auto e4 = generate(eos, 0);
+  CHECK(e4.tokens.size() == 5);
+  CHECK(e4.reason == FinishReason::kStop);
+  // A stop string met before min_tokens does not end the output.
+  const std::string text = generate(greedy, 0).text;
+  const std::string two = tok->decode(std::vector<int32_t>(plain.begin(), plain.begin() + 2), true);
+  if (two.size() >= 2 && text.find(two) == 0 && text.find(two, 1) == std::string::npos) {
+    SamplingParams by_text = greedy;
+    by_text.stop = {two};
+    CHECK(generate(by_text, 0).text.empty());
+    by_text.min_tokens = 3;
+    CHECK(generate(by_text, 0).text == text);  // never met again: runs to max_tokens
+  }
+}
+
 TEST_CASE("requests the engine cannot serve are refused with one line", "[engine][errors]") {
   testing::TinyModel tiny;
   kv::BlockPool pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 4);

@@ -45,6 +45,8 @@ TEST_CASE("a bad model directory stops with one line naming the file and the pro
   auto restore = [&] { std::ofstream(d / "config.json") << original_config; };
 
   CHECK_THAT(load_error(d / "nope"), Catch::Contains("config.json: cannot read the model config (no such directory)"));
+  // A file given as the model: it is not a directory (not "config.json missing").
+  CHECK_THAT(load_error(d / "config.json"), Catch::Contains("config.json: is a file, not a model directory"));
 
   edit_config(d, [](auto& j) { j["architectures"] = {"GPT2LMHeadModel"}; });
   CHECK_THAT(load_error(d), Catch::Contains("architecture 'GPT2LMHeadModel' is not supported"));

@@ -90,3 +90,49 @@ TEST_CASE("sample_token picks what the plain sort-everything sampler picks", "[s
   CHECK(cases == 4 * 4 * 4 * 4 * 2 * (1 + 4));
   CHECK(distinct_from_argmax > cases / 4);
 }
+
+// logit_bias and min_tokens against the plain definition: bias added to the
+// named logits, stop tokens (and EOS unless ignore_eos) removed while fewer
+// than min_tokens are out, then the plain sampler.
+TEST_CASE("logit_bias and min_tokens draw what the plain sampler draws on the edited logits", "[sampling]") {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const std::vector<int32_t> eos = {3, 9};
+  int changed = 0;
+  for (int c = 0; c < 300; ++c) {
+    std::vector<float> logits(64);
+    for (auto& x : logits) x = normal(rng);
+    SamplingParams p;
+    p.temperature = c % 3 == 0 ? 0.0f : 0.7f + 0.01f * static_cast<float>(c % 50);
+    p.top_k = c % 4 == 1 ? 10 : 0;
+    p.top_p = c % 5 == 2 ? 0.8f : 1.0f;
+    p.logit_bias = {{static_cast<int32_t>(c % 64), 5.0f}, {static_cast<int32_t>((c * 7) % 64), -100.0f}};
+    std::sort(p.logit_bias.begin(), p.logit_bias.end());
+    if (p.logit_bias[0].first == p.logit_bias[1].first) p.logit_bias.pop_back();
+    p.stop_token_ids = {static_cast<int32_t>((c * 11) % 64)};
+    p.min_tokens = 4;
+    p.ignore_eos = c % 2 == 0;
+    const int64_t generated = c % 8;  // half the cases before min_tokens, half after
+    std::vector<float> edited = logits;
+    for (const auto& [id, b] : p.logit_bias) edited[static_cast<std::size_t>(id)] += b;
+    if (generated < p.min_tokens) {
+      std::vector<int32_t> banned = p.stop_token_ids;
+      if (!p.ignore_eos) banned.insert(banned.end(), eos.begin(), eos.end());
+      for (int32_t t : banned) edited[static_cast<std::size_t>(t)] = -std::numeric_limits<float>::infinity();
+    }
+    std::vector<float> row = logits;
+    tandem::runtime::apply_logit_rules(row, p, generated, eos);
+    CHECK(row == edited);
+    const int32_t want = p.temperature == 0.0f ? static_cast<int32_t>(std::max_element(edited.begin(), edited.end()) - edited.begin())
+                                               : reference_sample(edited, p, 99 + static_cast<uint64_t>(c), 5);
+    const int32_t got = tandem::runtime::sample_token(row, p, {}, {}, 99 + static_cast<uint64_t>(c), 5);
+    CHECK(got == want);
+    if (generated < p.min_tokens) {
+      CHECK(got != p.stop_token_ids[0]);
+      if (!p.ignore_eos) CHECK((got != 3 && got != 9));
+    }
+    std::vector<float> untouched = logits;
+    changed += tandem::runtime::sample_token(untouched, p, {}, {}, 99 + static_cast<uint64_t>(c), 5) != got;
+  }
+  CHECK(changed > 30);  // the rules do change draws
+}
