@@ -9,9 +9,11 @@
 #include "common/error.h"
 #include "launcher/build_info.h"
 #include "launcher/commands.h"
+#include "launcher/stop_signals.h"
 
 int main(int argc, char** argv) {
   using namespace tandem::launcher;
+  catch_stop_signals();  // Slurm's USR1/TERM may come while the ranks start: run and serve drain then
   CLI::App app{
       "Tandem: batch and offline LLM inference on HPC clusters, as one MPI job.\n"
       "Rank 0 routes; the other ranks prefill or decode; KV moves by MPI one-sided RMA.",
@@ -36,6 +38,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // Only run and serve drain; every other command ends on USR1/TERM as any program does.
+  if (!app.got_subcommand("run") && !app.got_subcommand("serve")) release_stop_signals();
   try {
     for (auto& [cmd, action] : commands)
       if (cmd->parsed()) return action();

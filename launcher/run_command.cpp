@@ -77,6 +77,10 @@ Prepared prepare(const RunOptions& o) {
   p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);
   p.max_model_len = p.cfg.model.max_model_len > 0 ? std::min(p.cfg.model.max_model_len, p.model.max_position_embeddings)
                                                   : p.model.max_position_embeddings;
+  // A request's line is its prompt as JSON: even escaped (\uXXXX) or as token ids, a token rarely
+  // takes more than a few dozen bytes, so 64 per context token bounds any line that can run.
+  p.max_line_bytes = p.cfg.job.max_line_bytes > 0 ? p.cfg.job.max_line_bytes
+                                                   : std::max<int64_t>(int64_t{1} << 20, 64 * p.max_model_len);
   return p;
 }
 
@@ -111,6 +115,7 @@ RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplat
   s.input = p.cfg.job.input;
   s.output = p.cfg.job.output;
   s.summary = p.cfg.job.summary;
+  s.max_line_bytes = p.max_line_bytes;
   prompt_and_output_contexts(p, chat, s.prompts, s.outputs);
   s.window_per_worker = 2 * p.cfg.job.max_num_seqs;
   s.resume = p.cfg.job.resume;
@@ -169,6 +174,16 @@ void log_summary(const nlohmann::json& s) {
                resumed > 0 ? " (and " + std::to_string(resumed) + " done by earlier runs, skipped)" : std::string(),
                s["output_tokens_per_s"].get<double>(), s["ttft_ms"]["p50"].get<double>(),
                s["itl_ms"]["p50"].get<double>());
+}
+
+// The end of a batch job on rank 0: the summary logged; the exit code (2
+// when the input could not be read to its end: what was read is done and
+// committed, and --resume goes on once the file is fixed).
+int finish_run(const nlohmann::json& summary) {
+  log_summary(summary);
+  if (!summary.contains("input_error")) return 0;
+  std::fprintf(stderr, "tandem: error: %s\n", summary["input_error"].get<std::string>().c_str());
+  return 2;
 }
 
 // Rank 0 decides whether the job can start; every rank learns the verdict.
@@ -240,17 +255,15 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   return std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
 }
 
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+extern "C" void on_interrupt(int sig) { g_stop_signal.store(sig); }
 
 int run_job(const RunOptions& o, int argc, char** argv) {
+  // USR1 and TERM (Slurm's warnings) are caught since main's first instruction (stop_signals.h).
   mpi::MpiEnv env(&argc, &argv);
-  // Slurm warns of a time limit or preemption with USR1 (--signal=B:USR1@T) or TERM.
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
   // A client that hangs up, or an mpirun that is going away and closed our
   // stdout, is not our death: rank 0 still commits what it wrote.
   std::signal(SIGPIPE, SIG_IGN);
-  if (o.serve) std::signal(SIGINT, on_stop_signal);  // Ctrl-C in an interactive allocation drains too
+  if (o.serve) std::signal(SIGINT, on_interrupt);  // Ctrl-C in an interactive allocation drains too
   const int rank = env.rank();
   std::string error;
   Prepared p;
@@ -423,6 +436,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     return 2;
   }
 
+  int rc = 0;
   try {
     if (env.size() == 1) {
       std::unique_ptr<runtime::ChatTemplate> chat;
@@ -432,9 +446,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
         serve.dispatch = dispatch_options(setup);
         return run_serve(serve, *frontend, link);
       }
-      const auto summary = run_router(setup, link);
-      log_summary(summary);
-      return 0;
+      return finish_run(run_router(setup, link));
     }
     mpi::Mailbox box(env.world());
     if (rank == 0) {
@@ -462,8 +474,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
         serve.dispatch = dispatch_options(setup);
         run_serve(serve, *frontend, link);
       } else {
-        const auto summary = run_router(setup, link);
-        log_summary(summary);
+        rc = finish_run(run_router(setup, link));
       }
     } else {
       WorkerComms comms{workers, role_comm, rank};
@@ -480,7 +491,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     std::fprintf(stderr, "tandem: error: [rank %d] %s\n", rank, e.what());
     MPI_Abort(env.world(), 3);  // a job that lost a rank cannot finish; stop every rank now
   }
-  return 0;
+  return rc;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "router/job_stats.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <string_view>
 #include <type_traits>
 
@@ -8,22 +10,50 @@
 
 namespace tandem::router {
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100.0 * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<std::size_t>(pos);
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+namespace {
+constexpr double kBucketGrowth = 1.01;  // each bucket 1% wider than the last
+const double kLogGrowth = std::log(kBucketGrowth);
+}  // namespace
+
+void Quantiles::add(double v) {
+  const int32_t b = v > 0 ? static_cast<int32_t>(std::floor(std::log(v) / kLogGrowth)) : INT32_MIN;
+  ++buckets_[b];
+  min_ = count_ == 0 ? v : std::min(min_, v);
+  max_ = count_ == 0 ? v : std::max(max_, v);
+  ++count_;
+}
+
+double Quantiles::at_rank(int64_t rank) const {
+  if (rank <= 0) return min_;
+  if (rank >= count_ - 1) return max_;
+  int64_t seen = 0;
+  for (const auto& [b, n] : buckets_) {
+    seen += n;
+    if (rank < seen) {
+      if (b == INT32_MIN) return std::min(0.0, max_);
+      // The bucket [g^b, g^(b+1)): its middle in log space, within the exact extremes.
+      return std::clamp(std::exp((b + 0.5) * kLogGrowth), min_, max_);
+    }
+  }
+  return max_;
+}
+
+double Quantiles::percentile(double p) const {
+  if (count_ == 0) return 0;
+  const double pos = p / 100.0 * static_cast<double>(count_ - 1);
+  const auto lo = static_cast<int64_t>(pos);
+  const double a = at_rank(lo);
+  if (lo + 1 >= count_) return a;
+  return a + (at_rank(lo + 1) - a) * (pos - static_cast<double>(lo));
 }
 
 void JobStats::request_ok(int64_t prompt_tokens, int64_t generated, double ttft_ms, double itl_ms, double e2e_ms) {
   ++ok_;
   prompt_tokens_ += prompt_tokens;
   generated_ += generated;
-  ttft_.push_back(ttft_ms);
-  if (generated > 1) itl_.push_back(itl_ms);
-  e2e_.push_back(e2e_ms);
+  ttft_.add(ttft_ms);
+  if (generated > 1) itl_.add(itl_ms);
+  e2e_.add(e2e_ms);
 }
 
 nlohmann::json tiers_json(const kv::TierStats& t) {
@@ -82,8 +112,8 @@ nlohmann::json tier_summary(const std::vector<RankReport>& ranks) {
 }  // namespace
 
 nlohmann::json JobStats::summary(double elapsed_s) const {
-  auto dist = [](const std::vector<double>& v) {
-    return nlohmann::json{{"p50", percentile(v, 50)}, {"p90", percentile(v, 90)}, {"p99", percentile(v, 99)}};
+  auto dist = [](const Quantiles& q) {
+    return nlohmann::json{{"p50", q.percentile(50)}, {"p90", q.percentile(90)}, {"p99", q.percentile(99)}};
   };
   int64_t computed = 0, hits = 0, kv_bytes = 0;
   double kv_seconds = 0;

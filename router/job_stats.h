@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,25 @@ struct RankReport {
   std::vector<std::array<double, 6>> step_samples;
 };
 
+// Percentiles of a latency without keeping every value (rank 0's memory
+// must not grow with the input): counts in log-spaced buckets 1% wide, so a
+// percentile is within 0.5% of the exact one's value; min and max exact.
+class Quantiles {
+ public:
+  void add(double v);
+  // p-th percentile (0..100), interpolated linearly between the
+  // neighbouring ranks (numpy's default); 0 for no values.
+  double percentile(double p) const;
+  int64_t count() const { return count_; }
+
+ private:
+  double at_rank(int64_t rank) const;  // the rank-th smallest value (0-based), to the bucket's precision
+
+  std::map<int32_t, int64_t> buckets_;  // log-bucket index -> values in it (values <= 0 at INT32_MIN)
+  int64_t count_ = 0;
+  double min_ = 0, max_ = 0;
+};
+
 class JobStats {
  public:
   void request_ok(int64_t prompt_tokens, int64_t generated, double ttft_ms, double itl_ms, double e2e_ms);
@@ -49,7 +69,7 @@ class JobStats {
 
  private:
   int64_t ok_ = 0, failed_ = 0, prompt_tokens_ = 0, generated_ = 0;
-  std::vector<double> ttft_, itl_, e2e_;
+  Quantiles ttft_, itl_, e2e_;
   std::vector<RankReport> ranks_;
 };
 
@@ -57,7 +77,5 @@ class JobStats {
 nlohmann::json tiers_json(const kv::TierStats& t);
 kv::TierStats tiers_from_json(const nlohmann::json& j);
 
-// p-th percentile (0..100) by linear interpolation; 0 for no values.
-double percentile(std::vector<double> values, double p);
 
 }  // namespace tandem::router

@@ -9,6 +9,7 @@ APT_BUILD=(cmake g++ make pkg-config git
   libopenmpi-dev openmpi-bin libfabric-dev libhdf5-dev
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev catch2
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libutf8proc-dev libcpp-httplib-dev
+  zlib1g-dev libzstd-dev  # gzip and zstd input, read as it streams
   gnuplot-nox)  # tandem simulate --plot
 # Test tiers: torch reference, HDF5 read-back, a real Slurm cluster, Node.js for
 # the reference tokenizer and the official OpenAI client.

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "common/error.h"
 
@@ -32,7 +33,32 @@ std::optional<OutputShard> shard_of(const nlohmann::json& record) {
   return OutputShard{s.value("task", int64_t{-1}), s.value("index", int64_t{0}), s.value("count", int64_t{1})};
 }
 
+// A key record of the checkpoint, if `record` is one. Checkpoints written
+// before ids and lines were kept apart hold both as bare strings, a line as
+// "#line:N"; they are read as they were meant.
+std::optional<OutputKey> key_of(const nlohmann::json& record) {
+  if (record.is_object() && record.size() == 1) {
+    if (auto id = record.find("id"); id != record.end() && id->is_string()) return OutputKey::id(id->get<std::string>());
+    if (auto line = record.find("line"); line != record.end() && line->is_number_unsigned())
+      return OutputKey::of_line(line->get<uint64_t>());
+    return std::nullopt;
+  }
+  if (!record.is_string()) return std::nullopt;
+  const auto& legacy = record.get_ref<const std::string&>();
+  constexpr std::string_view kLegacyLine = "#line:";
+  if (legacy.size() > kLegacyLine.size() && legacy.starts_with(kLegacyLine) &&
+      legacy.find_first_not_of("0123456789", kLegacyLine.size()) == std::string::npos)
+    return OutputKey::of_line(std::stoull(legacy.substr(kLegacyLine.size())));
+  return OutputKey::id(legacy);
+}
+
+nlohmann::json record_of(const OutputKey& k) {
+  return k.is_line() ? nlohmann::json{{"line", k.line}} : nlohmann::json{{"id", k.custom_id}};
+}
+
 }  // namespace
+
+uint64_t custom_id_hash(std::string_view custom_id) { return XXH3_64bits(custom_id.data(), custom_id.size()); }
 
 std::optional<OutputShard> recorded_shard(const std::string& path) {
   // An array task records its share first thing (before any line is committed): the first record or none.
@@ -60,7 +86,7 @@ std::string output_in_use(const std::string& path) {
   return held ? in_use_message(path, ckpt) : "";
 }
 
-ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unordered_set<std::string>& done)
+ResumableOutput::ResumableOutput(const std::string& path, bool resume, DoneKeys& done)
     : path_(path), ckpt_path_(path + ".ckpt") {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -97,22 +123,22 @@ ResumableOutput::ResumableOutput(const std::string& path, bool resume, std::unor
   }
 }
 
-void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output, std::unordered_set<std::string>& done) {
+void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output, DoneKeys& done) {
   namespace fs = std::filesystem;
   if (resume && had_ckpt) {
     // Replay the checkpoint: keys become done at the commit record that follows them.
     std::ifstream in(ckpt_path_);
-    std::vector<std::string> keys;
+    std::vector<OutputKey> keys;
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_string()) {
-        keys.push_back(j.get<std::string>());
+      if (auto key = key_of(j)) {
+        keys.push_back(std::move(*key));
       } else if (auto shard = shard_of(j)) {
         shard_ = shard;
       } else if (j.is_object() && j.contains("committed_bytes")) {
         committed_ = j["committed_bytes"].get<int64_t>();
-        for (auto& k : keys) done.insert(std::move(k));
+        for (const auto& k : keys) done.insert(k);
         keys.clear();
       }  // anything else is a torn last record: ignored, like the keys before it
     }
@@ -142,7 +168,7 @@ void ResumableOutput::record_shard(const OutputShard& shard) {
   shard_ = shard;
 }
 
-void ResumableOutput::write(const std::string& key, const std::string& line) {
+void ResumableOutput::write(const OutputKey& key, const std::string& line) {
   if (std::fputs(line.c_str(), out_) < 0 || std::fputc('\n', out_) < 0)
     throw Error(path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
   written_ += static_cast<int64_t>(line.size()) + 1;
@@ -153,7 +179,7 @@ void ResumableOutput::commit() {
   if (pending_.empty()) return;
   sync_file(out_, path_);  // the lines first: a checkpoint never promises what is not on disk
   std::string record;
-  for (const auto& k : pending_) record += nlohmann::json(k).dump() + "\n";
+  for (const auto& k : pending_) record += record_of(k).dump() + "\n";
   record += "{\"committed_bytes\":" + std::to_string(written_) + "}\n";
   if (std::fputs(record.c_str(), ckpt_) < 0) throw Error(ckpt_path_ + ": write failed (" + std::strerror(errno) + ")");
   sync_file(ckpt_, ckpt_path_);

@@ -34,6 +34,7 @@ struct JobConfig {
   double progress_seconds = 30.0;           // a progress line this often when stderr is not a terminal
   std::string summary;                      // summary JSON; empty: <output>.summary.json
   bool resume = false;                      // continue an existing output (skip what its checkpoint has)
+  int64_t max_line_bytes = 0;               // longest input line; 0: 64 bytes per context token, at least 1 MiB
 };
 
 struct ClusterConfig {

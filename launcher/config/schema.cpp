@@ -140,6 +140,12 @@ std::vector<KeySpec> build_schema() {
           .doc("Continue an existing output: skip what its checkpoint (<output>.ckpt) records as done. "
                "Also --resume; automatic when Slurm requeues the job. Off: an existing output is an error.")
           ,
+      key("job", "max_line_bytes", &C::job, &JobConfig::max_line_bytes)
+          .at_least(0)
+          .doc("Longest input line, in bytes; a longer one becomes an error record (its custom_id kept when it "
+               "comes first) and is skipped without being held in memory. 0: 64 bytes per token of the "
+               "context (model.max_model_len), at least 1 MiB.")
+          ,
       // [cluster]
       key("cluster", "prefill_ranks", &C::cluster, &ClusterConfig::prefill_ranks)
           .at_least(0)

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "router/input_file.h"
 #include "launcher/run/transport_setup.h"
 #include "mpi_transport/transport_registry.h"
 #include "runtime/engine/backend_registry.h"
@@ -27,8 +28,8 @@ void check_files(const Prepared& p) {
   }
   if (std::filesystem::is_directory(p.cfg.job.input))
     throw Error(p.cfg.job.input + ": is a directory, not a JSONL file; check job.input or --input");
-  if (!std::ifstream(p.cfg.job.input))
-    throw Error(p.cfg.job.input + ": cannot read the input (" + std::strerror(errno) + "); check job.input or --input");
+  // Readable, and text (plain, gzip or zstd): anything else stops here, saying what it looks like.
+  (void)router::InputFile(p.cfg.job.input, p.max_line_bytes);
   for (const auto& path : {p.cfg.job.output, p.cfg.job.summary}) {
     const bool existed = std::filesystem::exists(path);
     std::ofstream f(path, std::ios::app);

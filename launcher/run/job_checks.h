@@ -20,6 +20,7 @@ struct Prepared {
   runtime::ModelConfig model;
   std::unique_ptr<runtime::Tokenizer> tokenizer;
   int64_t max_model_len = 0;
+  int64_t max_line_bytes = 0;  // job.max_line_bytes, or derived from max_model_len
 };
 
 // Rank 0's checks of what only it touches: input, output, summary, and that

@@ -1,5 +1,6 @@
 #include "launcher/run/router_loop.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,15 +15,15 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/u64_set.h"
 #include "launcher/run/worker_core.h"
 #include "kv/block_hash.h"
+#include "router/input_file.h"
 #include "router/kv_aware_policy.h"
 #include "router/prefix_order.h"
 #include "slurm/resumable_output.h"
 
 namespace tandem::launcher {
-
-std::atomic<int> g_stop_signal{0};
 
 namespace {
 
@@ -35,7 +36,7 @@ class OutputWriter {
  public:
   OutputWriter(slurm::ResumableOutput& out, bool input_order, double flush_seconds)
       : out_(out), input_order_(input_order), flush_seconds_(flush_seconds) {}
-  void put(uint64_t index, std::string key, std::string line) {
+  void put(uint64_t index, slurm::OutputKey key, std::string line) {
     if (!input_order_) return out_.write(key, line);
     buffer_.emplace(index, std::make_pair(std::move(key), std::move(line)));
     while (!buffer_.empty() && buffer_.begin()->first == next_) {
@@ -46,7 +47,7 @@ class OutputWriter {
   }
   // Input order: an index that produces no line (a blank or an already-done line) must still advance the order.
   void skip(uint64_t index) {
-    if (input_order_) put(index, std::string(), std::string());
+    if (input_order_) put(index, slurm::OutputKey(), std::string());
   }
   std::size_t buffered() const { return buffer_.size(); }
   void commit() {
@@ -63,14 +64,10 @@ class OutputWriter {
   slurm::ResumableOutput& out_;
   bool input_order_;
   double flush_seconds_;
-  std::map<uint64_t, std::pair<std::string, std::string>> buffer_;
+  std::map<uint64_t, std::pair<slurm::OutputKey, std::string>> buffer_;
   uint64_t next_ = 0;
   Clock::time_point last_commit_ = Clock::now();
 };
-
-// The key that makes a line "done" in the checkpoint: its custom_id, or its
-// line number when it has no usable one (so its error line is written once too).
-std::string line_key(uint64_t index) { return "#line:" + std::to_string(index + 1); }
 
 struct InFlight {
   router::BatchRequest request;
@@ -94,9 +91,28 @@ DispatchOptions dispatch_options(const RouterSetup& s) {
 
 nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   const Config& cfg = *s.config;
-  std::ifstream in(s.input);
-  if (!in) throw Error(s.input + ": cannot read the input (" + std::strerror(errno) + ")");
-  std::unordered_set<std::string> done;
+  router::InputFile in(s.input, s.max_line_bytes);
+  // A read error or bad compressed data ends the input where it is: what was read is finished and
+  // committed, then the job reports the error (the summary's input_error) and fails.
+  std::string input_error;
+  struct Line {
+    std::string text;  // without its newline; only the first InputFile::kKeptPrefix bytes when too_long
+    uint64_t length = 0;
+    bool too_long = false;
+  };
+  auto next_line = [&](Line& l) {
+    if (!input_error.empty()) return false;
+    try {
+      const auto got = in.next(l.text, l.length);
+      l.too_long = got == router::InputFile::Got::kTooLong;
+      return got != router::InputFile::Got::kEnd;
+    } catch (const Error& e) {
+      input_error = e.what();
+      spdlog::error("{}", input_error);
+      return false;
+    }
+  };
+  slurm::DoneKeys done;
   slurm::ResumableOutput file(s.output, s.resume, done);
   OutputWriter out(file, cfg.job.output_order == "input", cfg.job.flush_seconds);
   int64_t resumed = 0;
@@ -118,7 +134,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   const bool tty = ::isatty(STDERR_FILENO);
   auto last_progress = start;
 
-  std::unordered_set<std::string> seen_ids;
+  U64Set seen_ids;  // hashes of the custom_ids read so far (see key_of)
   std::unordered_map<uint64_t, InFlight> in_flight;
   Dispatcher dispatch(link, dispatch_options(s));
   LinkEvents events;
@@ -152,7 +168,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   // Input lines, with the planner's look-ahead: at the first line of an epoch
   // the whole epoch is read, its prompts built (kept for admission), and the
   // planner chooses the epoch's split before any of it is placed.
-  std::deque<std::string> ahead;
+  std::deque<Line> ahead;
   struct Built {
     std::vector<int32_t> prompt;
     int64_t max_tokens = 0;
@@ -169,21 +185,22 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   auto epoch_of = [&](uint64_t i) { return static_cast<int64_t>(i / static_cast<uint64_t>(std::max<int64_t>(1, s.epoch_requests))); };
   auto plan_epoch = [&](uint64_t first) {
     for (int64_t k = static_cast<int64_t>(ahead.size()); k < s.epoch_requests; ++k) {
-      std::string l;
-      if (!std::getline(in, l)) break;
+      Line l;
+      if (!next_line(l)) break;
       ahead.push_back(std::move(l));
     }
     std::vector<planner::Request> reqs;
     for (std::size_t k = 0; k < ahead.size(); ++k) {
       const uint64_t i = first + k;
-      const std::string& l = ahead[k];
+      if (ahead[k].too_long) continue;
+      const std::string& l = ahead[k].text;
       if (l.find_first_not_of(" \t\r") == std::string::npos ||
           static_cast<int64_t>(i % static_cast<uint64_t>(shard_count)) != shard_index)
         continue;
       auto parsed = router::parse_batch_line(l);
       if (!std::holds_alternative<router::BatchRequest>(parsed)) continue;
       auto& req = std::get<router::BatchRequest>(parsed);
-      if (done.count(req.custom_id)) continue;  // written by an earlier run (resume): no work in this epoch
+      if (done.contains(slurm::OutputKey::id(req.custom_id))) continue;  // written by an earlier run (resume): no work in this epoch
       auto ids = router::build_prompt(req, s.prompts);
       if (!std::holds_alternative<std::vector<int32_t>>(ids)) continue;
       Built b{std::get<std::vector<int32_t>>(std::move(ids)), req.params.max_tokens};
@@ -199,17 +216,17 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     }
     spdlog::info("{}", d.describe());
   };
-  auto read_line = [&](uint64_t i, std::string& l) {
+  auto read_line = [&](uint64_t i, Line& l) {
     if (s.planner && i % static_cast<uint64_t>(s.epoch_requests) == 0) plan_epoch(i);
     if (!ahead.empty()) {
       l = std::move(ahead.front());
       ahead.pop_front();
       return true;
     }
-    return static_cast<bool>(std::getline(in, l));
+    return next_line(l);
   };
 
-  auto fail = [&](uint64_t i, std::string key, const router::LineError& e) {
+  auto fail = [&](uint64_t i, slurm::OutputKey key, const router::LineError& e) {
     out.put(i, std::move(key), router::format_error(e, s.outputs));
     stats.request_failed();
   };
@@ -242,30 +259,43 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   std::deque<Ready> window;
   std::vector<uint64_t> last_placed;
   // Reads the next input line: skipped, failed (its error record written), or built into the window.
+  Line read;
   auto read_one = [&]() {
-    std::string line;
-    if (!read_line(index, line)) {
+    if (!read_line(index, read)) {
       input_done = true;
       return;
     }
+    const std::string& line = read.text;
     const uint64_t i = index++;
-    if (line.find_first_not_of(" \t\r") == std::string::npos ||
+    if ((!read.too_long && line.find_first_not_of(" \t\r") == std::string::npos) ||
         static_cast<int64_t>(i % static_cast<uint64_t>(shard_count)) != shard_index) {
       out.skip(i);  // blank lines carry no request; other array tasks take the other shards
       return;
     }
     ++lines_read;
+    // A line past job.max_line_bytes was not kept: its error record carries the custom_id if one came first.
     auto parsed = router::parse_batch_line(line);
+    if (read.too_long) {
+      auto* bad = std::get_if<router::LineError>(&parsed);
+      parsed = router::LineError{bad ? bad->custom_id : std::get<router::BatchRequest>(parsed).custom_id, 400,
+                                 std::to_string(read.length) + " bytes, longer than job.max_line_bytes (" +
+                                     std::to_string(s.max_line_bytes) +
+                                     "); it was skipped unread: shorten it, or raise job.max_line_bytes if a "
+                                     "prompt this long fits the context"};
+    }
     // A line's key in the checkpoint: its custom_id the first time the id
-    // appears, else (no usable id, or a duplicate) its line number. Keys in
+    // appears, else (no usable id, or a duplicate) its line number. Ids are
+    // remembered by their 64-bit hash (8-15 bytes a line): a line whose id's
+    // hash an earlier line's id had is treated as a duplicate, so every id
+    // key stands for one hash and the checkpoint's hashes are exact. Keys in
     // `done` were written by an earlier run and are skipped now.
     auto key_of = [&](const std::string& id) {
-      if (id.empty()) return line_key(i);
-      return seen_ids.insert(id).second ? id : line_key(i);
+      if (!id.empty() && seen_ids.insert(slurm::custom_id_hash(id))) return slurm::OutputKey::id(id);
+      return slurm::OutputKey::of_line(i + 1);
     };
     if (auto* e = std::get_if<router::LineError>(&parsed)) {
-      std::string key = key_of(e->custom_id);
-      if (done.count(key)) {
+      slurm::OutputKey key = key_of(e->custom_id);
+      if (done.contains(key)) {
         ++resumed;
         out.skip(i);
         return;
@@ -275,13 +305,13 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       return;
     }
     auto& req = std::get<router::BatchRequest>(parsed);
-    const std::string key = key_of(req.custom_id);
-    if (done.count(key)) {
+    slurm::OutputKey key = key_of(req.custom_id);
+    if (done.contains(key)) {
       ++resumed;
       out.skip(i);
       return;
     }
-    if (key != req.custom_id) {
+    if (key.is_line()) {
       fail(i, key, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
                                             "'; every line needs its own"});
       return;
@@ -296,7 +326,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     }
     if (auto* e = std::get_if<router::LineError>(&prompt)) {
       e->message = "line " + std::to_string(i + 1) + ": " + e->message;
-      fail(i, req.custom_id, *e);
+      fail(i, std::move(key), *e);
       return;
     }
     InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt))};
@@ -362,7 +392,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         // The engine names the request by its id (the 0-based line index): the line number alone says it.
         const std::string engine_name = "request " + std::to_string(r.id) + ": ";
         const std::string why = r.error.rfind(engine_name, 0) == 0 ? r.error.substr(engine_name.size()) : r.error;
-        fail(r.id, f.request.custom_id, {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
+        fail(r.id, slurm::OutputKey::id(f.request.custom_id),
+             {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
       } else {
         router::RequestResult res;
         res.prompt_ids = std::move(f.prompt);
@@ -381,7 +412,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
         res.kv_blocks_moved = r.kv_blocks_moved;
         stats.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
                          res.ttft_ms, res.itl_ms, res.e2e_ms);
-        out.put(r.id, f.request.custom_id, router::format_result(f.request, res, s.outputs));
+        out.put(r.id, slurm::OutputKey::id(f.request.custom_id), router::format_result(f.request, res, s.outputs));
       }
       in_flight.erase(it);
       if (s.planner) {
@@ -423,6 +454,11 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
     summary["planner_profile"]["file"] = profile_path;
   }
   summary["stopped_by_signal"] = stopping;
+  summary["input_format"] = std::string(router::InputFile::name(in.format()));
+  // Rank 0's memory does not grow with the input (docs/run.md): its peak, for anyone to check.
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) summary["router_peak_rss_bytes"] = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  if (!input_error.empty()) summary["input_error"] = input_error;
   summary["requests_abandoned"] = abandoned;
   std::ofstream sf(s.summary);
   if (!sf) throw Error(s.summary + ": cannot write the summary");

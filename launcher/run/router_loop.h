@@ -18,12 +18,14 @@
 #include "router/job_stats.h"
 #include "planner/epoch_planner.h"
 #include "router/prompt_builder.h"
+#include "launcher/stop_signals.h"
 
 namespace tandem::launcher {
 
 struct RouterSetup {
   const Config* config = nullptr;
   std::string input, output, summary;
+  int64_t max_line_bytes = 1 << 20;  // a longer input line becomes an error record, never held whole
   router::PromptContext prompts;
   router::OutputContext outputs;
   int64_t window_per_worker = 128;  // requests in flight per worker
@@ -42,10 +44,6 @@ struct RouterSetup {
   int64_t epoch_requests = 1024;
   std::vector<int> worker_ranks;
 };
-
-// Set by the USR1/TERM handler (Slurm's time limit or preemption warning):
-// rank 0 stops admitting, drains for job.drain_seconds, commits, and ends.
-extern std::atomic<int> g_stop_signal;
 
 DispatchOptions dispatch_options(const RouterSetup& setup);
 

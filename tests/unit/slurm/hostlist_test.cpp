@@ -131,19 +131,22 @@ TEST_CASE("one job at a time on an output: a second writer is refused with one l
   const fs::path dir = fs::temp_directory_path() / ("tandem-lock-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string out = (dir / "out.jsonl").string();
-  std::unordered_set<std::string> done;
+  using tandem::slurm::OutputKey;
+  tandem::slurm::DoneKeys done;
   {
     tandem::slurm::ResumableOutput first(out, false, done);
-    first.write("a", "{\"custom_id\":\"a\"}");
+    first.write(OutputKey::id("a"), "{\"custom_id\":\"a\"}");
     first.commit();
     CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(out, true, done),
                       Catch::Contains("another job is writing this output now"));
     // The refused writer changed nothing: the first one's line is still there and committed.
-    first.write("b", "{\"custom_id\":\"b\"}");
+    first.write(OutputKey::id("b"), "{\"custom_id\":\"b\"}");
     first.commit();
   }
   tandem::slurm::ResumableOutput again(out, true, done);  // the first one ended: its lock went with it
-  CHECK(done == std::unordered_set<std::string>{"a", "b"});
+  CHECK(done.size() == 2);
+  CHECK(done.contains(OutputKey::id("a")));
+  CHECK(done.contains(OutputKey::id("b")));
   // A refused fresh start (no checkpoint to resume from) leaves no checkpoint behind.
   const std::string other = (dir / "other.jsonl").string();
   std::ofstream(other) << "{}\n";

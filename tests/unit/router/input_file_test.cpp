@@ -1,0 +1,164 @@
+// The input as it streams: plain, gzip and zstd read alike, lines bounded,
+// anything that is not JSONL text refused before any work.
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <catch2/catch.hpp>
+
+#include "common/error.h"
+#include "router/input_file.h"
+
+namespace fs = std::filesystem;
+using tandem::router::InputFile;
+
+namespace {
+
+struct TempDir {
+  fs::path dir = fs::temp_directory_path() / ("tandem-input-" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(dir); }
+  ~TempDir() { fs::remove_all(dir); }
+  std::string write(const std::string& name, const std::string& bytes) const {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return (dir / name).string();
+  }
+};
+
+std::string gzip(const std::string& text) {
+  z_stream z{};
+  REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(deflateBound(&z, text.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+std::string zstd(const std::string& text) {
+  std::string out(ZSTD_compressBound(text.size()), '\0');
+  const std::size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 3);
+  REQUIRE(!ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+std::vector<std::string> all_lines(InputFile& in) {
+  std::vector<std::string> lines;
+  std::string line;
+  uint64_t length = 0;
+  while (in.next(line, length) != InputFile::Got::kEnd) lines.push_back(line);
+  return lines;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    InputFile in(path, 1 << 20);
+    all_lines(in);
+  } catch (const tandem::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("plain, gzip and zstd input give the same lines, whatever the file is called", "[router][input]") {
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "{\"custom_id\":\"r" + std::to_string(i) + "\",\"prompt\":\"hello\"}\n";
+  text += "\r\n{\"last\":\"no newline\"}";
+  InputFile plain(t.write("in.jsonl", text), 1 << 20);
+  const auto want = all_lines(plain);
+  REQUIRE(want.size() == 20002);
+  CHECK(want[20000] == "\r");
+  CHECK(want.back() == "{\"last\":\"no newline\"}");
+  InputFile gz(t.write("in.jsonl.gz", gzip(text)), 1 << 20);
+  CHECK(gz.format() == InputFile::Format::kGzip);
+  CHECK(all_lines(gz) == want);
+  InputFile zs(t.write("named-wrongly.jsonl", zstd(text)), 1 << 20);
+  CHECK(zs.format() == InputFile::Format::kZstd);
+  CHECK(all_lines(zs) == want);
+  // Two gzip members one after the other (cat a.gz b.gz) are one stream, as gunzip reads them.
+  InputFile two(t.write("two.gz", gzip("a\n") + gzip("b\n")), 1 << 20);
+  CHECK(all_lines(two) == std::vector<std::string>{"a", "b"});
+  // A UTF-8 byte-order mark is not part of the first line.
+  InputFile bom(t.write("bom.jsonl", "\xEF\xBB\xBF{}\n"), 1 << 20);
+  CHECK(all_lines(bom) == std::vector<std::string>{"{}"});
+}
+
+TEST_CASE("a line over the limit is skipped, not held: its first bytes and its length come back", "[router][input]") {
+  TempDir t;
+  const std::string huge = "{\"custom_id\":\"big\",\"prompt\":\"" + std::string(5'000'000, 'x') + "\"}";
+  const std::string text = "{\"a\":1}\n" + huge + "\n{\"b\":2}\n";
+  for (const std::string& bytes : {text, gzip(text), zstd(text)}) {
+    InputFile in(t.write("in", bytes), 1 << 20);
+    std::string line;
+    uint64_t length = 0;
+    CHECK(in.next(line, length) == InputFile::Got::kLine);
+    CHECK(line == "{\"a\":1}");
+    CHECK(in.next(line, length) == InputFile::Got::kTooLong);
+    CHECK(length == huge.size());
+    CHECK(line == huge.substr(0, InputFile::kKeptPrefix));
+    CHECK(line.capacity() < 2 * InputFile::kKeptPrefix);
+    CHECK(in.next(line, length) == InputFile::Got::kLine);
+    CHECK(line == "{\"b\":2}");
+    CHECK(in.next(line, length) == InputFile::Got::kEnd);
+  }
+  // Exactly at the limit is fine.
+  InputFile at(t.write("at", std::string(100, 'y') + "\n"), 100);
+  std::string line;
+  uint64_t length = 0;
+  CHECK(at.next(line, length) == InputFile::Got::kLine);
+  InputFile over(t.write("over", std::string(101, 'y')), 100);
+  CHECK(over.next(line, length) == InputFile::Got::kTooLong);
+  CHECK(length == 101);
+}
+
+TEST_CASE("input that is not JSONL text stops with one line saying what it looks like", "[router][input]") {
+  TempDir t;
+  CHECK_THAT(error_of(t.write("a.bz2", "BZh91AY&SY\x01\x02")), Catch::Contains("looks like bzip2-compressed"));
+  CHECK_THAT(error_of(t.write("a.xz", std::string("\xFD" "7zXZ\0\0", 8))), Catch::Contains("looks like xz-compressed"));
+  CHECK_THAT(error_of(t.write("a.zip", "PK\x03\x04rest")), Catch::Contains("looks like a zip archive"));
+  CHECK_THAT(error_of(t.write("a.parquet", "PAR1....")), Catch::Contains("looks like a Parquet file"));
+  CHECK_THAT(error_of(t.write("a.bin", std::string("{\"a\"\0\x01", 6))), Catch::Contains("NUL byte at byte 4"));
+  CHECK_THAT(error_of(t.write("a.u16", "\xFF\xFE{\0")), Catch::Contains("UTF-16"));
+  CHECK_THAT(error_of(t.write("inner.gz", gzip(std::string("PK\x03\x04zipped")))),
+             Catch::Contains("(gzip) looks like a zip archive"));
+  CHECK_THAT(error_of((t.dir / "missing.jsonl").string()), Catch::Contains("cannot read the input"));
+  for (const auto& msg : {error_of(t.write("a.bz2", "BZh9")), error_of(t.write("n", std::string(3, '\0')))})
+    CHECK(msg.find('\n') == std::string::npos);
+  CHECK(error_of(t.write("empty.jsonl", "")).empty());  // an empty input is a job with nothing to do
+}
+
+TEST_CASE("truncated or corrupt compressed input: the lines before it, then one line naming where", "[router][input]") {
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 50000; ++i) text += "{\"custom_id\":\"r" + std::to_string(i) + "\"}\n";
+  for (const bool use_zstd : {false, true}) {
+    INFO((use_zstd ? "zstd" : "gzip"));
+    const std::string whole = use_zstd ? zstd(text) : gzip(text);
+    InputFile in(t.write("cut", whole.substr(0, whole.size() * 2 / 3)), 1 << 20);
+    std::vector<std::string> lines;
+    std::string line, error;
+    uint64_t length = 0;
+    try {
+      while (in.next(line, length) != InputFile::Got::kEnd) lines.push_back(line);
+    } catch (const tandem::Error& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Catch::Contains("data is truncated after") && Catch::Contains("rerun with --resume"));
+    CHECK(lines.size() > 1000);
+    CHECK(lines.size() < 50000);
+    CHECK(lines[1000] == "{\"custom_id\":\"r1000\"}");
+  }
+  std::string bad = gzip(text);
+  for (std::size_t i = 200; i < 260; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5A);
+  CHECK_THAT(error_of(t.write("bad.gz", bad)), Catch::Contains("gzip data is corrupt"));
+}
