@@ -163,6 +163,23 @@ async function errorOf(fn) {
         b && `${b.status} ${b.message}`);
   const t = await errorOf(() => client.completions.create({ model, prompt: "x", max_tokens: 2, temperature: "hot" }));
   check("wrong type: 400", t instanceof OpenAI.BadRequestError, t && `${t.status}`);
+  // What would change the result and is not honoured is refused, never ignored.
+  const chat = { model, messages: [{ role: "user", content: "Hi" }], max_tokens: 4 };
+  const j = await errorOf(() => client.chat.completions.create({ ...chat, response_format: { type: "json_object" } }));
+  check("response_format json_object: 400 naming it", j instanceof OpenAI.BadRequestError &&
+        /'response_format' is not supported/.test(j.message), j && `${j.status} ${j.message}`);
+  const tl = await errorOf(() => client.chat.completions.create({
+    ...chat, tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }));
+  check("tools: 400 naming them", tl instanceof OpenAI.BadRequestError && /'tools' is not supported/.test(tl.message),
+        tl && `${tl.status} ${tl.message}`);
+  // logit_bias is honoured: a +100 bias on one token makes every greedy token that one.
+  const biased = await client.completions.create({ model, prompt: prompts[0], max_tokens: 4, temperature: 0,
+                                                  logit_bias: { "1000": 100 } });
+  const forced = await client.completions.create({ model, prompt: [1000, 1000, 1000, 1000], max_tokens: 1, temperature: 0,
+                                                  echo: true });
+  check("logit_bias: +100 forces the token", biased.choices[0].text.length > 0 &&
+        biased.choices[0].text === forced.choices[0].text.slice(0, biased.choices[0].text.length),
+        JSON.stringify([biased.choices[0].text, forced.choices[0].text]));
   if (apiKey !== "none") {
     const bad = new OpenAI({ baseURL, apiKey: "wrong-key", maxRetries: 0 });
     const a = await errorOf(() => bad.completions.create({ model, prompt: "x", max_tokens: 2 }));

@@ -85,8 +85,8 @@ class Server:
                     self.ready = True
                     self.health = json.loads(body)
                     break
-            except (urllib.error.URLError, ConnectionError):
-                pass
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass  # not up yet; a loaded machine may accept the connection long before it answers
             time.sleep(0.2)
 
     def pids(self):  # the ranks, not mpirun
