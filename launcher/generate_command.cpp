@@ -8,7 +8,8 @@
 
 #include "common/error.h"
 #include "launcher/commands.h"
-#include "launcher/run/worker_core.h"
+#include "router/batch_request.h"
+#include "runtime/service/worker_core.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/weights.h"
 
@@ -69,7 +70,7 @@ int run_generate(const GenerateOptions& o) {
   req.id = 0;
   req.prompt = prompt;
   req.params = o.params;
-  req.rng_key = sampling_key(true, o.params.seed, 0, "");  // as run and serve key a request's "seed"
+  req.rng_key = router::sampling_key(true, o.params.seed, 0, "");  // as run and serve key a request's "seed"
   engine.add(std::move(req));
   runtime::EngineOutput result;
   while (engine.has_work()) {

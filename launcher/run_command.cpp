@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/commands.h"
+#include "launcher/version.h"
 #include "launcher/run/device_binding.h"
 #include "launcher/run/gpu_workers.h"
 #include "launcher/run/job_checks.h"
@@ -26,7 +27,7 @@
 #include "launcher/run/links.h"
 #include "launcher/run/router_loop.h"
 #include "launcher/run/worker_loop.h"
-#include "launcher/run/worker_core.h"
+#include "runtime/service/worker_core.h"
 #include "launcher/serve/serve.h"
 #include "planner/epoch_planner.h"
 #include "planner/machine.h"
@@ -260,6 +261,13 @@ extern "C" void on_interrupt(int sig) { g_stop_signal.store(sig); }
 int run_job(const RunOptions& o, int argc, char** argv) {
   // USR1 and TERM (Slurm's warnings) are caught since main's first instruction (stop_signals.h).
   mpi::MpiEnv env(&argc, &argv);
+  if (env.size() > 1) {  // every rank must speak the same protocol: a stale binary on one node stops the job here
+    const std::string other = mpi::check_same_build(env.world(), service::kProtocolVersion, std::string("tandem ") + kVersion);
+    if (!other.empty()) {
+      if (env.rank() == 0) std::fprintf(stderr, "tandem: error: %s\n", other.c_str());
+      return 2;
+    }
+  }
   // A client that hangs up, or an mpirun that is going away and closed our
   // stdout, is not our death: rank 0 still commits what it wrote.
   std::signal(SIGPIPE, SIG_IGN);
@@ -372,7 +380,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<runtime::cpu::ThreadPool> threads;
   std::unique_ptr<kv::KvTiers> tiers;
-  std::unique_ptr<WorkerCore> core;
+  std::unique_ptr<service::WorkerCore> core;
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
   // The workers load in three phases, every rank learning after each whether
   // any worker failed: a worker that failed alone would otherwise leave the
@@ -414,7 +422,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     if (tiers) pool->set_lower(tiers.get());
     runtime::EngineOptions options = engine_options(p);
     options.sampling_threads = threads.get();  // a step's draws, in parallel
-    core = std::make_unique<WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model,
+    core = std::make_unique<service::WorkerCore>(rank, role == "router+worker" ? "worker" : role, p.model,
                                         runtime::make_backend(backend, p.model, *weights, *pool, *threads), *pool,
                                         p.tokenizer.get(), options, tiers.get());
     if (tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once

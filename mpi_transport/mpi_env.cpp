@@ -1,6 +1,9 @@
 #include "mpi_transport/mpi_env.h"
 
+#include <cstdio>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "mpi_transport/mpi_check.h"
@@ -17,6 +20,37 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
 }
 
 MpiEnv::~MpiEnv() { MPI_Finalize(); }
+
+std::string check_same_build(MPI_Comm comm, int protocol_version, const std::string& build) {
+  // Each rank's version, host and build, in fixed-size records.
+  constexpr std::size_t kText = 120;
+  struct Record {
+    int version;
+    char host[64];
+    char build[kText];
+  };
+  Record mine{};
+  mine.version = protocol_version;
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  std::snprintf(mine.host, sizeof mine.host, "%s", host);
+  std::snprintf(mine.build, sizeof mine.build, "%s", build.c_str());
+  int size = 0;
+  if (MPI_Comm_size(comm, &size) != MPI_SUCCESS) return "MPI_Comm_size failed while checking the ranks' builds";
+  std::vector<Record> all(static_cast<std::size_t>(size));
+  if (int rc = MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, comm); rc != MPI_SUCCESS)
+    return mpi_status(rc, "MPI_Allgather", __FILE__, __LINE__).to_string();
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r].version == all[0].version && std::strncmp(all[r].build, all[0].build, kText) == 0) continue;
+    auto text = [](const char* s, std::size_t n) { return std::string(s, strnlen(s, n)); };
+    return "rank " + std::to_string(r) + " (on " + text(all[r].host, sizeof all[r].host) + ") runs tandem protocol " +
+           std::to_string(all[r].version) + ", build \"" + text(all[r].build, kText) + "\", but rank 0 (on " +
+           text(all[0].host, sizeof all[0].host) + ") runs protocol " + std::to_string(all[0].version) + ", build \"" +
+           text(all[0].build, kText) + "\"; run the same tandem binary on every node";
+  }
+  return "";
+}
 
 Mailbox::~Mailbox() {
   for (auto& p : pending_) {

@@ -17,22 +17,8 @@
 
 namespace tandem::mpi {
 
-// Message tags between rank 0 and the workers, and between workers.
-enum Tag : int {
-  kTagRequest = 1,   // rank 0 -> worker: a request to run
-  kTagResult = 2,    // worker -> rank 0: a finished request
-  kTagShutdown = 3,  // rank 0 -> worker: no more requests; report and exit
-  kTagReport = 4,    // worker -> rank 0: the worker's counters
-  kTagPrefill = 5,   // decode rank -> prefill rank: prefill this into these blocks of mine
-  kTagKvReady = 6,   // prefill rank -> decode rank: your blocks hold the KV; here is the first token
-  kTagKvData = 7,    // two-sided transport: block payloads
-  kTagStartup = 8,   // start-up status, all ranks
-  kTagCancel = 9,    // rank 0 -> worker: drop a request
-  kTagCacheEvents = 10,  // worker -> rank 0: prefix-cache hashes stored and removed
-  kTagDeltas = 11,   // worker -> rank 0: tokens of streaming requests, one message per step
-  kTagStats = 12,    // worker -> rank 0: counters now (the first one also says "loaded")
-  kTagRoles = 13,    // rank 0 -> workers: the next epoch's prefill ranks (re-split)
-};
+// The job's messages are tagged by their service::MsgType
+// (runtime/service/protocol.h); transports talk on communicators of their own.
 
 class MpiEnv {
  public:
@@ -49,6 +35,11 @@ class MpiEnv {
  private:
   int rank_ = 0, size_ = 1;
 };
+
+// Collective over `comm`: "" when every rank runs the same protocol version
+// and build as rank 0, else one line naming the first rank that does not
+// (a node with a stale binary would otherwise misread the messages).
+[[nodiscard]] std::string check_same_build(MPI_Comm comm, int protocol_version, const std::string& build);
 
 struct Message {
   int source = 0;

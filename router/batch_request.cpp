@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "common/text.h"
 
@@ -421,6 +422,11 @@ ParsedLine parse_request_body(Endpoint endpoint, std::string_view text, int64_t 
   } catch (const json::exception& e) {
     return LineError{"", 400, std::string("malformed request: ") + e.what()};
   }
+}
+
+uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const std::string& custom_id) {
+  if (seed_given) return XXH3_64bits_withSeed("seed", 4, seed);
+  return XXH3_64bits_withSeed(custom_id.data(), custom_id.size(), job_seed);
 }
 
 }  // namespace tandem::router

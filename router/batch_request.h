@@ -60,4 +60,8 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens = 
 constexpr int64_t kMaxChoices = 16;
 ParsedLine parse_request_body(Endpoint endpoint, std::string_view body, int64_t default_max_tokens = 16);
 
+// The sampling key of a request: its own seed when it gave one (OpenAI's
+// meaning: same seed, same output), else the job's seed with its custom_id.
+uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const std::string& custom_id);
+
 }  // namespace tandem::router

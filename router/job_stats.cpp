@@ -56,20 +56,6 @@ void JobStats::request_ok(int64_t prompt_tokens, int64_t generated, double ttft_
   e2e_.add(e2e_ms);
 }
 
-nlohmann::json tiers_json(const kv::TierStats& t) {
-  nlohmann::json j = nlohmann::json::object();
-  kv::TierStats::each_field([&](const char* name, auto member) { j[name] = t.*member; });
-  return j;
-}
-
-kv::TierStats tiers_from_json(const nlohmann::json& j) {
-  kv::TierStats t;
-  kv::TierStats::each_field([&](const char* name, auto member) {
-    t.*member = j.at(name).get<std::remove_reference_t<decltype(t.*member)>>();
-  });
-  return t;
-}
-
 namespace {
 
 double gbps(double bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0.0; }
@@ -132,7 +118,7 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
                      {"kv_bytes_sent", r.kv_bytes_sent},
                      {"preemptions", r.preemptions},
                      {"hit_tokens_by_tier", r.hit_tokens_by_tier},
-                     {"kv_tiers", tiers_json(r.tiers)}});
+                     {"kv_tiers", service::tiers_json(r.tiers)}});
   }
   const double secs = std::max(elapsed_s, 1e-9);
   return {{"requests_ok", ok_},

@@ -10,30 +10,11 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "kv/tiers.h"
+#include "runtime/service/protocol.h"
 
 namespace tandem::router {
 
-struct RankReport {
-  int rank = 0;
-  std::string role;           // router | prefill | decode | worker (agg)
-  double busy_fraction = 0;   // share of the job's wall time spent computing
-  int64_t prefill_tokens = 0; // prompt tokens this rank computed
-  int64_t decode_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
-  int64_t kv_bytes_sent = 0;
-  double kv_send_seconds = 0;
-  int64_t preemptions = 0;
-  int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)
-  int64_t kv_blocks_total = 0;
-  // Prompt tokens taken from cached KV instead of computed, by where the
-  // blocks were: the pool (device), host memory, the disk store.
-  std::array<int64_t, 3> hit_tokens_by_tier{};
-  kv::TierStats tiers;  // blocks and bytes moved between tiers
-  // Engine steps since the last report, for the planner's fit: prefill tokens,
-  // prefill context, decode sequences, decode context, logit rows, seconds.
-  std::vector<std::array<double, 6>> step_samples;
-};
+using service::RankReport;
 
 // Percentiles of a latency without keeping every value (rank 0's memory
 // must not grow with the input): counts in log-spaced buckets 1% wide, so a
@@ -73,9 +54,6 @@ class JobStats {
   std::vector<RankReport> ranks_;
 };
 
-// The tier counters as JSON (summary, wire) and back.
-nlohmann::json tiers_json(const kv::TierStats& t);
-kv::TierStats tiers_from_json(const nlohmann::json& j);
 
 
 }  // namespace tandem::router

@@ -10,7 +10,7 @@ Dispatcher::Dispatcher(WorkerLink& link, DispatchOptions options)
   for (int w : prefillers_) prefill_queue_[w] = 0;
 }
 
-Dispatcher::Placement Dispatcher::submit(WireRequest r) {
+Dispatcher::Placement Dispatcher::submit(service::WireRequest r) {
   Placed p;
   const auto n = static_cast<int64_t>(r.prompt.size());
   p.prompt_tokens = n;

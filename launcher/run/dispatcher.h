@@ -11,17 +11,17 @@
 #include <unordered_map>
 #include <vector>
 
-#include "launcher/run/wire.h"
+#include "runtime/service/protocol.h"
 #include "router/kv_aware_policy.h"
 
 namespace tandem::launcher {
 
 // What a poll of the workers brought.
 struct LinkEvents {
-  std::vector<WireResult> results;
-  std::vector<WireCacheEvents> cache_events;
-  std::vector<WireDeltas::Delta> deltas;   // streaming requests' new tokens
-  std::vector<router::RankReport> stats;   // workers' periodic counters (the first: loaded)
+  std::vector<service::WireResult> results;
+  std::vector<service::WireCacheEvents> cache_events;
+  std::vector<service::WireDeltas::Delta> deltas;   // streaming requests' new tokens
+  std::vector<service::RankReport> stats;   // workers' periodic counters (the first: loaded)
   void clear() {
     results.clear();
     cache_events.clear();
@@ -37,14 +37,14 @@ class WorkerLink {
   virtual std::vector<int> workers() const = 0;
   // Ranks that only prefill (disaggregated); empty in aggregated mode.
   virtual std::vector<int> prefill_workers() const { return {}; }
-  virtual void submit(int worker, const WireRequest& request) = 0;
+  virtual void submit(int worker, const service::WireRequest& request) = 0;
   // Drop a request on its decode worker; it comes back as an "abort" result.
   virtual void cancel(int worker, uint64_t id) = 0;
   // Appends what arrived; may block briefly (back-off) when nothing is ready.
   virtual void poll(LinkEvents& events) = 0;
   // After the last result: stop the workers and collect their counters.
   // abandon: the workers drop what they still hold (a signal's drain ran out).
-  virtual std::vector<router::RankReport> shutdown(bool abandon) = 0;
+  virtual std::vector<service::RankReport> shutdown(bool abandon) = 0;
   // A re-split: from now on `prefill` ranks only prefill and the other
   // workers decode (none prefill: aggregated). False where roles cannot change.
   virtual bool set_roles(int64_t, const std::vector<int>&) { return false; }
@@ -69,7 +69,7 @@ class Dispatcher {
     int prefill = -1;  // prefill rank, or -1 when prefilled on `worker`
   };
   // Places and sends a request (r.prefill_rank is set here).
-  Placement submit(WireRequest r);
+  Placement submit(service::WireRequest r);
   // Polls the link; results release the load their requests added.
   void poll(LinkEvents& events);
   // Asks the request's worker to drop it (its result still comes back).

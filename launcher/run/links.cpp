@@ -14,8 +14,8 @@ double process_cpu_seconds() {
 // The router should need a small fraction of a core while the workers compute:
 // its CPU time since `started` (start-up, tokenizer and config loading, is not
 // routing) over the wall time since.
-router::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start) {
-  router::RankReport r;
+service::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start) {
+  service::RankReport r;
   r.rank = 0;
   r.role = "router";
   const double cpu = process_cpu_seconds() - cpu_at_start;

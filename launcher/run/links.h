@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "launcher/run/router_loop.h"
-#include "launcher/run/worker_core.h"
+#include "runtime/service/worker_core.h"
 #include "mpi_transport/mpi_env.h"
 
 namespace tandem::launcher {
@@ -17,14 +17,14 @@ namespace tandem::launcher {
 // Rank 0's own counters: its CPU use over the job (user + system time / wall time).
 // This process's CPU time (user + system, every thread), in seconds.
 double process_cpu_seconds();
-router::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start);
+service::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start);
 
 // -np 1: the router steps an engine in this process.
 class InProcessLink : public WorkerLink {
  public:
-  explicit InProcessLink(WorkerCore& core) : core_(core) {}
+  explicit InProcessLink(service::WorkerCore& core) : core_(core) {}
   std::vector<int> workers() const override { return {0}; }
-  void submit(int, const WireRequest& r) override { core_.submit(r); }
+  void submit(int, const service::WireRequest& r) override { core_.submit(r); }
   void cancel(int, uint64_t id) override { core_.cancel(id); }
   void poll(LinkEvents& events) override {
     if (!core_.has_work()) {
@@ -44,13 +44,13 @@ class InProcessLink : public WorkerLink {
       last_stats_ = std::chrono::steady_clock::now();
     }
   }
-  std::vector<router::RankReport> shutdown(bool) override {
+  std::vector<service::RankReport> shutdown(bool) override {
     core_.close_tiers();
     return {core_.report()};
   }
 
  private:
-  WorkerCore& core_;
+  service::WorkerCore& core_;
   mpi::Backoff idle_;
   bool reported_ = false;
   std::chrono::steady_clock::time_point last_stats_;
@@ -71,27 +71,27 @@ class MpiLink : public WorkerLink {
     workers_.clear();
     for (int w : all)
       if (std::find(prefill.begin(), prefill.end(), w) == prefill.end()) workers_.push_back(w);
-    const auto bytes = encode(WireRoles{epoch, prefill});
-    for (int w : all) check(box_.send(w, mpi::kTagRoles, bytes));
+    const auto bytes = service::encode(service::WireRoles{epoch, prefill});
+    for (int w : all) check(box_.send(w, service::tag_of(service::MsgType::kRoles), bytes));
     return true;
   }
-  void submit(int worker, const WireRequest& r) override { check(box_.send(worker, mpi::kTagRequest, encode(r))); }
-  void cancel(int worker, uint64_t id) override { check(box_.send(worker, mpi::kTagCancel, encode_cancel(id))); }
+  void submit(int worker, const service::WireRequest& r) override { check(box_.send(worker, service::tag_of(service::MsgType::kRequest), service::encode(r))); }
+  void cancel(int worker, uint64_t id) override { check(box_.send(worker, service::tag_of(service::MsgType::kCancel), service::encode_cancel(id))); }
   // Deltas before results: a request's last tokens reach rank 0 before its end.
   void poll(LinkEvents& events) override {
     check(box_.progress());
     bool any = false;
-    for (int tag : {mpi::kTagCacheEvents, mpi::kTagStats, mpi::kTagDeltas, mpi::kTagResult}) {
+    for (int tag : {service::tag_of(service::MsgType::kCacheEvents), service::tag_of(service::MsgType::kStats), service::tag_of(service::MsgType::kDeltas), service::tag_of(service::MsgType::kResult)}) {
       for (;;) {
         std::optional<mpi::Message> m;
         check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
         if (!m) break;
         switch (tag) {
-          case mpi::kTagResult: events.results.push_back(decode_result(m->bytes)); break;
-          case mpi::kTagCacheEvents: events.cache_events.push_back(decode_cache_events(m->bytes)); break;
-          case mpi::kTagStats: events.stats.push_back(decode_report(m->bytes)); break;
+          case service::tag_of(service::MsgType::kResult): events.results.push_back(service::decode_result(m->bytes)); break;
+          case service::tag_of(service::MsgType::kCacheEvents): events.cache_events.push_back(service::decode_cache_events(m->bytes)); break;
+          case service::tag_of(service::MsgType::kStats): events.stats.push_back(service::decode_report(m->bytes)); break;
           default: {
-            auto d = decode_deltas(m->bytes);
+            auto d = service::decode_deltas(m->bytes);
             events.deltas.insert(events.deltas.end(), std::make_move_iterator(d.deltas.begin()),
                                  std::make_move_iterator(d.deltas.end()));
           }
@@ -102,11 +102,11 @@ class MpiLink : public WorkerLink {
     if (any) backoff_.reset();
     else backoff_.idle();
   }
-  std::vector<router::RankReport> shutdown(bool abandon) override {
+  std::vector<service::RankReport> shutdown(bool abandon) override {
     const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
-    for (int w : workers_) check(box_.send(w, mpi::kTagShutdown, how));
-    for (int w : prefill_) check(box_.send(w, mpi::kTagShutdown, how));
-    std::vector<router::RankReport> reports{router_report(started_, cpu_started_)};
+    for (int w : workers_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
+    for (int w : prefill_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
+    std::vector<service::RankReport> reports{router_report(started_, cpu_started_)};
     // Every tag, in each worker's send order: the counters, deltas and cache
     // reports still on their way must be received too, or a worker whose
     // larger messages wait for a matching receive would never finish sending.
@@ -117,8 +117,8 @@ class MpiLink : public WorkerLink {
         backoff_.idle();
         continue;
       }
-      if (m->tag == mpi::kTagReport) reports.push_back(decode_report(m->bytes));
-      else if (m->tag == mpi::kTagStats) late_stats_.push_back(decode_report(m->bytes));
+      if (m->tag == service::tag_of(service::MsgType::kReport)) reports.push_back(service::decode_report(m->bytes));
+      else if (m->tag == service::tag_of(service::MsgType::kStats)) late_stats_.push_back(service::decode_report(m->bytes));
     }
     for (const auto& late : late_stats_)  // their measured steps still count
       for (auto& r : reports)
@@ -136,7 +136,7 @@ class MpiLink : public WorkerLink {
   mpi::Backoff backoff_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   double cpu_started_ = process_cpu_seconds();
-  std::vector<router::RankReport> late_stats_;  // counters that arrived during shutdown
+  std::vector<service::RankReport> late_stats_;  // counters that arrived during shutdown
 };
 
 }  // namespace tandem::launcher

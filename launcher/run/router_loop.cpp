@@ -16,7 +16,7 @@
 
 #include "common/error.h"
 #include "common/u64_set.h"
-#include "launcher/run/worker_core.h"
+#include "runtime/service/worker_core.h"
 #include "kv/block_hash.h"
 #include "router/input_file.h"
 #include "router/kv_aware_policy.h"
@@ -252,7 +252,7 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
   struct Ready {
     uint64_t i;
     InFlight f;
-    WireRequest w;
+    service::WireRequest w;
     std::vector<uint64_t> hashes;  // the prompt's full blocks, when reordering
   };
   const int64_t window_size = std::max<int64_t>(1, cfg.router.reorder_window);
@@ -330,11 +330,11 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
       return;
     }
     InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt))};
-    WireRequest w;
+    service::WireRequest w;
     w.id = i;
     w.prompt = f.prompt;
     w.params = f.request.params;
-    w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
+    w.rng_key = router::sampling_key(f.request.seed_given, f.request.params.seed, static_cast<uint64_t>(cfg.job.seed),
                              f.request.custom_id);
     std::vector<uint64_t> hashes;
     if (window_size > 1) hashes = kv::full_block_hashes(f.prompt, s.block_size);

@@ -13,7 +13,7 @@
 
 #include "launcher/config/config.h"
 #include "launcher/run/dispatcher.h"
-#include "launcher/run/wire.h"
+#include "runtime/service/protocol.h"
 #include "router/batch_output.h"
 #include "router/job_stats.h"
 #include "planner/epoch_planner.h"

@@ -29,7 +29,7 @@ namespace tandem::launcher {
 // non-blocking barrier first (once it completes every worker has seen the
 // new roles and holds back new KV sends), then MPI_Comm_split, which is then
 // safe because no transfer can be waiting on a rank inside it.
-void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transport, WorkerComms& comms) {
+void worker_loop(mpi::Mailbox& box, service::WorkerCore& core, mpi::KvTransport* transport, WorkerComms& comms) {
   auto check = [](const Status& s) {
     if (!s.ok()) throw Error(s.to_string());
   };
@@ -37,7 +37,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     if (rc != MPI_SUCCESS) check(mpi::mpi_status(rc, call, __FILE__, __LINE__));
   };
   struct AwaitingKv {
-    WireRequest request;
+    service::WireRequest request;
     std::vector<int32_t> blocks;  // cached prefix blocks, then the reserved ones
     std::chrono::steady_clock::time_point arrival;
     int64_t moved = 0;            // how many of blocks the prefill rank sends
@@ -47,17 +47,17 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     int decode_rank;
     int64_t skip;  // leading prompt blocks the decode rank already has
   };
-  std::deque<std::pair<WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
+  std::deque<std::pair<service::WireRequest, std::chrono::steady_clock::time_point>> to_reserve;  // waiting for free blocks
   std::unordered_map<uint64_t, AwaitingKv> awaiting;
   std::unordered_map<uint64_t, Destination> destinations;
-  std::deque<WireRoles> resplits;          // in the order rank 0 sent them
+  std::deque<service::WireRoles> resplits;          // in the order rank 0 sent them
   MPI_Request resplit_barrier = MPI_REQUEST_NULL;
-  std::vector<WorkerCore::Handoff> held;   // prefills finished during a re-split: sent after it
+  std::vector<service::WorkerCore::Handoff> held;   // prefills finished during a re-split: sent after it
   mpi::Backoff backoff;
   bool stopping = false, abandon = false;
   auto last_report = std::chrono::steady_clock::now();
   // A finished prefill: its KV into the decode rank's blocks, then "ready" to that rank.
-  auto send_handoff = [&](WorkerCore::Handoff& h) {
+  auto send_handoff = [&](service::WorkerCore::Handoff& h) {
     auto d = destinations.find(h.id);
     if (d == destinations.end() || !transport) {
       core.release(h.kv_blocks);
@@ -80,12 +80,12 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     core.count_kv_sent(static_cast<int64_t>(x.bytes),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     core.release(h.kv_blocks);
-    check(box.send(d->second.decode_rank, mpi::kTagKvReady, encode(h.ready)));
+    check(box.send(d->second.decode_rank, service::tag_of(service::MsgType::kKvReady), service::encode(h.ready)));
     destinations.erase(d);
   };
   // Counters for rank 0's /health and /metrics: now (this one says the model is
   // loaded), then every half second.
-  check(box.send(0, mpi::kTagStats, encode(core.report())));
+  check(box.send(0, service::tag_of(service::MsgType::kStats), service::encode(core.report())));
   auto last_stats = std::chrono::steady_clock::now();
   for (;;) {
     bool any = false;
@@ -95,21 +95,21 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       if (!m) break;
       any = true;
       switch (m->tag) {
-        case mpi::kTagRequest: {
-          WireRequest r = decode_request(m->bytes);
+        case service::tag_of(service::MsgType::kRequest): {
+          service::WireRequest r = service::decode_request(m->bytes);
           if (r.prefill_rank < 0) core.submit(r);
           else if (core.fits(r)) to_reserve.emplace_back(std::move(r), std::chrono::steady_clock::now());
           // else: it could never get its blocks here; refused now (the 400 goes out with the next step)
           break;
         }
-        case mpi::kTagPrefill: {
-          WirePrefill p = decode_prefill(m->bytes);
+        case service::tag_of(service::MsgType::kPrefill): {
+          service::WirePrefill p = service::decode_prefill(m->bytes);
           destinations[p.request.id] = {std::move(p.dst_blocks), p.decode_rank, p.skip_blocks};
           core.submit(p.request, /*prefill_only=*/true);
           break;
         }
-        case mpi::kTagKvReady: {
-          const WireKvReady ready = decode_kv_ready(m->bytes);
+        case service::tag_of(service::MsgType::kKvReady): {
+          const service::WireKvReady ready = service::decode_kv_ready(m->bytes);
           auto it = awaiting.find(ready.id);
           if (it == awaiting.end()) break;
           if (it->second.request.params.max_tokens == 0) {  // cancelled while its KV was on the way
@@ -123,8 +123,8 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
           awaiting.erase(it);
           break;
         }
-        case mpi::kTagCancel: {  // the client went away: free its blocks wherever the request is
-          const uint64_t id = decode_cancel(m->bytes);
+        case service::tag_of(service::MsgType::kCancel): {  // the client went away: free its blocks wherever the request is
+          const uint64_t id = service::decode_cancel(m->bytes);
           if (m->source != 0) {  // from the prefill rank, which refused it (rank 0 has its error): no KV will come
             if (auto it = awaiting.find(id); it != awaiting.end()) {
               core.release(it->second.blocks);
@@ -144,10 +144,10 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
           }
           break;
         }
-        case mpi::kTagRoles:
-          resplits.push_back(decode_roles(m->bytes));
+        case service::tag_of(service::MsgType::kRoles):
+          resplits.push_back(service::decode_roles(m->bytes));
           break;
-        case mpi::kTagShutdown:
+        case service::tag_of(service::MsgType::kShutdown):
           stopping = true;
           abandon = !m->bytes.empty() && m->bytes[0] != 0;
           break;
@@ -169,9 +169,9 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
         core.release(cached);
         break;
       }
-      WirePrefill p{r, *fresh, 0, n_cached};
+      service::WirePrefill p{r, *fresh, 0, n_cached};
       MPI_Comm_rank(MPI_COMM_WORLD, &p.decode_rank);
-      check(box.send(r.prefill_rank, mpi::kTagPrefill, encode(p)));
+      check(box.send(r.prefill_rank, service::tag_of(service::MsgType::kPrefill), service::encode(p)));
       cached.insert(cached.end(), fresh->begin(), fresh->end());
       awaiting[r.id] = {std::move(r), std::move(cached), arrival, total - n_cached};
       to_reserve.pop_front();
@@ -179,15 +179,15 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     }
     if (core.has_work()) {
       auto out = core.step();
-      if (!out.deltas.deltas.empty()) check(box.send(0, mpi::kTagDeltas, encode(out.deltas)));
+      if (!out.deltas.deltas.empty()) check(box.send(0, service::tag_of(service::MsgType::kDeltas), service::encode(out.deltas)));
       for (auto& r : out.results) {
         // Refused on a prefill rank: rank 0 hears it from here, and the decode
         // rank frees the blocks it reserved for the KV that will not come.
         if (auto d = destinations.find(r.id); !r.ok && d != destinations.end()) {
-          check(box.send(d->second.decode_rank, mpi::kTagCancel, encode_cancel(r.id)));
+          check(box.send(d->second.decode_rank, service::tag_of(service::MsgType::kCancel), service::encode_cancel(r.id)));
           destinations.erase(d);
         }
-        check(box.send(0, mpi::kTagResult, encode(r)));
+        check(box.send(0, service::tag_of(service::MsgType::kResult), service::encode(r)));
       }
       any = any || out.progress || !out.handoffs.empty();
       for (auto& h : out.handoffs) {
@@ -203,7 +203,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
       int done = 0;
       mpi_call(MPI_Test(&resplit_barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) {
-        const WireRoles r = resplits.front();
+        const service::WireRoles r = resplits.front();
         resplits.pop_front();
         const bool prefill = std::find(r.prefill_ranks.begin(), r.prefill_ranks.end(), comms.world_rank) !=
                              r.prefill_ranks.end();
@@ -222,14 +222,14 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
     }
     // Tell rank 0 what the prefix cache gained and lost, at most every 20 ms.
     if (std::chrono::steady_clock::now() - last_report > std::chrono::milliseconds(20)) {
-      WireCacheEvents events;
-      if (core.drain_cache_events(events)) check(box.send(0, mpi::kTagCacheEvents, encode(events)));
+      service::WireCacheEvents events;
+      if (core.drain_cache_events(events)) check(box.send(0, service::tag_of(service::MsgType::kCacheEvents), service::encode(events)));
       last_report = std::chrono::steady_clock::now();
     }
     if (std::chrono::steady_clock::now() - last_stats > std::chrono::milliseconds(500)) {
       auto report = core.report();
       report.step_samples = core.take_step_samples();
-      check(box.send(0, mpi::kTagStats, encode(report)));
+      check(box.send(0, service::tag_of(service::MsgType::kStats), service::encode(report)));
       last_stats = std::chrono::steady_clock::now();
     }
     check(box.progress());
@@ -241,7 +241,7 @@ void worker_loop(mpi::Mailbox& box, WorkerCore& core, mpi::KvTransport* transpor
   core.close_tiers();
   auto final_report = core.report();
   final_report.step_samples = core.take_step_samples();
-  check(box.send(0, mpi::kTagReport, encode(final_report)));
+  check(box.send(0, service::tag_of(service::MsgType::kReport), service::encode(final_report)));
   check(box.flush());
 }
 

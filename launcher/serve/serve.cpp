@@ -20,7 +20,7 @@
 
 #include "common/error.h"
 #include "launcher/run/router_loop.h"
-#include "launcher/run/worker_core.h"
+#include "runtime/service/worker_core.h"
 #include "router/metrics.h"
 #include "router/openai_stream.h"
 
@@ -34,7 +34,7 @@ using Clock = std::chrono::steady_clock;
 struct Event {
   int choice = 0;
   std::vector<int32_t> tokens;      // new tokens (streaming)
-  std::optional<WireResult> final;  // the choice finished
+  std::optional<service::WireResult> final;  // the choice finished
 };
 
 // One HTTP request (n choices) between its HTTP thread and the router thread.
@@ -92,7 +92,7 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   send_json(res, status, router::error_body(message, type, code, param));
 }
 
-router::RequestResult to_result(const std::vector<int32_t>& prompt, const WireResult& r) {
+router::RequestResult to_result(const std::vector<int32_t>& prompt, const service::WireResult& r) {
   router::RequestResult res;
   res.prompt_ids = prompt;
   res.token_ids = r.tokens;
@@ -255,7 +255,7 @@ class HttpFrontend {
     if (ex->req.stream) return stream(ex, std::move(slot), res);
 
     // Not streaming: wait for every choice.
-    std::vector<std::optional<WireResult>> finals(static_cast<std::size_t>(ex->req.n));
+    std::vector<std::optional<service::WireResult>> finals(static_cast<std::size_t>(ex->req.n));
     std::size_t done = 0;
     std::unique_lock lock(ex->mu);
     while (done < finals.size()) {
@@ -333,7 +333,7 @@ class HttpFrontend {
               continue;
             }
             st->finished[c] = true;
-            const WireResult& r = *e.final;
+            const service::WireResult& r = *e.final;
             std::string finish = r.ok ? r.finish_reason : "abort";
             std::optional<std::string> rest = r.ok ? st->text[c].finish(r.text) : std::string();
             if (!rest) {
@@ -456,18 +456,18 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
     front.inbox().take(fresh, cancelled);
     for (auto& ex : fresh) {
       if (ex->cancelled) {  // gone before it was placed
-        for (int64_t c = 0; c < ex->req.n; ++c) post(*ex, Event{static_cast<int>(c), {}, WireResult{}});
+        for (int64_t c = 0; c < ex->req.n; ++c) post(*ex, Event{static_cast<int>(c), {}, service::WireResult{}});
         continue;
       }
       for (int64_t c = 0; c < ex->req.n; ++c) {
-        WireRequest w;
+        service::WireRequest w;
         w.id = next_id++;
         w.prompt = ex->prompt;
         w.params = ex->req.params;
         // Choice 0 samples as `tandem run` would for the same request; the others on keys of their own.
-        w.rng_key = sampling_key(ex->req.seed_given, ex->req.params.seed, static_cast<uint64_t>(s.config->job.seed),
+        w.rng_key = router::sampling_key(ex->req.seed_given, ex->req.params.seed, static_cast<uint64_t>(s.config->job.seed),
                                  ex->req.custom_id);
-        if (c > 0) w.rng_key = sampling_key(true, w.rng_key + static_cast<uint64_t>(c), 0, "");
+        if (c > 0) w.rng_key = router::sampling_key(true, w.rng_key + static_cast<uint64_t>(c), 0, "");
         w.stream = ex->req.stream;
         ex->wire_ids.push_back(w.id);
         live[w.id] = {ex, static_cast<int>(c)};

@@ -1,8 +1,42 @@
-#include "launcher/run/wire.h"
+#include "runtime/service/protocol.h"
+
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
-namespace tandem::launcher {
+namespace tandem::service {
+
+std::string_view msg_type_name(MsgType t) {
+  switch (t) {
+    case MsgType::kRequest: return "request";
+    case MsgType::kResult: return "result";
+    case MsgType::kShutdown: return "shutdown";
+    case MsgType::kReport: return "report";
+    case MsgType::kPrefill: return "prefill";
+    case MsgType::kKvReady: return "kv-ready";
+    case MsgType::kCancel: return "cancel";
+    case MsgType::kCacheEvents: return "cache-events";
+    case MsgType::kDeltas: return "deltas";
+    case MsgType::kStats: return "stats";
+    case MsgType::kRoles: return "roles";
+  }
+  return "unknown";
+}
+
+nlohmann::json tiers_json(const kv::TierStats& t) {
+  nlohmann::json j = nlohmann::json::object();
+  kv::TierStats::each_field([&](const char* name, auto member) { j[name] = t.*member; });
+  return j;
+}
+
+kv::TierStats tiers_from_json(const nlohmann::json& j) {
+  kv::TierStats t;
+  kv::TierStats::each_field([&](const char* name, auto member) {
+    t.*member = j.at(name).get<std::remove_reference_t<decltype(t.*member)>>();
+  });
+  return t;
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -188,19 +222,19 @@ WireResult decode_result(const std::vector<uint8_t>& bytes) {
   return r;
 }
 
-std::vector<uint8_t> encode(const router::RankReport& r) {
+std::vector<uint8_t> encode(const RankReport& r) {
   return json::to_cbor(json{{"rank", r.rank}, {"role", r.role}, {"busy", r.busy_fraction},
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions},
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
                             {"steps", r.step_samples}, {"tier_hits", r.hit_tokens_by_tier},
-                            {"tiers", router::tiers_json(r.tiers)}});
+                            {"tiers", tiers_json(r.tiers)}});
 }
 
-router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
+RankReport decode_report(const std::vector<uint8_t>& bytes) {
   const json j = json::from_cbor(bytes);
-  router::RankReport r;
+  RankReport r;
   r.rank = j.at("rank");
   r.role = j.at("role");
   r.busy_fraction = j.at("busy");
@@ -214,8 +248,8 @@ router::RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.kv_blocks_total = j.at("kv_total");
   r.step_samples = j.at("steps").get<std::vector<std::array<double, 6>>>();
   r.hit_tokens_by_tier = j.at("tier_hits").get<std::array<int64_t, 3>>();
-  r.tiers = router::tiers_from_json(j.at("tiers"));
+  r.tiers = tiers_from_json(j.at("tiers"));
   return r;
 }
 
-}  // namespace tandem::launcher
+}  // namespace tandem::service

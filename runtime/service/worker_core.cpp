@@ -1,6 +1,4 @@
-#include "launcher/run/worker_core.h"
-
-#include <xxhash.h>
+#include "runtime/service/worker_core.h"
 
 #include <algorithm>
 
@@ -9,7 +7,7 @@
 #include "common/error.h"
 #include "kv/block_hash.h"
 
-namespace tandem::launcher {
+namespace tandem::service {
 
 WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
                        std::unique_ptr<runtime::ModelBackend> backend, kv::BlockPool& pool,
@@ -198,8 +196,8 @@ void WorkerCore::add_prefilled(const WireRequest& w, std::vector<int32_t> blocks
   }
 }
 
-router::RankReport WorkerCore::report() const {
-  router::RankReport r;
+RankReport WorkerCore::report() const {
+  RankReport r;
   r.rank = rank_;
   r.role = role_;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
@@ -217,9 +215,4 @@ router::RankReport WorkerCore::report() const {
   return r;
 }
 
-uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const std::string& custom_id) {
-  if (seed_given) return XXH3_64bits_withSeed("seed", 4, seed);
-  return XXH3_64bits_withSeed(custom_id.data(), custom_id.size(), job_seed);
-}
-
-}  // namespace tandem::launcher
+}  // namespace tandem::service

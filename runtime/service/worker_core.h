@@ -13,11 +13,11 @@
 #include <unordered_set>
 #include <vector>
 
-#include "launcher/run/wire.h"
-#include "router/job_stats.h"
+#include "kv/tiers.h"
 #include "runtime/engine/engine.h"
+#include "runtime/service/protocol.h"
 
-namespace tandem::launcher {
+namespace tandem::service {
 
 class WorkerCore {
  public:
@@ -88,7 +88,7 @@ class WorkerCore {
     kv_bytes_ += bytes;
     kv_seconds_ += seconds;
   }
-  router::RankReport report() const;
+  RankReport report() const;
   // Engine steps since the last call (at most the last 512), for the planner.
   std::vector<std::array<double, 6>> take_step_samples();
   void set_role(std::string role) { role_ = std::move(role); }
@@ -122,8 +122,4 @@ class WorkerCore {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
-// The sampling key of a request: its own seed when it gave one (OpenAI's
-// meaning: same seed, same output), else the job's seed with its custom_id.
-uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const std::string& custom_id);
-
-}  // namespace tandem::launcher
+}  // namespace tandem::service

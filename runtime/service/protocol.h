@@ -1,15 +1,70 @@
-// The messages of a run between rank 0 and the workers, as CBOR bytes.
-// One place converts engine types to and from the wire, so every rank agrees.
+// The protocol of a job: the messages between rank 0 and the workers (and
+// between workers), their types, and their codec (CBOR), in one place, so
+// every rank agrees. No MPI here: a link carries the bytes (mpi_transport's
+// MPI links, or an in-process one), and MsgType is the MPI tag.
+//
+// kProtocolVersion changes whenever a message changes; every rank checks at
+// start-up that all run the same protocol (and the same build).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "router/job_stats.h"
+#include <nlohmann/json_fwd.hpp>
+
+#include "kv/tiers.h"
 #include "runtime/engine/engine.h"
 
-namespace tandem::launcher {
+namespace tandem::service {
+
+constexpr int kProtocolVersion = 3;
+
+// One message type per handler. Values are MPI tags (1..31; mpi_transport
+// keeps its own transport tags apart, from 100 up).
+enum class MsgType : int {
+  kRequest = 1,      // rank 0 -> worker: a request to run (WireRequest)
+  kResult = 2,       // worker -> rank 0: a finished request (WireResult)
+  kShutdown = 3,     // rank 0 -> worker: no more requests; report and exit (one byte: abandon)
+  kReport = 4,       // worker -> rank 0: the worker's final counters (RankReport)
+  kPrefill = 5,      // decode rank -> prefill rank: prefill this into these blocks of mine (WirePrefill)
+  kKvReady = 6,      // prefill rank -> decode rank: your blocks hold the KV; here is the first token (WireKvReady)
+  kCancel = 9,       // rank 0 -> worker, or prefill rank -> decode rank: drop a request (its id)
+  kCacheEvents = 10, // worker -> rank 0: prefix-cache hashes stored and removed (WireCacheEvents)
+  kDeltas = 11,      // worker -> rank 0: tokens of streaming requests, one message per step (WireDeltas)
+  kStats = 12,       // worker -> rank 0: counters now (the first one also says "loaded") (RankReport)
+  kRoles = 13,       // rank 0 -> workers: the next epoch's prefill ranks (WireRoles)
+};
+std::string_view msg_type_name(MsgType t);
+constexpr int tag_of(MsgType t) { return static_cast<int>(t); }
+
+// What a rank reports of itself: periodically (kStats) and at the end (kReport).
+struct RankReport {
+  int rank = 0;
+  std::string role;           // router | prefill | decode | worker (agg)
+  double busy_fraction = 0;   // share of the job's wall time spent computing
+  int64_t prefill_tokens = 0; // prompt tokens this rank computed
+  int64_t decode_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t kv_bytes_sent = 0;
+  double kv_send_seconds = 0;
+  int64_t preemptions = 0;
+  int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)
+  int64_t kv_blocks_total = 0;
+  // Prompt tokens taken from cached KV instead of computed, by where the
+  // blocks were: the pool (device), host memory, the disk store.
+  std::array<int64_t, 3> hit_tokens_by_tier{};
+  kv::TierStats tiers;  // blocks and bytes moved between tiers
+  // Engine steps since the last report, for the planner's fit: prefill tokens,
+  // prefill context, decode sequences, decode context, logit rows, seconds.
+  std::vector<std::array<double, 6>> step_samples;
+};
+
+// The tier counters as JSON (summary, wire) and back.
+nlohmann::json tiers_json(const kv::TierStats& t);
+kv::TierStats tiers_from_json(const nlohmann::json& j);
 
 // Rank 0 -> decode (or agg) worker.
 struct WireRequest {
@@ -94,7 +149,7 @@ std::vector<uint8_t> encode(const WireRequest& r);
 WireRequest decode_request(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireResult& r);
 WireResult decode_result(const std::vector<uint8_t>& bytes);
-std::vector<uint8_t> encode(const router::RankReport& r);
-router::RankReport decode_report(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode(const RankReport& r);
+RankReport decode_report(const std::vector<uint8_t>& bytes);
 
-}  // namespace tandem::launcher
+}  // namespace tandem::service
