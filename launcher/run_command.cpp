@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -26,12 +27,13 @@
 #include "launcher/run/transport_setup.h"
 #include "launcher/run/links.h"
 #include "launcher/run/router_loop.h"
-#include "launcher/run/worker_loop.h"
 #include "runtime/service/worker_core.h"
 #include "launcher/serve/serve.h"
 #include "planner/epoch_planner.h"
 #include "planner/machine.h"
 #include "mpi_transport/mpi_env.h"
+#include "mpi_transport/mpi_worker_port.h"
+#include "runtime/service/worker_service.h"
 #include "mpi_transport/transport_registry.h"
 #include "runtime/engine/backend_registry.h"
 #include "kv/tiers.h"
@@ -485,9 +487,15 @@ int run_job(const RunOptions& o, int argc, char** argv) {
         rc = finish_run(run_router(setup, link));
       }
     } else {
-      WorkerComms comms{workers, role_comm, rank};
-      worker_loop(box, *core, transport.get(), comms);
-      role_comm = comms.role;
+      // The worker service, reached by MPI; the port owns the role communicator from here on.
+      mpi::MpiWorkerPort port(box, transport.get(), workers, std::exchange(role_comm, MPI_COMM_NULL));
+      service::WorkerService worker_service(*core, port, [rank](const std::string& r) { log::set_identity(rank, r); });
+      mpi::Backoff idle;
+      while (!worker_service.finished()) {
+        if (worker_service.tick()) idle.reset();
+        else idle.idle();
+      }
+      worker_service.finish();
     }
     MPI_Barrier(env.world());
     if (transport) {

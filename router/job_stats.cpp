@@ -116,6 +116,7 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
                      {"decode_tokens", r.decode_tokens},
                      {"prefix_hit_tokens", r.prefix_hit_tokens},
                      {"kv_bytes_sent", r.kv_bytes_sent},
+                     {"kv_wait_s", r.kv_wait_seconds},
                      {"preemptions", r.preemptions},
                      {"hit_tokens_by_tier", r.hit_tokens_by_tier},
                      {"kv_tiers", service::tiers_json(r.tiers)}});

@@ -29,7 +29,7 @@ std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI
   if (backend == "nccl") {
     auto nccl = mpi::make_optional_transport("nccl", workers);
     if (!nccl) throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON)");
-    if (Status st = nccl->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("NCCL transport: " + st.to_string());
+    if (Status st = nccl->allocate_pool(block_bytes, blocks, base); !st.ok()) throw Error("NCCL transport: " + st.to_string());
     return nccl;
   }
   if (backend == "libfabric")
@@ -37,12 +37,12 @@ std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI
   if (device) {
     if (backend != "mpi_two_sided") throw Error("internal: transport " + backend + " cannot reach a device pool");
     auto staged = std::make_unique<mpi::MpiTwoSidedTransport>(workers, device);
-    if (Status st = staged->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
+    if (Status st = staged->allocate_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
     return staged;
   }
   if (backend == "mpi_rma" || backend == "auto") {
     auto rma = std::make_unique<mpi::MpiRmaTransport>(workers);
-    const Status st = rma->create_pool(block_bytes, blocks, base);
+    const Status st = rma->allocate_pool(block_bytes, blocks, base);
     int ok = st.ok() ? 1 : 0, all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, workers);
     if (all_ok) return rma;
@@ -54,7 +54,7 @@ std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI
     if (wrank == 0) spdlog::warn("one-sided MPI windows are not available here; KV moves by two-sided MPI instead");
   }
   auto two = std::make_unique<mpi::MpiTwoSidedTransport>(workers);
-  if (Status st = two->create_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
+  if (Status st = two->allocate_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
   return two;
 }
 

@@ -6,35 +6,82 @@ namespace tandem::mpi {
 
 LoopbackHub::LoopbackHub(int size) : pools_(static_cast<std::size_t>(size)) {}
 
-Status LoopbackTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
+Status LoopbackTransport::allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
   std::lock_guard lock(hub_->mutex_);
   auto& p = hub_->pools_[static_cast<std::size_t>(rank_)];
-  p.memory.reset(new uint8_t[block_bytes * static_cast<std::size_t>(n_blocks)]());
+  p.owned.reset(new uint8_t[block_bytes * static_cast<std::size_t>(n_blocks)]());
+  p.memory = p.owned.get();
   p.block_bytes = block_bytes;
   p.n_blocks = n_blocks;
-  *base = p.memory.get();
+  *base = p.memory;
+  return Status();
+}
+
+Status LoopbackTransport::register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) {
+  std::lock_guard lock(hub_->mutex_);
+  auto& p = hub_->pools_[static_cast<std::size_t>(rank_)];
+  p.memory = static_cast<uint8_t*>(base);
+  p.block_bytes = block_bytes;
+  p.n_blocks = n_blocks;
   return Status();
 }
 
 Status LoopbackTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-                               Transfer& transfer) {
+                               std::span<const uint8_t> notification, XferId& id) {
   if (peer < 0 || peer >= size()) return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
   std::lock_guard lock(hub_->mutex_);
   auto& me = hub_->pools_[static_cast<std::size_t>(rank_)];
   auto& them = hub_->pools_[static_cast<std::size_t>(peer)];
   if (!me.memory || !them.memory) return Status(StatusCode::kUnavailable, "pool not created");
-  TANDEM_RETURN_IF_ERROR(check_post(peer, size(), src, dst, me.n_blocks, them.n_blocks));
+  TANDEM_RETURN_IF_ERROR(check_post(peer, size(), src, dst, me.n_blocks, them.n_blocks, notification.size(),
+                                    capabilities().max_notification_bytes));
   for (const auto& r : coalesce(src, dst)) {
-    std::memcpy(them.memory.get() + static_cast<std::size_t>(r.dst) * them.block_bytes,
-                me.memory.get() + static_cast<std::size_t>(r.src) * me.block_bytes,
+    std::memcpy(them.memory + static_cast<std::size_t>(r.dst) * them.block_bytes,
+                me.memory + static_cast<std::size_t>(r.src) * me.block_bytes,
                 static_cast<std::size_t>(r.count) * me.block_bytes);
   }
-  transfer = Transfer{peer, src.size() * me.block_bytes, true, 0};
+  id = next_id_++;
+  outgoing_[id] = Outgoing{peer, std::vector<uint8_t>(notification.begin(), notification.end()), false,
+                           XferState::kPending};
   return Status();
 }
 
-Status LoopbackTransport::test(Transfer& transfer) {
-  transfer.done = true;
+void LoopbackTransport::deliver(Outgoing& o) {
+  if (o.state != XferState::kPending) return;
+  std::lock_guard lock(hub_->mutex_);
+  hub_->pools_[static_cast<std::size_t>(o.peer)].inbox.push_back({rank_, o.aborted, std::move(o.notification)});
+  o.state = o.aborted ? XferState::kAborted : XferState::kDone;
+}
+
+Status LoopbackTransport::poll(XferId id, XferState& state) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  deliver(it->second);
+  state = it->second.state;
+  return Status();
+}
+
+Status LoopbackTransport::abort(XferId id) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  if (it->second.state == XferState::kPending) it->second.aborted = true;
+  deliver(it->second);
+  return Status();
+}
+
+Status LoopbackTransport::progress(std::vector<Notification>& arrived) {
+  for (auto& [id, o] : outgoing_) deliver(o);
+  std::lock_guard lock(hub_->mutex_);
+  auto& inbox = hub_->pools_[static_cast<std::size_t>(rank_)].inbox;
+  while (!inbox.empty()) {
+    arrived.push_back(std::move(inbox.front()));
+    inbox.pop_front();
+  }
+  return Status();
+}
+
+Status LoopbackTransport::destroy() {
+  for (auto& [id, o] : outgoing_) deliver(o);
   return Status();
 }
 

@@ -1,17 +1,22 @@
 // In-process KvTransport: every endpoint lives in one process (threads, or
-// a -np 1 job) and a transfer is a memcpy. The reference the other backends
-// are checked against, and what a single-process disaggregated test uses.
+// a -np 1 job) and a transfer is a memcpy done in post(). The notification
+// goes to the peer's inbox at the sender's next poll() or progress(), so an
+// abort() before that delivers the aborted notice instead, as on the real
+// backends. The reference the other backends are checked against, and what
+// a single-process disaggregated test (the worker service's) uses.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "mpi_transport/kv_transport.h"
 
 namespace tandem::mpi {
 
-// The pools of every endpoint; shared by the endpoints of one "job".
+// The pools and notification inboxes of every endpoint; shared by the endpoints of one "job".
 class LoopbackHub {
  public:
   explicit LoopbackHub(int size);
@@ -20,9 +25,11 @@ class LoopbackHub {
  private:
   friend class LoopbackTransport;
   struct Pool {
-    std::unique_ptr<uint8_t[]> memory;
+    std::unique_ptr<uint8_t[]> owned;  // allocate_pool's
+    uint8_t* memory = nullptr;
     std::size_t block_bytes = 0;
     int64_t n_blocks = 0;
+    std::deque<Notification> inbox;
   };
   std::mutex mutex_;
   std::vector<Pool> pools_;
@@ -34,14 +41,30 @@ class LoopbackTransport : public KvTransport {
   std::string_view name() const override { return "loopback"; }
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
-  Status create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
-  Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, Transfer& transfer) override;
-  Status test(Transfer& transfer) override;
-  Status destroy() override { return Status(); }
+  Capabilities capabilities() const override { return {false, true, true, 1 << 16}; }
+  Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
+  Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
+  Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+              std::span<const uint8_t> notification, XferId& id) override;
+  Status poll(XferId id, XferState& state) override;
+  Status abort(XferId id) override;
+  void release(XferId id) override { outgoing_.erase(id); }
+  Status progress(std::vector<Notification>& arrived) override;
+  Status destroy() override;
 
  private:
+  struct Outgoing {
+    int peer = 0;
+    std::vector<uint8_t> notification;
+    bool aborted = false;
+    XferState state = XferState::kPending;
+  };
+  void deliver(Outgoing& o);
+
   std::shared_ptr<LoopbackHub> hub_;
   int rank_;
+  XferId next_id_ = 1;
+  std::unordered_map<XferId, Outgoing> outgoing_;
 };
 
 }  // namespace tandem::mpi

@@ -1,60 +1,152 @@
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 
+#include <algorithm>
+
 #include "mpi_transport/mpi_check.h"
+#include "mpi_transport/mpi_env.h"
 
 namespace tandem::mpi {
+namespace {
+constexpr int kTagNotice = 1;
+}  // namespace
 
 MpiRmaTransport::MpiRmaTransport(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  MPI_Comm_dup(comm_, &notify_comm_);
+  MPI_Comm_set_errhandler(notify_comm_, MPI_ERRORS_RETURN);
+  notices_ = std::make_unique<Notices>(notify_comm_, kTagNotice);
 }
 
 MpiRmaTransport::~MpiRmaTransport() {
   if (win_ != MPI_WIN_NULL) (void)destroy();
+  if (notify_comm_ != MPI_COMM_NULL) MPI_Comm_free(&notify_comm_);
 }
 
-Status MpiRmaTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
-  block_bytes_ = block_bytes;
-  n_blocks_ = n_blocks;
-  const auto bytes = static_cast<MPI_Aint>(block_bytes * static_cast<std::size_t>(n_blocks));
-  TANDEM_MPI(MPI_Win_allocate(bytes, 1, MPI_INFO_NULL, comm_, &base_, &win_));
-  TANDEM_MPI(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
-  peer_blocks_.resize(static_cast<std::size_t>(size_));
-  TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
-  TANDEM_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+Status MpiRmaTransport::allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
+  TANDEM_RETURN_IF_ERROR(open_window(true, nullptr, block_bytes, n_blocks));
   *base = base_;
   return Status();
 }
 
+Status MpiRmaTransport::register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) {
+  return open_window(false, base, block_bytes, n_blocks);
+}
+
+Status MpiRmaTransport::open_window(bool allocate, void* base, std::size_t block_bytes, int64_t n_blocks) {
+  if (win_ != MPI_WIN_NULL) return Status(StatusCode::kInvalidArgument, "the pool is already set up");
+  block_bytes_ = block_bytes;
+  n_blocks_ = n_blocks;
+  const auto bytes = static_cast<MPI_Aint>(block_bytes * static_cast<std::size_t>(n_blocks));
+  if (allocate) {
+    TANDEM_MPI(MPI_Win_allocate(bytes, 1, MPI_INFO_NULL, comm_, &base_, &win_));
+  } else {
+    base_ = static_cast<uint8_t*>(base);
+    TANDEM_MPI(MPI_Win_create(base, bytes, 1, MPI_INFO_NULL, comm_, &win_));
+  }
+  TANDEM_MPI(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
+  peer_blocks_.resize(static_cast<std::size_t>(size_));
+  TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
+  TANDEM_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+  return Status();
+}
+
 Status MpiRmaTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-                             Transfer& transfer) {
+                             std::span<const uint8_t> notification, XferId& id) {
   if (win_ == MPI_WIN_NULL) return Status(StatusCode::kUnavailable, "pool not created");
-  TANDEM_RETURN_IF_ERROR(
-      check_post(peer, size_, src, dst, n_blocks_, peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0));
+  TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_,
+                                    peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
+                                    notification.size(), capabilities().max_notification_bytes));
+  Outgoing o;
+  o.peer = peer;
+  o.notification.assign(notification.begin(), notification.end());
   for (const auto& r : coalesce(src, dst)) {
     // MPI counts are ints: split very long runs.
     const std::size_t total = static_cast<std::size_t>(r.count) * block_bytes_;
     const std::size_t chunk = std::size_t{1} << 30;
     for (std::size_t off = 0; off < total; off += chunk) {
       const int n = static_cast<int>(std::min(chunk, total - off));
-      TANDEM_MPI(MPI_Put(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + off, n, MPI_BYTE, peer,
-                         static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * block_bytes_ + off), n, MPI_BYTE,
-                         win_));
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (int rc = MPI_Rput(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + off, n, MPI_BYTE, peer,
+                            static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * block_bytes_ + off), n, MPI_BYTE,
+                            win_, &req);
+          rc != MPI_SUCCESS) {
+        // What was put lands; the peer hears of this transfer as aborted once it has.
+        o.aborted = true;
+        id = next_id_++;
+        outgoing_.emplace(id, std::move(o));
+        return mpi_status(rc, "MPI_Rput", __FILE__, __LINE__);
+      }
+      o.puts.push_back(req);
     }
   }
-  transfer = Transfer{peer, src.size() * block_bytes_, src.empty(), 0};
+  id = next_id_++;
+  outgoing_.emplace(id, std::move(o));
+  return Status();  // it advances in poll() and progress(): an abort() until then still tells the peer
+}
+
+// Once every put is complete here, completes them at the target and sends
+// the notification (or the notice that the transfer was given up).
+Status MpiRmaTransport::advance(XferId id, Outgoing& o) {
+  if (o.state != XferState::kPending) return Status();
+  if (!o.puts.empty()) {
+    int done = 0;
+    TANDEM_MPI(MPI_Testall(static_cast<int>(o.puts.size()), o.puts.data(), &done, MPI_STATUSES_IGNORE));
+    if (!done) return Status();
+    TANDEM_MPI(MPI_Win_flush(o.peer, win_));
+    o.puts.clear();
+  }
+  TANDEM_RETURN_IF_ERROR(notices_->send(o.peer, id, o.aborted, o.notification));
+  o.notification.clear();
+  o.state = o.aborted ? XferState::kAborted : XferState::kDone;
   return Status();
 }
 
-Status MpiRmaTransport::test(Transfer& transfer) {
-  if (transfer.done) return Status();
-  TANDEM_MPI(MPI_Win_flush(transfer.peer, win_));
-  transfer.done = true;
+Status MpiRmaTransport::poll(XferId id, XferState& state) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  TANDEM_RETURN_IF_ERROR(advance(id, it->second));
+  state = it->second.state;
+  return Status();
+}
+
+Status MpiRmaTransport::abort(XferId id) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  if (it->second.state == XferState::kPending) it->second.aborted = true;  // the puts cannot be recalled: noticed once done
+  return advance(id, it->second);
+}
+
+Status MpiRmaTransport::progress(std::vector<Notification>& arrived) {
+  for (auto& [id, o] : outgoing_) TANDEM_RETURN_IF_ERROR(advance(id, o));
+  std::vector<Notice> notices;
+  TANDEM_RETURN_IF_ERROR(notices_->poll(notices));
+  for (auto& n : notices) arrived.push_back({n.peer, n.aborted, std::move(n.bytes)});
   return Status();
 }
 
 Status MpiRmaTransport::destroy() {
   if (win_ == MPI_WIN_NULL) return Status();
+  // Every transfer's notice out before the window goes (the peers may still be waiting for one).
+  std::vector<Notification> ignored;
+  // Keeps placing what others send until every rank has sent all of its own
+  // (a rank waiting in a blocking barrier would leave a sender's large
+  // message unmatched for ever).
+  Backoff wait;
+  MPI_Request all_sent = MPI_REQUEST_NULL;
+  for (;;) {
+    TANDEM_RETURN_IF_ERROR(progress(ignored));
+    if (all_sent == MPI_REQUEST_NULL) {
+      const bool pending = std::any_of(outgoing_.begin(), outgoing_.end(),
+                                       [](const auto& e) { return e.second.state == XferState::kPending; });
+      if (!pending && !notices_->sending()) TANDEM_MPI(MPI_Ibarrier(comm_, &all_sent));
+    } else {
+      int done = 0;
+      TANDEM_MPI(MPI_Test(&all_sent, &done, MPI_STATUS_IGNORE));
+      if (done) break;
+    }
+    wait.idle();
+  }
   TANDEM_MPI(MPI_Win_unlock_all(win_));
   TANDEM_MPI(MPI_Win_free(&win_));
   win_ = MPI_WIN_NULL;

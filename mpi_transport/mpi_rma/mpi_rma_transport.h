@@ -1,19 +1,32 @@
 // KvTransport over MPI one-sided RMA.
 //
-// create_pool() allocates every rank's pool with MPI_Win_allocate, once, on a
-// communicator that never changes (Open MPI 4.1.4 corrupts data when windows
-// are created at once on communicators split from one parent), and opens a
-// passive-target epoch on all ranks (MPI_Win_lock_all) for the job's life.
-// post() issues one MPI_Put per run of consecutive blocks; test() flushes the
-// target (MPI_Win_flush), which is remote completion. The target never has to
-// call MPI for a put to land when osc/rdma carries the window (shared memory,
-// RDMA networks); with osc/pt2pt (TCP-only) the target's main loop, which
-// polls MPI between engine steps, provides progress.
+// The pool is one window, created once on a communicator that never changes
+// (Open MPI 4.1.4 corrupts data when windows are created at once on
+// communicators split from one parent), with a passive-target epoch on all
+// ranks (MPI_Win_lock_all) for the job's life. allocate_pool() makes it with
+// MPI_Win_allocate (a shared-memory window on one node: the fast path);
+// register_pool() over the caller's memory with MPI_Win_create.
+//
+// post() issues one MPI_Rput per run of consecutive blocks. The transfer
+// advances in progress() and poll(): once every put's request has completed
+// (MPI_Testall, never blocking), MPI_Win_flush makes the data complete at the
+// target (it returns at once under osc/rdma, where the completed request
+// means the data is there; under osc/pt2pt, TCP-only, it waits for the
+// target's acknowledgement), and only then is the notification sent, as a
+// message on a private duplicate of the communicator: it cannot overtake the
+// data. The target's CPU does nothing for the data to land under osc/rdma;
+// with osc/pt2pt its main loop, which polls MPI between engine steps,
+// provides progress.
 #pragma once
 
 #include <mpi.h>
 
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
 #include "mpi_transport/kv_transport.h"
+#include "mpi_transport/notices.h"
 
 namespace tandem::mpi {
 
@@ -25,19 +38,39 @@ class MpiRmaTransport : public KvTransport {
   std::string_view name() const override { return "mpi_rma"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Status create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
-  Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, Transfer& transfer) override;
-  Status test(Transfer& transfer) override;
+  Capabilities capabilities() const override { return {false, true, true, 1 << 16}; }
+  Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
+  Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
+  Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+              std::span<const uint8_t> notification, XferId& id) override;
+  Status poll(XferId id, XferState& state) override;
+  Status abort(XferId id) override;
+  void release(XferId id) override { outgoing_.erase(id); }
+  Status progress(std::vector<Notification>& arrived) override;
   Status destroy() override;
 
  private:
+  struct Outgoing {
+    int peer = 0;
+    std::vector<MPI_Request> puts;
+    std::vector<uint8_t> notification;
+    bool aborted = false;
+    XferState state = XferState::kPending;
+  };
+  Status open_window(bool allocate, void* base, std::size_t block_bytes, int64_t n_blocks);
+  Status advance(XferId id, Outgoing& o);
+
   MPI_Comm comm_;
+  MPI_Comm notify_comm_ = MPI_COMM_NULL;  // a private channel for the notifications
   int rank_ = 0, size_ = 1;
   MPI_Win win_ = MPI_WIN_NULL;
   uint8_t* base_ = nullptr;
   std::size_t block_bytes_ = 0;
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;  // every rank's pool size, to check dst ids
+  XferId next_id_ = 1;
+  std::unordered_map<XferId, Outgoing> outgoing_;
+  std::unique_ptr<Notices> notices_;
 };
 
 }  // namespace tandem::mpi

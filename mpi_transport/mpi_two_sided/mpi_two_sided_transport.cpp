@@ -9,11 +9,14 @@
 
 #include "common/big_alloc.h"
 #include "mpi_transport/mpi_check.h"
+#include "mpi_transport/mpi_env.h"
+#include "mpi_transport/notices.h"
 
 namespace tandem::mpi {
 namespace {
 constexpr int kTagData = 1;
-constexpr int kTagAck = 2;
+constexpr uint8_t kData = 0, kNotice = 1;
+constexpr std::size_t kDataHeader = 13;  // [u8 kData][int64 id][int32 count]
 }  // namespace
 
 MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm, DevicePool device)
@@ -22,19 +25,16 @@ MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm, DevicePool device)
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  acks_ = std::make_unique<Acks>(comm_, kTagAck);
 }
 
 MpiTwoSidedTransport::~MpiTwoSidedTransport() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-Status MpiTwoSidedTransport::create_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
-  block_bytes_ = block_bytes;
-  n_blocks_ = n_blocks;
-  const std::size_t bytes = block_bytes * static_cast<std::size_t>(n_blocks);
+Status MpiTwoSidedTransport::allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {
   std::string failed;
   try {
+    const std::size_t bytes = block_bytes * static_cast<std::size_t>(n_blocks);
     if (device_) pool_memory_ = device_.allocate(bytes);
     else pool_memory_ = allocate_big(bytes);
     if (!pool_memory_) failed = "could not allocate the KV pool";
@@ -50,9 +50,24 @@ Status MpiTwoSidedTransport::create_pool(std::size_t block_bytes, int64_t n_bloc
   if (!failed.empty()) return Status(StatusCode::kResourceExhausted, failed);
   if (!all_made) return Status(StatusCode::kResourceExhausted, "another worker could not allocate its KV pool");
   pool_ = static_cast<uint8_t*>(pool_memory_.get());
+  TANDEM_RETURN_IF_ERROR(setup(block_bytes, n_blocks));
+  *base = pool_;
+  return Status();
+}
+
+Status MpiTwoSidedTransport::register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) {
+  int all_given = base != nullptr || n_blocks == 0;
+  TANDEM_MPI(MPI_Allreduce(MPI_IN_PLACE, &all_given, 1, MPI_INT, MPI_MIN, comm_));
+  if (!all_given) return Status(StatusCode::kInvalidArgument, "a rank registered no pool memory");
+  pool_ = static_cast<uint8_t*>(base);
+  return setup(block_bytes, n_blocks);
+}
+
+Status MpiTwoSidedTransport::setup(std::size_t block_bytes, int64_t n_blocks) {
+  block_bytes_ = block_bytes;
+  n_blocks_ = n_blocks;
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
-  *base = pool_;
   return Status();
 }
 
@@ -64,27 +79,29 @@ void MpiTwoSidedTransport::copy_blocks(int32_t block, int32_t count, uint8_t* ho
 }
 
 Status MpiTwoSidedTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-                                  Transfer& transfer) {
-  if (!pool_) return Status(StatusCode::kUnavailable, "pool not created");
-  TANDEM_RETURN_IF_ERROR(
-      check_post(peer, size_, src, dst, n_blocks_, peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0));
-  transfer = Transfer{peer, src.size() * block_bytes_, src.empty(), 0};
-  if (src.empty()) return Status();
-  const int64_t id = next_id_++;
+                                  std::span<const uint8_t> notification, XferId& id) {
+  if (!pool_ && n_blocks_ == 0 && peer_blocks_.empty()) return Status(StatusCode::kUnavailable, "pool not created");
+  TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_,
+                                    peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
+                                    notification.size(), capabilities().max_notification_bytes));
+  id = next_id_++;
   // Pack every message first (a copy from the device may throw: nothing is in flight yet), then send them.
   const std::size_t per_message = std::max<std::size_t>(1, max_message_bytes_ / block_bytes_);
   Outgoing o;
+  o.peer = peer;
+  o.notification.assign(notification.begin(), notification.end());
   for (std::size_t first = 0; first < src.size(); first += per_message) {
     const std::size_t n = std::min(per_message, src.size() - first);
     Message msg;
-    msg.bytes = 12 + 4 * n + n * block_bytes_;
+    const std::size_t header = kDataHeader + 4 * n;
+    msg.bytes = header + n * block_bytes_;
     msg.buffer = staging_.take(msg.bytes);
     uint8_t* m = msg.buffer.data();
-    const std::size_t header = 12 + 4 * n;
     const auto count = static_cast<int32_t>(n);
-    std::memcpy(m, &id, 8);
-    std::memcpy(m + 8, &count, 4);
-    std::memcpy(m + 12, dst.data() + first, 4 * n);
+    m[0] = kData;
+    std::memcpy(m + 1, &id, 8);
+    std::memcpy(m + 9, &count, 4);
+    std::memcpy(m + kDataHeader, dst.data() + first, 4 * n);
     // The message's data is in src order, so a run of consecutive src ids is one copy.
     for (std::size_t i = 0; i < n;) {
       std::size_t k = 1;
@@ -98,98 +115,139 @@ Status MpiTwoSidedTransport::post(int peer, std::span<const int32_t> src, std::s
     Message& msg = o.messages[k];
     if (int rc = MPI_Isend(msg.buffer.data(), static_cast<int>(msg.bytes), MPI_BYTE, peer, kTagData, comm_, &msg.request);
         rc != MPI_SUCCESS) {
-      // The messages already posted stay in flight (and keep their buffers); this transfer never completes.
+      // The messages already posted stay in flight (and keep their buffers); the peer hears of an abort after them.
       o.messages.resize(k);
       o.unsent = static_cast<int>(k);
-      o.unacked = static_cast<int>(k) + 1;
+      o.aborted = true;
       outgoing_.emplace(id, std::move(o));
       return mpi_status(rc, "MPI_Isend", __FILE__, __LINE__);
     }
   }
-  o.unsent = o.unacked = static_cast<int>(o.messages.size());
+  o.unsent = static_cast<int>(o.messages.size());
   outgoing_.emplace(id, std::move(o));
-  transfer.backend_handle = id;
+  return Status();  // it advances in poll() and progress(): an abort() until then still tells the peer
+}
+
+// Retires the transfer's completed sends; once none is left, sends its notice.
+Status MpiTwoSidedTransport::advance(XferId id, Outgoing& o) {
+  if (o.state != XferState::kPending) return Status();
+  for (Message& msg : o.messages) {
+    if (msg.request == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&msg.request, &done, MPI_STATUS_IGNORE));  // sets the request to null when done
+    if (!done) continue;
+    --o.unsent;
+    staging_.give_back(std::exchange(msg.buffer, {}));
+  }
+  if (o.unsent > 0) return Status();
+  std::vector<uint8_t> notice = pack_notice(id, o.aborted, o.notification);
+  notice.insert(notice.begin(), kNotice);
+  notices_.emplace_back(MPI_REQUEST_NULL, std::move(notice));
+  auto& [request, bytes] = notices_.back();
+  TANDEM_MPI(MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, o.peer, kTagData, comm_, &request));
+  o.messages.clear();
+  o.notification.clear();
+  o.state = o.aborted ? XferState::kAborted : XferState::kDone;
   return Status();
 }
 
-Status MpiTwoSidedTransport::test(Transfer& transfer) {
-  if (transfer.done) return Status();
-  TANDEM_RETURN_IF_ERROR(progress());
-  auto it = outgoing_.find(transfer.backend_handle);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer");
-  if (it->second.unsent == 0 && it->second.unacked == 0) {
-    transfer.done = true;
-    outgoing_.erase(it);
-  }
+Status MpiTwoSidedTransport::poll(XferId id, XferState& state) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  TANDEM_RETURN_IF_ERROR(advance(id, it->second));
+  state = it->second.state;
   return Status();
 }
 
-Status MpiTwoSidedTransport::progress() {
-  // Our sends.
-  for (auto& [id, o] : outgoing_) {
-    for (Message& msg : o.messages) {
-      if (msg.request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      TANDEM_MPI(MPI_Test(&msg.request, &done, MPI_STATUS_IGNORE));  // sets the request to null when done
-      if (!done) continue;
-      --o.unsent;
-      staging_.give_back(std::exchange(msg.buffer, {}));
-    }
-  }
-  // Acknowledgements of our messages (and of our acknowledgements, sent).
-  TANDEM_RETURN_IF_ERROR(acks_->poll([&](int64_t id) {
-    if (auto it = outgoing_.find(id); it != outgoing_.end()) --it->second.unacked;
-  }));
-  return receive_waiting_data();
+Status MpiTwoSidedTransport::abort(XferId id) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  if (it->second.state == XferState::kPending) it->second.aborted = true;  // sent data lands; its notice says aborted
+  return advance(id, it->second);
 }
 
-// Transfers to us, one message at a time into one staging buffer: place the
-// blocks (a run of consecutive destination ids is one copy), then acknowledge.
-Status MpiTwoSidedTransport::receive_waiting_data() {
+Status MpiTwoSidedTransport::progress(std::vector<Notification>& arrived) {
+  for (auto& [id, o] : outgoing_) TANDEM_RETURN_IF_ERROR(advance(id, o));
+  while (!notices_.empty()) {
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&notices_.front().first, &done, MPI_STATUS_IGNORE));
+    if (!done) break;
+    notices_.pop_front();
+  }
+  return receive_waiting(arrived);
+}
+
+// Messages to us, in each sender's order, one at a time into one staging
+// buffer: blocks are placed, notices handed over (after their data, which
+// came first).
+Status MpiTwoSidedTransport::receive_waiting(std::vector<Notification>& arrived) {
   for (;;) {
     int flag = 0, size = 0;
     MPI_Status st;
     TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagData, comm_, &flag, &st));
     if (!flag) return Status();
-    MPI_Get_count(&st, MPI_BYTE, &size);
+    TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &size));
     if (incoming_.capacity < static_cast<std::size_t>(size)) {
       staging_.give_back(std::exchange(incoming_, {}));
       incoming_ = staging_.take(static_cast<std::size_t>(size));
     }
     uint8_t* m = incoming_.data();
     TANDEM_MPI(MPI_Recv(m, size, MPI_BYTE, st.MPI_SOURCE, kTagData, comm_, MPI_STATUS_IGNORE));
-    int64_t id = 0;
-    int32_t count = 0;
-    if (size >= 12) std::memcpy(&id, m, 8), std::memcpy(&count, m + 8, 4);
-    const std::size_t header = 12 + 4 * static_cast<std::size_t>(std::max(count, 0));
-    if (size < 12 || count < 0 ||
-        static_cast<std::size_t>(size) != header + static_cast<std::size_t>(count) * block_bytes_)
-      return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(st.MPI_SOURCE) + " of " +
-                                               std::to_string(size) + " bytes does not hold the " +
-                                               std::to_string(count) + " blocks it announces");
-    std::vector<int32_t> dst(static_cast<std::size_t>(count));
-    std::memcpy(dst.data(), m + 12, 4 * dst.size());
-    for (int32_t d : dst)
-      if (d < 0 || d >= n_blocks_)
-        return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(st.MPI_SOURCE) + " names block " +
-                                                 std::to_string(d) + ", outside this pool");
-    for (std::size_t i = 0; i < dst.size();) {
-      std::size_t n = 1;
-      while (i + n < dst.size() && dst[i + n] == dst[i] + static_cast<int32_t>(n)) ++n;
-      copy_blocks(dst[i], static_cast<int32_t>(n), m + header + i * block_bytes_, true);
-      i += n;
+    if (size >= 1 && m[0] == kNotice) {
+      Notice n;
+      if (!unpack_notice(st.MPI_SOURCE, std::vector<uint8_t>(m + 1, m + size), n))
+        return Status(StatusCode::kInternal, "a KV notification from rank " + std::to_string(st.MPI_SOURCE) + " is malformed");
+      arrived.push_back({n.peer, n.aborted, std::move(n.bytes)});
+      continue;
     }
-    TANDEM_RETURN_IF_ERROR(acks_->send(st.MPI_SOURCE, id));
+    TANDEM_RETURN_IF_ERROR(place(st.MPI_SOURCE, m, static_cast<std::size_t>(size)));
   }
 }
 
-Status MpiTwoSidedTransport::destroy() {
-  // Finish what is in flight (acknowledgements included) before the pool goes.
-  for (int i = 0; i < 1000000 && (acks_->sending() || !outgoing_.empty()); ++i) {
-    TANDEM_RETURN_IF_ERROR(progress());
-    std::erase_if(outgoing_, [](const auto& e) { return e.second.unsent == 0 && e.second.unacked == 0; });
+Status MpiTwoSidedTransport::place(int source, const uint8_t* m, std::size_t size) {
+  int32_t count = -1;
+  if (size >= kDataHeader && m[0] == kData) std::memcpy(&count, m + 9, 4);
+  const std::size_t header = kDataHeader + 4 * static_cast<std::size_t>(std::max(count, 0));
+  if (count < 0 || size != header + static_cast<std::size_t>(count) * block_bytes_)
+    return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(source) + " of " +
+                                             std::to_string(size) + " bytes does not hold the " +
+                                             std::to_string(count) + " blocks it announces");
+  std::vector<int32_t> dst(static_cast<std::size_t>(count));
+  std::memcpy(dst.data(), m + kDataHeader, 4 * dst.size());
+  for (int32_t d : dst)
+    if (d < 0 || d >= n_blocks_)
+      return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(source) + " names block " +
+                                               std::to_string(d) + ", outside this pool");
+  for (std::size_t i = 0; i < dst.size();) {
+    std::size_t n = 1;
+    while (i + n < dst.size() && dst[i + n] == dst[i] + static_cast<int32_t>(n)) ++n;
+    copy_blocks(dst[i], static_cast<int32_t>(n), const_cast<uint8_t*>(m) + header + i * block_bytes_, true);
+    i += n;
   }
-  TANDEM_MPI(MPI_Barrier(comm_));
+  return Status();
+}
+
+Status MpiTwoSidedTransport::destroy() {
+  // Finish what is in flight (every notice out) before the pool goes; what still arrives is dropped.
+  std::vector<Notification> ignored;
+  // Keeps placing what others send until every rank has sent all of its own
+  // (a rank waiting in a blocking barrier would leave a sender's large
+  // message unmatched for ever).
+  Backoff wait;
+  MPI_Request all_sent = MPI_REQUEST_NULL;
+  for (;;) {
+    TANDEM_RETURN_IF_ERROR(progress(ignored));
+    if (all_sent == MPI_REQUEST_NULL) {
+      const bool pending = std::any_of(outgoing_.begin(), outgoing_.end(),
+                                       [](const auto& e) { return e.second.state == XferState::kPending; });
+      if (!pending && notices_.empty()) TANDEM_MPI(MPI_Ibarrier(comm_, &all_sent));
+    } else {
+      int done = 0;
+      TANDEM_MPI(MPI_Test(&all_sent, &done, MPI_STATUS_IGNORE));
+      if (done) break;
+    }
+    wait.idle();
+  }
   return Status();
 }
 

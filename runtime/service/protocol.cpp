@@ -13,7 +13,6 @@ std::string_view msg_type_name(MsgType t) {
     case MsgType::kShutdown: return "shutdown";
     case MsgType::kReport: return "report";
     case MsgType::kPrefill: return "prefill";
-    case MsgType::kKvReady: return "kv-ready";
     case MsgType::kCancel: return "cancel";
     case MsgType::kCacheEvents: return "cache-events";
     case MsgType::kDeltas: return "deltas";
@@ -226,7 +225,7 @@ std::vector<uint8_t> encode(const RankReport& r) {
   return json::to_cbor(json{{"rank", r.rank}, {"role", r.role}, {"busy", r.busy_fraction},
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
-                            {"kv_s", r.kv_send_seconds}, {"preempt", r.preemptions},
+                            {"kv_s", r.kv_send_seconds}, {"kv_wait_s", r.kv_wait_seconds}, {"preempt", r.preemptions},
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
                             {"steps", r.step_samples}, {"tier_hits", r.hit_tokens_by_tier},
                             {"tiers", tiers_json(r.tiers)}});
@@ -243,6 +242,7 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.prefix_hit_tokens = j.at("hits");
   r.kv_bytes_sent = j.at("kv_bytes");
   r.kv_send_seconds = j.at("kv_s");
+  r.kv_wait_seconds = j.at("kv_wait_s");
   r.preemptions = j.at("preempt");
   r.kv_blocks_used = j.at("kv_used");
   r.kv_blocks_total = j.at("kv_total");

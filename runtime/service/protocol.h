@@ -20,7 +20,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 3;
+constexpr int kProtocolVersion = 4;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -30,7 +30,6 @@ enum class MsgType : int {
   kShutdown = 3,     // rank 0 -> worker: no more requests; report and exit (one byte: abandon)
   kReport = 4,       // worker -> rank 0: the worker's final counters (RankReport)
   kPrefill = 5,      // decode rank -> prefill rank: prefill this into these blocks of mine (WirePrefill)
-  kKvReady = 6,      // prefill rank -> decode rank: your blocks hold the KV; here is the first token (WireKvReady)
   kCancel = 9,       // rank 0 -> worker, or prefill rank -> decode rank: drop a request (its id)
   kCacheEvents = 10, // worker -> rank 0: prefix-cache hashes stored and removed (WireCacheEvents)
   kDeltas = 11,      // worker -> rank 0: tokens of streaming requests, one message per step (WireDeltas)
@@ -49,7 +48,8 @@ struct RankReport {
   int64_t decode_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t kv_bytes_sent = 0;
-  double kv_send_seconds = 0;
+  double kv_send_seconds = 0;   // summed over transfers, post to done (a transfer's latency, not time spent waiting)
+  double kv_wait_seconds = 0;   // time spent inside the KV transport's calls (what transfers cost this rank's loop)
   int64_t preemptions = 0;
   int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)
   int64_t kv_blocks_total = 0;
@@ -109,7 +109,8 @@ struct WirePrefill {
   int64_t skip_blocks = 0;          // leading blocks the decode rank has cached: not sent
 };
 
-// Prefill rank -> decode rank, after the KV has landed in dst_blocks.
+// Prefill rank -> decode rank: the notification of the KV transfer into
+// dst_blocks, which the decode rank receives once the blocks are in place.
 struct WireKvReady {
   uint64_t id = 0;
   runtime::PrefillHandoff handoff;

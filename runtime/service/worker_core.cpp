@@ -208,6 +208,7 @@ RankReport WorkerCore::report() const {
   r.prefix_hit_tokens = engine_.stats().prefix_hit_tokens;
   r.kv_bytes_sent = kv_bytes_;
   r.kv_send_seconds = kv_seconds_;
+  r.kv_wait_seconds = kv_wait_s_;
   r.kv_blocks_total = pool_.capacity();
   r.kv_blocks_used = pool_.capacity() - pool_.num_free();
   r.hit_tokens_by_tier = engine_.stats().hit_tokens_by_tier;

@@ -88,6 +88,8 @@ class WorkerCore {
     kv_bytes_ += bytes;
     kv_seconds_ += seconds;
   }
+  void set_kv_wait_seconds(double s) { kv_wait_s_ = s; }
+  std::size_t block_bytes() const { return pool_.layout().block_bytes(); }
   RankReport report() const;
   // Engine steps since the last call (at most the last 512), for the planner.
   std::vector<std::array<double, 6>> take_step_samples();
@@ -118,7 +120,7 @@ class WorkerCore {
                                                                        // computed, KV blocks moved)
   double busy_s_ = 0;
   int64_t kv_bytes_ = 0;
-  double kv_seconds_ = 0;
+  double kv_seconds_ = 0, kv_wait_s_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 

@@ -7,6 +7,7 @@
 #include "transport_suite.h"
 
 TEST_CASE("loopback passes the transport conformance suite", "[conformance]") {
+  const bool caller_memory = GENERATE(false, true);  // the pool the transport allocates, then the caller's
   auto hub = std::make_shared<tandem::mpi::LoopbackHub>(3);
   std::barrier sync(3);
   std::vector<tandem::conformance::Failures> results(3);
@@ -14,7 +15,8 @@ TEST_CASE("loopback passes the transport conformance suite", "[conformance]") {
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
       tandem::mpi::LoopbackTransport t(hub, r);
-      results[static_cast<std::size_t>(r)] = tandem::conformance::run_transport_suite(t, [&] { sync.arrive_and_wait(); });
+      results[static_cast<std::size_t>(r)] = tandem::conformance::run_transport_suite(
+          t, [&](const std::function<void()>&) { sync.arrive_and_wait(); }, {}, caller_memory);
     });
   }
   for (auto& t : ranks) t.join();

@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   tandem::mpi::MpiEnv env(&argc, &argv);
   int failures = 0, checks = 0;
   const std::string mode = argc > 1 ? argv[1] : "rma";
-  {
+  // Each backend twice: with the pool it allocates, then with memory the caller registers.
+  for (const bool caller_memory : {false, true}) {
     Guarded guarded;
     std::unique_ptr<tandem::mpi::KvTransport> owned;
     tandem::conformance::PoolAccess access;
@@ -83,14 +84,15 @@ int main(int argc, char** argv) {
       auto staged = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
       staged->set_max_message_bytes(5 * (4096 + 256));  // 5 of the suite's blocks: transfers span several messages
       owned = std::move(staged);
-      // The suite too reaches the pool only through copies.
+      // The suite too reaches the pool only through copies, and registers memory closed like a device's.
       access.write = [&](uint8_t* d, const void* s, std::size_t n) { guarded.copy(d, s, n, true, false); };
       access.read = [&](void* d, const uint8_t* s, std::size_t n) { guarded.copy(d, s, n, false, false); };
+      access.allocate = [&](std::size_t n) { return guarded_pool(guarded).allocate(n); };
     } else {
       owned = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
     }
     tandem::mpi::KvTransport& t = *owned;
-    auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, access);
+    auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, access, caller_memory);
     if (mode == "two_sided_staged") {
       f.check(guarded.base != nullptr && guarded.closed(), "the stand-in device pool is closed to direct access");
       // Every rank sends or receives.
@@ -104,7 +106,9 @@ int main(int argc, char** argv) {
                 "staging buffers come from DevicePool::allocate_host and are recycled (rank 1: " +
                     std::to_string(staged.staging_allocations()) + " allocations for 27 messages)");
     }
-    std::tie(failures, checks) = tandem::conformance::gather_failures(env.world(), f);
+    const auto [failed, checked] = tandem::conformance::gather_failures(env.world(), f);
+    failures += failed;
+    checks += checked;
   }
   if (env.rank() == 0)
     std::printf("%s conformance: %d passed, %d failed\n", mode == "rma" ? "mpi_rma" : ("mpi_" + mode).c_str(),

@@ -1,7 +1,7 @@
 // The conformance suite on MPI ranks (the MPI backends and NCCL): a barrier
-// that keeps driving the transport, since a two-sided target places incoming
-// blocks only when it makes progress; and every rank's failures printed and
-// summed on rank 0.
+// that keeps driving the transport (the suite's pump), since a two-sided
+// target places incoming blocks only when it makes progress; and every
+// rank's failures printed and summed on rank 0.
 #pragma once
 
 #include <mpi.h>
@@ -13,18 +13,19 @@
 
 namespace tandem::conformance {
 
-inline Failures run_transport_suite_mpi(MPI_Comm world, mpi::KvTransport& t, const PoolAccess& access = {}) {
+inline Failures run_transport_suite_mpi(MPI_Comm world, mpi::KvTransport& t, const PoolAccess& access = {},
+                                        bool caller_memory = false) {
   return run_transport_suite(
       t,
-      [&] {
+      [&](const std::function<void()>& pump) {
         MPI_Request r;
         MPI_Ibarrier(world, &r);
         for (int done = 0; !done;) {
           MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-          (void)t.progress();
+          pump();
         }
       },
-      access);
+      access, caller_memory);
 }
 
 // Prints this rank's failures; returns (failures, checks) summed over the ranks (on rank 0).

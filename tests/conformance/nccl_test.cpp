@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <tuple>
 
 #include "mpi_transport/mpi_env.h"
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   tandem::mpi::MpiEnv env(&argc, &argv);
   cudaSetDevice(env.rank() % (devices > 0 ? devices : 1));
   int failures = 0, checks = 0;
-  {
+  for (const bool caller_memory : {false, true}) {  // the pool cudaMalloc'ed by the transport, then the caller's
     tandem::mpi::NcclTransport t(env.world());
     tandem::conformance::PoolAccess device;
     device.write = [](uint8_t* d, const void* s, std::size_t n) {  // landed before the transport's stream reads it
@@ -33,8 +34,15 @@ int main(int argc, char** argv) {
     device.read = [](void* d, const uint8_t* s, std::size_t n) {
       if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
     };
-    const auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, device);
-    std::tie(failures, checks) = tandem::conformance::gather_failures(env.world(), f);
+    device.allocate = [](std::size_t n) -> std::shared_ptr<void> {
+      void* p = nullptr;
+      if (cudaMalloc(&p, n) != cudaSuccess || cudaMemset(p, 0, n) != cudaSuccess) std::abort();
+      return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    };
+    const auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, device, caller_memory);
+    const auto [failed, checked] = tandem::conformance::gather_failures(env.world(), f);
+    failures += failed;
+    checks += checked;
   }
   if (env.rank() == 0) std::printf("nccl conformance: %d passed, %d failed\n", checks - failures, failures);
   return env.rank() == 0 && failures > 0 ? 1 : 0;

@@ -1,0 +1,83 @@
+#include "mpi_transport/mpi_worker_port.h"
+
+#include "common/error.h"
+#include "mpi_transport/mpi_check.h"
+
+namespace tandem::mpi {
+namespace {
+
+void check(const Status& s) {
+  if (!s.ok()) throw Error(s.to_string());
+}
+void check_mpi(int rc, const char* call, const char* file, int line) {
+  if (rc != MPI_SUCCESS) throw Error(mpi_status(rc, call, file, line).to_string());
+}
+#define TANDEM_MPI_THROW(call) check_mpi((call), #call, __FILE__, __LINE__)
+
+}  // namespace
+
+MpiWorkerPort::MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, MPI_Comm role)
+    : box_(box), transport_(transport), workers_(workers), role_(role) {
+  TANDEM_MPI_THROW(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+}
+
+MpiWorkerPort::~MpiWorkerPort() {
+  if (role_ != MPI_COMM_NULL) MPI_Comm_free(&role_);
+}
+
+bool MpiWorkerPort::receive(Message& out) {
+  check(box_.progress());  // sends completed so far retire
+  std::optional<mpi::Message> m;
+  check(box_.try_recv(m));
+  if (!m) return false;
+  out.source = m->source;
+  out.type = static_cast<service::MsgType>(m->tag);
+  out.bytes = std::move(m->bytes);
+  return true;
+}
+
+void MpiWorkerPort::send(int dest, service::MsgType type, std::vector<uint8_t> bytes) {
+  check(box_.send(dest, service::tag_of(type), std::move(bytes)));
+}
+
+int64_t MpiWorkerPort::post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
+                               std::span<const uint8_t> note) {
+  XferId id = 0;
+  check(transport_->post(dest - 1, src, dst, note, id));
+  return id;
+}
+
+service::WorkerPort::KvState MpiWorkerPort::poll_kv(int64_t id) {
+  XferState st = XferState::kPending;
+  check(transport_->poll(id, st));
+  return st == XferState::kDone ? KvState::kDone : st == XferState::kAborted ? KvState::kAborted : KvState::kPending;
+}
+
+void MpiWorkerPort::release_kv(int64_t id) { transport_->release(id); }
+
+void MpiWorkerPort::kv_arrivals(std::vector<KvArrival>& out) {
+  arrived_.clear();
+  check(transport_->progress(arrived_));
+  for (auto& n : arrived_) out.push_back({n.peer + 1, n.aborted, std::move(n.bytes)});
+}
+
+void MpiWorkerPort::begin_resplit(bool prefill) {
+  next_prefill_ = prefill;
+  TANDEM_MPI_THROW(MPI_Ibarrier(workers_, &barrier_));
+}
+
+bool MpiWorkerPort::resplit_done() {
+  int done = 0;
+  TANDEM_MPI_THROW(MPI_Test(&barrier_, &done, MPI_STATUS_IGNORE));
+  if (!done) return false;
+  // Every worker has seen the new roles and holds back new KV posts: the split cannot wait on a transfer.
+  MPI_Comm next = MPI_COMM_NULL;
+  TANDEM_MPI_THROW(MPI_Comm_split(workers_, next_prefill_ ? 1 : 0, world_rank_, &next));
+  if (role_ != MPI_COMM_NULL) TANDEM_MPI_THROW(MPI_Comm_free(&role_));
+  role_ = next;
+  return true;
+}
+
+void MpiWorkerPort::flush() { check(box_.flush()); }
+
+}  // namespace tandem::mpi

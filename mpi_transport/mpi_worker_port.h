@@ -1,0 +1,51 @@
+// The worker service's port under MPI: the protocol's messages in the rank's
+// Mailbox (tag = MsgType), KV transfers through the job's KvTransport (its
+// ranks are the workers': world rank - 1), and the role communicator's
+// re-split (a non-blocking barrier over the workers, then MPI_Comm_split,
+// which no transfer can then be waiting on). Errors throw tandem::Error.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "mpi_transport/kv_transport.h"
+#include "mpi_transport/mpi_env.h"
+#include "runtime/service/worker_port.h"
+
+namespace tandem::mpi {
+
+class MpiWorkerPort : public service::WorkerPort {
+ public:
+  // workers: the fixed communicator of every worker (KV windows live on it);
+  // role: split from it, re-split here (the port owns it from now on and frees it).
+  // transport: null when the job is aggregated throughout.
+  MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, MPI_Comm role);
+  ~MpiWorkerPort() override;
+  MpiWorkerPort(const MpiWorkerPort&) = delete;
+  MpiWorkerPort& operator=(const MpiWorkerPort&) = delete;
+
+  int rank() const override { return world_rank_; }
+  bool receive(Message& out) override;
+  void send(int dest, service::MsgType type, std::vector<uint8_t> bytes) override;
+  bool has_kv() const override { return transport_ != nullptr; }
+  int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
+                  std::span<const uint8_t> note) override;
+  KvState poll_kv(int64_t id) override;
+  void release_kv(int64_t id) override;
+  void kv_arrivals(std::vector<KvArrival>& out) override;
+  void begin_resplit(bool prefill) override;
+  bool resplit_done() override;
+  void flush() override;
+
+ private:
+  Mailbox& box_;
+  KvTransport* transport_;
+  MPI_Comm workers_, role_;
+  int world_rank_ = 0;
+  MPI_Request barrier_ = MPI_REQUEST_NULL;
+  bool next_prefill_ = false;
+  std::vector<Notification> arrived_;  // scratch
+};
+
+}  // namespace tandem::mpi

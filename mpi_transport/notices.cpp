@@ -1,0 +1,48 @@
+#include "mpi_transport/notices.h"
+
+#include <cstring>
+
+namespace tandem::mpi {
+
+std::vector<uint8_t> pack_notice(int64_t id, bool aborted, std::span<const uint8_t> bytes) {
+  std::vector<uint8_t> m(9 + bytes.size());
+  std::memcpy(m.data(), &id, 8);
+  m[8] = aborted ? 1 : 0;
+  if (!bytes.empty()) std::memcpy(m.data() + 9, bytes.data(), bytes.size());
+  return m;
+}
+
+bool unpack_notice(int peer, const std::vector<uint8_t>& m, Notice& out) {
+  if (m.size() < 9) return false;
+  out.peer = peer;
+  std::memcpy(&out.id, m.data(), 8);
+  out.aborted = m[8] != 0;
+  out.bytes.assign(m.begin() + 9, m.end());
+  return true;
+}
+
+Status Notices::send(int peer, int64_t id, bool aborted, std::span<const uint8_t> bytes) {
+  sending_.emplace_back(MPI_REQUEST_NULL, pack_notice(id, aborted, bytes));
+  auto& [request, m] = sending_.back();
+  TANDEM_MPI(MPI_Isend(m.data(), static_cast<int>(m.size()), MPI_BYTE, peer, tag_, comm_, &request));
+  return Status();
+}
+
+Status Notices::poll(std::vector<Notice>& arrived) {
+  TANDEM_RETURN_IF_ERROR(receive_waiting<uint8_t>(comm_, tag_, MPI_BYTE, [&](int peer, const std::vector<uint8_t>& m) {
+    Notice n;
+    if (!unpack_notice(peer, m, n))
+      return Status(StatusCode::kInternal, "a KV notification from rank " + std::to_string(peer) + " is malformed");
+    arrived.push_back(std::move(n));
+    return Status();
+  }));
+  while (!sending_.empty()) {
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&sending_.front().first, &done, MPI_STATUS_IGNORE));
+    if (!done) break;
+    sending_.pop_front();
+  }
+  return Status();
+}
+
+}  // namespace tandem::mpi

@@ -1,0 +1,60 @@
+// How a worker service reaches the rest of the job: the protocol's messages
+// to and from rank 0 and the other workers, KV transfers into a peer's pool
+// with their notifications, and the re-split of the role communicator. The
+// MPI implementation is mpi_transport/mpi_worker_port.h; the unit tests use
+// an in-process one, so the service runs and is tested without mpirun.
+//
+// Nothing here blocks. Every call throws tandem::Error (one line, naming the
+// failing call) when the link fails: the job cannot go on.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/service/protocol.h"
+
+namespace tandem::service {
+
+class WorkerPort {
+ public:
+  struct Message {
+    int source = 0;  // world rank
+    MsgType type = MsgType::kRequest;
+    std::vector<uint8_t> bytes;
+  };
+  enum class KvState { kPending, kDone, kAborted };
+  struct KvArrival {
+    int source = 0;        // world rank of the sender
+    bool aborted = false;  // the sender gave up: the blocks reserved for it are free again
+    std::vector<uint8_t> note;
+  };
+
+  virtual ~WorkerPort() = default;
+  virtual int rank() const = 0;  // this worker's world rank
+
+  // The next message for this worker, if one is waiting.
+  virtual bool receive(Message& out) = 0;
+  virtual void send(int dest, MsgType type, std::vector<uint8_t> bytes) = 0;
+
+  // KV transfers between workers' pools (false: aggregated for the whole job, none).
+  virtual bool has_kv() const = 0;
+  // Our blocks src into `dest`'s (a world rank) blocks dst; `note` reaches it
+  // once they are there. Returns the transfer's id.
+  virtual int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
+                          std::span<const uint8_t> note) = 0;
+  virtual KvState poll_kv(int64_t id) = 0;
+  virtual void release_kv(int64_t id) = 0;
+  // Appends the notes of transfers to us that have landed.
+  virtual void kv_arrivals(std::vector<KvArrival>& out) = 0;
+
+  // The role communicator is split again: every worker starts it (with its
+  // new role) and polls until it is done; meanwhile the service goes on working.
+  virtual void begin_resplit(bool prefill) = 0;
+  virtual bool resplit_done() = 0;
+
+  // Waits until every message sent has left (the end of the job).
+  virtual void flush() = 0;
+};
+
+}  // namespace tandem::service

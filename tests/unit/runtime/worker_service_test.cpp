@@ -1,0 +1,293 @@
+// The worker service without mpirun: workers in one process, joined by an
+// in-process port (messages in queues, KV by memcpy between their pools,
+// notifications at the sender's next poll as on a real transport), the test
+// playing rank 0. Disaggregated outputs must equal the aggregated ones
+// bitwise; cancels, refusals, re-splits and shutdown leave no block behind.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "runtime/cpu/thread_pool.h"
+#include "runtime/engine/backend_registry.h"
+#include "runtime/service/worker_service.h"
+#include "test_model.h"
+
+using namespace tandem;
+using namespace tandem::service;
+
+namespace {
+
+// The job: rank 0 (the test) and workers 1..n, with their pools.
+struct FakeJob {
+  std::map<int, std::deque<WorkerPort::Message>> inbox;  // by world rank
+  std::map<int, std::deque<WorkerPort::KvArrival>> kv_inbox;
+  std::map<int, kv::BlockPool*> pools;
+  int resplits_begun = 0, workers = 0;
+  int64_t kv_bytes = 0;
+};
+
+class FakePort : public WorkerPort {
+ public:
+  FakePort(FakeJob& job, int rank, bool kv) : job_(job), rank_(rank), kv_(kv) {}
+  int rank() const override { return rank_; }
+  bool receive(Message& out) override {
+    auto& q = job_.inbox[rank_];
+    if (q.empty()) return false;
+    out = std::move(q.front());
+    q.pop_front();
+    return true;
+  }
+  void send(int dest, MsgType type, std::vector<uint8_t> bytes) override {
+    job_.inbox[dest].push_back({rank_, type, std::move(bytes)});
+  }
+  bool has_kv() const override { return kv_; }
+  int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
+                  std::span<const uint8_t> note) override {
+    kv::BlockPool& me = *job_.pools.at(rank_);
+    kv::BlockPool& them = *job_.pools.at(dest);
+    const std::size_t bb = me.layout().block_bytes();
+    REQUIRE(src.size() == dst.size());
+    for (std::size_t i = 0; i < src.size(); ++i)
+      std::memcpy(reinterpret_cast<uint8_t*>(them.data()) + static_cast<std::size_t>(dst[i]) * bb,
+                  reinterpret_cast<const uint8_t*>(me.data()) + static_cast<std::size_t>(src[i]) * bb, bb);
+    job_.kv_bytes += static_cast<int64_t>(src.size() * bb);
+    pending_[next_] = {dest, std::vector<uint8_t>(note.begin(), note.end())};
+    return next_++;
+  }
+  KvState poll_kv(int64_t id) override {
+    auto it = pending_.find(id);
+    if (it != pending_.end()) {  // delivered at the sender's poll, as the loopback transport does
+      job_.kv_inbox[it->second.first].push_back({rank_, false, std::move(it->second.second)});
+      pending_.erase(it);
+    }
+    return KvState::kDone;
+  }
+  void release_kv(int64_t) override {}
+  void kv_arrivals(std::vector<KvArrival>& out) override {
+    auto& q = job_.kv_inbox[rank_];
+    while (!q.empty()) {
+      out.push_back(std::move(q.front()));
+      q.pop_front();
+    }
+  }
+  void begin_resplit(bool prefill) override {
+    ++job_.resplits_begun;
+    role_prefill_ = prefill;
+    resplit_target_ = (job_.resplits_begun + job_.workers - 1) / job_.workers * job_.workers;
+  }
+  bool resplit_done() override { return job_.resplits_begun >= resplit_target_; }  // every worker has begun it
+  void flush() override {}
+  bool role_prefill() const { return role_prefill_; }
+
+ private:
+  FakeJob& job_;
+  int rank_;
+  bool kv_;
+  int64_t next_ = 1;
+  std::map<int64_t, std::pair<int, std::vector<uint8_t>>> pending_;
+  int resplit_target_ = 0;
+  bool role_prefill_ = false;
+};
+
+// One worker: pool, threads, core, port, service.
+struct Worker {
+  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<runtime::cpu::ThreadPool> threads;
+  std::unique_ptr<WorkerCore> core;
+  std::unique_ptr<FakePort> port;
+  std::unique_ptr<WorkerService> service;
+  std::string role_seen;
+};
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
+  std::uniform_int_distribution<int32_t> d(0, 150000);
+  std::vector<int32_t> p(static_cast<std::size_t>(n));
+  for (auto& t : p) t = d(rng);
+  return p;
+}
+
+struct Job {
+  testing::TinyModel& tiny;
+  FakeJob fake;
+  std::vector<Worker> w;  // w[k] is world rank k + 1
+
+  // blocks: each worker's pool (the last value for the rest).
+  Job(testing::TinyModel& t, int workers, bool kv, std::vector<int64_t> blocks = {256}) : tiny(t) {
+    fake.workers = workers;
+    w.resize(static_cast<std::size_t>(workers));
+    for (int k = 0; k < workers; ++k) {
+      Worker& x = w[static_cast<std::size_t>(k)];
+      x.pool = std::make_unique<kv::BlockPool>(kv::KvLayout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16},
+                                               blocks[std::min(static_cast<std::size_t>(k), blocks.size() - 1)]);
+      x.threads = std::make_unique<runtime::cpu::ThreadPool>(1);
+      x.core = std::make_unique<WorkerCore>(k + 1, "worker", tiny.config,
+                                            runtime::make_backend("cpu", tiny.config, *tiny.weights, *x.pool, *x.threads),
+                                            *x.pool, nullptr, runtime::EngineOptions{16, 256, 0});
+      fake.pools[k + 1] = x.pool.get();
+      x.port = std::make_unique<FakePort>(fake, k + 1, kv);
+      x.service = std::make_unique<WorkerService>(*x.core, *x.port, [&x](const std::string& r) { x.role_seen = r; });
+    }
+  }
+  void send(int dest, MsgType type, std::vector<uint8_t> bytes) { fake.inbox[dest].push_back({0, type, std::move(bytes)}); }
+  // Ticks every worker until rank 0 has `n` results; returns them by id, and the other messages rank 0 got.
+  std::map<uint64_t, WireResult> run(std::size_t n) {
+    std::map<uint64_t, WireResult> results;
+    for (int guard = 0; results.size() < n; ++guard) {
+      REQUIRE(guard < 100000);
+      for (auto& x : w) x.service->tick();
+      auto& q = fake.inbox[0];
+      while (!q.empty()) {
+        if (q.front().type == MsgType::kResult) {
+          auto r = decode_result(q.front().bytes);
+          results[r.id] = std::move(r);
+        }
+        q.pop_front();
+      }
+    }
+    return results;
+  }
+  // Shuts every worker down and ticks until all have finished; their final reports.
+  std::vector<RankReport> shutdown() {
+    for (std::size_t k = 0; k < w.size(); ++k) send(static_cast<int>(k) + 1, MsgType::kShutdown, {0});
+    for (int guard = 0; !std::all_of(w.begin(), w.end(), [](Worker& x) { return x.service->finished(); }); ++guard) {
+      REQUIRE(guard < 100000);
+      for (auto& x : w) x.service->tick();
+    }
+    for (auto& x : w) x.service->finish();
+    std::vector<RankReport> reports;
+    for (auto& m : fake.inbox[0])
+      if (m.type == MsgType::kReport) reports.push_back(decode_report(m.bytes));
+    fake.inbox[0].clear();
+    return reports;
+  }
+};
+
+std::vector<WireRequest> workload(int n) {
+  std::mt19937 rng(17);
+  std::vector<WireRequest> reqs;
+  for (int i = 0; i < n; ++i) {
+    WireRequest r;
+    r.id = static_cast<uint64_t>(i);
+    r.prompt = random_prompt(rng, 10 + (i * 13) % 70);
+    r.params.max_tokens = 4 + i % 9;
+    r.params.ignore_eos = true;
+    r.params.temperature = i % 2 ? 0.0f : 0.8f;
+    r.rng_key = 1000 + static_cast<uint64_t>(i);
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+}  // namespace
+
+TEST_CASE("worker service: disaggregated through the port, tokens equal the aggregated run's", "[service]") {
+  testing::TinyModel tiny;
+  const auto reqs = workload(12);
+  Job agg(tiny, 1, false);
+  for (const auto& r : reqs) agg.send(1, MsgType::kRequest, encode(r));
+  const auto ref = agg.run(reqs.size());
+
+  // Worker 1 prefills, worker 2 decodes: every request goes to 2 with prefill_rank 1.
+  Job dis(tiny, 2, true);
+  for (auto r : reqs) {
+    r.prefill_rank = 1;
+    dis.send(2, MsgType::kRequest, encode(r));
+  }
+  const auto got = dis.run(reqs.size());
+  for (const auto& r : reqs) {
+    INFO("request " << r.id);
+    REQUIRE(got.at(r.id).ok);
+    CHECK(got.at(r.id).tokens == ref.at(r.id).tokens);
+    CHECK(got.at(r.id).kv_blocks_moved > 0);
+    CHECK(got.at(r.id).worker == 2);
+  }
+  CHECK(dis.fake.kv_bytes > 0);
+  const auto reports = dis.shutdown();
+  REQUIRE(reports.size() == 2);
+  for (const auto& rep : reports) {
+    CHECK(rep.kv_blocks_used == 0);  // every block came back, on both sides
+    if (rep.rank == 1) CHECK(rep.kv_bytes_sent == dis.fake.kv_bytes);
+    if (rep.rank == 2) CHECK(rep.prefill_tokens < 100);  // the decode side computed no travelled prompt
+  }
+}
+
+TEST_CASE("worker service: a cancel while the KV is on the way frees the blocks when it lands", "[service]") {
+  testing::TinyModel tiny;
+  auto reqs = workload(3);
+  Job dis(tiny, 2, true);
+  for (auto& r : reqs) {
+    r.prefill_rank = 1;
+    r.params.max_tokens = 40;
+    dis.send(2, MsgType::kRequest, encode(r));
+  }
+  dis.w[1].service->tick();  // decode side: reserves blocks, sends the prefills
+  dis.send(2, MsgType::kCancel, encode_cancel(1));
+  const auto got = dis.run(reqs.size());
+  CHECK(got.at(1).finish_reason == "abort");
+  CHECK(got.at(0).tokens.size() == 40);
+  CHECK(got.at(2).tokens.size() == 40);
+  for (const auto& rep : dis.shutdown()) CHECK(rep.kv_blocks_used == 0);
+}
+
+TEST_CASE("worker service: a prefill refused on the prefill rank frees the decode rank's blocks", "[service]") {
+  testing::TinyModel tiny;
+  Job dis(tiny, 2, true, {2, 256});  // the prefill rank's pool holds 32 tokens: a 50-token prompt cannot run there
+  std::mt19937 rng(3);
+  WireRequest big;
+  big.id = 7;
+  big.prompt = random_prompt(rng, 50);
+  big.params.max_tokens = 4;
+  big.prefill_rank = 1;
+  dis.send(2, MsgType::kRequest, encode(big));
+  const auto got = dis.run(1);
+  CHECK_FALSE(got.at(7).ok);
+  CHECK_THAT(got.at(7).error, Catch::Contains("KV cache"));
+  CHECK(got.at(7).worker == 1);
+  for (const auto& rep : dis.shutdown()) CHECK(rep.kv_blocks_used == 0);
+}
+
+TEST_CASE("worker service: a re-split renames the roles; requests keep running through it", "[service]") {
+  testing::TinyModel tiny;
+  const auto reqs = workload(6);
+  Job dis(tiny, 2, true);
+  for (auto r : reqs) {
+    r.prefill_rank = 1;
+    dis.send(2, MsgType::kRequest, encode(r));
+  }
+  for (int k = 1; k <= 2; ++k) dis.send(k, MsgType::kRoles, encode(WireRoles{1, {2}}));  // 2 prefills from now on
+  const auto got = dis.run(reqs.size());
+  for (const auto& r : reqs) CHECK(got.at(r.id).ok);
+  for (int guard = 0; dis.w[0].role_seen.empty() || dis.w[1].role_seen.empty(); ++guard) {
+    REQUIRE(guard < 1000);
+    for (auto& x : dis.w) x.service->tick();
+  }
+  CHECK(dis.w[0].role_seen == "decode");
+  CHECK(dis.w[1].role_seen == "prefill");
+  CHECK(dis.w[1].port->role_prefill());
+  for (const auto& rep : dis.shutdown()) CHECK(rep.role == (rep.rank == 2 ? "prefill" : "decode"));
+}
+
+TEST_CASE("worker service: shutdown with abandon ends at once; without, after the last request", "[service]") {
+  testing::TinyModel tiny;
+  const auto reqs = workload(4);
+  Job agg(tiny, 1, false);
+  for (const auto& r : reqs) agg.send(1, MsgType::kRequest, encode(r));
+  agg.send(1, MsgType::kShutdown, {0});
+  agg.w[0].service->tick();
+  CHECK_FALSE(agg.w[0].service->finished());  // work in hand
+  const auto got = agg.run(reqs.size());
+  CHECK(got.size() == reqs.size());
+  for (int guard = 0; !agg.w[0].service->finished(); ++guard) {
+    REQUIRE(guard < 1000);
+    agg.w[0].service->tick();
+  }
+  Job quit(tiny, 1, false);
+  for (const auto& r : reqs) quit.send(1, MsgType::kRequest, encode(r));
+  quit.send(1, MsgType::kShutdown, {1});
+  quit.w[0].service->tick();
+  CHECK(quit.w[0].service->finished());  // abandon: the drain ran out
+}
