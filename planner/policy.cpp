@@ -257,7 +257,8 @@ class Lookahead : public Policy {
   }
 };
 
-// Evaluation only: runs the true simulation ahead for every split.
+// Evaluation only: runs the true simulation ahead for every split; each run
+// gives up once it cannot beat the best so far (the answer is the same).
 class Oracle : public Policy {
  public:
   std::string name() const override { return "oracle"; }
@@ -267,10 +268,11 @@ class Oracle : public Policy {
     Split best{0, n};
     double best_t = std::numeric_limits<double>::infinity();
     for (const Split& s : all_splits(n)) {
-      const double t = e.evaluate(s);
+      const double t = e.evaluate(s, best_t);
       if (t < best_t) best = s, best_t = t;
     }
-    predicted = best_t;
+    const SimOptions& o = *ctx.options;
+    predicted = o.ttft_target_s > 0 || o.itl_target_s > 0 ? best_t : best_t - e.now_s;  // minus goodput, or the rest of the run
     return best;
   }
 };
