@@ -104,6 +104,13 @@ struct SimState {
   std::vector<SimResult::Sample> timeline;
   double sample_every = 0.5, next_sample = 0, last_sample_tokens = 0;
   std::vector<int32_t> touched;  // workers to try starting a step on
+  // Scratch, kept to spare an allocation per event: the batch of touched
+  // workers being handled, the router's candidates, and the count of workers
+  // taking decode work (-1: roles changed since it was counted).
+  std::vector<int32_t> touched_batch;
+  std::vector<router::Candidate> cands;
+  std::vector<int32_t> cand_ids;
+  int64_t n_decode_takers = -1;
 
   int64_t epoch_of(int64_t i) const { return i / o->epoch_requests; }
   const Request& req(int32_t i) const { return (*reqs)[static_cast<std::size_t>(i)]; }
@@ -125,11 +132,13 @@ struct SimState {
       if (r == ws.role || (r != Role::kPrefill && ws.role != Role::kPrefill)) {
         ws.role = r;
         ws.draining = false;
+        n_decode_takers = -1;
         touched.push_back(id);
         continue;
       }
       ws.next_role = r;
       ws.draining = true;
+      n_decode_takers = -1;
       maybe_switch(id);
     }
   }
@@ -139,24 +148,25 @@ struct SimState {
     if (!ws.draining || ws.holds_work()) return;
     ws.role = ws.next_role;
     ws.draining = false;
+    n_decode_takers = -1;
     touched.push_back(k);
   }
 
   bool takes_decode(const WorkerState& ws) const { return !ws.draining && ws.role != Role::kPrefill; }
   bool takes_prefill(const WorkerState& ws) const { return !ws.draining && ws.role == Role::kPrefill; }
 
-  int64_t decode_workers() const {
-    int64_t n = 0;
-    for (const auto& ws : w) n += takes_decode(ws) ? 1 : 0;
-    return n;
+  int64_t decode_workers() {
+    if (n_decode_takers < 0) {
+      n_decode_takers = 0;
+      for (const auto& ws : w) n_decode_takers += takes_decode(ws) ? 1 : 0;
+    }
+    return n_decode_takers;
   }
 
   // The router: place arrived requests while the window has room.
   template <class OnEpoch>
   void dispatch(OnEpoch&& on_epoch) {
     const auto n_req = static_cast<int64_t>(reqs->size());
-    std::vector<router::Candidate> cands;
-    std::vector<int32_t> ids;
     while (next_dispatch < n_req) {
       const Request& r = req(static_cast<int32_t>(next_dispatch));
       if (r.arrival_s > now) break;
@@ -166,17 +176,17 @@ struct SimState {
       if (in_flight >= 2 * o->max_num_seqs * std::max<int64_t>(1, decode_workers())) break;
       const int64_t blocks = (r.isl + o->block_size - 1) / o->block_size;
       cands.clear();
-      ids.clear();
+      cand_ids.clear();
       for (std::size_t k = 0; k < w.size(); ++k) {
         const WorkerState& ws = w[k];
         if (!takes_decode(ws)) continue;
         const int64_t overlap = ws.has_cached(r.prefix_group) ? r.prefix_tokens / o->block_size : 0;
         cands.push_back({static_cast<int>(k), overlap, ws.active_blocks, ws.load, 0});
-        ids.push_back(static_cast<int32_t>(k));
+        cand_ids.push_back(static_cast<int32_t>(k));
       }
       if (cands.empty()) break;  // every decode-capable worker is switching roles: wait for one
       const auto pick = router::choose_worker(router::RoutePolicy::kKvAware, cands, blocks, {}, turn++);
-      const int32_t d = ids[pick];
+      const int32_t d = cand_ids[pick];
       const auto i = static_cast<int32_t>(next_dispatch++);
       ReqState& s = st(i);
       s.dispatched = now;
@@ -378,8 +388,9 @@ struct SimState {
     for (;;) {
       dispatch(on_epoch);
       while (!touched.empty()) {
-        std::vector<int32_t> t;
+        std::vector<int32_t>& t = touched_batch;
         t.swap(touched);
+        touched.clear();
         std::sort(t.begin(), t.end());
         t.erase(std::unique(t.begin(), t.end()), t.end());
         for (int32_t k : t) {
