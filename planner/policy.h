@@ -10,8 +10,9 @@
 //               (batch look-ahead); it estimates each split's duration of
 //               that epoch (or goodput under targets) and takes the best,
 //               aggregated mode included
-//   oracle      exhaustive search over splits with the true simulator, for
-//               evaluation only
+//   oracle      for evaluation only: the split whose true simulation of the
+//               rest of the run costs least, searched over the splits with a
+//               few simulations an epoch (every split up to 8 workers)
 #pragma once
 
 #include <functional>
