@@ -7,7 +7,7 @@
 #      the splits it searches, every epoch) on 110,000 requests whose mix
 #      shifts (RAG-like, reasoning-like, RAG-like) on 64 H100s with the default
 #      epochs of 1,024 requests, against the 120 s budget of issue 20; before it
-#      searched, it simulated all 64 splits every epoch and took over 30 min.
+#      searched, it simulated all 64 splits every epoch: about 20 min of CPU.
 #      Baseline in the same run: lookahead on the same workload (one simulation).
 # Usage: perf/sim_bench.sh [BUILD_DIR]
 set -euo pipefail
