@@ -257,22 +257,144 @@ class Lookahead : public Policy {
   }
 };
 
-// Evaluation only: runs the true simulation ahead for every split.
+// Evaluation only: the split whose true simulation of the rest of the run
+// (EpochView::evaluate) costs least, found with a few simulations instead of
+// one per split. docs/planner.md argues what the search gives up.
+//   - The split in place costs what it cost when chosen (whole-run costs),
+//     so keeping it needs no simulation.
+//   - The prefill count P is found by a local search from the last epoch's
+//     best P: its neighbours, then steps that double while the cost falls,
+//     then halving the bracket, to a P better than both of its neighbours.
+//     The first epoch starts where the look-ahead estimate puts the best P.
+//   - Then agg.
+// Splits compare by (cost, P), so ties go to agg, then to fewer prefill
+// workers, as in a scan in all_splits order. Every simulation gives up once
+// it cannot beat the split it is compared with (the local search's best so
+// far, or for agg the best found), so the search takes the same path as
+// with full simulations. With up to kScanAllUpTo workers every split is
+// simulated: there the scan is as cheap as the search.
 class Oracle : public Policy {
  public:
+  static constexpr int64_t kScanAllUpTo = 8;
+
   std::string name() const override { return "oracle"; }
   Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
     if (!e.evaluate) throw Error("the oracle policy needs the simulator (it is for `tandem simulate` only)");
     const auto n = static_cast<int64_t>(ctx.models.size());
-    Split best{0, n};
-    double best_t = std::numeric_limits<double>::infinity();
-    for (const Split& s : all_splits(n)) {
-      const double t = e.evaluate(s);
-      if (t < best_t) best = s, best_t = t;
+    cost_.assign(static_cast<std::size_t>(n), kUnknown);
+    eval_ = &e.evaluate;
+    n_ = n;
+    if (e.index == last_epoch_ + 1 && e.current == last_choice_ && last_choice_.prefill < n)
+      cost_[static_cast<std::size_t>(last_choice_.prefill)] = last_cost_;
+    if (n <= kScanAllUpTo) {
+      for (int64_t p = 0; p < n; ++p) cost(p, best_cost());
+    } else {
+      int64_t start = last_p_;
+      if (start < 1) start = model_best_p(e, ctx);
+      last_p_ = local_min(start);
+      cost(0, best_cost());
     }
-    predicted = best_t;
-    return best;
+    const int64_t p = best();
+    last_epoch_ = e.index;
+    last_choice_ = p == 0 ? Split{0, n} : Split{p, n - p};
+    last_cost_ = cost_of(p);
+    const SimOptions& o = *ctx.options;
+    const bool targets = o.ttft_target_s > 0 || o.itl_target_s > 0;
+    predicted = targets ? last_cost_ : last_cost_ - e.now_s;  // minus goodput, or the rest of the makespan
+    return last_choice_;
   }
+
+ private:
+  static constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+  static constexpr double kNoBound = std::numeric_limits<double>::infinity();
+
+  double cost_of(int64_t p) const { return cost_[static_cast<std::size_t>(p)]; }
+  bool known(int64_t p) const { return !std::isnan(cost_of(p)); }
+  // The order splits compare in: cost, then fewer prefill workers (agg first).
+  bool better(int64_t a, int64_t b) const {
+    return cost_of(a) < cost_of(b) || (cost_of(a) == cost_of(b) && a < b);
+  }
+  int64_t best() const {  // -1: nothing simulated yet
+    int64_t b = -1;
+    for (int64_t p = 0; p < n_; ++p)
+      if (known(p) && (b < 0 || better(p, b))) b = p;
+    return b;
+  }
+  double best_cost() const { return best() < 0 ? kNoBound : cost_of(best()); }
+  // P's cost, simulated once per epoch; above give_up_above it may be only a bound above it.
+  double cost(int64_t p, double give_up_above) {
+    if (!known(p)) cost_[static_cast<std::size_t>(p)] = (*eval_)(p == 0 ? Split{0, n_} : Split{p, n_ - p}, give_up_above);
+    return cost_of(p);
+  }
+  // Whether P = t beats the incumbent m (simulating t only as far as that takes).
+  bool beats(int64_t t, int64_t m) {
+    cost(t, cost_of(m));
+    return better(t, m);
+  }
+
+  // A P in [1, n-1] that beats both of its neighbours, found from `start`.
+  int64_t local_min(int64_t start) {
+    int64_t m = std::clamp<int64_t>(start, 1, n_ - 1);
+    cost(m, kNoBound);
+    const int64_t left = m - 1, right = m + 1;
+    int64_t d = 0;
+    if (left >= 1 && beats(left, m)) d = -1;
+    if (right <= n_ - 1 && beats(right, d < 0 ? left : m)) d = 1;
+    if (d == 0) return m;
+    // Walk downhill with steps that double; lo..hi then bracket a local minimum around m.
+    int64_t behind = m;
+    m += d;
+    int64_t ahead = m + d, step = 2;
+    for (;;) {
+      const int64_t next = std::clamp<int64_t>(m + d * step, 1, n_ - 1);
+      if (next == m) {  // at the end of the range: the bracket's far side is outside it
+        ahead = m + d;
+        break;
+      }
+      if (!beats(next, m)) {
+        ahead = next;
+        break;
+      }
+      behind = m;
+      m = next;
+      step *= 2;
+    }
+    int64_t lo = std::min(behind, ahead), hi = std::max(behind, ahead);
+    // Halve the larger side of the bracket until m's neighbours are its ends.
+    while (hi - lo > 2) {
+      const int64_t t = m - lo > hi - m ? lo + (m - lo) / 2 : m + (hi - m + 1) / 2;
+      if (beats(t, m)) {
+        (t < m ? hi : lo) = m;
+        m = t;
+      } else {
+        (t < m ? lo : hi) = t;
+      }
+    }
+    return m;
+  }
+
+  // Where the look-ahead estimate of the epoch's own requests puts the best
+  // P: the first epoch's starting point (nothing simulated yet to start from).
+  int64_t model_best_p(const EpochView& e, const PlanContext& ctx) const {
+    int64_t best_p = std::max<int64_t>(1, n_ / 2);
+    double best_t = std::numeric_limits<double>::infinity();
+    for (int64_t p = 1; p < n_; ++p) {
+      const double t = estimate_epoch_seconds(e.requests, {p, n_ - p}, ctx);
+      if (t < best_t) best_p = p, best_t = t;
+    }
+    return best_p;
+  }
+
+  // This epoch's search.
+  const std::function<double(const Split&, double)>* eval_ = nullptr;
+  int64_t n_ = 0;
+  std::vector<double> cost_;  // [n] by P (0: agg); NaN: not simulated
+  // What the last epoch found: its choice and that choice's whole-run cost,
+  // still exact now if the choice stays; and its best P, where the search starts.
+  int64_t last_epoch_ = -2;
+  Split last_choice_;
+  double last_cost_ = 0;
+  int64_t last_p_ = 0;
 };
 
 }  // namespace

@@ -10,8 +10,9 @@
 //               (batch look-ahead); it estimates each split's duration of
 //               that epoch (or goodput under targets) and takes the best,
 //               aggregated mode included
-//   oracle      exhaustive search over splits with the true simulator, for
-//               evaluation only
+//   oracle      for evaluation only: the split whose true simulation of the
+//               rest of the run costs least, searched over the splits with a
+//               few simulations an epoch (every split up to 8 workers)
 #pragma once
 
 #include <functional>
@@ -30,10 +31,12 @@ struct EpochView {
   const std::vector<EpochRecord>* history = nullptr;  // finished epochs, and the current one so far
   Split current;
   double now_s = 0;
-  // Only for the oracle: the true outcome of the rest of the run if it goes on
-  // with `split` (a copy of the simulation, run ahead): its cost, lower is
-  // better — the remaining makespan, or without targets met, minus goodput.
-  std::function<double(const Split&)> evaluate;
+  // Only for the oracle: the true outcome of the run if it goes on with
+  // `split` (a copy of the simulation, run ahead): its cost, lower is better —
+  // the whole run's makespan, or with targets, minus its goodput. The copy
+  // gives up once the cost is sure to exceed give_up_above, and then answers
+  // a bound above it (Simulator::rest_of_run_cost). Blocks for the copy's run.
+  std::function<double(const Split&, double give_up_above)> evaluate;
 };
 
 class Policy {

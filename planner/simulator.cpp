@@ -63,6 +63,17 @@ struct WorkerState {
   }
 };
 
+namespace {
+
+// Whether a finished request met both targets (all do when there are none).
+bool meets_targets(const SimOptions& o, const Request& q, const ReqState& r) {
+  const double itl = q.osl > 1 ? (r.finished - r.first_token) / static_cast<double>(q.osl - 1) : 0;
+  return (o.ttft_target_s <= 0 || r.first_token - q.arrival_s <= o.ttft_target_s) &&
+         (o.itl_target_s <= 0 || itl <= o.itl_target_s);
+}
+
+}  // namespace
+
 struct Event {
   double t;
   uint64_t seq;
@@ -84,6 +95,7 @@ struct SimState {
   int64_t next_dispatch = 0;  // the next request to place
   int64_t in_flight = 0;
   int64_t finished = 0;
+  int64_t finished_missed = 0;  // finished requests that missed a target (bounds the oracle's goodput)
   double output_tokens_done = 0;
   uint64_t turn = 0;
   Split split;
@@ -92,6 +104,13 @@ struct SimState {
   std::vector<SimResult::Sample> timeline;
   double sample_every = 0.5, next_sample = 0, last_sample_tokens = 0;
   std::vector<int32_t> touched;  // workers to try starting a step on
+  // Scratch, kept to spare an allocation per event: the batch of touched
+  // workers being handled, the router's candidates, and the count of workers
+  // taking decode work (-1: roles changed since it was counted).
+  std::vector<int32_t> touched_batch;
+  std::vector<router::Candidate> cands;
+  std::vector<int32_t> cand_ids;
+  int64_t n_decode_takers = -1;
 
   int64_t epoch_of(int64_t i) const { return i / o->epoch_requests; }
   const Request& req(int32_t i) const { return (*reqs)[static_cast<std::size_t>(i)]; }
@@ -113,11 +132,13 @@ struct SimState {
       if (r == ws.role || (r != Role::kPrefill && ws.role != Role::kPrefill)) {
         ws.role = r;
         ws.draining = false;
+        n_decode_takers = -1;
         touched.push_back(id);
         continue;
       }
       ws.next_role = r;
       ws.draining = true;
+      n_decode_takers = -1;
       maybe_switch(id);
     }
   }
@@ -127,24 +148,25 @@ struct SimState {
     if (!ws.draining || ws.holds_work()) return;
     ws.role = ws.next_role;
     ws.draining = false;
+    n_decode_takers = -1;
     touched.push_back(k);
   }
 
   bool takes_decode(const WorkerState& ws) const { return !ws.draining && ws.role != Role::kPrefill; }
   bool takes_prefill(const WorkerState& ws) const { return !ws.draining && ws.role == Role::kPrefill; }
 
-  int64_t decode_workers() const {
-    int64_t n = 0;
-    for (const auto& ws : w) n += takes_decode(ws) ? 1 : 0;
-    return n;
+  int64_t decode_workers() {
+    if (n_decode_takers < 0) {
+      n_decode_takers = 0;
+      for (const auto& ws : w) n_decode_takers += takes_decode(ws) ? 1 : 0;
+    }
+    return n_decode_takers;
   }
 
   // The router: place arrived requests while the window has room.
   template <class OnEpoch>
   void dispatch(OnEpoch&& on_epoch) {
     const auto n_req = static_cast<int64_t>(reqs->size());
-    std::vector<router::Candidate> cands;
-    std::vector<int32_t> ids;
     while (next_dispatch < n_req) {
       const Request& r = req(static_cast<int32_t>(next_dispatch));
       if (r.arrival_s > now) break;
@@ -154,17 +176,17 @@ struct SimState {
       if (in_flight >= 2 * o->max_num_seqs * std::max<int64_t>(1, decode_workers())) break;
       const int64_t blocks = (r.isl + o->block_size - 1) / o->block_size;
       cands.clear();
-      ids.clear();
+      cand_ids.clear();
       for (std::size_t k = 0; k < w.size(); ++k) {
         const WorkerState& ws = w[k];
         if (!takes_decode(ws)) continue;
         const int64_t overlap = ws.has_cached(r.prefix_group) ? r.prefix_tokens / o->block_size : 0;
         cands.push_back({static_cast<int>(k), overlap, ws.active_blocks, ws.load, 0});
-        ids.push_back(static_cast<int32_t>(k));
+        cand_ids.push_back(static_cast<int32_t>(k));
       }
       if (cands.empty()) break;  // every decode-capable worker is switching roles: wait for one
       const auto pick = router::choose_worker(router::RoutePolicy::kKvAware, cands, blocks, {}, turn++);
-      const int32_t d = ids[pick];
+      const int32_t d = cand_ids[pick];
       const auto i = static_cast<int32_t>(next_dispatch++);
       ReqState& s = st(i);
       s.dispatched = now;
@@ -257,6 +279,7 @@ struct SimState {
     WorkerState& dw = wk(d);
     const Request& r = req(i);
     st(i).finished = now;
+    if (!meets_targets(*o, r, st(i))) ++finished_missed;
     --dw.reserved;
     dw.kv_used -= static_cast<double>(r.isl + r.osl);
     --dw.load;
@@ -365,8 +388,9 @@ struct SimState {
     for (;;) {
       dispatch(on_epoch);
       while (!touched.empty()) {
-        std::vector<int32_t> t;
+        std::vector<int32_t>& t = touched_batch;
         t.swap(touched);
+        touched.clear();
         std::sort(t.begin(), t.end());
         t.erase(std::unique(t.begin(), t.end()), t.end());
         for (int32_t k : t) {
@@ -433,8 +457,10 @@ Simulator::Simulator(SimOptions options, std::vector<const PerfModel*> models)
   ctx_.models = models_;
 }
 
-// Starts, runs or continues a state; `policy` chooses each epoch's split.
-static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Simulator* sim, int64_t stop_after_epoch) {
+// Starts, runs or continues a state until every request has finished or
+// stop() says so; `policy` chooses each epoch's split.
+template <class Stop>
+static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Simulator* sim, Stop&& stop) {
   auto on_epoch = [&](int64_t e) {
     const auto n_req = static_cast<int64_t>(s.reqs->size());
     const int64_t lo = e * s.o->epoch_requests, hi = std::min(n_req, lo + s.o->epoch_requests);
@@ -455,7 +481,9 @@ static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Sim
     view.current = s.split;
     view.now_s = s.now;
     if (sim) {
-      view.evaluate = [&s, sim](const Split& split) { return sim->rest_of_run_cost(s, split); };
+      view.evaluate = [&s, sim](const Split& split, double give_up_above) {
+        return sim->rest_of_run_cost(s, split, give_up_above);
+      };
     }
     double predicted = 0;
     rec.split = policy.choose(view, ctx, predicted);
@@ -465,31 +493,34 @@ static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Sim
     s.apply_split(rec.split);
     s.sample(true);
   };
-  auto stop = [&] {
-    return stop_after_epoch >= 0 && s.epoch_left.size() > static_cast<std::size_t>(stop_after_epoch) &&
-           s.epoch_left[static_cast<std::size_t>(stop_after_epoch)] == 0;
-  };
   s.run(on_epoch, stop);
 }
 
-double Simulator::rest_of_run_cost(const SimState& state, const Split& split) const {
+double Simulator::rest_of_run_cost(const SimState& state, const Split& split, double give_up_above) const {
   // Receding horizon: the rest of the run with `split` from this epoch on; the
   // next epoch decides again. (Scoring only this epoch's own requests is
   // myopic: a split can finish them sooner and everything else later.)
   SimState copy = state;
   Fixed fixed(split);
-  drive(copy, fixed, ctx_, nullptr, -1);  // the epoch being decided has no record yet: `fixed` gives it
+  const bool targets = o_.ttft_target_s > 0 || o_.itl_target_s > 0;
+  // While a request is unfinished the run ends at or after the clock, and at
+  // best every unfinished request meets the targets: a bound the cost cannot
+  // go under, which only rises as the copy runs.
+  const auto n = static_cast<double>(copy.reqs->size());
+  auto lower_bound = [&] {
+    return targets ? -(n - static_cast<double>(copy.finished_missed)) / std::max(copy.now, 1e-9) : copy.now;
+  };
+  bool gave_up = false;
+  // The epoch being decided has no record yet: `fixed` gives it.
+  drive(copy, fixed, ctx_, nullptr, [&] { return gave_up = lower_bound() > give_up_above; });
+  if (gave_up) return lower_bound();
   double end = 0;
   int64_t good = 0;
   for (std::size_t i = 0; i < copy.rs.size(); ++i) {
-    const ReqState& r = copy.rs[i];
-    const Request& q = (*copy.reqs)[i];
-    end = std::max(end, r.finished);
-    const double l = q.osl > 1 ? (r.finished - r.first_token) / static_cast<double>(q.osl - 1) : 0;
-    good += (o_.ttft_target_s <= 0 || r.first_token - q.arrival_s <= o_.ttft_target_s) &&
-            (o_.itl_target_s <= 0 || l <= o_.itl_target_s);
+    end = std::max(end, copy.rs[i].finished);
+    good += meets_targets(o_, (*copy.reqs)[i], copy.rs[i]) ? 1 : 0;
   }
-  if (o_.ttft_target_s <= 0 && o_.itl_target_s <= 0) return end - state.now;
+  if (!targets) return end;
   return -static_cast<double>(good) / std::max(end, 1e-9);  // goodput over the whole run, negated
 }
 
@@ -517,7 +548,7 @@ SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
         throw Error("simulator: a request of " + std::to_string(r.isl + r.osl) +
                     " tokens does not fit one worker's KV memory (" + std::to_string(static_cast<int64_t>(ws.kv_cap)) + " tokens)");
   }
-  drive(s, policy, ctx_, this, -1);
+  drive(s, policy, ctx_, this, [] { return false; });
 
   SimResult res;
   res.requests = static_cast<int64_t>(requests.size());
@@ -532,8 +563,7 @@ SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
     const double l = requests[i].osl > 1 ? (r.finished - r.first_token) / static_cast<double>(requests[i].osl - 1) : 0;
     ttft.push_back(t);
     if (requests[i].osl > 1) itl.push_back(l);
-    const bool good = (o_.ttft_target_s <= 0 || t <= o_.ttft_target_s) && (o_.itl_target_s <= 0 || l <= o_.itl_target_s);
-    res.good_requests += good ? 1 : 0;
+    res.good_requests += meets_targets(o_, requests[i], r) ? 1 : 0;
   }
   res.ttft_p50_s = percentile(ttft, 0.5);
   res.ttft_p90_s = percentile(ttft, 0.9);

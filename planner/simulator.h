@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,10 +95,18 @@ class Simulator {
   Simulator(SimOptions options, std::vector<const PerfModel*> models);
   SimResult run(const std::vector<Request>& requests, Policy& policy);
 
-  // For the oracle: the cost of the rest of the run from `state` when the
-  // epoch being decided and every later one use `split` — the remaining
-  // makespan, or with targets, minus the run's goodput.
-  double rest_of_run_cost(const SimState& state, const Split& split) const;
+  // For the oracle: the cost of the whole run when it goes on from `state`
+  // (an epoch being decided) with `split` for this epoch and every later one —
+  // its makespan (s from the start), or with targets, minus its goodput
+  // (requests meeting both per second). Lower is better. Whole-run figures, so
+  // the cost a split had when chosen is still its cost at the next epoch if
+  // it is kept.
+  // give_up_above: once the cost is sure to exceed it, the copy stops and the
+  // answer is a lower bound of the true cost, still above give_up_above (the
+  // simulated clock has passed it; with targets, even if every unfinished
+  // request met them). A cost at or below it is always exact.
+  double rest_of_run_cost(const SimState& state, const Split& split,
+                          double give_up_above = std::numeric_limits<double>::infinity()) const;
 
   const PlanContext& context() const { return ctx_; }
 
