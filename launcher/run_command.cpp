@@ -466,7 +466,7 @@ int run_job(const RunOptions& o, int argc, char** argv) {
       MpiLink link(box, decode, prefill);
       auto setup = router_setup(p, chat);
       setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
-      setup.prefill_saturation_tokens = 64 * p.cfg.job.max_batched_tokens;
+      setup.prefill_saturation_tokens = router::default_prefill_saturation(p.cfg.job.max_batched_tokens);
       // job.mode = "auto": the planner re-splits the workers between epochs.
       std::unique_ptr<planner::EpochPlanner> epoch_planner;
       if (planned) {

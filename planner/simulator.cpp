@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "planner/policy.h"
 #include "router/kv_aware_policy.h"
+#include "router/placement.h"
 
 namespace tandem::planner {
 
@@ -108,8 +109,10 @@ struct SimState {
   // workers being handled, the router's candidates, and the count of workers
   // taking decode work (-1: roles changed since it was counted).
   std::vector<int32_t> touched_batch;
-  std::vector<router::Candidate> cands;
-  std::vector<int32_t> cand_ids;
+  std::vector<router::Candidate> cands, pre_cands;
+  std::vector<int32_t> cand_ids, pre_ids;
+  router::PlacementOptions placement;  // the job's, from SimOptions
+  std::vector<std::pair<int32_t, int32_t>> placements;  // recorded when asked
   int64_t n_decode_takers = -1;
 
   int64_t epoch_of(int64_t i) const { return i / o->epoch_requests; }
@@ -175,18 +178,27 @@ struct SimState {
         on_epoch(epoch_of(next_dispatch));
       if (in_flight >= 2 * o->max_num_seqs * std::max<int64_t>(1, decode_workers())) break;
       const int64_t blocks = (r.isl + o->block_size - 1) / o->block_size;
+      // The job's placement (router::place) over this state: decode-capable
+      // workers with their cached overlap and load, prefill-only workers
+      // with theirs and their queues.
       cands.clear();
       cand_ids.clear();
+      pre_cands.clear();
+      pre_ids.clear();
       for (std::size_t k = 0; k < w.size(); ++k) {
         const WorkerState& ws = w[k];
-        if (!takes_decode(ws)) continue;
         const int64_t overlap = ws.has_cached(r.prefix_group) ? r.prefix_tokens / o->block_size : 0;
-        cands.push_back({static_cast<int>(k), overlap, ws.active_blocks, ws.load, 0});
-        cand_ids.push_back(static_cast<int32_t>(k));
+        if (takes_decode(ws)) {
+          cands.push_back({static_cast<int>(k), overlap, ws.active_blocks, ws.load, 0});
+          cand_ids.push_back(static_cast<int32_t>(k));
+        } else if (takes_prefill(ws)) {
+          pre_cands.push_back({static_cast<int>(k), overlap, 0, 0, static_cast<int64_t>(ws.queued_prefill_tokens)});
+          pre_ids.push_back(static_cast<int32_t>(k));
+        }
       }
       if (cands.empty()) break;  // every decode-capable worker is switching roles: wait for one
-      const auto pick = router::choose_worker(router::RoutePolicy::kKvAware, cands, blocks, {}, turn++);
-      const int32_t d = cand_ids[pick];
+      const router::PlacementChoice pick = router::place(r.isl, cands, pre_cands, placement, turn++);
+      const int32_t d = cand_ids[pick.worker];
       const auto i = static_cast<int32_t>(next_dispatch++);
       ReqState& s = st(i);
       s.dispatched = now;
@@ -195,18 +207,9 @@ struct SimState {
       ++dw.load;
       dw.active_blocks += blocks;
       if (epochs[static_cast<std::size_t>(epoch_of(i))].start_s < 0) epochs[static_cast<std::size_t>(epoch_of(i))].start_s = now;
-      // Conditional disaggregation, as the router does it: remote prefill only
-      // for prompts long enough, to the prefill worker with the least queued.
-      const int64_t uncached = r.isl - cands[pick].overlap_blocks * o->block_size;
-      if (dw.role == Role::kDecode && uncached >= o->local_prefill_tokens) {
-        int32_t best = -1;
-        for (std::size_t k = 0; k < w.size(); ++k) {
-          if (!takes_prefill(w[k])) continue;
-          if (best < 0 || w[k].queued_prefill_tokens < wk(best).queued_prefill_tokens) best = static_cast<int32_t>(k);
-        }
-        s.prefill_worker = best;
-        if (best >= 0) wk(best).queued_prefill_tokens += static_cast<double>(r.isl);  // counted now, as the router does
-      }
+      s.prefill_worker = pick.prefill >= 0 ? pre_ids[static_cast<std::size_t>(pick.prefill)] : -1;
+      if (s.prefill_worker >= 0) wk(s.prefill_worker).queued_prefill_tokens += static_cast<double>(r.isl);  // counted now, as the router does
+      if (o->record_placements) placements.emplace_back(d, s.prefill_worker);
       dw.reserve_q.push_back(i);
       ++in_flight;
       admit(d);
@@ -528,6 +531,11 @@ SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
   SimState s;
   s.o = &o_;
   s.reqs = &requests;
+  s.placement.block_size = o_.block_size;
+  s.placement.local_prefill_tokens = o_.local_prefill_tokens;
+  s.placement.prefill_saturation_tokens = o_.prefill_saturation_tokens > 0
+                                              ? o_.prefill_saturation_tokens
+                                              : router::default_prefill_saturation(o_.max_batched_tokens);
   s.rs.resize(requests.size());
   s.w.resize(static_cast<std::size_t>(o_.workers));
   for (std::size_t k = 0; k < s.w.size(); ++k) {
@@ -574,6 +582,7 @@ SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
   s.sample(true);
   res.epochs = std::move(s.epochs);
   res.timeline = std::move(s.timeline);
+  res.placements = std::move(s.placements);
   return res;
 }
 

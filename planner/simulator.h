@@ -48,6 +48,10 @@ struct SimOptions {
   int64_t block_size = 16;
   double ttft_target_s = 0;          // for goodput and the sla/lookahead targets; 0: none
   double itl_target_s = 0;
+  // Queued prompt tokens at which a prefill worker counts as saturated
+  // (router::place); 0: the job's, router::default_prefill_saturation.
+  int64_t prefill_saturation_tokens = 0;
+  bool record_placements = false;    // SimResult::placements
 };
 
 // What one epoch looked like, as the planner sees it afterwards.
@@ -75,6 +79,8 @@ struct SimResult {
     double output_tokens_per_s = 0;           // over the last interval
   };
   std::vector<Sample> timeline;
+  // With record_placements, in dispatch order: (decode worker, prefill worker or -1).
+  std::vector<std::pair<int32_t, int32_t>> placements;
   double output_tokens_per_s() const { return makespan_s > 0 ? output_tokens / makespan_s : 0; }
   double goodput_per_s() const { return makespan_s > 0 ? static_cast<double>(good_requests) / makespan_s : 0; }
 };

@@ -20,13 +20,13 @@ double process_cpu_seconds();
 service::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start);
 
 // -np 1: the router steps an engine in this process.
-class InProcessLink : public WorkerLink {
+class InProcessLink : public router::WorkerLink {
  public:
   explicit InProcessLink(service::WorkerCore& core) : core_(core) {}
   std::vector<int> workers() const override { return {0}; }
   void submit(int, const service::WireRequest& r) override { core_.submit(r); }
   void cancel(int, uint64_t id) override { core_.cancel(id); }
-  void poll(LinkEvents& events) override {
+  void poll(router::LinkEvents& events) override {
     if (!core_.has_work()) {
       idle_.idle();  // serving with nothing to do: wait, do not spin
     } else {
@@ -57,7 +57,7 @@ class InProcessLink : public WorkerLink {
 };
 
 // Rank 0 under MPI: requests and results are messages.
-class MpiLink : public WorkerLink {
+class MpiLink : public router::WorkerLink {
  public:
   MpiLink(mpi::Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
       : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
@@ -78,7 +78,7 @@ class MpiLink : public WorkerLink {
   void submit(int worker, const service::WireRequest& r) override { check(box_.send(worker, service::tag_of(service::MsgType::kRequest), service::encode(r))); }
   void cancel(int worker, uint64_t id) override { check(box_.send(worker, service::tag_of(service::MsgType::kCancel), service::encode_cancel(id))); }
   // Deltas before results: a request's last tokens reach rank 0 before its end.
-  void poll(LinkEvents& events) override {
+  void poll(router::LinkEvents& events) override {
     check(box_.progress());
     bool any = false;
     for (int tag : {service::tag_of(service::MsgType::kCacheEvents), service::tag_of(service::MsgType::kStats), service::tag_of(service::MsgType::kDeltas), service::tag_of(service::MsgType::kResult)}) {

@@ -77,19 +77,17 @@ struct InFlight {
 
 }  // namespace
 
-DispatchOptions dispatch_options(const RouterSetup& s) {
-  DispatchOptions o;
+router::DispatchOptions dispatch_options(const RouterSetup& s) {
+  router::DispatchOptions o;
   o.block_size = s.block_size;
   o.policy = router::parse_route_policy(s.route_policy);
-  o.overlap_weight = s.overlap_weight;
-  o.overlap_weight_host = s.overlap_weight_host;
-  o.overlap_weight_disk = s.overlap_weight_disk;
+  o.weights = {1.0, 1.0, s.overlap_weight, s.overlap_weight_host, s.overlap_weight_disk};
   o.local_prefill_tokens = s.local_prefill_tokens;
   o.prefill_saturation_tokens = s.prefill_saturation_tokens;
   return o;
 }
 
-nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
+nlohmann::json run_router(const RouterSetup& s, router::WorkerLink& link) {
   const Config& cfg = *s.config;
   router::InputFile in(s.input, s.max_line_bytes);
   // A read error or bad compressed data ends the input where it is: what was read is finished and
@@ -136,8 +134,8 @@ nlohmann::json run_router(const RouterSetup& s, WorkerLink& link) {
 
   U64Set seen_ids;  // hashes of the custom_ids read so far (see key_of)
   std::unordered_map<uint64_t, InFlight> in_flight;
-  Dispatcher dispatch(link, dispatch_options(s));
-  LinkEvents events;
+  router::Dispatcher dispatch(link, dispatch_options(s));
+  router::LinkEvents events;
   // Workers load the model while rank 0 starts: wait for every one of them, so
   // the job's clock (elapsed_s, TTFT, epochs) measures the work, not the loading.
   {

@@ -1,5 +1,5 @@
 // Rank 0's job: stream the input file, turn each line into a request (or an
-// error line), hand requests to workers through a WorkerLink, write one output
+// error line), hand requests to workers through a router::WorkerLink, write one output
 // line per input line, show progress, and write the summary. It is the same
 // loop for -np 1 (the link steps an engine in this process) and for MPI (the
 // link sends messages).
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "launcher/config/config.h"
-#include "launcher/run/dispatcher.h"
+#include "router/dispatcher.h"
 #include "runtime/service/protocol.h"
 #include "router/batch_output.h"
 #include "router/job_stats.h"
@@ -45,9 +45,9 @@ struct RouterSetup {
   std::vector<int> worker_ranks;
 };
 
-DispatchOptions dispatch_options(const RouterSetup& setup);
+router::DispatchOptions dispatch_options(const RouterSetup& setup);
 
 // Runs the job; returns the summary. Throws tandem::Error on I/O failure.
-nlohmann::json run_router(const RouterSetup& setup, WorkerLink& link);
+nlohmann::json run_router(const RouterSetup& setup, router::WorkerLink& link);
 
 }  // namespace tandem::launcher

@@ -414,9 +414,9 @@ class HttpFrontend {
 FrontendPtr bind_frontend(const ServeSetup& setup) { return FrontendPtr(new HttpFrontend(setup)); }
 void FrontendDeleter::operator()(HttpFrontend* f) const { delete f; }
 
-int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
+int run_serve(const ServeSetup& s, HttpFrontend& front, router::WorkerLink& link) {
   const HttpConfig& http = s.config->http;
-  Dispatcher dispatch(link, s.dispatch);
+  router::Dispatcher dispatch(link, s.dispatch);
   front.start();
   spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/models; /health, "
                "/metrics)", s.outputs.served_name, http.host, http.port);
@@ -428,7 +428,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, WorkerLink& link) {
   std::unordered_map<uint64_t, Live> live;
   std::unordered_map<int, bool> loaded;
   uint64_t next_id = 0;
-  LinkEvents events;
+  router::LinkEvents events;
   std::vector<std::shared_ptr<Exchange>> fresh, cancelled;
   bool draining = false, cancelled_all = false;
   Clock::time_point deadline;

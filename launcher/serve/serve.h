@@ -12,7 +12,7 @@
 #include <string>
 
 #include "launcher/config/config.h"
-#include "launcher/run/dispatcher.h"
+#include "router/dispatcher.h"
 #include "planner/epoch_planner.h"
 #include "router/batch_output.h"
 #include "router/prompt_builder.h"
@@ -23,7 +23,7 @@ struct ServeSetup {
   const Config* config = nullptr;
   router::PromptContext prompts;
   router::OutputContext outputs;  // served_name: the one model /v1/models lists
-  DispatchOptions dispatch;
+  router::DispatchOptions dispatch;
   int64_t workers = 1;            // worker ranks that must load before /health says 200
   // job.mode = "auto": every epoch_seconds the planner sizes the next epoch
   // from the requests of the last one; the first P of worker_ranks prefill.
@@ -44,6 +44,6 @@ FrontendPtr bind_frontend(const ServeSetup& setup);
 
 // Serves until SIGTERM/SIGINT/USR1 (g_stop_signal), then finishes in-flight
 // requests for up to http.drain_seconds, stops the workers, and returns 0.
-int run_serve(const ServeSetup& setup, HttpFrontend& frontend, WorkerLink& link);
+int run_serve(const ServeSetup& setup, HttpFrontend& frontend, router::WorkerLink& link);
 
 }  // namespace tandem::launcher

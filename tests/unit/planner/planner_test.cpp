@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "planner/policy.h"
 #include "planner/simulator.h"
+#include "router/dispatcher.h"
 
 using namespace tandem;
 using namespace tandem::planner;
@@ -372,6 +373,11 @@ TEST_CASE("heterogeneous workers: prefill roles go to the fastest GPUs, wherever
   SimOptions o;
   o.workers = 8;
   o.epoch_requests = 4000;
+  // Every long prompt to the prefill workers, however long their queue: the
+  // GPUs' speed is what is measured here, not the saturation rule (which,
+  // counted in tokens, sends this workload's overflow to the decode workers
+  // and hides the prefill GPUs' speed).
+  o.prefill_saturation_tokens = int64_t{1} << 40;
   auto run = [&](std::vector<const PerfModel*> w) {
     Simulator sim(o, std::move(w));
     auto p = make_policy("static:2:6", 8);
@@ -403,4 +409,80 @@ TEST_CASE("a GPU's device name picks its built-in profile", "[planner]") {
   CHECK(HardwareProfile::builtin_for_device("NVIDIA A100-SXM4-80GB").empty());
   CHECK(HardwareProfile::builtin_for_device("").empty());
   CHECK(HardwareProfile::named(HardwareProfile::builtin_for_device("NVIDIA H200")).hbm_bytes_per_s == 4.8e12);
+}
+
+namespace {
+
+// The job's workers as the dispatcher sees them, recording what it sends.
+class RecordingLink : public router::WorkerLink {
+ public:
+  RecordingLink(std::vector<int> decode, std::vector<int> prefill) : decode_(std::move(decode)), prefill_(std::move(prefill)) {}
+  std::vector<int> workers() const override { return decode_; }
+  std::vector<int> prefill_workers() const override { return prefill_; }
+  void submit(int worker, const service::WireRequest& r) override { sent.emplace_back(worker, r.prefill_rank); }
+  void cancel(int, uint64_t) override {}
+  void poll(router::LinkEvents&) override {}
+  std::vector<service::RankReport> shutdown(bool) override { return {}; }
+  std::vector<std::pair<int, int>> sent;  // (decode rank, prefill rank or -1)
+
+ private:
+  std::vector<int> decode_, prefill_;
+};
+
+}  // namespace
+
+// The job's dispatcher and the simulator call one placement function
+// (router::place); fed the same recorded workload from the same state, they
+// must place every request alike: decode worker, remote or local prefill,
+// saturation.
+TEST_CASE("the job and the simulator place a recorded workload identically", "[planner][placement]") {
+  // Prompt lengths as a batch file would give them: short ones (prefilled
+  // locally), long ones (sent to a prefill worker until it saturates).
+  std::vector<Request> reqs;
+  for (int i = 0; i < 60; ++i) reqs.push_back({i % 5 == 0 ? 40 : 200 + (i * 37) % 900, 20, 0.0, 0, -1});
+  const int64_t local = 64, saturation = 4000, gpus = 4;  // 1 prefill worker, 3 decode
+
+  Cluster c(gpus);
+  SimOptions o;
+  o.workers = gpus;
+  o.epoch_requests = 1000;
+  o.max_num_seqs = 64;  // the window holds the whole workload: all of it is placed before anything finishes
+  o.local_prefill_tokens = local;
+  o.prefill_saturation_tokens = saturation;
+  o.record_placements = true;
+  Simulator sim(o, c.workers);
+  auto policy = make_policy("static:1:3", gpus);
+  const SimResult res = sim.run(reqs, *policy);
+  REQUIRE(res.placements.size() == reqs.size());
+
+  // The job: rank 1 prefills, ranks 2..4 decode (worker k of the simulator is rank k + 1).
+  RecordingLink link({2, 3, 4}, {1});
+  router::DispatchOptions d;
+  d.block_size = o.block_size;
+  d.local_prefill_tokens = local;
+  d.prefill_saturation_tokens = saturation;
+  router::Dispatcher dispatcher(link, d);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    service::WireRequest w;
+    w.id = i;
+    w.prompt.assign(static_cast<std::size_t>(reqs[i].isl), static_cast<int32_t>(1000 + i));  // no shared prefixes
+    dispatcher.submit(w);
+  }
+  REQUIRE(link.sent.size() == reqs.size());
+  int remote = 0, local_prefills = 0, saturated = 0;
+  int64_t queued = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    INFO("request " << i << " of " << reqs[i].isl << " tokens");
+    const auto [sim_decode, sim_prefill] = res.placements[i];
+    CHECK(link.sent[i].first == sim_decode + 1);
+    CHECK(link.sent[i].second == (sim_prefill < 0 ? -1 : sim_prefill + 1));
+    if (link.sent[i].second >= 0) ++remote, queued += reqs[i].isl;
+    else if (reqs[i].isl < local) ++local_prefills;
+    else ++saturated;
+  }
+  // The workload exercised every rule: remote prefill, short prompts kept local, and a saturated prefill worker.
+  CHECK(remote > 0);
+  CHECK(local_prefills > 0);
+  CHECK(saturated > 0);
+  CHECK(queued >= saturation);
 }

@@ -1,8 +1,8 @@
-#include "launcher/run/dispatcher.h"
+#include "router/dispatcher.h"
 
 #include "kv/block_hash.h"
 
-namespace tandem::launcher {
+namespace tandem::router {
 
 Dispatcher::Dispatcher(WorkerLink& link, DispatchOptions options)
     : link_(link), o_(options), workers_(link.workers()), prefillers_(link.prefill_workers()) {
@@ -16,32 +16,20 @@ Dispatcher::Placement Dispatcher::submit(service::WireRequest r) {
   p.prompt_tokens = n;
   p.blocks = (n + o_.block_size - 1) / o_.block_size;
   const auto hashes = kv::full_block_hashes(r.prompt, o_.block_size);
-  const router::RouteWeights weights{1.0, 1.0, o_.overlap_weight, o_.overlap_weight_host, o_.overlap_weight_disk};
   auto candidate = [&](int w, int64_t blocks, int64_t requests, int64_t queued) {
-    const router::Overlap ov = kv_index_.overlap(w, hashes);
-    return router::Candidate{w, ov.device, blocks, requests, queued, ov.host, ov.disk};
+    const Overlap ov = kv_index_.overlap(w, hashes);
+    return Candidate{w, ov.device, blocks, requests, queued, ov.host, ov.disk};
   };
-  // The decode (or agg) worker: KV-aware cost over what each has cached and holds.
-  std::vector<router::Candidate> cands;
-  for (int w : workers_) cands.push_back(candidate(w, active_blocks_[w], load_[w], 0));
-  const auto& chosen = cands[router::choose_worker(o_.policy, cands, p.blocks, weights, turn_++)];
-  p.where.worker = chosen.rank;
+  std::vector<Candidate> decode, prefill;
+  for (int w : workers_) decode.push_back(candidate(w, active_blocks_[w], load_[w], 0));
+  for (int w : prefillers_) prefill.push_back(candidate(w, 0, 0, prefill_queue_[w]));
+  const PlacementChoice c = place(n, decode, prefill, o_, turn_++);
+  p.where.worker = decode[c.worker].rank;
   ++load_[p.where.worker];
   active_blocks_[p.where.worker] += p.blocks;
-  // Conditional disaggregation: prefill remotely only what is long enough to
-  // be worth moving (the part the decode rank has not cached), and only
-  // while some prefill rank is not saturated.
-  // Blocks in its pool or host memory are copied in, not moved or computed.
-  const int64_t uncached = n - (chosen.overlap_blocks + chosen.overlap_host) * o_.block_size;
-  if (!prefillers_.empty() && uncached >= o_.local_prefill_tokens) {
-    std::vector<router::Candidate> pc;
-    for (int w : prefillers_) pc.push_back(candidate(w, 0, 0, prefill_queue_[w]));
-    const auto policy = o_.policy == router::RoutePolicy::kRoundRobin ? router::RoutePolicy::kKvAware : o_.policy;
-    const auto& pre = pc[router::choose_worker(policy, pc, p.blocks, weights, turn_)];
-    if (pre.queued_tokens < o_.prefill_saturation_tokens) {
-      p.where.prefill = pre.rank;
-      prefill_queue_[pre.rank] += n;
-    }
+  if (c.prefill >= 0) {
+    p.where.prefill = prefill[static_cast<std::size_t>(c.prefill)].rank;
+    prefill_queue_[p.where.prefill] += n;
   }
   r.prefill_rank = p.where.prefill;
   const uint64_t id = r.id;
@@ -52,7 +40,7 @@ Dispatcher::Placement Dispatcher::submit(service::WireRequest r) {
 
 void Dispatcher::poll(LinkEvents& events) {
   link_.poll(events);
-  using Where = router::KvIndex::Where;
+  using Where = KvIndex::Where;
   for (const auto& e : events.cache_events) {
     kv_index_.stored(e.rank, e.stored);
     kv_index_.removed(e.rank, e.removed);
@@ -82,4 +70,4 @@ void Dispatcher::cancel(uint64_t id) {
   if (auto it = placed_.find(id); it != placed_.end()) link_.cancel(it->second.where.worker, id);
 }
 
-}  // namespace tandem::launcher
+}  // namespace tandem::router

@@ -1,9 +1,9 @@
-// Where each request runs: the router's placement logic, shared by the batch
-// job (`tandem run`) and the HTTP shim (`tandem serve`). It picks the decode
-// (or aggregated) worker by KV-aware cost over what every worker has cached
-// and holds, and, disaggregated, a prefill rank for prompts worth moving;
-// then it keeps the per-worker load those choices add until each result
-// comes back.
+// Rank 0's side of placement, shared by the batch job (`tandem run`) and
+// the HTTP shim (`tandem serve`): what every worker has cached (from their
+// cache reports) and holds (the requests placed there, until each result
+// comes back), turned into candidates for place() (placement.h), the pure
+// function the planner's simulator calls too. The workers are reached
+// through a WorkerLink: MPI messages, or an engine in this process.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/service/protocol.h"
 #include "router/kv_aware_policy.h"
+#include "router/placement.h"
+#include "runtime/service/protocol.h"
 
-namespace tandem::launcher {
+namespace tandem::router {
 
 // What a poll of the workers brought.
 struct LinkEvents {
@@ -50,15 +51,7 @@ class WorkerLink {
   virtual bool set_roles(int64_t, const std::vector<int>&) { return false; }
 };
 
-struct DispatchOptions {
-  int64_t block_size = 16;
-  router::RoutePolicy policy = router::RoutePolicy::kKvAware;
-  double overlap_weight = 1.0;       // router.overlap_weight_device
-  double overlap_weight_host = 0.75;  // router.overlap_weight_host
-  double overlap_weight_disk = 0.25;  // router.overlap_weight_disk
-  int64_t local_prefill_tokens = 0;  // disaggregated: shorter uncached prompts prefill on their decode rank
-  int64_t prefill_saturation_tokens = 1 << 30;  // queued prompt tokens per prefill rank that count as saturated
-};
+using DispatchOptions = PlacementOptions;
 
 class Dispatcher {
  public:
@@ -91,9 +84,9 @@ class Dispatcher {
   std::map<int, int64_t> load_;           // requests in flight per worker
   std::map<int, int64_t> active_blocks_;  // prompt blocks of those requests
   std::map<int, int64_t> prefill_queue_;  // prompt tokens sent to each prefill rank, not yet finished
-  router::KvIndex kv_index_;
+  KvIndex kv_index_;
   uint64_t turn_ = 0;
   std::unordered_map<uint64_t, Placed> placed_;
 };
 
-}  // namespace tandem::launcher
+}  // namespace tandem::router
