@@ -21,7 +21,18 @@ inline Status mpi_status(int rc, const char* call, const char* file, int line) {
       .at(file, line);
 }
 
+// For wiring code that cannot go on after a failed call: throws tandem::Error
+// (one line: the call, file:line, MPI's error string).
+void throw_mpi(int rc, const char* call, const char* file, int line);
+
 }  // namespace tandem::mpi
+
+// TANDEM_MPI_OR_THROW(MPI_Comm_split(...)): the same check, throwing.
+#define TANDEM_MPI_OR_THROW(call)                                                          \
+  do {                                                                                     \
+    const int tandem_mpi_rc_ = (call);                                                     \
+    if (tandem_mpi_rc_ != MPI_SUCCESS) ::tandem::mpi::throw_mpi(tandem_mpi_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
 
 // TANDEM_MPI(MPI_Send(...)) returns the failure Status from the enclosing function.
 #define TANDEM_MPI(call)                                                           \

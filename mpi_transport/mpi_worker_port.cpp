@@ -9,20 +9,12 @@ namespace {
 void check(const Status& s) {
   if (!s.ok()) throw Error(s.to_string());
 }
-void check_mpi(int rc, const char* call, const char* file, int line) {
-  if (rc != MPI_SUCCESS) throw Error(mpi_status(rc, call, file, line).to_string());
-}
-#define TANDEM_MPI_THROW(call) check_mpi((call), #call, __FILE__, __LINE__)
 
 }  // namespace
 
-MpiWorkerPort::MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, MPI_Comm role)
-    : box_(box), transport_(transport), workers_(workers), role_(role) {
-  TANDEM_MPI_THROW(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
-}
-
-MpiWorkerPort::~MpiWorkerPort() {
-  if (role_ != MPI_COMM_NULL) MPI_Comm_free(&role_);
+MpiWorkerPort::MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, Comm role)
+    : box_(box), transport_(transport), workers_(workers), role_(std::move(role)) {
+  TANDEM_MPI_OR_THROW(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
 }
 
 bool MpiWorkerPort::receive(Message& out) {
@@ -63,18 +55,15 @@ void MpiWorkerPort::kv_arrivals(std::vector<KvArrival>& out) {
 
 void MpiWorkerPort::begin_resplit(bool prefill) {
   next_prefill_ = prefill;
-  TANDEM_MPI_THROW(MPI_Ibarrier(workers_, &barrier_));
+  TANDEM_MPI_OR_THROW(MPI_Ibarrier(workers_, &barrier_));
 }
 
 bool MpiWorkerPort::resplit_done() {
   int done = 0;
-  TANDEM_MPI_THROW(MPI_Test(&barrier_, &done, MPI_STATUS_IGNORE));
+  TANDEM_MPI_OR_THROW(MPI_Test(&barrier_, &done, MPI_STATUS_IGNORE));
   if (!done) return false;
   // Every worker has seen the new roles and holds back new KV posts: the split cannot wait on a transfer.
-  MPI_Comm next = MPI_COMM_NULL;
-  TANDEM_MPI_THROW(MPI_Comm_split(workers_, next_prefill_ ? 1 : 0, world_rank_, &next));
-  if (role_ != MPI_COMM_NULL) TANDEM_MPI_THROW(MPI_Comm_free(&role_));
-  role_ = next;
+  role_ = split(workers_, next_prefill_ ? 1 : 0, world_rank_);
   return true;
 }
 

@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "mpi_transport/comm.h"
 #include "mpi_transport/kv_transport.h"
 #include "mpi_transport/mpi_env.h"
 #include "runtime/service/worker_port.h"
@@ -18,10 +19,9 @@ namespace tandem::mpi {
 class MpiWorkerPort : public service::WorkerPort {
  public:
   // workers: the fixed communicator of every worker (KV windows live on it);
-  // role: split from it, re-split here (the port owns it from now on and frees it).
+  // role: split from it, re-split here (the port owns it from now on).
   // transport: null when the job is aggregated throughout.
-  MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, MPI_Comm role);
-  ~MpiWorkerPort() override;
+  MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, Comm role);
   MpiWorkerPort(const MpiWorkerPort&) = delete;
   MpiWorkerPort& operator=(const MpiWorkerPort&) = delete;
 
@@ -41,7 +41,8 @@ class MpiWorkerPort : public service::WorkerPort {
  private:
   Mailbox& box_;
   KvTransport* transport_;
-  MPI_Comm workers_, role_;
+  MPI_Comm workers_;
+  Comm role_;
   int world_rank_ = 0;
   MPI_Request barrier_ = MPI_REQUEST_NULL;
   bool next_prefill_ = false;

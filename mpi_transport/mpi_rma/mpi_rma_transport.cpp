@@ -1,6 +1,7 @@
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_env.h"
@@ -18,7 +19,10 @@ MpiRmaTransport::MpiRmaTransport(MPI_Comm comm) : comm_(comm) {
   notices_ = std::make_unique<Notices>(notify_comm_, kTagNotice);
 }
 
+// Collective teardown only on the normal path: while an exception unwinds the
+// job is ending with MPI_Abort, and a collective could wait for ever.
 MpiRmaTransport::~MpiRmaTransport() {
+  if (std::uncaught_exceptions() > 0) return;
   if (win_ != MPI_WIN_NULL) (void)destroy();
   if (notify_comm_ != MPI_COMM_NULL) MPI_Comm_free(&notify_comm_);
 }

@@ -28,7 +28,7 @@ MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm, DevicePool device)
 }
 
 MpiTwoSidedTransport::~MpiTwoSidedTransport() {
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0) MPI_Comm_free(&comm_);  // not while the job aborts
 }
 
 Status MpiTwoSidedTransport::allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {

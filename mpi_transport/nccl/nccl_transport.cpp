@@ -1,6 +1,7 @@
 #include "mpi_transport/nccl/nccl_transport.h"
 
 #include <algorithm>
+#include <exception>
 #include <cstring>
 #include <string>
 
@@ -52,7 +53,7 @@ NcclTransport::~NcclTransport() {
     if (stream_[d]) cudaStreamDestroy(stream_[d]);
   }
   if (pool_ && owns_pool_) cudaFree(pool_);
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0) MPI_Comm_free(&comm_);  // not while the job aborts
 }
 
 Status NcclTransport::allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) {

@@ -164,7 +164,13 @@ with tempfile.TemporaryDirectory() as tmp:
     out = tmp / "twice.jsonl"
     proc = start(out)
     wait_lines(proc, out, 20)
-    second = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=120)
+    # The first job is held still (SIGSTOP) while the second starts, so it
+    # cannot finish (and give up its lock) first on a fast or idle machine.
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
     errs = [l for l in second.stderr.splitlines() if l.startswith("tandem: error:")]
     check("a second job on a running job's output stops with one line (exit 2)",
           second.returncode == 2 and len(errs) == 1 and "another job is writing this output now" in errs[0],

@@ -1,0 +1,346 @@
+#include "launcher/run/job.h"
+
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launcher/run/device_binding.h"
+#include "launcher/run/gpu_workers.h"
+#include "launcher/run/job_setup.h"
+#include "launcher/run/links.h"
+#include "launcher/run/transport_setup.h"
+#include "launcher/serve/serve.h"
+#include "launcher/version.h"
+#include "mpi_transport/comm.h"
+#include "mpi_transport/mpi_check.h"
+#include "mpi_transport/mpi_worker_port.h"
+#include "planner/policy.h"
+#include "runtime/cpu/thread_pool.h"
+#include "runtime/engine/backend_registry.h"
+#include "runtime/model/weights.h"
+#include "runtime/service/worker_service.h"
+#include "slurm/slurm_env.h"
+
+namespace tandem::launcher {
+namespace {
+
+extern "C" void on_interrupt(int sig) { g_stop_signal.store(sig); }
+
+// What every rank checked before any work, and rank 0's HTTP front end (serve).
+struct Started {
+  Prepared p;
+  std::unique_ptr<runtime::ChatTemplate> serve_chat;
+  ServeSetup serve;
+  FrontendPtr frontend;
+};
+
+// This rank's share of the start-up checks: the config (every rank alike),
+// rank 0's files (run) or port (serve), a worker's backend. Its error, or "".
+std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s) {
+  const int rank = env.rank();
+  try {
+    s.p = prepare(o);
+    const Prepared& p = s.p;
+    plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
+    if (p.cfg.job.mode == "auto" && env.size() > 2) {  // so does a policy that cannot plan these workers
+      if (p.cfg.planner.policy == "oracle")
+        throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
+      planner::make_policy(p.cfg.planner.policy, env.size() - 1);
+    }
+    log::init(p.cfg.log.level);
+    log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
+    if (rank == 0 && !o.serve) check_files(p);
+    // Workers compute on model.backend: it must be built and have a device here.
+    if (rank != 0 || env.size() == 1) check_backend(p, env.size());
+    if (rank == 0 && o.serve) {
+      runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks
+      s.serve.config = &s.p.cfg;
+      prompt_and_output_contexts(p, s.serve_chat, s.serve.prompts, s.serve.outputs);
+      s.serve.workers = std::max(1, env.size() - 1);
+      s.frontend = bind_frontend(s.serve);  // a busy port stops the job here
+    }
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+// One verdict for every rank: the lowest failing rank's line, printed once by rank 0.
+bool agreed(const mpi::MpiEnv& env, const std::string& error) {
+  const std::string verdict = env.size() > 1 ? first_error(env, error) : error;
+  if (verdict.empty()) return true;
+  if (env.rank() == 0) std::fprintf(stderr, "tandem: error: %s\n", verdict.c_str());
+  return false;
+}
+
+void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
+  const Prepared& p = s.p;
+  if (o.serve)
+    spdlog::info("tandem serve: {} rank(s); model {} ({}) as '{}'", env.size(), p.cfg.model.path, p.model.architecture,
+                 s.serve.outputs.served_name);
+  else
+    spdlog::info("tandem run: {} rank(s); model {} ({}), input {}, output {}", env.size(), p.cfg.model.path,
+                 p.model.architecture, p.cfg.job.input, p.cfg.job.output);
+  log_effective_config(p.cfg);
+  try {
+    spdlog::info("placement: {}", slurm::SlurmEnv::from_environment().describe());
+  } catch (const Error& e) {
+    spdlog::warn("placement: {}", e.what());
+  }
+}
+
+// Who does what: rank 0 routes; workers 1..P prefill, the rest decode (agg:
+// all do both). The workers' communicator never changes (KV windows live on
+// it); the role communicator is split from it (and again at re-splits).
+struct Layout {
+  Roles roles;
+  bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
+  bool prefill = false;  // this rank prefills
+  std::string role;
+  mpi::Comm workers, role_comm;
+};
+
+Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
+  Layout l;
+  const int rank = env.rank();
+  l.roles = plan_roles(p.cfg, env.size());
+  l.planned = p.cfg.job.mode == "auto" && env.size() > 2;
+  l.prefill = rank >= 1 && rank <= l.roles.prefill;
+  l.role = env.size() == 1 ? "router+worker" : rank == 0 ? "router" : l.roles.prefill == 0 ? "worker"
+           : l.prefill ? "prefill" : "decode";
+  log::set_identity(rank, l.role);
+  if (env.size() > 1) {
+    l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
+    if (l.workers) l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
+  }
+  if (rank == 0 && env.size() > 1) {
+    if (l.planned) spdlog::info("job.mode = auto: the planner splits the {} worker rank(s) anew for each epoch", env.size() - 1);
+    else if (l.roles.prefill > 0)
+      spdlog::info("disaggregated: {} prefill rank(s), {} decode rank(s)", l.roles.prefill, l.roles.decode);
+    else spdlog::info("aggregated: {} worker rank(s) prefill and decode", l.roles.decode);
+  }
+  return l;
+}
+
+// This rank's node: how many workers share it, and (GPU workers) the device
+// each binds, with the check that no two share one. The error, or "".
+struct Node {
+  int local_workers = 1;
+  std::string gpu_name;  // the workers' GPU (rank 0 learns it from rank 1)
+};
+
+std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
+  const int rank = env.rank();
+  mpi::Comm local = mpi::split_node(env.world(), rank);
+  int local_size = 1, local_rank = 0;
+  TANDEM_MPI_OR_THROW(MPI_Comm_size(local.get(), &local_size));
+  TANDEM_MPI_OR_THROW(MPI_Comm_rank(local.get(), &local_rank));
+  int router_here = rank == 0 ? 1 : 0;  // rank 0 routes on one node only: the others hold workers alone
+  TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local.get()));
+  node.local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
+  const std::string& backend = p.cfg.model.backend;
+  if (backend == "cpu") return "";
+  // Each GPU worker binds its device now; two workers of a node on one GPU
+  // (more workers than visible GPUs) stop every rank with one line.
+  std::string error = bind_worker_device(backend, rank, env.size(), local.get(), local_rank, router_here != 0);
+  if (env.size() > 1) error = first_error(env, error);
+  if (error.empty() && env.size() > 1) node.gpu_name = first_worker_gpu(backend, rank, env.world());
+  return error;
+}
+
+// A KV transport, closed collectively as its owner goes, unless an exception
+// unwinds (the job then ends with MPI_Abort: no collective may wait).
+struct TransportCloser {
+  void operator()(mpi::KvTransport* t) const {
+    if (std::uncaught_exceptions() == 0) {
+      if (Status st = t->destroy(); !st.ok()) spdlog::warn("closing the KV transport: {}", st.to_string());
+    }
+    delete t;
+  }
+};
+
+// A worker's parts, in the order they are made; they go in the reverse one.
+struct WorkerParts {
+  std::unique_ptr<runtime::ModelWeights> weights;
+  std::unique_ptr<runtime::cpu::ThreadPool> threads;
+  std::unique_ptr<mpi::KvTransport, TransportCloser> transport;
+  std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
+  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<kv::KvTiers> tiers;
+  std::unique_ptr<service::WorkerCore> core;
+};
+
+// A worker loads in three phases, every rank learning after each whether any
+// worker failed: one that failed alone would otherwise leave the others in
+// the transport's collective calls and rank 0 waiting for it to report
+// loaded, a job hung without a word. False (the verdict printed once) when one did.
+bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, const Node& node, WorkerParts& w) {
+  const int rank = env.rank();
+  const bool worker = rank != 0 || env.size() == 1;
+  const std::string& backend = p.cfg.model.backend;
+  std::string failed;
+  auto phase = [&](const char* out_of_memory, auto&& work) {
+    if (worker && failed.empty()) failed = setup_error(work, out_of_memory);
+    return agreed(env, failed);
+  };
+  int64_t blocks = 0;
+  const kv::KvLayout layout = kv_layout(p);
+  return phase("out of memory loading the model's weights; run fewer ranks per node (cluster.threads_per_rank gives each "
+               "more cores)", [&] {
+    w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
+    blocks = pool_blocks(p, node.local_workers);
+  }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
+    if (l.roles.prefill > 0 || l.planned) {
+      void* base = nullptr;
+      const std::string t = transport_for(backend, p.cfg.transport.backend);
+      w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), blocks, &base,
+                                       t == "nccl" ? mpi::DevicePool{} : staging_pool(backend))
+                            .release());
+      w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
+    } else if (backend != "cpu") {
+      w.device_pool = runtime::allocate_pool_memory(backend, static_cast<std::size_t>(blocks) * layout.block_bytes());
+      w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(w.device_pool.get()));
+    } else {
+      w.pool = std::make_unique<kv::BlockPool>(layout, blocks);
+    }
+  }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
+    const int n_threads = p.cfg.cluster.threads_per_rank > 0
+                              ? static_cast<int>(p.cfg.cluster.threads_per_rank)
+                              : std::max(1, runtime::cpu::ThreadPool::available_cpus() / node.local_workers);
+    w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
+    w.tiers = open_tiers(p, layout, rank <= 1);
+    if (w.tiers) w.pool->set_lower(w.tiers.get());
+    runtime::EngineOptions options = engine_options(p);
+    options.sampling_threads = w.threads.get();  // a step's draws, in parallel
+    w.core = std::make_unique<service::WorkerCore>(rank, l.role == "router+worker" ? "worker" : l.role, p.model,
+                                                   runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads),
+                                                   *w.pool, p.tokenizer.get(), options, w.tiers.get());
+    if (w.tiers && rank == 1) w.core->share_store_index();  // rank 0 learns the store's blocks once
+    spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}", blocks,
+                 layout.elem_bytes == 2 ? "bf16" : "f32", p.cfg.kv.block_size,
+                 static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
+                 w.transport ? std::string(", ") + std::string(w.transport->name()) + " window" : std::string(), n_threads,
+                 backend == "cpu" ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
+  });
+}
+
+// -np 1: the router steps the engine in this process.
+int run_single(const RunOptions& o, Started& s, WorkerParts& w) {
+  std::unique_ptr<runtime::ChatTemplate> chat;
+  InProcessLink link(*w.core);
+  auto setup = router_setup(s.p, chat);
+  if (o.serve) {
+    s.serve.dispatch = dispatch_options(setup);
+    return run_serve(s.serve, *s.frontend, link);
+  }
+  return finish_run(run_router(setup, link));
+}
+
+// Rank 0 under MPI: the batch file or the HTTP front end, through MPI messages.
+int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Layout& l, const Node& node,
+              mpi::Mailbox& box) {
+  const Prepared& p = s.p;
+  std::unique_ptr<runtime::ChatTemplate> chat;
+  std::vector<int> decode, prefill;
+  for (int r = 1; r < env.size(); ++r) (r <= l.roles.prefill ? prefill : decode).push_back(r);
+  MpiLink link(box, decode, prefill);
+  auto setup = router_setup(p, chat);
+  setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
+  setup.prefill_saturation_tokens = router::default_prefill_saturation(p.cfg.job.max_batched_tokens);
+  // job.mode = "auto": the planner re-splits the workers between epochs.
+  std::unique_ptr<planner::EpochPlanner> epoch_planner;
+  if (l.planned) {
+    epoch_planner = make_epoch_planner(p, env.size() - 1, node.local_workers, node.gpu_name);
+    std::vector<int> ranks;
+    for (int r = 1; r < env.size(); ++r) ranks.push_back(r);
+    setup.planner = epoch_planner.get();
+    setup.epoch_requests = p.cfg.job.epoch_requests;
+    setup.worker_ranks = ranks;
+    s.serve.planner = epoch_planner.get();
+    s.serve.epoch_seconds = p.cfg.job.epoch_seconds;
+    s.serve.worker_ranks = ranks;
+  }
+  if (o.serve) {
+    s.serve.dispatch = dispatch_options(setup);
+    return run_serve(s.serve, *s.frontend, link);
+  }
+  return finish_run(run_router(setup, link));
+}
+
+// A worker rank under MPI: its service, reached through the MPI port, until rank 0 says stop.
+void run_worker(const mpi::MpiEnv& env, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
+  const int rank = env.rank();
+  mpi::MpiWorkerPort port(box, w.transport.get(), l.workers.get(), std::move(l.role_comm));
+  service::WorkerService worker_service(*w.core, port, [rank](const std::string& r) { log::set_identity(rank, r); });
+  mpi::Backoff idle;
+  while (!worker_service.finished()) {
+    if (worker_service.tick()) idle.reset();
+    else idle.idle();
+  }
+  worker_service.finish();
+}
+
+int run(mpi::MpiEnv& env, const RunOptions& o) {
+  if (env.size() > 1) {  // every rank must speak the same protocol: a stale binary on one node stops the job here
+    const std::string other = mpi::check_same_build(env.world(), service::kProtocolVersion, std::string("tandem ") + kVersion);
+    if (!other.empty()) {
+      if (env.rank() == 0) std::fprintf(stderr, "tandem: error: %s\n", other.c_str());
+      return 2;
+    }
+  }
+  Started s;
+  if (!agreed(env, check_start(env, o, s))) return 2;
+  if (env.rank() == 0) log_start(env, o, s);
+  Layout l = lay_out(env, s.p);
+  Node node;
+  if (!agreed(env, settle_node(env, s.p, node))) return 2;
+  WorkerParts w;
+  if (!load_worker(env, s.p, l, node, w)) return 2;
+  if (env.size() == 1) return run_single(o, s, w);
+  int rc = 0;
+  {
+    mpi::Mailbox box(env.world());
+    if (env.rank() == 0) rc = run_rank0(env, o, s, l, node, box);
+    else run_worker(env, l, w, box);
+  }
+  TANDEM_MPI_OR_THROW(MPI_Barrier(env.world()));
+  return rc;  // the transport, then the communicators, close as their owners go, on every rank in the same order
+}
+
+}  // namespace
+
+int run_job(const RunOptions& o, int argc, char** argv) {
+  // USR1 and TERM (Slurm's warnings) are caught since main's first instruction (stop_signals.h).
+  mpi::MpiEnv env(&argc, &argv);
+  // A client that hangs up, or an mpirun that is going away and closed our
+  // stdout, is not our death: rank 0 still commits what it wrote.
+  std::signal(SIGPIPE, SIG_IGN);
+  if (o.serve) std::signal(SIGINT, on_interrupt);  // Ctrl-C in an interactive allocation drains too
+  // Past the agreed start-up checks, a failure on one rank cannot be waited
+  // out by the others: whatever was thrown, one line and every rank stops.
+  std::string what;
+  try {
+    return run(env, o);
+  } catch (const Error& e) {
+    what = e.what();
+  } catch (const std::bad_alloc&) {
+    what = "out of memory";
+  } catch (const std::exception& e) {
+    what = std::string("internal error: ") + e.what() + " (please report it)";
+  } catch (...) {
+    what = "internal error: an unknown exception (please report it)";
+  }
+  std::fprintf(stderr, "tandem: error: [rank %d] %s\n", env.rank(), what.c_str());
+  std::fflush(stderr);
+  MPI_Abort(env.world(), 3);  // a job that lost a rank cannot finish; stop every rank now
+  return 3;
+}
+
+}  // namespace tandem::launcher
