@@ -70,4 +70,8 @@ void Dispatcher::cancel(uint64_t id) {
   if (auto it = placed_.find(id); it != placed_.end()) link_.cancel(it->second.where.worker, id);
 }
 
+void Dispatcher::cancel_all() {
+  for (const auto& [id, p] : placed_) link_.cancel(p.where.worker, id);
+}
+
 }  // namespace tandem::router

@@ -67,6 +67,8 @@ class Dispatcher {
   void poll(LinkEvents& events);
   // Asks the request's worker to drop it (its result still comes back).
   void cancel(uint64_t id);
+  // Cancels every request in flight (a drain that ran out of time).
+  void cancel_all();
   // The link's roles changed (a re-split): place on its current workers from now on.
   void refresh();
   std::size_t in_flight() const { return placed_.size(); }

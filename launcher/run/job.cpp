@@ -17,6 +17,7 @@
 #include "launcher/run/links.h"
 #include "launcher/run/transport_setup.h"
 #include "launcher/serve/serve.h"
+#include "launcher/stop_signals.h"
 #include "launcher/version.h"
 #include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
@@ -237,10 +238,10 @@ int run_single(const RunOptions& o, Started& s, WorkerParts& w) {
   InProcessLink link(*w.core);
   auto setup = router_setup(s.p, chat);
   if (o.serve) {
-    s.serve.dispatch = dispatch_options(setup);
+    s.serve.dispatch = setup.dispatch;
     return run_serve(s.serve, *s.frontend, link);
   }
-  return finish_run(run_router(setup, link));
+  return finish_run(router::run_batch(setup, link, &g_stop_signal));
 }
 
 // Rank 0 under MPI: the batch file or the HTTP front end, through MPI messages.
@@ -252,8 +253,6 @@ int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Lay
   for (int r = 1; r < env.size(); ++r) (r <= l.roles.prefill ? prefill : decode).push_back(r);
   MpiLink link(box, decode, prefill);
   auto setup = router_setup(p, chat);
-  setup.local_prefill_tokens = p.cfg.router.local_prefill_tokens;
-  setup.prefill_saturation_tokens = router::default_prefill_saturation(p.cfg.job.max_batched_tokens);
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
@@ -268,10 +267,10 @@ int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Lay
     s.serve.worker_ranks = ranks;
   }
   if (o.serve) {
-    s.serve.dispatch = dispatch_options(setup);
+    s.serve.dispatch = setup.dispatch;
     return run_serve(s.serve, *s.frontend, link);
   }
-  return finish_run(run_router(setup, link));
+  return finish_run(router::run_batch(setup, link, &g_stop_signal));
 }
 
 // A worker rank under MPI: its service, reached through the MPI port, until rank 0 says stop.

@@ -76,25 +76,32 @@ void prompt_and_output_contexts(const Prepared& p, std::unique_ptr<runtime::Chat
   outputs.tokenizer = p.tokenizer.get();
 }
 
-RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat) {
-  RouterSetup s;
-  s.config = &p.cfg;
-  s.input = p.cfg.job.input;
-  s.output = p.cfg.job.output;
-  s.summary = p.cfg.job.summary;
+router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat) {
+  router::BatchSetup s;
+  const Config& c = p.cfg;
+  s.input = c.job.input;
+  s.output = c.job.output;
+  s.summary = c.job.summary;
   s.max_line_bytes = p.max_line_bytes;
   prompt_and_output_contexts(p, chat, s.prompts, s.outputs);
-  s.window_per_worker = 2 * p.cfg.job.max_num_seqs;
-  s.resume = p.cfg.job.resume;
+  s.window_per_worker = 2 * c.job.max_num_seqs;
+  s.input_order = c.job.output_order == "input";
+  s.flush_seconds = c.job.flush_seconds;
+  s.progress_seconds = c.job.progress_seconds;
+  s.drain_seconds = c.job.drain_seconds;
+  s.reorder_window = c.router.reorder_window;
+  s.job_seed = static_cast<uint64_t>(c.job.seed);
+  s.resume = c.job.resume;
   const auto slurm_env = slurm::SlurmEnv::from_environment();
   s.shard_index = slurm_env.shard_index();
   s.shard_count = slurm_env.shard_count();
   s.array_task = slurm_env.array_task_id;
-  s.block_size = p.cfg.kv.block_size;
-  s.route_policy = p.cfg.router.policy;
-  s.overlap_weight = p.cfg.router.overlap_weight_device;
-  s.overlap_weight_host = p.cfg.router.overlap_weight_host;
-  s.overlap_weight_disk = p.cfg.router.overlap_weight_disk;
+  router::DispatchOptions& d = s.dispatch;
+  d.block_size = c.kv.block_size;
+  d.policy = router::parse_route_policy(c.router.policy);
+  d.weights = {1.0, 1.0, c.router.overlap_weight_device, c.router.overlap_weight_host, c.router.overlap_weight_disk};
+  d.local_prefill_tokens = c.router.local_prefill_tokens;
+  d.prefill_saturation_tokens = router::default_prefill_saturation(c.job.max_batched_tokens);
   return s;
 }
 

@@ -11,7 +11,7 @@
 #include "kv/tiers.h"
 #include "launcher/run/job.h"
 #include "launcher/run/job_checks.h"
-#include "launcher/run/router_loop.h"
+#include "router/loop/batch_frontend.h"
 #include "mpi_transport/mpi_env.h"
 #include "planner/epoch_planner.h"
 #include "runtime/engine/engine.h"
@@ -26,7 +26,8 @@ runtime::EngineOptions engine_options(const Prepared& p);
 // How prompts are built and outputs named, the same for run and serve.
 void prompt_and_output_contexts(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat,
                                 router::PromptContext& prompts, router::OutputContext& outputs);
-RouterSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat);
+// The batch front end's setup, and the placement both front ends use.
+router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat);
 // The tiers under a worker's pool (kv.host_cache_gib, kv.store_path), or null.
 std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& layout, bool first_worker);
 // The end of a batch job on rank 0: the summary logged; the exit code.

@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "launcher/run/router_loop.h"
+#include "launcher/stop_signals.h"
+#include "router/dispatcher.h"
 #include "runtime/service/worker_core.h"
 #include "mpi_transport/mpi_env.h"
 

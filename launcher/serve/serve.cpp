@@ -19,8 +19,10 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
-#include "launcher/run/router_loop.h"
+#include "launcher/stop_signals.h"
+#include "router/dispatcher.h"
 #include "runtime/service/worker_core.h"
+#include "router/loop/http_inbox.h"
 #include "router/metrics.h"
 #include "router/openai_stream.h"
 
@@ -30,55 +32,9 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// What the router thread tells a request's HTTP thread.
-struct Event {
-  int choice = 0;
-  std::vector<int32_t> tokens;      // new tokens (streaming)
-  std::optional<service::WireResult> final;  // the choice finished
-};
-
-// One HTTP request (n choices) between its HTTP thread and the router thread.
-struct Exchange {
-  router::BatchRequest req;
-  std::vector<int32_t> prompt;
-  std::string endpoint;  // "completions" | "chat": the metrics label
-  router::StreamIds ids;
-  Clock::time_point arrived = Clock::now();
-  std::vector<uint64_t> wire_ids;  // router thread only
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Event> events;  // guarded by mu
-  std::atomic<bool> cancelled{false};
-};
-
-// HTTP threads -> router thread.
-class Inbox {
- public:
-  void post(std::shared_ptr<Exchange> e) {
-    std::lock_guard lock(mu_);
-    fresh_.push_back(std::move(e));
-  }
-  void cancel(std::shared_ptr<Exchange> e) {
-    std::lock_guard lock(mu_);
-    cancelled_.push_back(std::move(e));
-  }
-  void take(std::vector<std::shared_ptr<Exchange>>& fresh, std::vector<std::shared_ptr<Exchange>>& cancelled) {
-    std::lock_guard lock(mu_);
-    fresh.assign(fresh_.begin(), fresh_.end());
-    cancelled.assign(cancelled_.begin(), cancelled_.end());
-    fresh_.clear();
-    cancelled_.clear();
-  }
-  std::size_t waiting() {
-    std::lock_guard lock(mu_);
-    return fresh_.size();
-  }
-
- private:
-  std::mutex mu_;
-  std::deque<std::shared_ptr<Exchange>> fresh_, cancelled_;
-};
+using router::Exchange;
+using router::ExchangeEvent;
+using router::Inbox;
 
 std::string served_model(const ServeSetup& s) { return s.outputs.served_name; }
 
@@ -149,9 +105,6 @@ class HttpFrontend {
 
   Inbox& inbox() { return inbox_; }
   router::Metrics& metrics() { return metrics_; }
-  void set_loaded(int64_t n) { loaded_ = n; }
-  void set_draining() { draining_ = true; }
-  int64_t active() const { return active_.load(); }
 
  private:
   // Holds an in-flight slot for as long as it lives.
@@ -185,10 +138,10 @@ class HttpFrontend {
       metrics_.request(endpoint_label(req.path), res.status);
     });
     server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const bool ready = loaded_.load() >= s_.workers && !draining_.load();
+      const bool ready = inbox_.workers_loaded.load() >= s_.workers && !inbox_.draining.load();
       send_json(res, ready ? 200 : 503,
-                {{"status", draining_ ? "draining" : ready ? "ok" : "loading"},
-                 {"workers_loaded", loaded_.load()},
+                {{"status", inbox_.draining ? "draining" : ready ? "ok" : "loading"},
+                 {"workers_loaded", inbox_.workers_loaded.load()},
                  {"workers", s_.workers}});
     });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -225,7 +178,7 @@ class HttpFrontend {
       send_error(res, status, message, status == 503 ? "server_error" : "invalid_request_error", code, param);
       metrics_.request(label, status);
     };
-    if (draining_) return fail(503, "the server is shutting down; retry elsewhere", "shutting_down");
+    if (inbox_.draining) return fail(503, "the server is shutting down; retry elsewhere", "shutting_down");
     auto parsed = router::parse_request_body(ep, http_req.body);
     if (auto* e = std::get_if<router::LineError>(&parsed)) return fail(e->status, e->message);
     auto ex = std::make_shared<Exchange>();
@@ -234,13 +187,13 @@ class HttpFrontend {
       return fail(404, "The model '" + ex->req.model + "' does not exist; this server serves '" + served_model(s_) + "'",
                   "model_not_found", "model");
     }
-    if (active_.fetch_add(1) >= http_.max_in_flight) {
-      active_.fetch_sub(1);
+    if (inbox_.active.fetch_add(1) >= http_.max_in_flight) {
+      inbox_.active.fetch_sub(1);
       res.set_header("Retry-After", "1");
       return fail(429, "too many requests in flight (http.max_in_flight = " + std::to_string(http_.max_in_flight) +
                            "); retry shortly", "rate_limit_exceeded");
     }
-    auto slot = std::make_shared<Slot>(active_);
+    auto slot = std::make_shared<Slot>(inbox_.active);
     const uint64_t serial = serial_.fetch_add(1);
     ex->req.custom_id = "http-" + std::to_string(s_.outputs.created) + "-" + std::to_string(serial);
     auto prompt = router::build_prompt(ex->req, s_.prompts);
@@ -261,7 +214,7 @@ class HttpFrontend {
     while (done < finals.size()) {
       ex->cv.wait(lock, [&] { return !ex->events.empty(); });
       while (!ex->events.empty()) {
-        Event e = std::move(ex->events.front());
+        ExchangeEvent e = std::move(ex->events.front());
         ex->events.pop_front();
         if (e.final) {
           finals[static_cast<std::size_t>(e.choice)] = std::move(e.final);
@@ -318,7 +271,7 @@ class HttpFrontend {
               if (ex->req.endpoint == router::Endpoint::kChat || !head.empty()) chunk(i, head, nullptr, nullptr);
             }
           }
-          std::deque<Event> events;
+          std::deque<ExchangeEvent> events;
           {
             std::unique_lock lock(ex->mu);
             ex->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !ex->events.empty(); });
@@ -405,145 +358,32 @@ class HttpFrontend {
   std::thread thread_;
   Inbox inbox_;
   router::Metrics metrics_;
-  std::atomic<int64_t> loaded_{0};
-  std::atomic<bool> draining_{false};
-  std::atomic<int64_t> active_{0};
   std::atomic<uint64_t> serial_{0};
 };
 
 FrontendPtr bind_frontend(const ServeSetup& setup) { return FrontendPtr(new HttpFrontend(setup)); }
 void FrontendDeleter::operator()(HttpFrontend* f) const { delete f; }
 
+// The HTTP threads answer; this thread runs rank 0's loop with the HTTP inbox as its front end.
 int run_serve(const ServeSetup& s, HttpFrontend& front, router::WorkerLink& link) {
   const HttpConfig& http = s.config->http;
-  router::Dispatcher dispatch(link, s.dispatch);
+  router::HttpInboxSetup inbox_setup;
+  inbox_setup.job_seed = static_cast<uint64_t>(s.config->job.seed);
+  inbox_setup.workers = s.workers;
+  inbox_setup.planner = s.planner;
+  inbox_setup.epoch_seconds = s.epoch_seconds;
+  inbox_setup.worker_ranks = s.worker_ranks;
+  router::HttpInboxFrontend inbox_front(inbox_setup, front.inbox(), front.metrics());
+  router::LoopOptions o;
+  o.drain_seconds = http.drain_seconds;
+  o.abort_grace_seconds = 5;  // after the drain: requests still running are cancelled, their aborts answered
+  o.stop_signal = &g_stop_signal;
+  router::RouterLoop loop(link, s.dispatch, o);
   front.start();
   spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/models; /health, "
                "/metrics)", s.outputs.served_name, http.host, http.port);
-
-  struct Live {
-    std::shared_ptr<Exchange> ex;
-    int choice = 0;
-  };
-  std::unordered_map<uint64_t, Live> live;
-  std::unordered_map<int, bool> loaded;
-  uint64_t next_id = 0;
-  router::LinkEvents events;
-  std::vector<std::shared_ptr<Exchange>> fresh, cancelled;
-  bool draining = false, cancelled_all = false;
-  Clock::time_point deadline;
-  // The planner's epochs: the requests placed in the current one.
-  std::vector<planner::Request> epoch_requests;
-  auto epoch_start = Clock::now();
-  bool announced = false;
-
-  auto post = [](Exchange& ex, Event e) {
-    {
-      std::lock_guard lock(ex.mu);
-      ex.events.push_back(std::move(e));
-    }
-    ex.cv.notify_all();
-  };
-
-  for (;;) {
-    if (!draining && g_stop_signal.load() != 0) {
-      draining = true;
-      front.set_draining();
-      deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(http.drain_seconds * 1e3));
-      spdlog::info("signal {}: no new requests; finishing {} in flight for up to {:g} s", g_stop_signal.load(),
-                   live.size(), http.drain_seconds);
-    }
-    front.inbox().take(fresh, cancelled);
-    for (auto& ex : fresh) {
-      if (ex->cancelled) {  // gone before it was placed
-        for (int64_t c = 0; c < ex->req.n; ++c) post(*ex, Event{static_cast<int>(c), {}, service::WireResult{}});
-        continue;
-      }
-      for (int64_t c = 0; c < ex->req.n; ++c) {
-        service::WireRequest w;
-        w.id = next_id++;
-        w.prompt = ex->prompt;
-        w.params = ex->req.params;
-        // Choice 0 samples as `tandem run` would for the same request; the others on keys of their own.
-        w.rng_key = router::sampling_key(ex->req.seed_given, ex->req.params.seed, static_cast<uint64_t>(s.config->job.seed),
-                                 ex->req.custom_id);
-        if (c > 0) w.rng_key = router::sampling_key(true, w.rng_key + static_cast<uint64_t>(c), 0, "");
-        w.stream = ex->req.stream;
-        ex->wire_ids.push_back(w.id);
-        live[w.id] = {ex, static_cast<int>(c)};
-        if (s.planner)
-          epoch_requests.push_back({static_cast<int64_t>(w.prompt.size()), w.params.max_tokens, 0, 0, -1});
-        dispatch.submit(std::move(w));
-      }
-    }
-    for (auto& ex : cancelled)
-      for (uint64_t id : ex->wire_ids)
-        if (live.count(id)) dispatch.cancel(id);
-
-    events.clear();
-    dispatch.poll(events);
-    for (const auto& r : events.stats) {
-      if (s.planner) s.planner->observe(r.step_samples);
-      loaded[r.rank] = true;
-      front.metrics().set_rank({r.rank, r.role, r.kv_blocks_used, r.kv_blocks_total, r.kv_bytes_sent, r.prefix_hit_tokens,
-                                r.hit_tokens_by_tier, r.tiers});
-    }
-    front.set_loaded(static_cast<int64_t>(loaded.size()));
-    front.metrics().set_workers_loaded(static_cast<int64_t>(loaded.size()), s.workers);
-    if (!announced && static_cast<int64_t>(loaded.size()) >= s.workers) {
-      announced = true;
-      spdlog::info("all {} worker(s) loaded: /health is 200", s.workers);
-    }
-    for (auto& d : events.deltas) {
-      auto it = live.find(d.id);
-      if (it != live.end()) post(*it->second.ex, Event{it->second.choice, std::move(d.tokens), std::nullopt});
-    }
-    for (auto& r : events.results) {
-      auto it = live.find(r.id);
-      if (it == live.end()) continue;
-      const auto n = static_cast<double>(r.tokens.size());
-      if (r.ok && r.finish_reason != "abort")
-        front.metrics().generation(r.ttft_s, n > 1 ? (r.e2e_s - r.ttft_s) / (n - 1) : 0.0, r.e2e_s,
-                                   static_cast<int64_t>(it->second.ex->prompt.size()), static_cast<int64_t>(r.tokens.size()),
-                                   r.prompt_tokens_computed);
-      auto ex = it->second.ex;
-      const int choice = it->second.choice;
-      live.erase(it);
-      post(*ex, Event{choice, {}, std::move(r)});
-    }
-    front.metrics().set_in_flight(static_cast<int64_t>(live.size()), static_cast<int64_t>(front.inbox().waiting()));
-    // An epoch ends: a server cannot see ahead, so the next one is sized from the last.
-    if (s.planner && !draining &&
-        std::chrono::duration<double>(Clock::now() - epoch_start).count() >= s.epoch_seconds) {
-      if (!epoch_requests.empty()) {
-        const auto d = s.planner->decide(epoch_requests);
-        if (d.changed()) {
-          std::vector<int> prefill(s.worker_ranks.begin(), s.worker_ranks.begin() + d.split.prefill);
-          if (link.set_roles(d.epoch, prefill)) dispatch.refresh();
-        }
-        spdlog::info("{} (from the last {:g} s: {} requests)", d.describe(), s.epoch_seconds, epoch_requests.size());
-        epoch_requests.clear();
-      }
-      epoch_start = Clock::now();
-    }
-
-    if (draining) {
-      if (live.empty() && front.inbox().waiting() == 0 && front.active() == 0) break;
-      if (Clock::now() >= deadline) {
-        if (!cancelled_all) {
-          spdlog::warn("drain time is up: cancelling {} request(s) still running", live.size());
-          for (const auto& [id, l] : live) dispatch.cancel(id);
-          cancelled_all = true;
-          deadline = Clock::now() + std::chrono::seconds(5);  // for the aborts to come back
-        } else {
-          break;
-        }
-      }
-    }
-  }
+  loop.run(inbox_front);
   front.stop();
-  link.shutdown(!live.empty());
-  spdlog::info("server stopped");
   return 0;
 }
 

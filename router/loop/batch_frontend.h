@@ -1,0 +1,51 @@
+// `tandem run`'s front end for rank 0's loop: the batch file streamed in,
+// every line turned into a request or an error record, one output line per
+// input line in the resumable output, progress lines, the planner's epochs
+// (each read ahead and planned before any of it is placed), the reorder
+// window, and the summary at the end.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "planner/epoch_planner.h"
+#include "router/batch_output.h"
+#include "router/dispatcher.h"
+#include "router/prompt_builder.h"
+
+namespace tandem::router {
+
+struct BatchSetup {
+  std::string input, output, summary;
+  int64_t max_line_bytes = 1 << 20;  // a longer input line becomes an error record, never held whole
+  PromptContext prompts;
+  OutputContext outputs;
+  DispatchOptions dispatch;
+  int64_t window_per_worker = 128;   // requests in flight per decode worker
+  bool input_order = false;          // job.output_order = "input": output lines in the input's order
+  double flush_seconds = 10;         // fsync output + checkpoint at least this often
+  double progress_seconds = 30;      // a progress line this often when stderr is not a terminal
+  double drain_seconds = 60;         // after a stop signal: time for the requests in flight
+  int64_t reorder_window = 0;        // requests looked ahead to group shared prefixes (0, 1: off)
+  uint64_t job_seed = 0;             // sampling seed for requests without one
+  bool resume = false;               // continue an existing output (skip what its checkpoint says is done)
+  int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index
+  int64_t array_task = -1;                   // SLURM_ARRAY_TASK_ID; -1 outside an array
+  // job.mode = "auto": before each epoch of epoch_requests input lines, the
+  // planner reads the epoch's requests ahead and chooses the split; the
+  // first P of worker_ranks then prefill. Null: the split never changes.
+  planner::EpochPlanner* planner = nullptr;
+  int64_t epoch_requests = 1024;
+  std::vector<int> worker_ranks;
+};
+
+// Runs the job through rank 0's loop; returns the summary (also written to
+// setup.summary). stop_signal: set by the USR1/TERM handler. Throws
+// tandem::Error on an output that cannot be written.
+nlohmann::json run_batch(const BatchSetup& setup, WorkerLink& link, const std::atomic<int>* stop_signal);
+
+}  // namespace tandem::router
