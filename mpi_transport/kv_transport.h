@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -96,6 +97,25 @@ class KvTransport {
   // if the backend allocated it.
   [[nodiscard]] virtual Status destroy() = 0;
 };
+
+// The poll() and abort() every backend shares over its table of outgoing
+// transfers (map XferId -> a struct with `state` and `aborted`), given its
+// advance(id, transfer), which moves a transfer on without blocking.
+template <class Table, class Advance>
+[[nodiscard]] Status poll_outgoing(Table& table, XferId id, XferState& state, Advance&& advance) {
+  auto it = table.find(id);
+  if (it == table.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  TANDEM_RETURN_IF_ERROR(advance(id, it->second));
+  state = it->second.state;
+  return Status();
+}
+template <class Table, class Advance>
+[[nodiscard]] Status abort_outgoing(Table& table, XferId id, Advance&& advance) {
+  auto it = table.find(id);
+  if (it == table.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
+  if (it->second.state == XferState::kPending) it->second.aborted = true;  // data already sent lands; the notice says aborted
+  return advance(id, it->second);
+}
 
 // Runs of consecutive ids in both lists, as (src start, dst start, length).
 struct BlockRun {

@@ -109,9 +109,4 @@ Status Mailbox::flush() {
   return Status();
 }
 
-void Backoff::idle() {
-  us_ = us_ == 0 ? 50 : std::min(us_ * 2, 2000);
-  std::this_thread::sleep_for(std::chrono::microseconds(us_));
-}
-
 }  // namespace tandem::mpi

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/status.h"
 
 namespace tandem::mpi {
@@ -72,15 +73,7 @@ class Mailbox {
   std::deque<Pending> pending_;
 };
 
-// Sleeps a little longer each time nothing happened (50 us up to 2 ms) and
-// starts over after something did: idle ranks never spin on a core.
-class Backoff {
- public:
-  void idle();
-  void reset() { us_ = 0; }
-
- private:
-  int us_ = 0;
-};
+// Idle loops back off (common/backoff.h): the name mpi code has always used.
+using tandem::Backoff;
 
 }  // namespace tandem::mpi

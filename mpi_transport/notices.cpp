@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/backoff.h"
+
 namespace tandem::mpi {
 
 std::vector<uint8_t> pack_notice(int64_t id, bool aborted, std::span<const uint8_t> bytes) {
@@ -43,6 +45,22 @@ Status Notices::poll(std::vector<Notice>& arrived) {
     sending_.pop_front();
   }
   return Status();
+}
+
+Status finish_in_flight(MPI_Comm comm, const std::function<Status()>& progress, const std::function<bool()>& pending) {
+  Backoff wait;
+  MPI_Request all_sent = MPI_REQUEST_NULL;
+  for (;;) {
+    TANDEM_RETURN_IF_ERROR(progress());
+    if (all_sent == MPI_REQUEST_NULL) {
+      if (!pending()) TANDEM_MPI(MPI_Ibarrier(comm, &all_sent));
+    } else {
+      int done = 0;
+      TANDEM_MPI(MPI_Test(&all_sent, &done, MPI_STATUS_IGNORE));
+      if (done) return Status();
+    }
+    wait.idle();
+  }
 }
 
 }  // namespace tandem::mpi

@@ -37,6 +37,13 @@ template <class T, class F>
   }
 }
 
+// A backend's collective end: keeps calling progress() (placing what others
+// send, sending its own notices) until nothing of its own is pending and
+// every rank has got that far (a rank waiting in a blocking barrier would
+// leave a sender's large message unmatched for ever). Backs off meanwhile.
+[[nodiscard]] Status finish_in_flight(MPI_Comm comm, const std::function<Status()>& progress,
+                                      const std::function<bool()>& pending);
+
 struct Notice {
   int peer = -1;
   int64_t id = 0;

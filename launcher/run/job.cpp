@@ -14,15 +14,16 @@
 #include "launcher/run/device_binding.h"
 #include "launcher/run/gpu_workers.h"
 #include "launcher/run/job_setup.h"
-#include "launcher/run/links.h"
 #include "launcher/run/transport_setup.h"
 #include "launcher/serve/serve.h"
 #include "launcher/stop_signals.h"
 #include "launcher/version.h"
 #include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
+#include "mpi_transport/mpi_router_link.h"
 #include "mpi_transport/mpi_worker_port.h"
 #include "planner/policy.h"
+#include "router/loop/in_process_link.h"
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/weights.h"
@@ -235,7 +236,7 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
 // -np 1: the router steps the engine in this process.
 int run_single(const RunOptions& o, Started& s, WorkerParts& w) {
   std::unique_ptr<runtime::ChatTemplate> chat;
-  InProcessLink link(*w.core);
+  router::InProcessLink link(*w.core);
   auto setup = router_setup(s.p, chat);
   if (o.serve) {
     s.serve.dispatch = setup.dispatch;
@@ -251,7 +252,7 @@ int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Lay
   std::unique_ptr<runtime::ChatTemplate> chat;
   std::vector<int> decode, prefill;
   for (int r = 1; r < env.size(); ++r) (r <= l.roles.prefill ? prefill : decode).push_back(r);
-  MpiLink link(box, decode, prefill);
+  mpi::MpiLink link(box, decode, prefill);
   auto setup = router_setup(p, chat);
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;

@@ -107,18 +107,11 @@ Status MpiRmaTransport::advance(XferId id, Outgoing& o) {
 }
 
 Status MpiRmaTransport::poll(XferId id, XferState& state) {
-  auto it = outgoing_.find(id);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
-  TANDEM_RETURN_IF_ERROR(advance(id, it->second));
-  state = it->second.state;
-  return Status();
+  return poll_outgoing(outgoing_, id, state, [this](XferId i, Outgoing& o) { return advance(i, o); });
 }
 
 Status MpiRmaTransport::abort(XferId id) {
-  auto it = outgoing_.find(id);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
-  if (it->second.state == XferState::kPending) it->second.aborted = true;  // the puts cannot be recalled: noticed once done
-  return advance(id, it->second);
+  return abort_outgoing(outgoing_, id, [this](XferId i, Outgoing& o) { return advance(i, o); });
 }
 
 Status MpiRmaTransport::progress(std::vector<Notification>& arrived) {
@@ -133,24 +126,13 @@ Status MpiRmaTransport::destroy() {
   if (win_ == MPI_WIN_NULL) return Status();
   // Every transfer's notice out before the window goes (the peers may still be waiting for one).
   std::vector<Notification> ignored;
-  // Keeps placing what others send until every rank has sent all of its own
-  // (a rank waiting in a blocking barrier would leave a sender's large
-  // message unmatched for ever).
-  Backoff wait;
-  MPI_Request all_sent = MPI_REQUEST_NULL;
-  for (;;) {
-    TANDEM_RETURN_IF_ERROR(progress(ignored));
-    if (all_sent == MPI_REQUEST_NULL) {
-      const bool pending = std::any_of(outgoing_.begin(), outgoing_.end(),
-                                       [](const auto& e) { return e.second.state == XferState::kPending; });
-      if (!pending && !notices_->sending()) TANDEM_MPI(MPI_Ibarrier(comm_, &all_sent));
-    } else {
-      int done = 0;
-      TANDEM_MPI(MPI_Test(&all_sent, &done, MPI_STATUS_IGNORE));
-      if (done) break;
-    }
-    wait.idle();
-  }
+  TANDEM_RETURN_IF_ERROR(finish_in_flight(
+      comm_, [&] { return progress(ignored); },
+      [&] {
+        return std::any_of(outgoing_.begin(), outgoing_.end(),
+                           [](const auto& e) { return e.second.state == XferState::kPending; }) ||
+               notices_->sending();
+      }));
   TANDEM_MPI(MPI_Win_unlock_all(win_));
   TANDEM_MPI(MPI_Win_free(&win_));
   win_ = MPI_WIN_NULL;

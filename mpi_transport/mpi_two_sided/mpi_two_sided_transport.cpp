@@ -152,18 +152,11 @@ Status MpiTwoSidedTransport::advance(XferId id, Outgoing& o) {
 }
 
 Status MpiTwoSidedTransport::poll(XferId id, XferState& state) {
-  auto it = outgoing_.find(id);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
-  TANDEM_RETURN_IF_ERROR(advance(id, it->second));
-  state = it->second.state;
-  return Status();
+  return poll_outgoing(outgoing_, id, state, [this](XferId i, Outgoing& o) { return advance(i, o); });
 }
 
 Status MpiTwoSidedTransport::abort(XferId id) {
-  auto it = outgoing_.find(id);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
-  if (it->second.state == XferState::kPending) it->second.aborted = true;  // sent data lands; its notice says aborted
-  return advance(id, it->second);
+  return abort_outgoing(outgoing_, id, [this](XferId i, Outgoing& o) { return advance(i, o); });
 }
 
 Status MpiTwoSidedTransport::progress(std::vector<Notification>& arrived) {
@@ -230,24 +223,13 @@ Status MpiTwoSidedTransport::place(int source, const uint8_t* m, std::size_t siz
 Status MpiTwoSidedTransport::destroy() {
   // Finish what is in flight (every notice out) before the pool goes; what still arrives is dropped.
   std::vector<Notification> ignored;
-  // Keeps placing what others send until every rank has sent all of its own
-  // (a rank waiting in a blocking barrier would leave a sender's large
-  // message unmatched for ever).
-  Backoff wait;
-  MPI_Request all_sent = MPI_REQUEST_NULL;
-  for (;;) {
-    TANDEM_RETURN_IF_ERROR(progress(ignored));
-    if (all_sent == MPI_REQUEST_NULL) {
-      const bool pending = std::any_of(outgoing_.begin(), outgoing_.end(),
-                                       [](const auto& e) { return e.second.state == XferState::kPending; });
-      if (!pending && notices_.empty()) TANDEM_MPI(MPI_Ibarrier(comm_, &all_sent));
-    } else {
-      int done = 0;
-      TANDEM_MPI(MPI_Test(&all_sent, &done, MPI_STATUS_IGNORE));
-      if (done) break;
-    }
-    wait.idle();
-  }
+  TANDEM_RETURN_IF_ERROR(finish_in_flight(
+      comm_, [&] { return progress(ignored); },
+      [&] {
+        return std::any_of(outgoing_.begin(), outgoing_.end(),
+                           [](const auto& e) { return e.second.state == XferState::kPending; }) ||
+               !notices_.empty();
+      }));
   return Status();
 }
 

@@ -206,18 +206,11 @@ Status NcclTransport::advance(XferId id, Outgoing& o) {
 }
 
 Status NcclTransport::poll(XferId id, XferState& state) {
-  auto it = outgoing_.find(id);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
-  TANDEM_RETURN_IF_ERROR(advance(id, it->second));
-  state = it->second.state;
-  return Status();
+  return poll_outgoing(outgoing_, id, state, [this](XferId i, Outgoing& o) { return advance(i, o); });
 }
 
 Status NcclTransport::abort(XferId id) {
-  auto it = outgoing_.find(id);
-  if (it == outgoing_.end()) return Status(StatusCode::kNotFound, "unknown transfer " + std::to_string(id));
-  if (it->second.state == XferState::kPending) it->second.aborted = true;
-  return advance(id, it->second);
+  return abort_outgoing(outgoing_, id, [this](XferId i, Outgoing& o) { return advance(i, o); });
 }
 
 void NcclTransport::release(XferId id) {
@@ -293,23 +286,13 @@ Status NcclTransport::receive(std::vector<Notification>& arrived) {
 
 Status NcclTransport::destroy() {
   std::vector<Notification> ignored;
-  Backoff wait;
-  MPI_Request all_sent = MPI_REQUEST_NULL;
-  for (;;) {
-    TANDEM_RETURN_IF_ERROR(progress(ignored));
-    if (all_sent == MPI_REQUEST_NULL) {
-      const bool pending = std::any_of(outgoing_.begin(), outgoing_.end(), [](const auto& e) {
-        return e.second.state == XferState::kPending || !e.second.sends.empty();
+  return finish_in_flight(
+      comm_, [&] { return progress(ignored); },
+      [&] {
+        return std::any_of(outgoing_.begin(), outgoing_.end(),
+                           [](const auto& e) { return e.second.state == XferState::kPending || !e.second.sends.empty(); }) ||
+               !retired_.empty() || !incoming_.empty();
       });
-      if (!pending && retired_.empty() && incoming_.empty()) TANDEM_MPI(MPI_Ibarrier(comm_, &all_sent));
-    } else {
-      int done = 0;
-      TANDEM_MPI(MPI_Test(&all_sent, &done, MPI_STATUS_IGNORE));
-      if (done) break;
-    }
-    wait.idle();
-  }
-  return Status();
 }
 
 }  // namespace tandem::mpi

@@ -1,8 +1,8 @@
-#include "launcher/run/links.h"
+#include "mpi_transport/mpi_router_link.h"
 
 #include <sys/resource.h>
 
-namespace tandem::launcher {
+namespace tandem::mpi {
 
 double process_cpu_seconds() {
   struct rusage ru {};
@@ -24,4 +24,4 @@ service::RankReport router_report(std::chrono::steady_clock::time_point started,
   return r;
 }
 
-}  // namespace tandem::launcher
+}  // namespace tandem::mpi

@@ -1,5 +1,6 @@
-// How rank 0's router reaches the workers: an engine in this process (-np 1)
-// or MPI messages to worker ranks.
+// How rank 0's loop reaches the worker ranks under MPI: requests, cancels
+// and roles out as messages of the protocol (tag = MsgType), results,
+// streamed tokens, cache reports and counters in.
 #pragma once
 
 #include <algorithm>
@@ -8,59 +9,20 @@
 #include <vector>
 
 #include "common/error.h"
-#include "launcher/stop_signals.h"
-#include "router/dispatcher.h"
-#include "runtime/service/worker_core.h"
 #include "mpi_transport/mpi_env.h"
+#include "router/dispatcher.h"
 
-namespace tandem::launcher {
+namespace tandem::mpi {
 
 // Rank 0's own counters: its CPU use over the job (user + system time / wall time).
+service::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start);
 // This process's CPU time (user + system, every thread), in seconds.
 double process_cpu_seconds();
-service::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start);
-
-// -np 1: the router steps an engine in this process.
-class InProcessLink : public router::WorkerLink {
- public:
-  explicit InProcessLink(service::WorkerCore& core) : core_(core) {}
-  std::vector<int> workers() const override { return {0}; }
-  void submit(int, const service::WireRequest& r) override { core_.submit(r); }
-  void cancel(int, uint64_t id) override { core_.cancel(id); }
-  void poll(router::LinkEvents& events) override {
-    if (!core_.has_work()) {
-      idle_.idle();  // serving with nothing to do: wait, do not spin
-    } else {
-      auto r = core_.step();  // in process, nothing is handed off: -np 1 is aggregated
-      if (r.progress) idle_.reset();
-      else idle_.idle();  // only requests waiting on the disk store
-      events.results.insert(events.results.end(), std::make_move_iterator(r.results.begin()),
-                            std::make_move_iterator(r.results.end()));
-      events.deltas.insert(events.deltas.end(), std::make_move_iterator(r.deltas.deltas.begin()),
-                           std::make_move_iterator(r.deltas.deltas.end()));
-    }
-    if (!reported_ || std::chrono::steady_clock::now() - last_stats_ > std::chrono::milliseconds(500)) {
-      events.stats.push_back(core_.report());
-      reported_ = true;
-      last_stats_ = std::chrono::steady_clock::now();
-    }
-  }
-  std::vector<service::RankReport> shutdown(bool) override {
-    core_.close_tiers();
-    return {core_.report()};
-  }
-
- private:
-  service::WorkerCore& core_;
-  mpi::Backoff idle_;
-  bool reported_ = false;
-  std::chrono::steady_clock::time_point last_stats_;
-};
 
 // Rank 0 under MPI: requests and results are messages.
 class MpiLink : public router::WorkerLink {
  public:
-  MpiLink(mpi::Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
+  MpiLink(Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
       : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
   std::vector<int> workers() const override { return workers_; }
   std::vector<int> prefill_workers() const override { return prefill_; }
@@ -84,7 +46,7 @@ class MpiLink : public router::WorkerLink {
     bool any = false;
     for (int tag : {service::tag_of(service::MsgType::kCacheEvents), service::tag_of(service::MsgType::kStats), service::tag_of(service::MsgType::kDeltas), service::tag_of(service::MsgType::kResult)}) {
       for (;;) {
-        std::optional<mpi::Message> m;
+        std::optional<Message> m;
         check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
         if (!m) break;
         switch (tag) {
@@ -112,7 +74,7 @@ class MpiLink : public router::WorkerLink {
     // reports still on their way must be received too, or a worker whose
     // larger messages wait for a matching receive would never finish sending.
     while (reports.size() < workers_.size() + prefill_.size() + 1) {
-      std::optional<mpi::Message> m;
+      std::optional<Message> m;
       check(box_.try_recv(m, MPI_ANY_SOURCE, MPI_ANY_TAG));
       if (!m) {
         backoff_.idle();
@@ -132,12 +94,12 @@ class MpiLink : public router::WorkerLink {
   static void check(const Status& s) {
     if (!s.ok()) throw Error(s.to_string());
   }
-  mpi::Mailbox& box_;
+  Mailbox& box_;
   std::vector<int> workers_, prefill_;
-  mpi::Backoff backoff_;
+  Backoff backoff_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   double cpu_started_ = process_cpu_seconds();
   std::vector<service::RankReport> late_stats_;  // counters that arrived during shutdown
 };
 
-}  // namespace tandem::launcher
+}  // namespace tandem::mpi
