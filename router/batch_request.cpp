@@ -190,13 +190,8 @@ void check_message_fields(const json& m, std::size_t i) {
   }
 }
 
-void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form) {
-  if (!body.is_object()) throw Bad{"'body' must be an object"};
-  check_fields(body, r.endpoint == Endpoint::kChat, short_form);
-  if (body.contains("model")) {
-    if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
-    r.model = body["model"].get<std::string>();
-  }
+// The prompt: messages (chat), or prompt / prompt_token_ids (completions).
+void parse_prompt(const json& body, BatchRequest& r) {
   const bool chat = r.endpoint == Endpoint::kChat;
   if (chat) {
     if (!body.contains("messages")) throw Bad{"a chat request needs 'messages'"};
@@ -231,14 +226,10 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
     throw Bad{"a completion request needs 'prompt' (or 'prompt_token_ids')"};
   }
 
-  auto& p = r.params;
-  p.max_tokens = default_max_tokens;
-  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    if (body.contains(key) && !body[key].is_null()) {
-      p.max_tokens = integer(body, key, 1);
-      r.max_tokens_given = true;
-    }
-  }
+}
+
+// n, stream and stream_options (HTTP); a batch line takes n = 1 only.
+void parse_choices(const json& body, BatchRequest& r, bool http) {
   if (http) {
     if (body.contains("n") && !body["n"].is_null()) {
       r.n = integer(body, "n", 1);
@@ -260,6 +251,11 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
   } else if (body.contains("n") && !body["n"].is_null() && integer(body, "n", 1) != 1) {
     throw Bad{"'n' must be 1 (write one line per sample, with different seeds)"};
   }
+}
+
+// Sampling and ending: temperature, top-p/k, min-p, penalties, seed, stop, logit_bias, min_tokens, ignore_eos.
+void parse_sampling(const json& body, BatchRequest& r) {
+  auto& p = r.params;
   if (body.contains("temperature") && !body["temperature"].is_null())
     p.temperature = static_cast<float>(number(body, "temperature", 0, 100));
   if (body.contains("top_p") && !body["top_p"].is_null()) p.top_p = static_cast<float>(number(body, "top_p", 0, 1));
@@ -303,6 +299,12 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
     if (!body["ignore_eos"].is_boolean()) throw Bad{"'ignore_eos' must be true or false"};
     p.ignore_eos = body["ignore_eos"].get<bool>();
   }
+}
+
+// logprobs (completions: a number; chat: true with top_logprobs), echo and prompt_logprobs.
+void parse_logprobs(const json& body, BatchRequest& r) {
+  auto& p = r.params;
+  const bool chat = r.endpoint == Endpoint::kChat;
   if (chat) {
     if (body.contains("logprobs") && !body["logprobs"].is_null()) {
       if (!body["logprobs"].is_boolean()) throw Bad{"'logprobs' must be true or false for chat completions"};
@@ -326,6 +328,27 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
     if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null())
       p.prompt_logprobs = integer(body, "prompt_logprobs", 0);
   }
+}
+
+void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form) {
+  if (!body.is_object()) throw Bad{"'body' must be an object"};
+  check_fields(body, r.endpoint == Endpoint::kChat, short_form);
+  if (body.contains("model")) {
+    if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
+    r.model = body["model"].get<std::string>();
+  }
+  parse_prompt(body, r);
+  auto& p = r.params;
+  p.max_tokens = default_max_tokens;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (body.contains(key) && !body[key].is_null()) {
+      p.max_tokens = integer(body, key, 1);
+      r.max_tokens_given = true;
+    }
+  }
+  parse_choices(body, r, http);
+  parse_sampling(body, r);
+  parse_logprobs(body, r);
 }
 
 // A line that is not valid JSON, read as far as it goes: where it breaks, and

@@ -262,7 +262,20 @@ bool Engine::finish_check(Sequence& s) {
 std::vector<EngineOutput> Engine::step() {
   std::vector<EngineOutput> outputs = std::move(ready_);
   ready_.clear();
-  // Aborts first: they free blocks for everyone else.
+  take_aborts(outputs);
+  const std::vector<Planned> plan = schedule();
+  if (plan.empty()) return outputs;
+  const std::vector<SeqChunk> chunks = chunks_of(plan);
+  const bool tokens_on_device = run_model(plan, chunks);
+  std::vector<int32_t> drawn(plan.size(), 0);
+  std::vector<PositionLogprobs> drawn_logprobs(plan.size());
+  if (!tokens_on_device) draw(plan, chunks, drawn, drawn_logprobs);
+  emit(plan, chunks, tokens_on_device, drawn, drawn_logprobs, outputs);
+  return outputs;
+}
+
+// Aborts first: they free blocks for everyone else.
+void Engine::take_aborts(std::vector<EngineOutput>& outputs) {
   for (uint64_t id : aborted_) {
     auto match = [id](const std::unique_ptr<Sequence>& s) { return s->req.id == id; };
     if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end()) {
@@ -275,10 +288,12 @@ std::vector<EngineOutput> Engine::step() {
   }
   aborted_.clear();
 
-  struct Planned {
-    Sequence* seq;
-    int64_t take;
-  };
+}
+
+// What this step runs: running sequences first (oldest first; out of blocks,
+// the youngest is preempted), then waiting ones admitted in order while the
+// token budget, the sequence limit and the blocks allow.
+std::vector<Engine::Planned> Engine::schedule() {
   std::vector<Planned> plan;
   int64_t budget = options_.max_batched_tokens;
 
@@ -354,9 +369,11 @@ std::vector<EngineOutput> Engine::step() {
     plan.push_back({&s, take});
     budget -= take;
   }
-  if (plan.empty()) return outputs;
+  return plan;
+}
 
-  // 3. One forward pass over every planned chunk.
+// One chunk per planned sequence (and the step's shape, for the planner's fit).
+std::vector<SeqChunk> Engine::chunks_of(const std::vector<Planned>& plan) {
   std::vector<SeqChunk> chunks;
   chunks.reserve(plan.size());
   last_step_ = {};
@@ -384,6 +401,12 @@ std::vector<EngineOutput> Engine::step() {
       stats_.decode_tokens += take;
     }
   }
+  return chunks;
+}
+
+// One forward pass over every planned chunk. True when the backend also
+// picked the tokens (where the logits are): greedy or plain-temperature rows.
+bool Engine::run_model(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks) {
   // Rows a backend may finish where the logits are, instead of sending every
   // row back: no penalties or logprobs, and greedy (forward_argmax) or plain
   // temperature with min-p at most (forward_draw).
@@ -411,36 +434,43 @@ std::vector<EngineOutput> Engine::step() {
   }
   if (!tokens_on_device) model_->forward(chunks, logits_);
   ++stats_.steps;
+  return tokens_on_device;
+}
 
-  // 4. Sample, check for the end, report.
+// The rows' draws, in parallel (each reads and changes only its own logits
+// row, and keys its randomness by its own request): a draw over a 150k
+// vocabulary is most of a millisecond, and a step may have hundreds.
+void Engine::draw(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks, std::vector<int32_t>& drawn,
+                  std::vector<PositionLogprobs>& drawn_logprobs) {
   const auto vocab = static_cast<std::size_t>(config_.vocab);
-  // The rows' draws first, in parallel (each reads and changes only its own
-  // logits row, and keys its randomness by its own request): a draw over a
-  // 150k vocabulary is most of a millisecond, and a step may have hundreds.
-  std::vector<int32_t> drawn(plan.size(), 0);
-  std::vector<PositionLogprobs> drawn_logprobs(plan.size());
-  if (!tokens_on_device) {
-    std::vector<std::pair<std::size_t, std::size_t>> draws;  // (plan index, logits row)
-    std::size_t r = 0;
-    for (std::size_t i = 0; i < plan.size(); ++i) {
-      const SeqChunk& c = chunks[i];
-      if (c.logits_all) r += c.tokens.size() - (c.logits_last ? 1 : 0);
-      if (c.logits_last) draws.emplace_back(i, r++);
-    }
-    auto draw = [&](int64_t k) {
-      const auto [i, at] = draws[static_cast<std::size_t>(k)];
-      const Sequence& s = *plan[i].seq;
-      std::span<float> lg(logits_.data() + at * vocab, vocab);
-      std::vector<float> raw;
-      if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
-      if (has_logit_rules(s.req.params, s.generated())) apply_logit_rules(lg, s.req.params, s.generated(), config_.eos_token_ids);
-      drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));
-      if (s.req.params.logprobs >= 0) drawn_logprobs[i] = logprobs_of(raw, drawn[i], s.req.params.logprobs);
-    };
-    if (options_.sampling_threads && draws.size() > 1) options_.sampling_threads->run(static_cast<int64_t>(draws.size()), draw);
-    else
-      for (std::size_t k = 0; k < draws.size(); ++k) draw(static_cast<int64_t>(k));
+  std::vector<std::pair<std::size_t, std::size_t>> rows;  // (plan index, logits row)
+  std::size_t r = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const SeqChunk& c = chunks[i];
+    if (c.logits_all) r += c.tokens.size() - (c.logits_last ? 1 : 0);
+    if (c.logits_last) rows.emplace_back(i, r++);
   }
+  auto one = [&](int64_t k) {
+    const auto [i, at] = rows[static_cast<std::size_t>(k)];
+    const Sequence& s = *plan[i].seq;
+    std::span<float> lg(logits_.data() + at * vocab, vocab);
+    std::vector<float> raw;
+    if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
+    if (has_logit_rules(s.req.params, s.generated())) apply_logit_rules(lg, s.req.params, s.generated(), config_.eos_token_ids);
+    drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));
+    if (s.req.params.logprobs >= 0) drawn_logprobs[i] = logprobs_of(raw, drawn[i], s.req.params.logprobs);
+  };
+  if (options_.sampling_threads && rows.size() > 1) options_.sampling_threads->run(static_cast<int64_t>(rows.size()), one);
+  else
+    for (std::size_t k = 0; k < rows.size(); ++k) one(static_cast<int64_t>(k));
+}
+
+// The step's tokens appended, prompt logprobs kept, blocks published, and
+// each sequence's end checked and reported.
+void Engine::emit(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks, bool tokens_on_device,
+                  std::vector<int32_t>& drawn, std::vector<PositionLogprobs>& drawn_logprobs,
+                  std::vector<EngineOutput>& outputs) {
+  const auto vocab = static_cast<std::size_t>(config_.vocab);
   std::size_t row = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
@@ -492,7 +522,6 @@ std::vector<EngineOutput> Engine::step() {
     }
   }
   running_.remove_if([](const std::unique_ptr<Sequence>& s) { return s->done; });
-  return outputs;
 }
 
 }  // namespace tandem::runtime

@@ -142,6 +142,20 @@ class Engine {
   bool finish_check(Sequence& s);
   std::optional<FinishReason> end_reason(Sequence& s);
   EngineOutput finish(Sequence& s, FinishReason reason);
+  // step(), in its stages.
+  struct Planned {
+    Sequence* seq;
+    int64_t take;  // tokens it runs this step
+  };
+  void take_aborts(std::vector<EngineOutput>& outputs);
+  std::vector<Planned> schedule();
+  std::vector<SeqChunk> chunks_of(const std::vector<Planned>& plan);
+  bool run_model(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks);
+  void draw(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks, std::vector<int32_t>& drawn,
+            std::vector<PositionLogprobs>& drawn_logprobs);
+  void emit(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks, bool tokens_on_device,
+            std::vector<int32_t>& drawn, std::vector<PositionLogprobs>& drawn_logprobs,
+            std::vector<EngineOutput>& outputs);
 
   const ModelConfig& config_;
   kv::BlockPool& pool_;
