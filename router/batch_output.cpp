@@ -125,4 +125,23 @@ std::string format_error(const LineError& err, const OutputContext&) {
   return dump(line);
 }
 
+RequestResult result_of(std::vector<int32_t> prompt, service::WireResult r, int prefill_worker) {
+  RequestResult res;
+  res.prompt_ids = std::move(prompt);
+  res.token_ids = std::move(r.tokens);
+  res.text = std::move(r.text);
+  res.finish_reason = std::move(r.finish_reason);
+  res.logprobs = std::move(r.logprobs);
+  res.prompt_logprobs = std::move(r.prompt_logprobs);
+  res.ttft_ms = r.ttft_s * 1e3;
+  res.e2e_ms = r.e2e_s * 1e3;
+  const auto n = static_cast<double>(res.token_ids.size());
+  res.itl_ms = n > 1 ? (res.e2e_ms - res.ttft_ms) / (n - 1) : 0.0;
+  res.prompt_tokens_computed = r.prompt_tokens_computed;
+  res.worker = r.worker;
+  res.prefill_worker = prefill_worker;
+  res.kv_blocks_moved = r.kv_blocks_moved;
+  return res;
+}
+
 }  // namespace tandem::router

@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "router/batch_request.h"
+#include "runtime/service/protocol.h"
 #include "runtime/engine/sampling.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -33,6 +34,10 @@ struct RequestResult {
   int prefill_worker = -1;             // rank that prefilled it remotely; -1: prefilled on `worker`
   int64_t kv_blocks_moved = 0;         // prompt KV blocks that crossed the transport
 };
+
+// A worker's result as the output formats take it, for the batch file and
+// HTTP alike (prefill_worker: the rank that prefilled it remotely, or -1).
+RequestResult result_of(std::vector<int32_t> prompt, service::WireResult r, int prefill_worker = -1);
 
 struct OutputContext {
   std::string served_name;

@@ -48,21 +48,6 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   send_json(res, status, router::error_body(message, type, code, param));
 }
 
-router::RequestResult to_result(const std::vector<int32_t>& prompt, const service::WireResult& r) {
-  router::RequestResult res;
-  res.prompt_ids = prompt;
-  res.token_ids = r.tokens;
-  res.text = r.text;
-  res.finish_reason = r.finish_reason;
-  res.logprobs = r.logprobs;
-  res.prompt_logprobs = r.prompt_logprobs;
-  res.ttft_ms = r.ttft_s * 1e3;
-  res.e2e_ms = r.e2e_s * 1e3;
-  res.prompt_tokens_computed = r.prompt_tokens_computed;
-  res.worker = r.worker;
-  res.kv_blocks_moved = r.kv_blocks_moved;
-  return res;
-}
 
 }  // namespace
 
@@ -226,7 +211,7 @@ class HttpFrontend {
     std::vector<router::RequestResult> results;
     for (auto& f : finals) {
       if (!f->ok) return fail(400, f->error);
-      results.push_back(to_result(ex->prompt, *f));
+      results.push_back(router::result_of(ex->prompt, *f));
     }
     router::OutputContext outputs = s_.outputs;
     outputs.created = ex->ids.created;  // this request's time, as its stream's chunks carry (not the server's start)
@@ -297,7 +282,7 @@ class HttpFrontend {
             json lps;
             const json* lp = nullptr;
             if (r.ok && ex->req.params.logprobs >= 0) {
-              router::RequestResult one = to_result(ex->prompt, r);
+              router::RequestResult one = router::result_of(ex->prompt, r);
               lps = router::response_body(ex->req, {one}, s_.outputs, ex->ids.id)["choices"][0]["logprobs"];
               lp = &lps;
             }

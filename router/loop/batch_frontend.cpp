@@ -379,21 +379,7 @@ void BatchFrontend::on_result(service::WireResult& r) {
     fail(r.id, slurm::OutputKey::id(f.request.custom_id),
          {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
   } else {
-    RequestResult res;
-    res.prompt_ids = std::move(f.prompt);
-    res.token_ids = std::move(r.tokens);
-    res.text = std::move(r.text);
-    res.finish_reason = r.finish_reason;
-    res.logprobs = std::move(r.logprobs);
-    res.prompt_logprobs = std::move(r.prompt_logprobs);
-    res.ttft_ms = r.ttft_s * 1e3;
-    res.e2e_ms = r.e2e_s * 1e3;
-    const auto n = static_cast<double>(res.token_ids.size());
-    res.itl_ms = n > 1 ? (res.e2e_ms - res.ttft_ms) / (n - 1) : 0.0;
-    res.prompt_tokens_computed = r.prompt_tokens_computed;
-    res.worker = r.worker;
-    res.prefill_worker = f.prefill;
-    res.kv_blocks_moved = r.kv_blocks_moved;
+    RequestResult res = result_of(std::move(f.prompt), std::move(r), f.prefill);
     stats_.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
                       res.ttft_ms, res.itl_ms, res.e2e_ms);
     out_.put(r.id, slurm::OutputKey::id(f.request.custom_id), format_result(f.request, res, s_.outputs));
