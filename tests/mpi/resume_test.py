@@ -163,9 +163,13 @@ with tempfile.TemporaryDirectory() as tmp:
     # second stops with one line before any work; the first is unharmed.
     out = tmp / "twice.jsonl"
     proc = start(out)
-    wait_lines(proc, out, 20)
-    # The first job is held still (SIGSTOP) while the second starts, so it
-    # cannot finish (and give up its lock) first on a fast or idle machine.
+    # The checkpoint appears when the first job takes its lock, before its
+    # workers have loaded; the job is held still (SIGSTOP) from then while the
+    # second starts, so it cannot finish (and give up its lock) first: 300
+    # short requests take well under a second now.
+    t0 = time.time()
+    while not Path(str(out) + ".ckpt").exists() and proc.poll() is None and time.time() - t0 < 60:
+        time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGSTOP)
     try:
         second = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=120)
