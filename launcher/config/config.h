@@ -86,6 +86,20 @@ struct LogConfig {
   std::string level = "info";  // trace | debug | info | warn | error | off
 };
 
+// The keys whose values are names from a fixed list, parsed once (when the
+// config is loaded); the strings stay for printing the effective config.
+enum class JobMode { kDisagg, kAgg, kAuto };
+enum class ComputeBackend { kCpu, kCuda };
+enum class TransportKind { kAuto, kMpiRma, kMpiTwoSided, kNccl, kLibfabric };
+enum class OutputOrder { kCompletion, kInput };
+struct Choices {
+  JobMode mode = JobMode::kDisagg;
+  ComputeBackend backend = ComputeBackend::kCpu;
+  TransportKind transport = TransportKind::kAuto;
+  OutputOrder output_order = OutputOrder::kCompletion;
+  bool on_cpu() const { return backend == ComputeBackend::kCpu; }
+};
+
 struct Config {
   ModelConfig model;
   JobConfig job;
@@ -96,6 +110,12 @@ struct Config {
   TransportConfig transport;
   HttpConfig http;
   LogConfig log;
+  Choices choices;  // from the strings above, by resolve_choices()
 };
+
+// Fills config.choices from its (validated) strings.
+void resolve_choices(Config& config);
+// A transport's name as in transport.backend.
+const char* transport_name(TransportKind t);
 
 }  // namespace tandem::launcher

@@ -150,6 +150,7 @@ Config parse_config(std::string_view toml_text, std::string_view source_name,
   }
   apply_table(config, root, source_name);
   for (const auto& o : overrides) apply_override(config, o);
+  resolve_choices(config);
   return config;
 }
 
@@ -218,6 +219,29 @@ std::string reference_markdown() {
     out += "| `" + spec.name + "` | " + type + " | `" + format_value(spec.get(defaults)) + "` | " + doc + " |\n";
   }
   return out;
+}
+
+void resolve_choices(Config& c) {
+  // The schema allowed only these names.
+  c.choices.mode = c.job.mode == "agg" ? JobMode::kAgg : c.job.mode == "auto" ? JobMode::kAuto : JobMode::kDisagg;
+  c.choices.backend = c.model.backend == "cuda" ? ComputeBackend::kCuda : ComputeBackend::kCpu;
+  const std::string& t = c.transport.backend;
+  c.choices.transport = t == "mpi_rma"         ? TransportKind::kMpiRma
+                        : t == "mpi_two_sided" ? TransportKind::kMpiTwoSided
+                        : t == "nccl"          ? TransportKind::kNccl
+                        : t == "libfabric"     ? TransportKind::kLibfabric
+                                               : TransportKind::kAuto;
+  c.choices.output_order = c.job.output_order == "input" ? OutputOrder::kInput : OutputOrder::kCompletion;
+}
+
+const char* transport_name(TransportKind t) {
+  switch (t) {
+    case TransportKind::kMpiRma: return "mpi_rma";
+    case TransportKind::kMpiTwoSided: return "mpi_two_sided";
+    case TransportKind::kNccl: return "nccl";
+    case TransportKind::kLibfabric: return "libfabric";
+    default: return "auto";
+  }
 }
 
 }  // namespace tandem::launcher

@@ -51,7 +51,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
     s.p = prepare(o);
     const Prepared& p = s.p;
     plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
-    if (p.cfg.job.mode == "auto" && env.size() > 2) {  // so does a policy that cannot plan these workers
+    if (p.cfg.choices.mode == JobMode::kAuto && env.size() > 2) {  // so does a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
       planner::make_policy(p.cfg.planner.policy, env.size() - 1);
@@ -113,7 +113,7 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
   Layout l;
   const int rank = env.rank();
   l.roles = plan_roles(p.cfg, env.size());
-  l.planned = p.cfg.job.mode == "auto" && env.size() > 2;
+  l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2;
   l.prefill = rank >= 1 && rank <= l.roles.prefill;
   l.role = env.size() == 1 ? "router+worker" : rank == 0 ? "router" : l.roles.prefill == 0 ? "worker"
            : l.prefill ? "prefill" : "decode";
@@ -148,7 +148,7 @@ std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local.get()));
   node.local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
   const std::string& backend = p.cfg.model.backend;
-  if (backend == "cpu") return "";
+  if (p.cfg.choices.on_cpu()) return "";
   // Each GPU worker binds its device now; two workers of a node on one GPU
   // (more workers than visible GPUs) stop every rank with one line.
   std::string error = bind_worker_device(backend, rank, env.size(), local.get(), local_rank, router_here != 0);
@@ -201,12 +201,12 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
   }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
     if (l.roles.prefill > 0 || l.planned) {
       void* base = nullptr;
-      const std::string t = transport_for(backend, p.cfg.transport.backend);
+      const TransportKind t = transport_for(p.cfg.choices);
       w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), blocks, &base,
-                                       t == "nccl" ? mpi::DevicePool{} : staging_pool(backend))
+                                       t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend))
                             .release());
       w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
-    } else if (backend != "cpu") {
+    } else if (!p.cfg.choices.on_cpu()) {
       w.device_pool = runtime::allocate_pool_memory(backend, static_cast<std::size_t>(blocks) * layout.block_bytes());
       w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(w.device_pool.get()));
     } else {
@@ -229,7 +229,7 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
                  layout.elem_bytes == 2 ? "bf16" : "f32", p.cfg.kv.block_size,
                  static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
                  w.transport ? std::string(", ") + std::string(w.transport->name()) + " window" : std::string(), n_threads,
-                 backend == "cpu" ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
+                 p.cfg.choices.on_cpu() ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
   });
 }
 

@@ -46,31 +46,32 @@ void check_files(const Prepared& p) {
 
 void check_backend(const Prepared& p, int ranks) {
   const std::string& b = p.cfg.model.backend;
-  if (p.cfg.transport.backend == "libfabric")
+  const Choices& c = p.cfg.choices;
+  if (c.transport == TransportKind::kLibfabric)
     throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\" (MPI one-sided windows, or "
                 "NCCL between GPUs, which reaches EFA through its plugin)");
-  if (b == "cpu") {
-    if (p.cfg.transport.backend == "nccl")
+  if (c.on_cpu()) {
+    if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
     return;
   }
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
-  const bool disaggregated = ranks > 2 && p.cfg.job.mode != "agg";
-  const std::string t = transport_for(b, p.cfg.transport.backend);
+  const bool disaggregated = ranks > 2 && c.mode != JobMode::kAgg;
+  const TransportKind t = transport_for(c);
   if (!disaggregated) return;
-  if (t == "nccl" && !mpi::optional_transport_built("nccl"))
+  if (t == TransportKind::kNccl && !mpi::optional_transport_built("nccl"))
     throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON); use "
                 "\"mpi_two_sided\" or \"auto\" (two-sided MPI through host memory)");
-  if (t != "nccl" && t != "mpi_two_sided")
-    throw Error("transport.backend = \"" + t + "\" exposes host memory, not the GPU's KV pool; with model.backend = \"" +
+  if (t != TransportKind::kNccl && t != TransportKind::kMpiTwoSided)
+    throw Error(std::string("transport.backend = \"") + transport_name(t) + "\" exposes host memory, not the GPU's KV pool; with model.backend = \"" +
                 b + "\" use \"nccl\", \"mpi_two_sided\" (staged through host memory) or \"auto\"");
 }
 
 kv::KvLayout kv_layout(const Prepared& p) {
   kv::KvLayout l{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
   const std::string& d = p.cfg.kv.dtype;
-  const bool bf16 = d == "bf16" || (d == "auto" && p.cfg.model.backend != "cpu" && p.model.dtype != runtime::DType::kF32);
+  const bool bf16 = d == "bf16" || (d == "auto" && !p.cfg.choices.on_cpu() && p.model.dtype != runtime::DType::kF32);
   l.elem_bytes = bf16 ? 2 : 4;
   return l;
 }
@@ -79,7 +80,7 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
   const kv::KvLayout layout = kv_layout(p);
   const double block = static_cast<double>(layout.block_bytes());
   if (p.cfg.kv.memory_gib > 0) {
-    if (p.cfg.model.backend == "cpu") {  // more than the node has: one line now, not an allocation failure later
+    if (p.cfg.choices.on_cpu()) {  // more than the node has: one line now, not an allocation failure later
       struct sysinfo si {};
       sysinfo(&si);
       const double total_gib = static_cast<double>(si.totalram) * si.mem_unit / (1 << 30);
@@ -95,7 +96,7 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
     return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
   }
   const int64_t want = p.cfg.job.max_num_seqs * ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size);
-  if (p.cfg.model.backend != "cpu") {  // the device's free memory less the weights (not yet loaded), a step and 1 GiB; 90%
+  if (!p.cfg.choices.on_cpu()) {  // the device's free memory less the weights (not yet loaded), a step and 1 GiB; 90%
     double weights = 0;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
@@ -121,7 +122,7 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
 Roles plan_roles(const Config& cfg, int world_size) {
   const int workers = std::max(1, world_size - 1);
   Roles r{0, workers};
-  if (cfg.job.mode == "agg" || world_size <= 2) return r;  // one worker cannot be split
+  if (cfg.choices.mode == JobMode::kAgg || world_size <= 2) return r;  // one worker cannot be split
   int p = static_cast<int>(cfg.cluster.prefill_ranks);
   int d = static_cast<int>(cfg.cluster.decode_ranks);
   if (p == 0 && d == 0) p = std::clamp(static_cast<int>(cfg.cluster.prefill_fraction * workers + 0.5), 1, workers - 1);

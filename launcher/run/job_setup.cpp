@@ -85,7 +85,7 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
   s.max_line_bytes = p.max_line_bytes;
   prompt_and_output_contexts(p, chat, s.prompts, s.outputs);
   s.window_per_worker = 2 * c.job.max_num_seqs;
-  s.input_order = c.job.output_order == "input";
+  s.input_order = c.choices.output_order == OutputOrder::kInput;
   s.flush_seconds = c.job.flush_seconds;
   s.progress_seconds = c.job.progress_seconds;
   s.drain_seconds = c.job.drain_seconds;
@@ -187,18 +187,18 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
                                                static_cast<double>(kv_layout(p).elem_bytes));
   // With GPU workers rank 0 does not touch a GPU (it may have none): the CPU profile is only the
   // planner's first guess there, until the workers' reported steps replace it.
-  const double pool_bytes = p.cfg.model.backend != "cpu" ? 0.0
+  const double pool_bytes = !p.cfg.choices.on_cpu() ? 0.0
                             : static_cast<double>(pool_blocks(p, local_workers)) * p.cfg.kv.block_size *
                                   shape.kv_bytes_per_token;
   planner::HardwareProfile hw;
   const std::string builtin = planner::HardwareProfile::builtin_for_device(gpu_name);
-  if (p.cfg.model.backend != "cpu" && !builtin.empty()) {
+  if (!p.cfg.choices.on_cpu() && !builtin.empty()) {
     hw = planner::HardwareProfile::named(builtin);
     spdlog::info("planner: GPU workers ({}): the built-in {} profile, {:.0f} TFLOP/s and {:.0f} GB/s; policy {}",
                  gpu_name, builtin, hw.peak_flops / 1e12, hw.hbm_bytes_per_s / 1e9, p.cfg.planner.policy);
   } else {
     hw = planner::measure_cpu_profile(threads_each, shape.weight_bytes + pool_bytes);
-    if (p.cfg.model.backend != "cpu")
+    if (!p.cfg.choices.on_cpu())
       spdlog::warn("planner: no built-in profile for the workers' GPU ({}): this CPU's stands in until the workers' "
                    "steps calibrate it", gpu_name.empty() ? "unknown" : gpu_name);
     spdlog::info("planner: this CPU measures {:.0f} GFLOP/s and {:.1f} GB/s per worker ({} threads); policy {}",

@@ -10,9 +10,9 @@
 
 namespace tandem::launcher {
 
-std::string transport_for(const std::string& model_backend, const std::string& requested) {
-  if (model_backend == "cpu" || requested != "auto") return requested;
-  return mpi::optional_transport_built("nccl") ? "nccl" : "mpi_two_sided";
+TransportKind transport_for(const Choices& c) {
+  if (c.on_cpu() || c.transport != TransportKind::kAuto) return c.transport;
+  return mpi::optional_transport_built("nccl") ? TransportKind::kNccl : TransportKind::kMpiTwoSided;
 }
 
 mpi::DevicePool staging_pool(const std::string& model_backend) {
@@ -24,30 +24,31 @@ mpi::DevicePool staging_pool(const std::string& model_backend) {
   return d;
 }
 
-std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
+std::unique_ptr<mpi::KvTransport> open_transport(TransportKind kind, MPI_Comm workers, std::size_t block_bytes,
                                                  int64_t blocks, void** base, const mpi::DevicePool& device) {
-  if (backend == "nccl") {
+  if (kind == TransportKind::kNccl) {
     auto nccl = mpi::make_optional_transport("nccl", workers);
     if (!nccl) throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON)");
     if (Status st = nccl->allocate_pool(block_bytes, blocks, base); !st.ok()) throw Error("NCCL transport: " + st.to_string());
     return nccl;
   }
-  if (backend == "libfabric")
+  if (kind == TransportKind::kLibfabric)
     throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\"");
   if (device) {
-    if (backend != "mpi_two_sided") throw Error("internal: transport " + backend + " cannot reach a device pool");
+    if (kind != TransportKind::kMpiTwoSided)
+      throw Error(std::string("internal: transport ") + transport_name(kind) + " cannot reach a device pool");
     auto staged = std::make_unique<mpi::MpiTwoSidedTransport>(workers, device);
     if (Status st = staged->allocate_pool(block_bytes, blocks, base); !st.ok()) throw Error("KV transport: " + st.to_string());
     return staged;
   }
-  if (backend == "mpi_rma" || backend == "auto") {
+  if (kind == TransportKind::kMpiRma || kind == TransportKind::kAuto) {
     auto rma = std::make_unique<mpi::MpiRmaTransport>(workers);
     const Status st = rma->allocate_pool(block_bytes, blocks, base);
     int ok = st.ok() ? 1 : 0, all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, workers);
     if (all_ok) return rma;
     if (st.ok()) (void)rma->destroy();
-    if (backend == "mpi_rma")
+    if (kind == TransportKind::kMpiRma)
       throw Error("could not create the KV window (" + st.to_string() + "); set transport.backend = \"auto\"");
     int wrank = 0;
     MPI_Comm_rank(workers, &wrank);

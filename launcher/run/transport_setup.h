@@ -9,6 +9,7 @@
 #include <string>
 
 #include "mpi_transport/device_pool.h"
+#include "launcher/config/config.h"
 #include "mpi_transport/kv_transport.h"
 
 namespace tandem::launcher {
@@ -16,7 +17,7 @@ namespace tandem::launcher {
 // The transport that moves KV for workers on model.backend: as asked, but
 // "auto" on a GPU is NCCL where built, else two-sided MPI staged through host
 // memory (one-sided windows would expose host memory, not the GPU's pool).
-std::string transport_for(const std::string& model_backend, const std::string& requested);
+TransportKind transport_for(const Choices& c);
 
 // How a host-memory transport reaches a pool on model.backend's device; empty for cpu.
 mpi::DevicePool staging_pool(const std::string& model_backend);
@@ -25,7 +26,7 @@ mpi::DevicePool staging_pool(const std::string& model_backend);
 // where every worker can create its window, else two-sided MPI for all. With
 // a device pool (GPU workers), two-sided MPI staged through host memory.
 // Throws tandem::Error (one line).
-std::unique_ptr<mpi::KvTransport> open_transport(const std::string& backend, MPI_Comm workers, std::size_t block_bytes,
+std::unique_ptr<mpi::KvTransport> open_transport(TransportKind kind, MPI_Comm workers, std::size_t block_bytes,
                                                  int64_t blocks, void** base, const mpi::DevicePool& device);
 
 }  // namespace tandem::launcher
