@@ -2,11 +2,13 @@
 // tokenizes (Qwen3's tokenizer), places and writes (with its checkpoint),
 // through the same loop and batch front end as `tandem run`, with the
 // workers out of the way: a link whose one worker answers every request at
-// once with one token. Two prompt sizes, ~20 and ~2,000 tokens. Prints
-// requests/s, core-seconds per million requests, and what a 1,000-GPU job
-// would need of rank 0 (the baseline: a worker's request rate, measured by
-// the job's own figures elsewhere, is far lower). Never fails on time.
-//   router_bench TOKENIZER_DIR [REQUESTS]
+// once with one token. Two prompt sizes, ~20 and ~2,000 tokens, each with
+// the tokenizing all on the main thread (the baseline, same run) and with
+// 1, 2, 4 ... helper threads (router.tokenize_threads). Prints requests/s,
+// the ratio to the baseline, core-seconds per million requests (all threads,
+// and the main thread alone: its cost sets the ceiling that more helpers
+// reach). Never fails on time.
+//   router_bench TOKENIZER_DIR [REQUESTS] [MAX_THREADS]
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -15,6 +17,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
+#include <ctime>
 
 #include <nlohmann/json.hpp>
 
@@ -70,19 +74,60 @@ std::string words(std::mt19937& rng, int n) {
   return s;
 }
 
+struct Figures {
+  double rps = 0, cpu_per_request = 0, main_cpu_per_request = 0, tokens = 0;
+};
+
+double main_thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// One pass of `tandem run`'s front end over `input` with `threads` tokenizing helpers.
+Figures measure(const runtime::Tokenizer& tok, const std::filesystem::path& input, int count, int threads) {
+  router::BatchSetup s;
+  s.input = input.string();
+  s.output = input.string() + ".out";
+  s.summary = s.output + ".summary.json";
+  std::filesystem::remove(s.output);
+  std::filesystem::remove(s.output + ".ckpt");
+  s.prompts.tokenizer = &tok;
+  s.prompts.max_model_len = 40960;
+  s.prompts.vocab_size = 151936;
+  s.outputs.served_name = "bench";
+  s.outputs.tokenizer = &tok;
+  s.window_per_worker = 1 << 20;  // the loop, not a worker's window, is what is measured
+  s.progress_seconds = 1e9;
+  s.tokenize_threads = threads;
+  InstantLink link;
+  const double cpu0 = cpu_seconds(), main0 = main_thread_cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto summary = router::run_batch(s, link, nullptr);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Figures f;
+  f.rps = count / wall;
+  f.cpu_per_request = (cpu_seconds() - cpu0) / count;
+  f.main_cpu_per_request = (main_thread_cpu_seconds() - main0) / count;
+  f.tokens = static_cast<double>(summary["prompt_tokens"].get<int64_t>()) / count;
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: router_bench TOKENIZER_DIR [REQUESTS]\n");
+    std::fprintf(stderr, "usage: router_bench TOKENIZER_DIR [REQUESTS] [MAX_THREADS]\n");
     return 2;
   }
   const auto tok = runtime::Tokenizer::load(argv[1]);
   const int n = argc > 2 ? std::atoi(argv[2]) : 20000;
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int max_threads = argc > 3 ? std::atoi(argv[3]) : std::max(1, cpus - 1);
   const auto dir = std::filesystem::temp_directory_path() / ("tandem-router-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::printf("%-16s %10s %14s %18s %22s\n", "prompt", "requests", "requests/s", "core-s per 1M req",
-              "rank-0 cores at 1,000 GPUs*");
+  std::printf("%-14s %8s %9s %12s %10s %12s %14s %12s\n", "prompt", "helpers", "requests", "requests/s", "vs inline",
+              "core-s/1M", "main core-s/1M", "ceiling/s*");
   for (const int prompt_words : {18, 1800}) {  // about 20 and 2,000 tokens
     std::mt19937 rng(7);
     const auto input = dir / ("in" + std::to_string(prompt_words) + ".jsonl");
@@ -93,37 +138,20 @@ int main(int argc, char** argv) {
         f << nlohmann::json{{"custom_id", "r" + std::to_string(i)}, {"prompt", words(rng, prompt_words)}, {"max_tokens", 1}}.dump()
           << "\n";
     }
-    router::BatchSetup s;
-    s.input = input.string();
-    s.output = (dir / ("out" + std::to_string(prompt_words) + ".jsonl")).string();
-    s.summary = s.output + ".summary.json";
-    std::filesystem::remove(s.output);
-    std::filesystem::remove(s.output + ".ckpt");
-    s.prompts.tokenizer = tok.get();
-    s.prompts.max_model_len = 40960;
-    s.prompts.vocab_size = 151936;
-    s.outputs.served_name = "bench";
-    s.outputs.tokenizer = tok.get();
-    s.window_per_worker = 1 << 20;  // the loop, not a worker's window, is what is measured
-    s.progress_seconds = 1e9;
-    InstantLink link;
-    const double cpu0 = cpu_seconds();
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto summary = router::run_batch(s, link, nullptr);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double cpu = cpu_seconds() - cpu0;
-    const double rps = count / wall;
-    const double tokens = static_cast<double>(summary["prompt_tokens"].get<int64_t>()) / count;
-    // *A worker (one GPU) finishes a few requests per second on a batch job
-    // (~300/s for 64 H100s in the simulator's shifting workload: ~5 each);
-    // 1,000 GPUs then ask rank 0 for ~5,000 requests/s.
-    const double needed = 5000.0 / rps * (cpu / wall);
-    char label[32];
-    std::snprintf(label, sizeof label, "~%.0f tokens", tokens);
-    std::printf("%-16s %10d %14.0f %18.0f %22.2f\n", label, count, rps, cpu / count * 1e6, needed);
+    double inline_rps = 0;
+    for (int threads = 0; threads <= max_threads; threads = threads == 0 ? 1 : threads * 2) {
+      const Figures f = measure(*tok, input, count, threads);
+      if (threads == 0) inline_rps = f.rps;
+      char label[32];
+      std::snprintf(label, sizeof label, "~%.0f tokens", f.tokens);
+      std::printf("%-14s %8d %9d %12.0f %9.2fx %12.0f %14.0f %12.0f\n", label, threads, count, f.rps, f.rps / inline_rps,
+                  f.cpu_per_request * 1e6, f.main_cpu_per_request * 1e6, 1.0 / f.main_cpu_per_request);
+    }
   }
   std::filesystem::remove_all(dir);
-  std::printf("* cores rank 0 would spend at 5,000 requests/s (1,000 GPUs at ~5 requests/s each); one core "
-              "is enough below 1.0\n");
+  std::printf("helpers: rank 0's tokenizing threads (router.tokenize_threads); 0: all on the main thread (the baseline).\n"
+              "* ceiling: requests/s once the helpers keep up, set by the main thread's own cost (read, place, write).\n"
+              "  A 1,000-GPU batch job asks ~5,000 requests/s of rank 0 (a GPU finishes a few requests per second:\n"
+              "  ~300/s for 64 H100s in the simulator's shifting workload).\n");
   return 0;
 }

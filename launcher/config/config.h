@@ -48,6 +48,7 @@ struct RouterConfig {
   std::string policy = "kv_aware";   // kv_aware | round_robin | least_loaded
   int64_t local_prefill_tokens = 256;  // prompts with fewer uncached tokens prefill on their decode rank
   int64_t reorder_window = 0;        // requests looked ahead to group shared prefixes; 0: off
+  int64_t tokenize_threads = -1;     // rank 0's helper threads that parse and tokenize input lines; -1: auto
   double overlap_weight_device = 1.0;
   double overlap_weight_host = 0.75;
   double overlap_weight_disk = 0.25;

@@ -177,6 +177,11 @@ std::vector<KeySpec> build_schema() {
           .doc("Upcoming input lines searched for a prompt sharing the last placed one's prefix, so requests with a common "
                "prefix are placed together and it is computed once; 0: input order.")
           ,
+      key("router", "tokenize_threads", &C::router, &RouterConfig::tokenize_threads)
+          .at_least(-1).at_most(256)
+          .doc("Helper threads on rank 0 that parse and tokenize input lines ahead of placing them (tandem run); 0: "
+               "the main thread does it; -1: the CPUs rank 0 may run on less one, at most 8 (0 below 3 CPUs).")
+          ,
       key("router", "overlap_weight_device", &C::router, &RouterConfig::overlap_weight_device)
           .at_least(0)
           .doc("Routing value of a prefix block cached in a worker's pool.")

@@ -8,13 +8,16 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <span>
 #include <unordered_map>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/ordered_pool.h"
 #include "common/u64_set.h"
 #include "kv/block_hash.h"
 #include "router/batch_request.h"
@@ -77,6 +80,19 @@ struct Line {
   bool too_long = false;
 };
 
+// An input line prepared off the main thread (OrderedPool): parsed, its
+// prompt built (tokenized) and its blocks hashed, unless it is blank, another
+// array task's, or a request an earlier run finished (resume).
+struct Prepared {
+  uint64_t i = 0;
+  Line line;  // its text is dropped once parsed
+  std::size_t bytes = 0;
+  bool skip = false;  // blank, or another shard's
+  ParsedLine parsed;
+  std::optional<std::variant<std::vector<int32_t>, LineError>> prompt;
+  std::vector<uint64_t> hashes;  // the prompt's full blocks, when reordering
+};
+
 class BatchFrontend : public Frontend {
  public:
   explicit BatchFrontend(const BatchSetup& s);
@@ -105,10 +121,6 @@ class BatchFrontend : public Frontend {
     service::WireRequest w;
     std::vector<uint64_t> hashes;  // the prompt's full blocks, when reordering
   };
-  struct Built {  // a prompt built when its epoch was read ahead
-    std::vector<int32_t> prompt;
-    int64_t max_tokens = 0;
-  };
   struct EpochClock {
     Clock::time_point first, last;
     int64_t open = 0;
@@ -116,8 +128,10 @@ class BatchFrontend : public Frontend {
   };
 
   bool next_line(Line& l);
-  bool read_line(Line& l);
-  void plan_epoch(uint64_t first, RouterLoop& loop);
+  void prepare(Prepared& p) const;
+  void fill_pool();
+  bool next_prepared(Prepared& p);
+  void plan_epoch(RouterLoop& loop);
   void read_one(RouterLoop& loop);
   slurm::OutputKey key_of(uint64_t i, const std::string& id);
   void fail(uint64_t i, slurm::OutputKey key, const LineError& e);
@@ -144,20 +158,22 @@ class BatchFrontend : public Frontend {
   bool loaded_ = false;
   U64Set seen_ids_;  // hashes of the custom_ids read so far (see key_of)
   std::unordered_map<uint64_t, InFlight> in_flight_;
-  uint64_t index_ = 0;  // the next input line
+  uint64_t index_ = 0;  // the next input line to admit
   bool input_done_ = false;
   int64_t lines_read_ = 0;
-  std::deque<Line> ahead_;  // an epoch's lines read ahead for the planner
-  std::unordered_map<uint64_t, Built> built_;
+  uint64_t read_index_ = 0;  // the next input line to read
+  bool reading_done_ = false;
+  std::size_t pool_bytes_ = 0;  // of the lines in the pool
+  std::deque<Prepared> ahead_;  // an epoch's lines read ahead for the planner
   std::map<int64_t, EpochClock> epoch_clock_;
   std::map<int64_t, int64_t> planned_epoch_;  // input epoch -> the planner's (they differ once a resumed epoch had nothing left)
   const int64_t window_size_;
   std::deque<Ready> window_;
   std::vector<uint64_t> last_placed_;
-  Line read_;
   bool stopping_ = false;
   int stop_signal_ = 0;  // the signal that started the drain (a later one may follow: Slurm's TERM, then the script's USR1)
   nlohmann::json summary_;
+  std::optional<OrderedPool<Prepared>> pool_;  // last: its helpers read the members above
 };
 
 BatchFrontend::BatchFrontend(const BatchSetup& s)
@@ -177,6 +193,7 @@ BatchFrontend::BatchFrontend(const BatchSetup& s)
   if (!file_.recorded_shard() && s.array_task >= 0 && file_.committed_bytes() == 0) file_.record_shard(now);
   shard_index_ = shard.index;
   shard_count_ = shard.count;
+  pool_.emplace(std::max(0, s.tokenize_threads), [this](Prepared& p) { prepare(p); });
 }
 
 // Workers load the model while rank 0 starts: nothing is placed before every
@@ -202,48 +219,84 @@ bool BatchFrontend::next_line(Line& l) {
   }
 }
 
+// On a helper thread: everything about a line that needs none of the main
+// thread's state. done_ is only read (an earlier run's keys), so a request
+// whose custom_id is done is not tokenized again (its key is settled on the
+// main thread, which builds the prompt itself in the rare case it must).
+void BatchFrontend::prepare(Prepared& p) const {
+  if ((!p.line.too_long && p.line.text.find_first_not_of(" \t\r") == std::string::npos) || !in_my_shard(p.i)) {
+    p.skip = true;
+    return;
+  }
+  p.parsed = parse_batch_line(p.line.text);
+  // (the text is freed on the main thread, which allocated it)
+  auto* req = std::get_if<BatchRequest>(&p.parsed);
+  if (!req || p.line.too_long) return;
+  if (!req->custom_id.empty() && done_.contains(slurm::OutputKey::id(req->custom_id))) return;
+  p.prompt = build_prompt(*req, s_.prompts);
+  const auto* ids = std::get_if<std::vector<int32_t>>(&*p.prompt);
+  if (ids && window_size_ > 1) p.hashes = kv::full_block_hashes(*ids, s_.dispatch.block_size);
+}
+
+// Keeps the pool fed: lines read ahead up to a depth per helper and 64 MiB
+// of text (a line is at most job.max_line_bytes).
+void BatchFrontend::fill_pool() {
+  const std::size_t depth = pool_->threads() == 0 ? 1 : static_cast<std::size_t>(64 * pool_->threads());
+  constexpr std::size_t kMaxBytes = std::size_t{64} << 20;
+  while (!reading_done_ && pool_->size() < depth && (pool_->size() == 0 || pool_bytes_ < kMaxBytes)) {
+    Prepared p;
+    if (!next_line(p.line)) {
+      reading_done_ = true;
+      break;
+    }
+    p.i = read_index_++;
+    p.bytes = p.line.text.size();
+    pool_bytes_ += p.bytes;
+    pool_->push(std::move(p));
+  }
+}
+
+// The next line in input order, prepared; false at the input's end.
+bool BatchFrontend::next_prepared(Prepared& p) {
+  if (!ahead_.empty()) {
+    p = std::move(ahead_.front());
+    ahead_.pop_front();
+    return true;
+  }
+  fill_pool();
+  if (pool_->size() == 0) return false;
+  p = pool_->pop();
+  pool_bytes_ -= p.bytes;
+  fill_pool();
+  return true;
+}
+
 // The planner's look-ahead: at the first line of an epoch the whole epoch is
-// read, its prompts built (kept for admission), and the planner chooses the
+// read and prepared (kept for admission), and the planner chooses the
 // epoch's split before any of it is placed.
-void BatchFrontend::plan_epoch(uint64_t first, RouterLoop& loop) {
-  for (int64_t k = static_cast<int64_t>(ahead_.size()); k < s_.epoch_requests; ++k) {
-    Line l;
-    if (!next_line(l)) break;
-    ahead_.push_back(std::move(l));
+void BatchFrontend::plan_epoch(RouterLoop& loop) {
+  while (static_cast<int64_t>(ahead_.size()) < s_.epoch_requests) {
+    fill_pool();
+    if (pool_->size() == 0) break;
+    Prepared p = pool_->pop();
+    pool_bytes_ -= p.bytes;
+    ahead_.push_back(std::move(p));
   }
   std::vector<planner::Request> reqs;
-  for (std::size_t k = 0; k < ahead_.size(); ++k) {
-    const uint64_t i = first + k;
-    if (ahead_[k].too_long) continue;
-    const std::string& l = ahead_[k].text;
-    if (l.find_first_not_of(" \t\r") == std::string::npos || !in_my_shard(i)) continue;
-    auto parsed = parse_batch_line(l);
-    if (!std::holds_alternative<BatchRequest>(parsed)) continue;
-    auto& req = std::get<BatchRequest>(parsed);
-    if (done_.contains(slurm::OutputKey::id(req.custom_id))) continue;  // written by an earlier run (resume): no work in this epoch
-    auto ids = build_prompt(req, s_.prompts);
-    if (!std::holds_alternative<std::vector<int32_t>>(ids)) continue;
-    Built b{std::get<std::vector<int32_t>>(std::move(ids)), req.params.max_tokens};
-    reqs.push_back({static_cast<int64_t>(b.prompt.size()), b.max_tokens, 0, 0, -1});
-    built_.emplace(i, std::move(b));
+  for (const Prepared& p : ahead_) {
+    // Requests with a prompt: neither bad lines nor lines an earlier run wrote (resume).
+    const auto* ids = p.prompt ? std::get_if<std::vector<int32_t>>(&*p.prompt) : nullptr;
+    if (p.skip || p.line.too_long || !ids) continue;
+    reqs.push_back({static_cast<int64_t>(ids->size()), std::get<BatchRequest>(p.parsed).params.max_tokens, 0, 0, -1});
   }
   if (reqs.empty()) return;
   const auto d = s_.planner->decide(reqs);
-  planned_epoch_[epoch_of(first)] = d.epoch;
+  planned_epoch_[epoch_of(index_)] = d.epoch;
   if (d.changed()) {
     std::vector<int> prefill(s_.worker_ranks.begin(), s_.worker_ranks.begin() + d.split.prefill);
     loop.set_roles(d.epoch, prefill);
   }
   spdlog::info("{}", d.describe());
-}
-
-bool BatchFrontend::read_line(Line& l) {
-  if (!ahead_.empty()) {
-    l = std::move(ahead_.front());
-    ahead_.pop_front();
-    return true;
-  }
-  return next_line(l);
 }
 
 // A line's key in the checkpoint: its custom_id the first time the id
@@ -262,26 +315,27 @@ void BatchFrontend::fail(uint64_t i, slurm::OutputKey key, const LineError& e) {
   stats_.request_failed();
 }
 
-// Reads the next input line: skipped, failed (its error record written), or built into the window.
+// Takes the next input line: skipped, failed (its error record written), or into the window.
 void BatchFrontend::read_one(RouterLoop& loop) {
-  if (s_.planner && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0) plan_epoch(index_, loop);
-  if (!read_line(read_)) {
+  if (s_.planner && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0) plan_epoch(loop);
+  Prepared p;
+  if (!next_prepared(p)) {
     input_done_ = true;
     return;
   }
-  const std::string& line = read_.text;
-  const uint64_t i = index_++;
-  if ((!read_.too_long && line.find_first_not_of(" \t\r") == std::string::npos) || !in_my_shard(i)) {
+  const uint64_t i = p.i;
+  index_ = i + 1;
+  if (p.skip) {
     out_.skip(i);  // blank lines carry no request; other array tasks take the other shards
     return;
   }
   ++lines_read_;
   // A line past job.max_line_bytes was not kept: its error record carries the custom_id if one came first.
-  auto parsed = parse_batch_line(line);
-  if (read_.too_long) {
+  ParsedLine& parsed = p.parsed;
+  if (p.line.too_long) {
     auto* bad = std::get_if<LineError>(&parsed);
     parsed = LineError{bad ? bad->custom_id : std::get<BatchRequest>(parsed).custom_id, 400,
-                       std::to_string(read_.length) + " bytes, longer than job.max_line_bytes (" +
+                       std::to_string(p.line.length) + " bytes, longer than job.max_line_bytes (" +
                            std::to_string(s_.max_line_bytes) +
                            "); it was skipped unread: shorten it, or raise job.max_line_bytes if a prompt this long "
                            "fits the context"};
@@ -309,28 +363,23 @@ void BatchFrontend::read_one(RouterLoop& loop) {
                                           "'; every line needs its own"});
     return;
   }
-  std::variant<std::vector<int32_t>, LineError> prompt;
-  if (auto b = built_.find(i); b != built_.end()) {  // built when the planner read ahead
-    req.params.max_tokens = b->second.max_tokens;
-    prompt = std::move(b->second.prompt);
-    built_.erase(b);
-  } else {
-    prompt = build_prompt(req, s_.prompts);
+  if (!p.prompt) {  // not expected: prepare() leaves out only ids that done_ holds, and key_of then finds them done
+    p.prompt = build_prompt(req, s_.prompts);
+    if (const auto* ids = std::get_if<std::vector<int32_t>>(&*p.prompt); ids && window_size_ > 1)
+      p.hashes = kv::full_block_hashes(*ids, s_.dispatch.block_size);
   }
-  if (auto* e = std::get_if<LineError>(&prompt)) {
+  if (auto* e = std::get_if<LineError>(&*p.prompt)) {
     e->message = "line " + std::to_string(i + 1) + ": " + e->message;
     fail(i, std::move(key), *e);
     return;
   }
-  InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(prompt))};
+  InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(*p.prompt))};
   service::WireRequest w;
   w.id = i;
   w.prompt = f.prompt;
   w.params = f.request.params;
   w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, s_.job_seed, f.request.custom_id);
-  std::vector<uint64_t> hashes;
-  if (window_size_ > 1) hashes = kv::full_block_hashes(f.prompt, s_.dispatch.block_size);
-  window_.push_back({i, std::move(f), std::move(w), std::move(hashes)});
+  window_.push_back({i, std::move(f), std::move(w), std::move(p.hashes)});
 }
 
 // Admits lines while there is room: a window per decode worker (their number

@@ -31,6 +31,10 @@ struct BatchSetup {
   double progress_seconds = 30;      // a progress line this often when stderr is not a terminal
   double drain_seconds = 60;         // after a stop signal: time for the requests in flight
   int64_t reorder_window = 0;        // requests looked ahead to group shared prefixes (0, 1: off)
+  // Helper threads that parse input lines and build their prompts (tokenize)
+  // ahead of the main thread, which keeps the file, the output and MPI; 0:
+  // the main thread does it all.
+  int tokenize_threads = 0;
   uint64_t job_seed = 0;             // sampling seed for requests without one
   bool resume = false;               // continue an existing output (skip what its checkpoint says is done)
   int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index

@@ -182,9 +182,10 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
     }
   }
   const std::string key(word);
+  CacheShard& shard = cache_[std::hash<std::string_view>{}(word) % kCacheShards];
   {
-    std::lock_guard lock(cache_mutex_);
-    if (auto it = cache_.find(key); it != cache_.end()) {
+    std::lock_guard lock(shard.mutex);
+    if (auto it = shard.words.find(key); it != shard.words.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
@@ -194,9 +195,9 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
   initial_symbols(word, symbols);
   merge(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());
-  std::lock_guard lock(cache_mutex_);
-  if (cache_.size() >= kCacheCapacity) cache_.clear();
-  cache_.emplace(key, std::move(symbols));
+  std::lock_guard lock(shard.mutex);
+  if (shard.words.size() >= kCacheCapacity) shard.words.clear();
+  shard.words.emplace(key, std::move(symbols));
 }
 
 }  // namespace tandem::runtime

@@ -62,9 +62,15 @@ class BpeModel {
   std::unordered_map<uint64_t, Merge> merges_;
   std::array<int32_t, 256> byte_ids_{};  // byte-level: single bytes; SentencePiece: <0xNN> tokens
 
-  static constexpr std::size_t kCacheCapacity = 1 << 16;
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  // Words already merged, in shards by the word's hash so that threads
+  // tokenizing at once (rank 0's line preparation) seldom wait on one lock.
+  static constexpr std::size_t kCacheShards = 16;
+  static constexpr std::size_t kCacheCapacity = (1 << 16) / kCacheShards;  // per shard
+  struct CacheShard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<int32_t>> words;
+  };
+  mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace tandem::runtime

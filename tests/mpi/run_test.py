@@ -80,7 +80,8 @@ with tempfile.TemporaryDirectory() as tmp:
     configs = [("np1", 1, []), ("agg 2 workers", 3, ["job.mode=agg"]),
                ("disagg 1P+1D", 3, ["job.mode=disagg", "cluster.prefill_ranks=1"]),
                ("disagg 1P+2D", 4, ["job.mode=disagg", "cluster.prefill_ranks=1"]),
-               ("disagg 2P+1D", 4, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
+               # Rank 0 tokenizing on 3 helper threads: the same outputs.
+               ("disagg 2P+1D", 4, ["job.mode=disagg", "cluster.prefill_ranks=2", "router.tokenize_threads=3"]),
                ("disagg 2P+3D", 6, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
                ("disagg 1P+2D two-sided", 4, ["job.mode=disagg", "cluster.prefill_ranks=1",
                                               "transport.backend=mpi_two_sided"]),
@@ -157,7 +158,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Input order: the output follows the input line by line.
     out = tmp / "ordered.jsonl"
-    p = run(4, out, "job.output_order=input", "job.mode=disagg")
+    p = run(4, out, "job.output_order=input", "job.mode=disagg", "router.tokenize_threads=2")
     ids = [l["custom_id"] for l in load(out)] if p.returncode == 0 else []
     check("output_order = input keeps the input's order", ids == list(inputs), f"{len(ids)} lines")
 
@@ -165,7 +166,7 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_in = tmp / "bad.jsonl"
     subprocess.run(["/usr/bin/python3", src / "tests/mpi/make_workload.py", bad_in, "40", "--bad"], check=True)
     out = tmp / "bad-out.jsonl"
-    p = run(3, out, f"job.input={bad_in}", "job.mode=disagg")
+    p = run(3, out, f"job.input={bad_in}", "job.mode=disagg", "router.tokenize_threads=2")
     check("bad lines: exit 0", p.returncode == 0, p.stderr[-300:])
     lines = load(out)
     n_in = len([l for l in bad_in.read_text().split("\n") if l])
