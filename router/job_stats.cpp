@@ -110,12 +110,13 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
     kv_bytes += r.kv_bytes_sent;
     kv_seconds += r.kv_send_seconds;
     ranks.push_back({{"rank", r.rank},
-                     {"role", r.role},
+                     {"role", std::string(service::role_name(r.role))},
                      {"busy_fraction", r.busy_fraction},
                      {"prefill_tokens", r.prefill_tokens},
                      {"decode_tokens", r.decode_tokens},
                      {"prefix_hit_tokens", r.prefix_hit_tokens},
                      {"kv_bytes_sent", r.kv_bytes_sent},
+                     {"kv_send_s", r.kv_send_seconds},
                      {"kv_wait_s", r.kv_wait_seconds},
                      {"preemptions", r.preemptions},
                      {"hit_tokens_by_tier", r.hit_tokens_by_tier},

@@ -105,7 +105,7 @@ struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
   bool prefill = false;  // this rank prefills
-  std::string role;
+  service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
   mpi::Comm workers, role_comm;
 };
 
@@ -115,9 +115,8 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
   l.roles = plan_roles(p.cfg, env.size());
   l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2;
   l.prefill = rank >= 1 && rank <= l.roles.prefill;
-  l.role = env.size() == 1 ? "router+worker" : rank == 0 ? "router" : l.roles.prefill == 0 ? "worker"
-           : l.prefill ? "prefill" : "decode";
-  log::set_identity(rank, l.role);
+  l.role = service::role_for(l.roles.prefill > 0, l.prefill);
+  log::set_identity(rank, env.size() == 1 ? "router+worker" : rank == 0 ? "router" : service::role_name(l.role));
   if (env.size() > 1) {
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
     if (l.workers) l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
@@ -221,7 +220,7 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     if (w.tiers) w.pool->set_lower(w.tiers.get());
     runtime::EngineOptions options = engine_options(p);
     options.sampling_threads = w.threads.get();  // a step's draws, in parallel
-    w.core = std::make_unique<service::WorkerCore>(rank, l.role == "router+worker" ? "worker" : l.role, p.model,
+    w.core = std::make_unique<service::WorkerCore>(rank, l.role, p.model,
                                                    runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads),
                                                    *w.pool, p.tokenizer.get(), options, w.tiers.get());
     if (w.tiers && rank == 1) w.core->share_store_index();  // rank 0 learns the store's blocks once
@@ -278,7 +277,7 @@ int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Lay
 void run_worker(const mpi::MpiEnv& env, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
   const int rank = env.rank();
   mpi::MpiWorkerPort port(box, w.transport.get(), l.workers.get(), std::move(l.role_comm));
-  service::WorkerService worker_service(*w.core, port, [rank](const std::string& r) { log::set_identity(rank, r); });
+  service::WorkerService worker_service(*w.core, port, [rank](service::Role r) { log::set_identity(rank, service::role_name(r)); });
   mpi::Backoff idle;
   while (!worker_service.finished()) {
     if (worker_service.tick()) idle.reset();

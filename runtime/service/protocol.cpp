@@ -22,6 +22,16 @@ std::string_view msg_type_name(MsgType t) {
   return "unknown";
 }
 
+std::string_view role_name(Role r) {
+  switch (r) {
+    case Role::kWorker: return "worker";
+    case Role::kPrefill: return "prefill";
+    case Role::kDecode: return "decode";
+    case Role::kRouter: return "router";
+  }
+  return "unknown";
+}
+
 nlohmann::json tiers_json(const kv::TierStats& t) {
   nlohmann::json j = nlohmann::json::object();
   kv::TierStats::each_field([&](const char* name, auto member) { j[name] = t.*member; });
@@ -222,7 +232,7 @@ WireResult decode_result(const std::vector<uint8_t>& bytes) {
 }
 
 std::vector<uint8_t> encode(const RankReport& r) {
-  return json::to_cbor(json{{"rank", r.rank}, {"role", r.role}, {"busy", r.busy_fraction},
+  return json::to_cbor(json{{"rank", r.rank}, {"role", static_cast<int>(r.role)}, {"busy", r.busy_fraction},
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"kv_wait_s", r.kv_wait_seconds}, {"preempt", r.preemptions},
@@ -235,7 +245,7 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   const json j = json::from_cbor(bytes);
   RankReport r;
   r.rank = j.at("rank");
-  r.role = j.at("role");
+  r.role = static_cast<Role>(j.at("role").get<int>());
   r.busy_fraction = j.at("busy");
   r.prefill_tokens = j.at("prefill");
   r.decode_tokens = j.at("decode");

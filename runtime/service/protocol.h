@@ -20,7 +20,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 4;
+constexpr int kProtocolVersion = 5;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -39,10 +39,19 @@ enum class MsgType : int {
 std::string_view msg_type_name(MsgType t);
 constexpr int tag_of(MsgType t) { return static_cast<int>(t); }
 
+// A rank's part in the current epoch: a worker prefills and decodes
+// (aggregated), or only prefills, or only decodes (disaggregated); rank 0
+// routes (and reports its own counters too).
+enum class Role : uint8_t { kWorker = 0, kPrefill = 1, kDecode = 2, kRouter = 3 };
+std::string_view role_name(Role r);
+constexpr Role role_for(bool disaggregated, bool prefill) {
+  return !disaggregated ? Role::kWorker : prefill ? Role::kPrefill : Role::kDecode;
+}
+
 // What a rank reports of itself: periodically (kStats) and at the end (kReport).
 struct RankReport {
   int rank = 0;
-  std::string role;           // router | prefill | decode | worker (agg)
+  Role role = Role::kWorker;
   double busy_fraction = 0;   // share of the job's wall time spent computing
   int64_t prefill_tokens = 0; // prompt tokens this rank computed
   int64_t decode_tokens = 0;

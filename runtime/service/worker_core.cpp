@@ -9,10 +9,10 @@
 
 namespace tandem::service {
 
-WorkerCore::WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
+WorkerCore::WorkerCore(int rank, Role role, const runtime::ModelConfig& config,
                        std::unique_ptr<runtime::ModelBackend> backend, kv::BlockPool& pool,
                        const runtime::Tokenizer* tokenizer, runtime::EngineOptions options, kv::KvTiers* tiers)
-    : rank_(rank), role_(std::move(role)), pool_(pool), tiers_(tiers),
+    : rank_(rank), role_(role), pool_(pool), tiers_(tiers),
       engine_(config, std::move(backend), pool, tokenizer, options) {}
 
 void WorkerCore::submit(const WireRequest& w, bool prefill_only) {

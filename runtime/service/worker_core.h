@@ -24,7 +24,7 @@ class WorkerCore {
   // tiers: host memory and the disk store under the pool (null: none); the
   // pool must already have them as its lower tier.
   // The backend (runtime/engine/backend_registry.h) computes on `pool`.
-  WorkerCore(int rank, std::string role, const runtime::ModelConfig& config,
+  WorkerCore(int rank, Role role, const runtime::ModelConfig& config,
              std::unique_ptr<runtime::ModelBackend> backend, kv::BlockPool& pool, const runtime::Tokenizer* tokenizer,
              runtime::EngineOptions options, kv::KvTiers* tiers = nullptr);
 
@@ -93,7 +93,7 @@ class WorkerCore {
   RankReport report() const;
   // Engine steps since the last call (at most the last 512), for the planner.
   std::vector<std::array<double, 6>> take_step_samples();
-  void set_role(std::string role) { role_ = std::move(role); }
+  void set_role(Role role) { role_ = role; }
 
  private:
   struct Staged {
@@ -106,7 +106,7 @@ class WorkerCore {
   void refuse(uint64_t id, const std::string& why);
 
   int rank_;
-  std::string role_;
+  Role role_;
   kv::BlockPool& pool_;
   kv::KvTiers* tiers_;
   runtime::Engine engine_;

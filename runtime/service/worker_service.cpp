@@ -6,7 +6,7 @@
 
 namespace tandem::service {
 
-WorkerService::WorkerService(WorkerCore& core, WorkerPort& port, std::function<void(const std::string&)> on_role)
+WorkerService::WorkerService(WorkerCore& core, WorkerPort& port, std::function<void(Role)> on_role)
     : core_(core), port_(port), on_role_(std::move(on_role)) {
   // Counters for rank 0's /health and /metrics: now (this one says the model
   // is loaded), then every half second.
@@ -211,10 +211,10 @@ bool WorkerService::drive_resplit() {
     return true;
   }
   if (!port_.resplit_done()) return false;
-  const std::string role = r.prefill_ranks.empty() ? "worker" : prefill ? "prefill" : "decode";
+  const Role role = role_for(!r.prefill_ranks.empty(), prefill);
   core_.set_role(role);
   if (on_role_) on_role_(role);
-  spdlog::debug("epoch {}: now {}", r.epoch, role);
+  spdlog::debug("epoch {}: now {}", r.epoch, role_name(role));
   resplits_.pop_front();
   resplitting_ = false;
   for (auto& h : held_) send_handoff(h);

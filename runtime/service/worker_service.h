@@ -41,7 +41,7 @@ class WorkerService {
  public:
   using Clock = std::chrono::steady_clock;
   // on_role: called with the new role's name after a re-split (for the log's identity); may be empty.
-  WorkerService(WorkerCore& core, WorkerPort& port, std::function<void(const std::string&)> on_role = {});
+  WorkerService(WorkerCore& core, WorkerPort& port, std::function<void(Role)> on_role = {});
 
   // One pass: messages, reservations, an engine step, transfers, re-splits,
   // reports. True when anything happened (else the caller backs off).
@@ -96,7 +96,7 @@ class WorkerService {
 
   WorkerCore& core_;
   WorkerPort& port_;
-  std::function<void(const std::string&)> on_role_;
+  std::function<void(Role)> on_role_;
   std::deque<std::pair<WireRequest, Clock::time_point>> to_reserve_;  // decode side, waiting for free blocks
   std::unordered_map<uint64_t, AwaitingKv> awaiting_;
   std::unordered_map<uint64_t, Destination> destinations_;

@@ -122,7 +122,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check("USR1: the summary says it was stopped", summary.get("stopped_by_signal") is True)
     partial = lines_of(out)
     check("USR1: some but not all lines written", 0 < partial < 300, f"{partial}")
-    p = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=300)
+    # Resumed with rank 0 tokenizing on helper threads: what is done is skipped all the same.
+    p = subprocess.run(cmd(out, "--resume", "--set", "router.tokenize_threads=2"), env=env, capture_output=True,
+                       text=True, timeout=300)
     rows, bad, complete = parsed(out)
     got = [r["custom_id"] for r in rows]
     check("USR1 then --resume: every custom_id exactly once", p.returncode == 0 and sorted(got) == ids and bad == 0,
@@ -163,12 +165,22 @@ with tempfile.TemporaryDirectory() as tmp:
     # second stops with one line before any work; the first is unharmed.
     out = tmp / "twice.jsonl"
     proc = start(out)
-    # The checkpoint appears when the first job takes its lock, before its
-    # workers have loaded; the job is held still (SIGSTOP) from then while the
-    # second starts, so it cannot finish (and give up its lock) first: 300
-    # short requests take well under a second now.
+    # The first job locks its checkpoint before its workers have loaded; it
+    # is held still (SIGSTOP) from then while the second starts, so it cannot
+    # finish (and give up its lock) first: 300 short requests take well under
+    # a second now.
+    # The file exists a moment before its lock is taken (open, then flock):
+    # the job is held once /proc/locks shows the lock (probing with flock
+    # here could take the lock from under the job).
+    def locked(path):
+        try:
+            inode = os.stat(path).st_ino
+        except FileNotFoundError:
+            return False
+        return any(l.split()[1] == "FLOCK" and l.split()[5].endswith(f":{inode}")
+                   for l in Path("/proc/locks").read_text().splitlines() if len(l.split()) > 5)
     t0 = time.time()
-    while not Path(str(out) + ".ckpt").exists() and proc.poll() is None and time.time() - t0 < 60:
+    while not locked(str(out) + ".ckpt") and proc.poll() is None and time.time() - t0 < 60:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGSTOP)
     try:

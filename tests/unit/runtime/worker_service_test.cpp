@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <optional>
 #include <deque>
 #include <map>
 #include <memory>
@@ -100,7 +101,7 @@ struct Worker {
   std::unique_ptr<WorkerCore> core;
   std::unique_ptr<FakePort> port;
   std::unique_ptr<WorkerService> service;
-  std::string role_seen;
+  std::optional<Role> role_seen;
 };
 
 std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
@@ -124,12 +125,12 @@ struct Job {
       x.pool = std::make_unique<kv::BlockPool>(kv::KvLayout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16},
                                                blocks[std::min(static_cast<std::size_t>(k), blocks.size() - 1)]);
       x.threads = std::make_unique<runtime::cpu::ThreadPool>(1);
-      x.core = std::make_unique<WorkerCore>(k + 1, "worker", tiny.config,
+      x.core = std::make_unique<WorkerCore>(k + 1, Role::kWorker, tiny.config,
                                             runtime::make_backend("cpu", tiny.config, *tiny.weights, *x.pool, *x.threads),
                                             *x.pool, nullptr, runtime::EngineOptions{16, 256, 0});
       fake.pools[k + 1] = x.pool.get();
       x.port = std::make_unique<FakePort>(fake, k + 1, kv);
-      x.service = std::make_unique<WorkerService>(*x.core, *x.port, [&x](const std::string& r) { x.role_seen = r; });
+      x.service = std::make_unique<WorkerService>(*x.core, *x.port, [&x](Role r) { x.role_seen = r; });
     }
   }
   void send(int dest, MsgType type, std::vector<uint8_t> bytes) { fake.inbox[dest].push_back({0, type, std::move(bytes)}); }
@@ -261,14 +262,14 @@ TEST_CASE("worker service: a re-split renames the roles; requests keep running t
   for (int k = 1; k <= 2; ++k) dis.send(k, MsgType::kRoles, encode(WireRoles{1, {2}}));  // 2 prefills from now on
   const auto got = dis.run(reqs.size());
   for (const auto& r : reqs) CHECK(got.at(r.id).ok);
-  for (int guard = 0; dis.w[0].role_seen.empty() || dis.w[1].role_seen.empty(); ++guard) {
+  for (int guard = 0; !dis.w[0].role_seen || !dis.w[1].role_seen; ++guard) {
     REQUIRE(guard < 1000);
     for (auto& x : dis.w) x.service->tick();
   }
-  CHECK(dis.w[0].role_seen == "decode");
-  CHECK(dis.w[1].role_seen == "prefill");
+  CHECK(dis.w[0].role_seen == Role::kDecode);
+  CHECK(dis.w[1].role_seen == Role::kPrefill);
   CHECK(dis.w[1].port->role_prefill());
-  for (const auto& rep : dis.shutdown()) CHECK(rep.role == (rep.rank == 2 ? "prefill" : "decode"));
+  for (const auto& rep : dis.shutdown()) CHECK(rep.role == (rep.rank == 2 ? Role::kPrefill : Role::kDecode));
 }
 
 TEST_CASE("worker service: shutdown with abandon ends at once; without, after the last request", "[service]") {
