@@ -182,11 +182,30 @@ with tempfile.TemporaryDirectory() as tmp:
     t0 = time.time()
     while not locked(str(out) + ".ckpt") and proc.poll() is None and time.time() - t0 < 60:
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGSTOP)
+    # mpirun puts each rank in a process group of its own, all in mpirun's
+    # session (start_new_session): every process of the session is held.
+    def session(sid):
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if d.name.isdigit() and int(fields[3]) == sid:
+                pids.append(int(d.name))
+        return pids
+    def signal_all(pids, sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    held = session(proc.pid)
+    signal_all(held, signal.SIGSTOP)
     try:
         second = subprocess.run(cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=120)
     finally:
-        os.killpg(proc.pid, signal.SIGCONT)
+        signal_all(held, signal.SIGCONT)
     errs = [l for l in second.stderr.splitlines() if l.startswith("tandem: error:")]
     check("a second job on a running job's output stops with one line (exit 2)",
           second.returncode == 2 and len(errs) == 1 and "another job is writing this output now" in errs[0],
