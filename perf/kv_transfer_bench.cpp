@@ -95,12 +95,12 @@ int main(int argc, char** argv) {
   std::vector<char> src(max_bytes, 3), dst(max_bytes, 0);
 
   if (env.rank() == 0)
-    std::printf("%10s %12s %12s %14s %12s %8s\n", "size", "rma GB/s", "2-sided GB/s", "Put+msg GB/s", "memcpy GB/s",
-                "rma/old");
+    std::printf("%10s %12s %12s %14s %12s %8s %19s %s\n", "size", "rma GB/s", "2-sided GB/s", "Put+msg GB/s", "memcpy GB/s",
+                "rma/old", "rma post/all us", "Put/all us");
   const std::vector<uint8_t> notification(24, 1);  // about what a KV handoff's first token and counters take
   for (std::size_t bytes = 64 << 10; bytes <= max_bytes; bytes *= 4) {
     const int reps = bytes <= (4u << 20) ? 50 : bytes <= (64u << 20) ? 12 : 8;
-    std::vector<double> t_rma, t_two, t_raw, t_copy;
+    std::vector<double> t_rma, t_two, t_raw, t_copy, post_t, put_t;
     for (int r = 0; r < reps; ++r) {
       barrier(env.world(), ready, transports);
       if (env.rank() == 0) {
@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
           const auto t0 = Clock::now();
           tandem::mpi::XferId id = 0;
           if (!t.post(1, ids, ids, notification, id).ok()) return false;
+          if (&t == &rma) post_t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
           for (tandem::mpi::XferState st = tandem::mpi::XferState::kPending; st == tandem::mpi::XferState::kPending;)
             if (!t.poll(id, st).ok()) return false;
           times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
         auto via_raw = [&] {  // the old path: put, flush (remote completion), then the ready message
           const auto t0 = Clock::now();
           MPI_Put(raw_base, static_cast<int>(bytes), MPI_BYTE, 1, 0, static_cast<int>(bytes), MPI_BYTE, raw);
+          put_t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
           MPI_Win_flush(1, raw);
           MPI_Request sent;
           MPI_Isend(notification.data(), static_cast<int>(notification.size()), MPI_BYTE, 1, 0, ready, &sent);
@@ -159,7 +161,8 @@ int main(int argc, char** argv) {
       char size[32];
       if (bytes >= (1u << 20)) std::snprintf(size, sizeof size, "%zu MiB", bytes >> 20);
       else std::snprintf(size, sizeof size, "%zu KiB", bytes >> 10);
-      std::printf("%10s %12.2f %12.2f %14.2f %12.2f %7.0f%%\n", size, a, w, b, c, 100.0 * a / b);
+      std::printf("%10s %12.2f %12.2f %14.2f %12.2f %7.0f%% %9.2f/%-9.2f %8.2f/%.2f\n", size, a, w, b, c, 100.0 * a / b,
+                  1e6 * median(post_t), 1e6 * median(t_rma), 1e6 * median(put_t), 1e6 * median(t_raw));
       std::fflush(stdout);
     }
   }
@@ -172,6 +175,8 @@ int main(int argc, char** argv) {
   if (env.rank() == 0)
     std::printf("rma/old = the RMA transport (post with a notification, poll to done) / the path before notifications:\n"
                 "MPI_Put + MPI_Win_flush of the same bytes, then a ready message (target: >= 100%% from 64 KiB);\n"
-                "windows allocated %s first\n", raw_first ? "the raw path's" : "the transports'");
+                "windows allocated %s first. post/all, Put/all: time in the call that starts the\n"
+                "transfer (over shared memory the copy happens there) against the whole transfer\n",
+                raw_first ? "the raw path's" : "the transports'");
   return 0;
 }
