@@ -19,6 +19,12 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
   if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
     throw Error("the CPU backend keeps KV in float32 or bf16, not " + std::to_string(8 * pool.layout().elem_bytes) +
                 "-bit elements");
+  // o_proj and down_proj as the column chunks of their fixed reduction tree.
+  for (const LayerWeights& lw : weights.layers) {
+    wo_parts_.push_back(split_columns(lw.wo, 0, kReduceChunks, parts_));
+    down_parts_.push_back(split_columns(lw.w_down, 0, kReduceChunks, parts_));
+  }
+  tree_buffers_.resize(static_cast<std::size_t>(threads.size()), std::vector<std::vector<float>>(4));
 }
 
 // Element e of the pool, as bytes (float32 or bf16 elements).
@@ -52,6 +58,37 @@ void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Produc
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < n; ++j) p.y[r * n + j] += (*p.bias)[static_cast<std::size_t>(j)];
   }
+}
+
+// Each thread takes a range of output columns and, a block of rows at a
+// time, computes the chunks' partial products and adds them in the tree.
+void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matrix>& parts, float* y,
+                            const std::vector<float>* bias) {
+  const int64_t n = parts.front().rows;
+  int64_t k = 0;
+  for (const Matrix& p : parts) k += p.cols;
+  const int64_t threads = threads_.size();
+  threads_.run(threads, [&](int64_t t) {
+    const int64_t per = ((n + threads - 1) / threads + 23) / 24 * 24;  // as matmul() splits columns
+    const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
+    if (n0 >= n1) return;
+    constexpr int64_t kRowBlock = 64;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int64_t rb = std::min(kRowBlock, rows - r0);
+      TreeSum tree(tree_buffers_[static_cast<std::size_t>(t)], rb, n, n0, n1);
+      int64_t k0 = 0;
+      for (const Matrix& p : parts) {
+        kern_.matmul(x + r0 * k + k0, k, rb, p, n0, n1, tree.next(), n);
+        tree.push();
+        k0 += p.cols;
+      }
+      const float* s = tree.result();
+      for (int64_t r = 0; r < rb; ++r) std::copy(s + r * n + n0, s + r * n + n1, y + (r0 + r) * n + n0);
+    }
+  });
+  if (bias)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) y[r * n + j] += (*bias)[static_cast<std::size_t>(j)];
 }
 
 void CpuModel::rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const {
@@ -234,7 +271,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
       store_kv(vbuf_.data() + r * kv_dim, kv_dim, L.offset(blk, l, 1, ref.pos % L.block_size));
     }
     attention(l, chunks);
-    matmul(attn_.data(), R, {{&lw.wo, xn_.data(), lw.bo.empty() ? nullptr : &lw.bo}});
+    row_parallel(attn_.data(), R, wo_parts_[sz(l)], xn_.data(), lw.bo.empty() ? nullptr : &lw.bo);
     for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
 
     for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.mlp_norm, H, xn_.data() + r * H);
@@ -243,7 +280,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
       const float g = gate_[sz(i)];
       gate_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * up_[sz(i)];
     }
-    matmul(gate_.data(), R, {{&lw.w_down, xn_.data(), nullptr}});
+    row_parallel(gate_.data(), R, down_parts_[sz(l)], xn_.data(), nullptr);
     for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
   }
 

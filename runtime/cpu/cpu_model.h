@@ -18,6 +18,7 @@
 #include "kv/block_pool.h"
 #include "runtime/engine/backend.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
@@ -48,6 +49,11 @@ class CpuModel final : public ModelBackend {
   // y = x W^T (+ bias) for every product, all in one pass over the threads
   // (one wake-up instead of one per matrix: decode steps are short).
   void matmul(const float* x, int64_t rows, std::initializer_list<Product> products);
+  // The same for a row-parallel product (o_proj, down_proj): W's reduction
+  // in its fixed tree of column chunks (row_parallel.h), so that a tensor-
+  // parallel group of any width computes it bit for bit alike.
+  void row_parallel(const float* x, int64_t rows, const std::vector<Matrix>& parts, float* y,
+                    const std::vector<float>* bias);
   void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
   // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
@@ -62,6 +68,9 @@ class CpuModel final : public ModelBackend {
   const KernelTable& kern_;
   std::vector<float> inv_freq_;  // [head_dim / 2], RoPE frequencies after scaling
   DType kv_dtype_;               // the pool's elements
+  PanelStore parts_;             // owns the chunks below
+  std::vector<std::vector<Matrix>> wo_parts_, down_parts_;  // per layer, the reduction's column chunks
+  std::vector<std::vector<std::vector<float>>> tree_buffers_;  // per thread: the tree's partial sums
 
   // Step buffers, [rows][width].
   std::vector<float> x_, xn_, q_, kbuf_, vbuf_, attn_, gate_, up_;

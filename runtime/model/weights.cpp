@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,6 +46,37 @@ struct Binder {
 
 PanelStore::~PanelStore() {
   for (auto& [p, n] : blocks_) std::free(p);
+}
+
+Matrix PanelStore::pack_columns(const Matrix& m, int64_t k0, int64_t k1) {
+  const std::size_t es = dtype_size(m.dtype);
+  const int64_t cols = k1 - k0;
+  const bool panels = k0 % 8 == 0 && cols % 8 == 0 && cols > 0;
+  const int64_t rows = panels ? (m.rows + 7) / 8 * 8 : m.rows;
+  const std::size_t bytes = static_cast<std::size_t>(rows * cols) * es;
+  constexpr std::size_t kAlign = 64;
+  void* p = std::aligned_alloc(kAlign, std::max<std::size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign));
+  if (!p) throw Error("out of memory: cannot allocate " + std::to_string(bytes >> 20) + " MiB for the weights");
+  blocks_.emplace_back(p, bytes);
+  bytes_ += bytes;
+  Matrix out = m;
+  out.data = p;
+  out.cols = cols;
+  out.panels = panels;
+  auto* dst = static_cast<uint8_t*>(p);
+  const auto* src = static_cast<const uint8_t*>(m.data);
+  for (int64_t n = 0; n < rows; ++n) {
+    if (panels) {
+      for (int64_t k = 0; k < cols; k += 8) {  // eight weights of one row are contiguous in both layouts
+        uint8_t* d = dst + out.index(n, k) * es;
+        if (n < m.rows) std::memcpy(d, src + m.index(n, k0 + k) * es, 8 * es);
+        else std::memset(d, 0, 8 * es);
+      }
+    } else {
+      for (int64_t k = 0; k < cols; ++k) std::memcpy(dst + out.index(n, k) * es, src + m.index(n, k0 + k) * es, es);
+    }
+  }
+  return out;
 }
 
 Matrix PanelStore::pack(const Matrix& m) {
@@ -113,8 +145,10 @@ std::unique_ptr<ModelWeights> ModelWeights::load(const ModelConfig& c, const std
   if (panels) {
     w->panels = std::make_unique<PanelStore>();
     PanelStore& s = *w->panels;
+    // wo and w_down stay in the mapping: the CPU backend copies them as the
+    // column chunks of its fixed reduction tree (runtime/cpu/row_parallel.h).
     for (auto& l : w->layers)
-      for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) *m = s.pack(*m);
+      for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up}) *m = s.pack(*m);
     w->lm_head = s.pack(w->lm_head);
   }
   return w;

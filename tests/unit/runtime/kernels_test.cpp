@@ -1,8 +1,10 @@
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <random>
 
 #include "runtime/cpu/kernels.h"
+#include "runtime/cpu/row_parallel.h"
 
 using namespace tandem::runtime;
 using namespace tandem::runtime::cpu;
@@ -186,4 +188,62 @@ TEST_CASE("bf16 and f16 conversions round to nearest even", "[kernels]") {
   CHECK(f16_to_f32(0x7BFF) == 65504.0f);
   CHECK(f16_to_f32(0x0001) == std::ldexp(1.0f, -24));
   for (uint32_t h = 0; h < 0x7C00; ++h) REQUIRE(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))) == h);
+}
+
+// What tensor parallelism's bitwise promise rests on (row_parallel.h): a
+// group of width tp gives each rank 8 / tp of the row-parallel product's
+// column chunks; each rank adds its chunks' partials as the subtree they
+// form, and the group adds the ranks' subtrees in the same tree. The result
+// must be the width-1 result, bit for bit, on every kernel table, for any
+// K (chunks need not be multiples of 8), in either weight layout.
+TEST_CASE("a row-parallel product split over 1, 2, 4 or 8 ranks sums to the same bits", "[kernels][tp]") {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  bool some_order_differs = false;  // the order matters at all (else this test could not fail)
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t K : {64, 72, 200, 1024}) {
+      const int64_t N = 40, M = 5;
+      RandomMatrix w(dt, N, K, rng);
+      std::vector<float> x(static_cast<std::size_t>(M * K));
+      for (float& v : x) v = u(rng);
+      PanelStore store;
+      const auto chunks = split_columns(w.m, 0, kReduceChunks, store);
+      for (const KernelTable* t : tables) {
+        std::vector<float> reference;
+        for (int tp : {1, 2, 4, 8}) {
+          const int per = kReduceChunks / tp;
+          std::vector<std::vector<float>> subtrees;  // each rank's, [M][N]
+          for (int r = 0; r < tp; ++r) {
+            std::vector<std::vector<float>> buffers(4);
+            TreeSum tree(buffers, M, N, 0, N);
+            for (int c = r * per; c < (r + 1) * per; ++c) {
+              t->matmul(x.data() + chunk_begin(K, c), K, M, chunks[static_cast<std::size_t>(c)], 0, N, tree.next(), N);
+              tree.push();
+            }
+            subtrees.emplace_back(tree.result(), tree.result() + M * N);
+          }
+          std::vector<std::vector<float>> buffers(4);
+          TreeSum group(buffers, M, N, 0, N);
+          for (const auto& s : subtrees) {
+            std::copy(s.begin(), s.end(), group.next());
+            group.push();
+          }
+          std::vector<float> got(group.result(), group.result() + M * N);
+          if (tp == 1) reference = got;
+          if (tp == 8) {  // the same partials added left to right: another order, other bits somewhere
+            std::vector<float> seq(subtrees[0]);
+            for (int r = 1; r < tp; ++r)
+              for (std::size_t i = 0; i < seq.size(); ++i) seq[i] += subtrees[static_cast<std::size_t>(r)][i];
+            some_order_differs = some_order_differs || std::memcmp(seq.data(), got.data(), seq.size() * 4) != 0;
+          }
+          INFO(t->name << " " << dtype_name(dt) << " K=" << K << " tp=" << tp);
+          CHECK(std::memcmp(got.data(), reference.data(), got.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+  CHECK(some_order_differs);
 }

@@ -1,0 +1,41 @@
+#include "runtime/cpu/row_parallel.h"
+
+namespace tandem::runtime::cpu {
+
+std::vector<Matrix> split_columns(const Matrix& w, int first, int count, PanelStore& store) {
+  std::vector<Matrix> parts;
+  for (int c = first; c < first + count; ++c)
+    parts.push_back(store.pack_columns(w, chunk_begin(w.cols, c), chunk_begin(w.cols, c + 1)));
+  return parts;
+}
+
+TreeSum::TreeSum(std::vector<std::vector<float>>& buffers, int64_t rows, int64_t ld, int64_t c0, int64_t c1)
+    : buffers_(buffers), rows_(rows), ld_(ld), c0_(c0), c1_(c1) {
+  for (auto& b : buffers_)
+    if (static_cast<int64_t>(b.size()) < rows * ld) b.resize(static_cast<std::size_t>(rows * ld));
+  for (int i = static_cast<int>(buffers_.size()) - 1; i >= 0; --i) free_.push_back(i);
+}
+
+float* TreeSum::next() { return buffers_[static_cast<std::size_t>(free_.back())].data(); }
+
+// The new partial is a leaf (level 0); while the two on top are of one
+// level they are one subtree's halves: the left one takes their sum.
+void TreeSum::push() {
+  stack_.push_back(free_.back());
+  free_.pop_back();
+  levels_.push_back(0);
+  while (levels_.size() >= 2 && levels_[levels_.size() - 1] == levels_[levels_.size() - 2]) {
+    float* left = buffers_[static_cast<std::size_t>(stack_[stack_.size() - 2])].data();
+    const float* right = buffers_[static_cast<std::size_t>(stack_.back())].data();
+    for (int64_t r = 0; r < rows_; ++r)
+      for (int64_t c = c0_; c < c1_; ++c) left[r * ld_ + c] += right[r * ld_ + c];
+    free_.push_back(stack_.back());
+    stack_.pop_back();
+    levels_.pop_back();
+    ++levels_.back();
+  }
+}
+
+const float* TreeSum::result() const { return buffers_[static_cast<std::size_t>(stack_.front())].data(); }
+
+}  // namespace tandem::runtime::cpu
