@@ -8,8 +8,10 @@
 
 namespace tandem::runtime::cpu {
 
-CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads)
-    : c_(config),
+CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads,
+                   TpGroup* group)
+    : group_(group),
+      c_(group ? shard_config(config, group->shard()) : config),
       w_(weights),
       pool_(pool),
       threads_(threads),
@@ -19,12 +21,64 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
   if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
     throw Error("the CPU backend keeps KV in float32 or bf16, not " + std::to_string(8 * pool.layout().elem_bytes) +
                 "-bit elements");
-  // o_proj and down_proj as the column chunks of their fixed reduction tree.
-  for (const LayerWeights& lw : weights.layers) {
-    wo_parts_.push_back(split_columns(lw.wo, 0, kReduceChunks, parts_));
-    down_parts_.push_back(split_columns(lw.w_down, 0, kReduceChunks, parts_));
+  if (group) {
+    const std::string why = tp_problem(config, group->shard().width);
+    if (!why.empty()) throw Error(why);
   }
+  if (pool.layout().kv_heads != c_.kv_heads)
+    throw Error("the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
+                std::to_string(c_.kv_heads));
+  shard_layers(config, weights);
+  lm_head_ = weights.lm_head.panels ? weights.lm_head : parts_.pack(weights.lm_head);
   tree_buffers_.resize(static_cast<std::size_t>(threads.size()), std::vector<std::vector<float>>(4));
+}
+
+namespace {
+
+// Rows [a, b) of m: a view where the layout allows (row-major; panels from a
+// whole panel on), else a copy; packed into panels when m was not.
+Matrix rows_of(const Matrix& m, int64_t a, int64_t b, PanelStore& store) {
+  if (a == 0 && b == m.rows) return m.panels ? m : store.pack(m);
+  const std::size_t es = dtype_size(m.dtype);
+  if (m.panels && a % 8 != 0) return store.pack_slice(m, a, b, 0, m.cols);  // a panel split between ranks
+  Matrix v = m;
+  v.data = static_cast<const uint8_t*>(m.data) + static_cast<std::size_t>(a * m.cols) * es;  // as index(a, 0) for both
+  v.rows = b - a;
+  return m.panels ? v : store.pack(v);
+}
+
+std::vector<float> slice(const std::vector<float>& v, int64_t a, int64_t b) {
+  if (v.empty()) return v;
+  return {v.begin() + a, v.begin() + b};
+}
+
+}  // namespace
+
+// The shard's weights: its heads' rows of q, k and v, its units' rows of
+// gate and up, its chunks of o_proj's and down_proj's columns; the norms and
+// o_proj's bias whole.
+void CpuModel::shard_layers(const ModelConfig& full, const ModelWeights& weights) {
+  const TpShard s = group_ ? group_->shard() : TpShard{};
+  const ShardOffsets o = shard_offsets(full, s);
+  const int64_t hd = full.head_dim;
+  const int per = kReduceChunks / s.width;
+  for (const LayerWeights& lw : weights.layers) {
+    LayerWeights l = lw;
+    const int64_t q0 = o.head * hd, q1 = q0 + c_.heads * hd, k0 = o.kv_head * hd, k1 = k0 + c_.kv_heads * hd;
+    const int64_t u0 = o.unit, u1 = o.unit + c_.intermediate;
+    l.wq = rows_of(lw.wq, q0, q1, parts_);
+    l.wk = rows_of(lw.wk, k0, k1, parts_);
+    l.wv = rows_of(lw.wv, k0, k1, parts_);
+    l.bq = slice(lw.bq, q0, q1);
+    l.bk = slice(lw.bk, k0, k1);
+    l.bv = slice(lw.bv, k0, k1);
+    l.w_gate = rows_of(lw.w_gate, u0, u1, parts_);
+    l.w_up = rows_of(lw.w_up, u0, u1, parts_);
+    layers_.push_back(std::move(l));
+    // o_proj and down_proj as this rank's column chunks of their fixed reduction tree.
+    wo_parts_.push_back(split_columns(lw.wo, s.rank * per, per, parts_));
+    down_parts_.push_back(split_columns(lw.w_down, s.rank * per, per, parts_));
+  }
 }
 
 // Element e of the pool, as bytes (float32 or bf16 elements).
@@ -86,6 +140,7 @@ void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matr
       for (int64_t r = 0; r < rb; ++r) std::copy(s + r * n + n0, s + r * n + n1, y + (r0 + r) * n + n0);
     }
   });
+  if (group_) group_->reduce_tree(y, rows * n);  // the ranks' chunks, added in the same tree
   if (bias)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < n; ++j) y[r * n + j] += (*bias)[static_cast<std::size_t>(j)];
@@ -247,7 +302,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
   };
 
   for (int64_t l = 0; l < c_.layers; ++l) {
-    const LayerWeights& lw = w_.layers[sz(l)];
+    const LayerWeights& lw = layers_[sz(l)];
     for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.attn_norm, H, xn_.data() + r * H);
     const bool b = c_.qkv_bias;
     matmul(xn_.data(), R,
@@ -288,7 +343,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
   const int64_t LR = static_cast<int64_t>(logit_rows.size());
   for (int64_t i = 0; i < LR; ++i) rms_norm(x_.data() + logit_rows[sz(i)] * H, w_.final_norm, H, xn_.data() + i * H);
   logits.resize(sz(LR * c_.vocab));
-  if (LR > 0) matmul(xn_.data(), LR, {{&w_.lm_head, logits.data(), nullptr}});
+  if (LR > 0) matmul(xn_.data(), LR, {{&lm_head_, logits.data(), nullptr}});
 }
 
 }  // namespace tandem::runtime::cpu

@@ -19,6 +19,7 @@
 #include "runtime/engine/backend.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/row_parallel.h"
+#include "runtime/cpu/tp_group.h"
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
@@ -29,8 +30,13 @@ using runtime::SeqChunk;
 
 class CpuModel final : public ModelBackend {
  public:
-  // config, weights and pool must outlive the model.
-  CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads);
+  // config, weights and pool must outlive the model. With a tensor-parallel
+  // group (tp_group.h) this rank computes its shard: the pool holds only its
+  // KV heads (shard_config), and the weights are best loaded without panels
+  // so that only the shard's slices are copied (the rest stays unread in the
+  // mapping).
+  CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads,
+           TpGroup* group = nullptr);
 
   // Runs one step. logits: [rows wanting logits][vocab], in chunk order, and
   // within a chunk in position order. Throws tandem::Error on a block table
@@ -50,10 +56,12 @@ class CpuModel final : public ModelBackend {
   // (one wake-up instead of one per matrix: decode steps are short).
   void matmul(const float* x, int64_t rows, std::initializer_list<Product> products);
   // The same for a row-parallel product (o_proj, down_proj): W's reduction
-  // in its fixed tree of column chunks (row_parallel.h), so that a tensor-
-  // parallel group of any width computes it bit for bit alike.
+  // in its fixed tree of column chunks (row_parallel.h), this rank's chunks,
+  // then the group's exchange, so that a tensor-parallel group of any width
+  // computes it bit for bit alike.
   void row_parallel(const float* x, int64_t rows, const std::vector<Matrix>& parts, float* y,
                     const std::vector<float>* bias);
+  void shard_layers(const ModelConfig& full, const ModelWeights& weights);
   void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
   // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
@@ -61,8 +69,11 @@ class CpuModel final : public ModelBackend {
   const void* kv_at(int64_t element) const;
   void store_kv(const float* src, int64_t n, int64_t element);
 
-  const ModelConfig& c_;
+  TpGroup* group_;
+  const ModelConfig c_;  // this rank's shard of the model (the whole model without a group)
   const ModelWeights& w_;
+  std::vector<LayerWeights> layers_;  // the shard's slices (views where no copy is needed)
+  Matrix lm_head_;                    // replicated on every rank of a group
   kv::BlockPool& pool_;
   ThreadPool& threads_;
   const KernelTable& kern_;

@@ -48,11 +48,11 @@ PanelStore::~PanelStore() {
   for (auto& [p, n] : blocks_) std::free(p);
 }
 
-Matrix PanelStore::pack_columns(const Matrix& m, int64_t k0, int64_t k1) {
+Matrix PanelStore::pack_slice(const Matrix& m, int64_t r0, int64_t r1, int64_t k0, int64_t k1) {
   const std::size_t es = dtype_size(m.dtype);
-  const int64_t cols = k1 - k0;
+  const int64_t cols = k1 - k0, used = r1 - r0;
   const bool panels = k0 % 8 == 0 && cols % 8 == 0 && cols > 0;
-  const int64_t rows = panels ? (m.rows + 7) / 8 * 8 : m.rows;
+  const int64_t rows = panels ? (used + 7) / 8 * 8 : used;
   const std::size_t bytes = static_cast<std::size_t>(rows * cols) * es;
   constexpr std::size_t kAlign = 64;
   void* p = std::aligned_alloc(kAlign, std::max<std::size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign));
@@ -61,6 +61,7 @@ Matrix PanelStore::pack_columns(const Matrix& m, int64_t k0, int64_t k1) {
   bytes_ += bytes;
   Matrix out = m;
   out.data = p;
+  out.rows = used;
   out.cols = cols;
   out.panels = panels;
   auto* dst = static_cast<uint8_t*>(p);
@@ -69,11 +70,12 @@ Matrix PanelStore::pack_columns(const Matrix& m, int64_t k0, int64_t k1) {
     if (panels) {
       for (int64_t k = 0; k < cols; k += 8) {  // eight weights of one row are contiguous in both layouts
         uint8_t* d = dst + out.index(n, k) * es;
-        if (n < m.rows) std::memcpy(d, src + m.index(n, k0 + k) * es, 8 * es);
+        if (n < used) std::memcpy(d, src + m.index(r0 + n, k0 + k) * es, 8 * es);
         else std::memset(d, 0, 8 * es);
       }
     } else {
-      for (int64_t k = 0; k < cols; ++k) std::memcpy(dst + out.index(n, k) * es, src + m.index(n, k0 + k) * es, es);
+      for (int64_t k = 0; k < cols; ++k)
+        std::memcpy(dst + out.index(n, k) * es, src + m.index(r0 + n, k0 + k) * es, es);
     }
   }
   return out;

@@ -48,7 +48,9 @@ class PanelStore {
   Matrix pack(const Matrix& m);
   // Columns [k0, k1) of m as a matrix of their own (copied): in panels when
   // k0 and k1 - k0 are multiples of 8, else row-major. m may be in either layout.
-  Matrix pack_columns(const Matrix& m, int64_t k0, int64_t k1);
+  Matrix pack_columns(const Matrix& m, int64_t k0, int64_t k1) { return pack_slice(m, 0, m.rows, k0, k1); }
+  // Rows [r0, r1) and columns [k0, k1) of m, likewise.
+  Matrix pack_slice(const Matrix& m, int64_t r0, int64_t r1, int64_t k0, int64_t k1);
   std::size_t bytes() const { return bytes_; }
 
  private:

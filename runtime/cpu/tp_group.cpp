@@ -1,0 +1,36 @@
+#include "runtime/cpu/tp_group.h"
+
+#include "runtime/cpu/row_parallel.h"
+
+namespace tandem::runtime::cpu {
+
+std::string tp_problem(const ModelConfig& c, int width) {
+  const std::string w = std::to_string(width);
+  if (width != 1 && width != 2 && width != 4 && width != 8) return "a tensor-parallel width is 1, 2, 4 or 8, not " + w;
+  if (c.heads % width != 0)
+    return "a width of " + w + " does not divide the model's " + std::to_string(c.heads) + " attention heads";
+  if (c.kv_heads % width != 0 && width % c.kv_heads != 0)
+    return "a width of " + w + " neither divides the model's " + std::to_string(c.kv_heads) +
+           " KV heads nor is a multiple of them";
+  if (c.intermediate < kReduceChunks) return "the model's MLP is too narrow to split";
+  return "";
+}
+
+ModelConfig shard_config(const ModelConfig& c, TpShard s) {
+  ModelConfig l = c;
+  l.heads = c.heads / s.width;
+  l.kv_heads = c.kv_heads >= s.width ? c.kv_heads / s.width : 1;
+  const int per = kReduceChunks / s.width;
+  l.intermediate = chunk_begin(c.intermediate, (s.rank + 1) * per) - chunk_begin(c.intermediate, s.rank * per);
+  return l;
+}
+
+ShardOffsets shard_offsets(const ModelConfig& c, TpShard s) {
+  ShardOffsets o;
+  o.head = s.rank * (c.heads / s.width);
+  o.kv_head = c.kv_heads >= s.width ? s.rank * (c.kv_heads / s.width) : s.rank * c.kv_heads / s.width;
+  o.unit = chunk_begin(c.intermediate, s.rank * (kReduceChunks / s.width));
+  return o;
+}
+
+}  // namespace tandem::runtime::cpu

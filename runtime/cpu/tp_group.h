@@ -1,0 +1,48 @@
+// Tensor parallelism as the CPU model sees it: a group of `width` ranks
+// runs one worker's model, each with a shard of it (Megatron's split):
+// attention heads and the MLP's intermediate units are divided, q/k/v and
+// gate/up by rows (column-parallel), o_proj and down_proj by their reduced
+// columns (row-parallel, in the fixed chunks of row_parallel.h, so that the
+// group's sum is the same bits at every width). The embedding, the norms
+// and the LM head are replicated: every rank holds the whole hidden vector
+// after each exchange and computes the same logits. Where the width passes
+// the KV head count, each KV head is replicated on width / kv_heads ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/model/model_config.h"
+
+namespace tandem::runtime::cpu {
+
+struct TpShard {
+  int rank = 0;
+  int width = 1;
+};
+
+class TpGroup {
+ public:
+  virtual ~TpGroup() = default;
+  virtual TpShard shard() const = 0;
+  // data: this rank's partial sum of a row-parallel product, n floats (the
+  // subtree of its chunks). On return, on every rank, the group's sum: the
+  // ranks' partial sums added in rank order in the fixed tree.
+  virtual void reduce_tree(float* data, int64_t n) = 0;
+};
+
+// Why `width` cannot shard this model, or "" when it can: 1, 2, 4 or 8,
+// dividing the attention heads, and dividing the KV heads or divided by them.
+std::string tp_problem(const ModelConfig& c, int width);
+
+// The model as one rank of the group computes it: its heads, KV heads and
+// intermediate units (hidden, vocabulary and the rest unchanged).
+ModelConfig shard_config(const ModelConfig& c, TpShard s);
+
+// The first of the rank's attention heads, KV heads and intermediate units.
+struct ShardOffsets {
+  int64_t head = 0, kv_head = 0, unit = 0;
+};
+ShardOffsets shard_offsets(const ModelConfig& c, TpShard s);
+
+}  // namespace tandem::runtime::cpu

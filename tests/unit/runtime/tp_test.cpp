@@ -1,0 +1,134 @@
+// Tensor parallelism in the CPU model (tp_group.h), ranks as threads of this
+// process: the logits of a prefill and of the decode steps after it are the
+// same bits at widths 1, 2 and 4 (and 8 where the heads allow), KV heads
+// replicated where the width passes their count, weights in either layout.
+#include <catch2/catch.hpp>
+
+#include <barrier>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/row_parallel.h"
+#include "runtime/cpu/tp_group.h"
+#include "test_model.h"
+
+using namespace tandem;
+using namespace tandem::runtime;
+using namespace tandem::runtime::cpu;
+
+namespace {
+
+// One thread per rank; the exchange through buffers every rank sees.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int width) : width_(width), slots_(static_cast<std::size_t>(width)), sync_(width) {}
+
+  class Member : public TpGroup {
+   public:
+    Member(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
+    TpShard shard() const override { return {rank_, g_.width_}; }
+    void reduce_tree(float* data, int64_t n) override {
+      g_.slots_[static_cast<std::size_t>(rank_)].assign(data, data + n);
+      g_.sync_.arrive_and_wait();
+      std::vector<std::vector<float>> buffers(4);
+      TreeSum tree(buffers, 1, n, 0, n);
+      for (const auto& s : g_.slots_) {
+        std::copy(s.begin(), s.end(), tree.next());
+        tree.push();
+      }
+      std::copy(tree.result(), tree.result() + n, data);
+      g_.sync_.arrive_and_wait();  // nobody writes a slot again before every rank has read them all
+    }
+
+   private:
+    ThreadGroup& g_;
+    int rank_;
+  };
+
+ private:
+  int width_;
+  std::vector<std::vector<float>> slots_;
+  std::barrier<> sync_;
+};
+
+// A prefill of `prompt` (logits for every position), then `steps` greedy
+// decode steps; every logit of every step, as one rank of a group computes them.
+std::vector<float> run_rank(const ModelConfig& c, const ModelWeights& w, TpGroup* group, const std::vector<int32_t>& prompt,
+                            int steps) {
+  const ModelConfig local = group ? shard_config(c, group->shard()) : c;
+  kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, 8);
+  ThreadPool threads(1);
+  CpuModel model(c, w, pool, threads, group);
+  std::vector<int32_t> blocks(8);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::vector<float> all, logits;
+  std::vector<int32_t> tokens = prompt;
+  SeqChunk ch;
+  ch.start_pos = 0;
+  ch.tokens = tokens;
+  ch.block_table = blocks;
+  ch.logits_all = true;
+  model.forward({&ch, 1}, logits);
+  all.insert(all.end(), logits.begin(), logits.end());
+  for (int s = 0; s < steps; ++s) {
+    const auto last = logits.end() - c.vocab;
+    const int32_t next = static_cast<int32_t>(std::max_element(last, logits.end()) - last);
+    const int64_t pos = static_cast<int64_t>(prompt.size()) + s;
+    std::vector<int32_t> one{next};
+    SeqChunk d;
+    d.start_pos = pos;
+    d.tokens = one;
+    d.block_table = blocks;
+    d.logits_last = true;
+    model.forward({&d, 1}, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+std::vector<float> run_group(const ModelConfig& c, const ModelWeights& w, int width, const std::vector<int32_t>& prompt,
+                             int steps) {
+  if (width == 1) return run_rank(c, w, nullptr, prompt, steps);
+  ThreadGroup g(width);
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(width));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < width; ++r)
+    ranks.emplace_back([&, r] {
+      ThreadGroup::Member m(g, r);
+      out[static_cast<std::size_t>(r)] = run_rank(c, w, &m, prompt, steps);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 1; r < width; ++r) REQUIRE(out[static_cast<std::size_t>(r)] == out[0]);  // every rank: the same logits
+  return out[0];
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: the logits are the same bits at every width", "[tp]") {
+  std::vector<int32_t> prompt(21);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(100 + 37 * i);
+  for (const std::string dtype : {"f32", "bf16"}) {
+    testing::TinyModel tiny("qwen3", dtype);  // 4 heads, 2 KV heads: width 4 replicates each KV head twice
+    const auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, /*panels=*/false);
+    const auto reference = run_group(tiny.config, *tiny.weights, 1, prompt, 4);
+    REQUIRE(reference.size() == (prompt.size() + 4) * static_cast<std::size_t>(tiny.config.vocab));
+    for (int width : {1, 2, 4}) {
+      for (const ModelWeights* w : {tiny.weights.get(), rowmajor.get()}) {
+        INFO("weights " << dtype << (w->panels ? " in panels" : " row-major") << ", width " << width);
+        const auto got = run_group(tiny.config, *w, width, prompt, 4);
+        REQUIRE(got.size() == reference.size());
+        CHECK(std::memcmp(got.data(), reference.data(), got.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("tensor parallel: widths that cannot shard the model are refused with the reason", "[tp]") {
+  testing::TinyModel tiny;  // 4 heads, 2 KV heads
+  CHECK(tp_problem(tiny.config, 1).empty());
+  CHECK(tp_problem(tiny.config, 4).empty());
+  CHECK(tp_problem(tiny.config, 8) == "a width of 8 does not divide the model's 4 attention heads");
+  CHECK(tp_problem(tiny.config, 3) == "a tensor-parallel width is 1, 2, 4 or 8, not 3");
+}
