@@ -13,6 +13,7 @@
 #include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
 #include "test_model.h"
+#include "tp_forward.h"
 
 using namespace tandem;
 using namespace tandem::runtime;
@@ -53,51 +54,16 @@ class ThreadGroup {
   std::barrier<> sync_;
 };
 
-// A prefill of `prompt` (logits for every position), then `steps` greedy
-// decode steps; every logit of every step, as one rank of a group computes them.
-std::vector<float> run_rank(const ModelConfig& c, const ModelWeights& w, TpGroup* group, const std::vector<int32_t>& prompt,
-                            int steps) {
-  const ModelConfig local = group ? shard_config(c, group->shard()) : c;
-  kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, 8);
-  ThreadPool threads(1);
-  CpuModel model(c, w, pool, threads, group);
-  std::vector<int32_t> blocks(8);
-  std::iota(blocks.begin(), blocks.end(), 0);
-  std::vector<float> all, logits;
-  std::vector<int32_t> tokens = prompt;
-  SeqChunk ch;
-  ch.start_pos = 0;
-  ch.tokens = tokens;
-  ch.block_table = blocks;
-  ch.logits_all = true;
-  model.forward({&ch, 1}, logits);
-  all.insert(all.end(), logits.begin(), logits.end());
-  for (int s = 0; s < steps; ++s) {
-    const auto last = logits.end() - c.vocab;
-    const int32_t next = static_cast<int32_t>(std::max_element(last, logits.end()) - last);
-    const int64_t pos = static_cast<int64_t>(prompt.size()) + s;
-    std::vector<int32_t> one{next};
-    SeqChunk d;
-    d.start_pos = pos;
-    d.tokens = one;
-    d.block_table = blocks;
-    d.logits_last = true;
-    model.forward({&d, 1}, logits);
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
-  return all;
-}
-
 std::vector<float> run_group(const ModelConfig& c, const ModelWeights& w, int width, const std::vector<int32_t>& prompt,
                              int steps) {
-  if (width == 1) return run_rank(c, w, nullptr, prompt, steps);
+  if (width == 1) return testing::tp_forward(c, w, nullptr, prompt, steps);
   ThreadGroup g(width);
   std::vector<std::vector<float>> out(static_cast<std::size_t>(width));
   std::vector<std::thread> ranks;
   for (int r = 0; r < width; ++r)
     ranks.emplace_back([&, r] {
       ThreadGroup::Member m(g, r);
-      out[static_cast<std::size_t>(r)] = run_rank(c, w, &m, prompt, steps);
+      out[static_cast<std::size_t>(r)] = testing::tp_forward(c, w, &m, prompt, steps);
     });
   for (auto& t : ranks) t.join();
   for (int r = 1; r < width; ++r) REQUIRE(out[static_cast<std::size_t>(r)] == out[0]);  // every rank: the same logits

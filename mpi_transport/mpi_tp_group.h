@@ -1,0 +1,31 @@
+// A tensor-parallel group over MPI (runtime/cpu/tp_group.h): the ranks of one
+// worker on a communicator of their own. The row-parallel products' partial
+// sums are gathered from every rank (MPI_Allgather) and added in rank order
+// in the fixed tree on each of them, not reduced by MPI_Allreduce, whose
+// order of addition Open MPI does not promise: that is what keeps outputs
+// the same bits at every width.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "runtime/cpu/tp_group.h"
+
+namespace tandem::mpi {
+
+class MpiTpGroup : public runtime::cpu::TpGroup {
+ public:
+  explicit MpiTpGroup(MPI_Comm group);  // the communicator stays the caller's
+  runtime::cpu::TpShard shard() const override { return {rank_, width_}; }
+  // Throws tandem::Error on an MPI error.
+  void reduce_tree(float* data, int64_t n) override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, width_ = 1;
+  std::vector<float> gathered_;              // [width][n]
+  std::vector<std::vector<float>> buffers_;  // the tree's partial sums
+};
+
+}  // namespace tandem::mpi
