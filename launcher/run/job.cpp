@@ -1,10 +1,15 @@
 #include "launcher/run/job.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -134,8 +139,35 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
 // each binds, with the check that no two share one. The error, or "".
 struct Node {
   int local_workers = 1;
+  int cpu_sharers = 1;  // this node's workers whose CPUs (affinity) overlap this rank's, itself included
   std::string gpu_name;  // the workers' GPU (rank 0 learns it from rank 1)
 };
+
+// How many of this node's workers may run on a CPU this rank may run on
+// (itself included): they split those CPUs between them. mpirun binds
+// ranks to a core each (2 ranks), to a socket (more), or not at all; srun
+// gives each task its own --cpus-per-task. Rank 0, which routes, is not
+// counted. Collective over the node.
+int cpu_sharers(MPI_Comm local, int world_rank, int local_size) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+  struct Entry {
+    cpu_set_t cpus;
+    int world_rank;
+  };
+  Entry me{mine, world_rank};
+  std::vector<Entry> all(static_cast<std::size_t>(local_size));
+  TANDEM_MPI_OR_THROW(MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, local));
+  int sharers = 0;
+  for (const Entry& e : all) {
+    if (e.world_rank == 0 && world_rank != 0) continue;
+    cpu_set_t both;
+    CPU_AND(&both, &e.cpus, &mine);
+    if (CPU_COUNT(&both) > 0) ++sharers;
+  }
+  return std::max(1, sharers);
+}
 
 std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   const int rank = env.rank();
@@ -147,7 +179,10 @@ std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local.get()));
   node.local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
   const std::string& backend = p.cfg.model.backend;
-  if (p.cfg.choices.on_cpu()) return "";
+  if (p.cfg.choices.on_cpu()) {
+    node.cpu_sharers = cpu_sharers(local.get(), rank, local_size);
+    return "";
+  }
   // Each GPU worker binds its device now; two workers of a node on one GPU
   // (more workers than visible GPUs) stop every rank with one line.
   std::string error = bind_worker_device(backend, rank, env.size(), local.get(), local_rank, router_here != 0);
@@ -214,7 +249,12 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
   }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
-                              : std::max(1, runtime::cpu::ThreadPool::available_cpus() / node.local_workers);
+                              : std::max(1, runtime::cpu::ThreadPool::available_cpus() / node.cpu_sharers);
+    const int node_cpus = static_cast<int>(std::thread::hardware_concurrency());
+    if (p.cfg.cluster.threads_per_rank == 0 && runtime::cpu::ThreadPool::available_cpus() == 1 &&
+        node_cpus > node.local_workers)
+      spdlog::warn("this worker may run on 1 of the node's {} CPUs (its MPI binding), so it computes on one thread; "
+                   "with mpirun add --bind-to none, or give each rank cores (--map-by slot:PE=N)", node_cpus);
     w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     w.tiers = open_tiers(p, layout, rank <= 1);
     if (w.tiers) w.pool->set_lower(w.tiers.get());
