@@ -20,13 +20,9 @@ void MpiTpGroup::reduce_tree(float* data, int64_t n) {
   gathered_.resize(static_cast<std::size_t>(n * width_));
   TANDEM_MPI_OR_THROW(MPI_Allgather(data, static_cast<int>(n), MPI_FLOAT, gathered_.data(), static_cast<int>(n),
                                     MPI_FLOAT, comm_));
-  runtime::cpu::TreeSum tree(buffers_, 1, n, 0, n);
-  for (int r = 0; r < width_; ++r) {
-    const float* part = gathered_.data() + static_cast<std::ptrdiff_t>(r) * n;
-    std::copy(part, part + n, tree.next());
-    tree.push();
-  }
-  std::copy(tree.result(), tree.result() + n, data);
+  std::vector<const float*> parts;
+  for (int r = 0; r < width_; ++r) parts.push_back(gathered_.data() + static_cast<std::ptrdiff_t>(r) * n);
+  runtime::cpu::sum_in_tree(parts, n, data, buffers_);
 }
 
 }  // namespace tandem::mpi

@@ -363,11 +363,8 @@ void BatchFrontend::read_one(RouterLoop& loop) {
                                           "'; every line needs its own"});
     return;
   }
-  if (!p.prompt) {  // not expected: prepare() leaves out only ids that done_ holds, and key_of then finds them done
-    p.prompt = build_prompt(req, s_.prompts);
-    if (const auto* ids = std::get_if<std::vector<int32_t>>(&*p.prompt); ids && window_size_ > 1)
-      p.hashes = kv::full_block_hashes(*ids, s_.dispatch.block_size);
-  }
+  // prepare() left the prompt out only for an id done_ holds, and key_of then found it done (skipped above).
+  if (!p.prompt) throw Error("line " + std::to_string(i + 1) + ": internal: its prompt was not prepared");
   if (auto* e = std::get_if<LineError>(&*p.prompt)) {
     e->message = "line " + std::to_string(i + 1) + ": " + e->message;
     fail(i, std::move(key), *e);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "common/error.h"
 #include "runtime/model/rope.h"
@@ -105,14 +106,24 @@ void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
+namespace {
+
+// Thread t's share of n output columns among `parts`: contiguous ranges,
+// multiples of 24 (every tile width and the panel divide it).
+std::pair<int64_t, int64_t> column_range(int64_t n, int64_t parts, int64_t t) {
+  const int64_t per = ((n + parts - 1) / parts + 23) / 24 * 24;
+  const int64_t n0 = std::min(n, t * per);
+  return {n0, std::min(n, n0 + per)};
+}
+
+}  // namespace
+
 void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Product> products) {
   const int64_t parts = threads_.size();
   threads_.run(parts, [&](int64_t t) {
     for (const Product& p : products) {
-      // Contiguous column ranges, multiples of 24 (every tile width and the panel divide it).
       const int64_t n = p.w->rows;
-      const int64_t per = ((n + parts - 1) / parts + 23) / 24 * 24;
-      const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
+      const auto [n0, n1] = column_range(n, parts, t);
       if (n0 < n1) kern_.matmul(x, p.w->cols, rows, *p.w, n0, n1, p.y, n);
     }
   });
@@ -133,8 +144,7 @@ void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matr
   for (const Matrix& p : parts) k += p.cols;
   const int64_t threads = threads_.size();
   threads_.run(threads, [&](int64_t t) {
-    const int64_t per = ((n + threads - 1) / threads + 23) / 24 * 24;  // as matmul() splits columns
-    const int64_t n0 = std::min(n, t * per), n1 = std::min(n, n0 + per);
+    const auto [n0, n1] = column_range(n, threads, t);
     if (n0 >= n1) return;
     constexpr int64_t kRowBlock = 64;
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {

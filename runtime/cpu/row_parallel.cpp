@@ -1,5 +1,7 @@
 #include "runtime/cpu/row_parallel.h"
 
+#include <algorithm>
+
 namespace tandem::runtime::cpu {
 
 std::vector<Matrix> split_columns(const Matrix& w, int first, int count, PanelStore& store) {
@@ -37,5 +39,15 @@ void TreeSum::push() {
 }
 
 const float* TreeSum::result() const { return buffers_[static_cast<std::size_t>(stack_.front())].data(); }
+
+void sum_in_tree(const std::vector<const float*>& parts, int64_t n, float* out,
+                 std::vector<std::vector<float>>& buffers) {
+  TreeSum tree(buffers, 1, n, 0, n);
+  for (const float* p : parts) {
+    std::copy(p, p + n, tree.next());
+    tree.push();
+  }
+  std::copy(tree.result(), tree.result() + n, out);
+}
 
 }  // namespace tandem::runtime::cpu

@@ -48,4 +48,9 @@ class TreeSum {
   std::vector<int> free_;
 };
 
+// out = the fixed tree over parts (each n floats, their count a power of
+// two), in order: a group's sum of its ranks' partial sums.
+void sum_in_tree(const std::vector<const float*>& parts, int64_t n, float* out,
+                 std::vector<std::vector<float>>& buffers);
+
 }  // namespace tandem::runtime::cpu

@@ -33,13 +33,10 @@ class ThreadGroup {
     void reduce_tree(float* data, int64_t n) override {
       g_.slots_[static_cast<std::size_t>(rank_)].assign(data, data + n);
       g_.sync_.arrive_and_wait();
+      std::vector<const float*> parts;
+      for (const auto& s : g_.slots_) parts.push_back(s.data());
       std::vector<std::vector<float>> buffers(4);
-      TreeSum tree(buffers, 1, n, 0, n);
-      for (const auto& s : g_.slots_) {
-        std::copy(s.begin(), s.end(), tree.next());
-        tree.push();
-      }
-      std::copy(tree.result(), tree.result() + n, data);
+      sum_in_tree(parts, n, data, buffers);
       g_.sync_.arrive_and_wait();  // nobody writes a slot again before every rank has read them all
     }
 
