@@ -58,13 +58,16 @@ void MpiWorkerPort::begin_resplit(bool prefill) {
   TANDEM_MPI_OR_THROW(MPI_Ibarrier(workers_, &barrier_));
 }
 
-bool MpiWorkerPort::resplit_done() {
+bool MpiWorkerPort::resplit_ready() {
+  if (barrier_ == MPI_REQUEST_NULL) return true;  // tested done already
   int done = 0;
   TANDEM_MPI_OR_THROW(MPI_Test(&barrier_, &done, MPI_STATUS_IGNORE));
-  if (!done) return false;
+  return done != 0;
+}
+
+void MpiWorkerPort::split_roles() {
   // Every worker has seen the new roles and holds back new KV posts: the split cannot wait on a transfer.
   role_ = split(workers_, next_prefill_ ? 1 : 0, world_rank_);
-  return true;
 }
 
 void MpiWorkerPort::flush() { check(box_.flush()); }

@@ -35,7 +35,8 @@ class MpiWorkerPort : public service::WorkerPort {
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;
   void begin_resplit(bool prefill) override;
-  bool resplit_done() override;
+  bool resplit_ready() override;
+  void split_roles() override;
   void flush() override;
 
  private:

@@ -42,6 +42,11 @@ struct ClusterConfig {
   int64_t decode_ranks = 0;       // 0: the workers not prefilling
   double prefill_fraction = 0.5;  // share of workers that prefill when not given as counts
   int64_t threads_per_rank = 0;   // compute threads per worker; 0: the cores Slurm/OS gives it
+  int64_t tp = 1;                 // tensor-parallel width of every worker (ranks per worker)
+  int64_t prefill_tp = 0;         // of a prefill worker; 0: tp
+  int64_t decode_tp = 0;          // of a decode (or aggregated) worker; 0: tp
+  int prefill_width() const { return static_cast<int>(prefill_tp > 0 ? prefill_tp : tp); }
+  int decode_width() const { return static_cast<int>(decode_tp > 0 ? decode_tp : tp); }
 };
 
 struct RouterConfig {

@@ -163,6 +163,19 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .doc("Compute threads per worker rank; 0: the CPUs the rank may run on.")
           ,
+      key("cluster", "tp", &C::cluster, &ClusterConfig::tp)
+          .at_least(1).at_most(8)
+          .doc("Tensor-parallel width: the ranks that run one worker (1, 2, 4 or 8, dividing the model's "
+               "attention heads). prefill_ranks and decode_ranks still count ranks. See docs/engine.md.")
+          ,
+      key("cluster", "prefill_tp", &C::cluster, &ClusterConfig::prefill_tp)
+          .at_least(0).at_most(8)
+          .doc("Tensor-parallel width of a prefill worker; 0: tp.")
+          ,
+      key("cluster", "decode_tp", &C::cluster, &ClusterConfig::decode_tp)
+          .at_least(0).at_most(8)
+          .doc("Tensor-parallel width of a decode worker (of every worker when aggregated); 0: tp.")
+          ,
       // [router]
       key("router", "policy", &C::router, &RouterConfig::policy)
           .choices({"kv_aware", "round_robin", "least_loaded"})

@@ -26,12 +26,14 @@
 #include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_router_link.h"
+#include "mpi_transport/mpi_tp_group.h"
 #include "mpi_transport/mpi_worker_port.h"
 #include "planner/policy.h"
 #include "router/loop/in_process_link.h"
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/weights.h"
+#include "runtime/service/group_worker.h"
 #include "runtime/service/worker_service.h"
 #include "slurm/slurm_env.h"
 
@@ -55,11 +57,12 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
   try {
     s.p = prepare(o);
     const Prepared& p = s.p;
-    plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
-    if (p.cfg.choices.mode == JobMode::kAuto && env.size() > 2) {  // so does a policy that cannot plan these workers
+    const Roles roles = plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
+    if (const std::string why = tp_problem(p, roles, env.size()); !why.empty()) throw Error(why);  // so do widths
+    if (p.cfg.choices.mode == JobMode::kAuto && roles.workers() >= 2) {  // and a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
-      planner::make_policy(p.cfg.planner.policy, env.size() - 1);
+      planner::make_policy(p.cfg.planner.policy, roles.workers());
     }
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
@@ -70,7 +73,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
       runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks
       s.serve.config = &s.p.cfg;
       prompt_and_output_contexts(p, s.serve_chat, s.serve.prompts, s.serve.outputs);
-      s.serve.workers = std::max(1, env.size() - 1);
+      s.serve.workers = roles.workers();
       s.frontend = bind_frontend(s.serve);  // a busy port stops the job here
     }
     return "";
@@ -104,33 +107,56 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 }
 
 // Who does what: rank 0 routes; workers 1..P prefill, the rest decode (agg:
-// all do both). The workers' communicator never changes (KV windows live on
-// it); the role communicator is split from it (and again at re-splits).
+// all do both), each worker a tensor-parallel group of consecutive ranks.
+// The workers' communicator never changes (KV windows live on it); the role
+// communicator is split from it (and again at re-splits), and each group's
+// from that (re-splits move whole groups: the groups stay).
 struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
   bool prefill = false;  // this rank prefills
+  Roles::Group group;    // this worker rank's group
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
-  mpi::Comm workers, role_comm;
+  mpi::Comm workers, role_comm, group_comm;
+  int leader(int rank) const { return rank - group.place; }
 };
 
 Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
   Layout l;
   const int rank = env.rank();
   l.roles = plan_roles(p.cfg, env.size());
-  l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2;
-  l.prefill = rank >= 1 && rank <= l.roles.prefill;
+  l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2 && l.roles.workers() >= 2;
+  if (rank >= 1) l.group = l.roles.group_of(rank);
+  l.prefill = rank >= 1 && l.group.prefill;
   l.role = service::role_for(l.roles.prefill > 0, l.prefill);
   log::set_identity(rank, env.size() == 1 ? "router+worker" : rank == 0 ? "router" : service::role_name(l.role));
   if (env.size() > 1) {
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
-    if (l.workers) l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
+    if (l.workers) {
+      l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
+      l.group_comm = mpi::split(l.role_comm.get(), l.leader(rank), rank);
+    }
+  }
+  if (l.group.width > 1 && l.group_comm) {  // a group's exchanges, two per layer, belong inside a node
+    mpi::Comm node = mpi::split_node(l.group_comm.get(), rank);
+    int here = 0;
+    TANDEM_MPI_OR_THROW(MPI_Comm_size(node.get(), &here));
+    if (l.group.place == 0 && here < l.group.width)
+      spdlog::warn("the tensor-parallel worker of ranks {}-{} spans nodes: its exchanges (two per layer) cross the "
+                   "network; place each worker's ranks on one node (Slurm: --distribution=block with a multiple of "
+                   "{} tasks per node)", rank, rank + l.group.width - 1, l.group.width);
   }
   if (rank == 0 && env.size() > 1) {
-    if (l.planned) spdlog::info("job.mode = auto: the planner splits the {} worker rank(s) anew for each epoch", env.size() - 1);
-    else if (l.roles.prefill > 0)
-      spdlog::info("disaggregated: {} prefill rank(s), {} decode rank(s)", l.roles.prefill, l.roles.decode);
-    else spdlog::info("aggregated: {} worker rank(s) prefill and decode", l.roles.decode);
+    const Roles& r = l.roles;
+    auto workers = [](int ranks, int tp) {
+      return tp == 1 ? std::to_string(ranks) + " rank(s)"
+                     : std::to_string(ranks / tp) + " worker(s) of " + std::to_string(tp) + " ranks (tensor-parallel)";
+    };
+    if (l.planned)
+      spdlog::info("job.mode = auto: the planner splits the {} anew for each epoch", workers(r.prefill + r.decode, r.decode_tp));
+    else if (r.prefill > 0)
+      spdlog::info("disaggregated: prefill on {}, decode on {}", workers(r.prefill, r.prefill_tp), workers(r.decode, r.decode_tp));
+    else spdlog::info("aggregated: {} prefill and decode", workers(r.decode, r.decode_tp));
   }
   return l;
 }
@@ -202,7 +228,7 @@ struct TransportCloser {
   }
 };
 
-// A worker's parts, in the order they are made; they go in the reverse one.
+// A worker rank's parts, in the order they are made; they go in the reverse one.
 struct WorkerParts {
   std::unique_ptr<runtime::ModelWeights> weights;
   std::unique_ptr<runtime::cpu::ThreadPool> threads;
@@ -210,7 +236,8 @@ struct WorkerParts {
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<kv::KvTiers> tiers;
-  std::unique_ptr<service::WorkerCore> core;
+  std::unique_ptr<runtime::cpu::TpGroup> group;  // tensor-parallel: the group's exchange
+  std::unique_ptr<runtime::ModelBackend> model;  // this rank's shard of the model
 };
 
 // A worker loads in three phases, every rank learning after each whether any
@@ -221,17 +248,21 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
   const int rank = env.rank();
   const bool worker = rank != 0 || env.size() == 1;
   const std::string& backend = p.cfg.model.backend;
+  const int width = l.group.width;
   std::string failed;
   auto phase = [&](const char* out_of_memory, auto&& work) {
     if (worker && failed.empty()) failed = setup_error(work, out_of_memory);
     return agreed(env, failed);
   };
   int64_t blocks = 0;
-  const kv::KvLayout layout = kv_layout(p);
+  const kv::KvLayout layout = kv_layout(p, width);
   return phase("out of memory loading the model's weights; run fewer ranks per node (cluster.threads_per_rank gives each "
                "more cores)", [&] {
-    w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend));
-    blocks = pool_blocks(p, node.local_workers);
+    // A tensor-parallel rank copies its shard out of the mapping: panels of the whole model would be wasted.
+    w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend) && width == 1);
+    blocks = pool_blocks(p, node.local_workers, width);
+    if (width > 1)  // the leader's block numbers hold on every rank of the group: the same count everywhere
+      TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, l.group_comm.get()));
   }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
     if (l.roles.prefill > 0 || l.planned) {
       void* base = nullptr;
@@ -258,24 +289,36 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     w.tiers = open_tiers(p, layout, rank <= 1);
     if (w.tiers) w.pool->set_lower(w.tiers.get());
-    runtime::EngineOptions options = engine_options(p);
-    options.sampling_threads = w.threads.get();  // a step's draws, in parallel
-    w.core = std::make_unique<service::WorkerCore>(rank, l.role, p.model,
-                                                   runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads),
-                                                   *w.pool, p.tokenizer.get(), options, w.tiers.get());
-    if (w.tiers && rank == 1) w.core->share_store_index();  // rank 0 learns the store's blocks once
-    spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}", blocks,
+    if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
+    w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get());
+    const std::string tp = width == 1 ? std::string()
+                                      : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l.group.place,
+                                                    width, l.leader(rank));
+    spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}{}", blocks,
                  layout.elem_bytes == 2 ? "bf16" : "f32", p.cfg.kv.block_size,
                  static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
                  w.transport ? std::string(", ") + std::string(w.transport->name()) + " window" : std::string(), n_threads,
-                 p.cfg.choices.on_cpu() ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend);
+                 p.cfg.choices.on_cpu() ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend, tp);
   });
 }
 
+// The engine over this rank's model (the leader's wrapper, in a group).
+std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, const Layout& l, WorkerParts& w,
+                                               std::unique_ptr<runtime::ModelBackend> model) {
+  runtime::EngineOptions options = engine_options(p);
+  options.sampling_threads = w.threads.get();  // a step's draws, in parallel
+  auto core = std::make_unique<service::WorkerCore>(rank, l.role, p.model, std::move(model), *w.pool, p.tokenizer.get(),
+                                                    options, w.tiers.get());
+  if (w.tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
+  core->set_group_width(l.group.width);
+  return core;
+}
+
 // -np 1: the router steps the engine in this process.
-int run_single(const RunOptions& o, Started& s, WorkerParts& w) {
+int run_single(const RunOptions& o, Started& s, const Layout& l, WorkerParts& w) {
+  auto core = make_core(0, s.p, l, w, std::move(w.model));
   std::unique_ptr<runtime::ChatTemplate> chat;
-  router::InProcessLink link(*w.core);
+  router::InProcessLink link(*core);
   auto setup = router_setup(s.p, chat);
   if (o.serve) {
     s.serve.dispatch = setup.dispatch;
@@ -284,21 +327,19 @@ int run_single(const RunOptions& o, Started& s, WorkerParts& w) {
   return finish_run(router::run_batch(setup, link, &g_stop_signal));
 }
 
-// Rank 0 under MPI: the batch file or the HTTP front end, through MPI messages.
-int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Layout& l, const Node& node,
-              mpi::Mailbox& box) {
+// Rank 0 under MPI: the batch file or the HTTP front end, through MPI
+// messages to each worker's leader.
+int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node, mpi::Mailbox& box) {
   const Prepared& p = s.p;
   std::unique_ptr<runtime::ChatTemplate> chat;
-  std::vector<int> decode, prefill;
-  for (int r = 1; r < env.size(); ++r) (r <= l.roles.prefill ? prefill : decode).push_back(r);
-  mpi::MpiLink link(box, decode, prefill);
+  mpi::MpiLink link(box, l.roles.leaders(false), l.roles.leaders(true));
   auto setup = router_setup(p, chat);
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
-    epoch_planner = make_epoch_planner(p, env.size() - 1, node.local_workers, node.gpu_name);
-    std::vector<int> ranks;
-    for (int r = 1; r < env.size(); ++r) ranks.push_back(r);
+    epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name);
+    std::vector<int> ranks = l.roles.leaders(true), decode = l.roles.leaders(false);
+    ranks.insert(ranks.end(), decode.begin(), decode.end());
     setup.planner = epoch_planner.get();
     setup.epoch_requests = p.cfg.job.epoch_requests;
     setup.worker_ranks = ranks;
@@ -313,16 +354,33 @@ int run_rank0(const mpi::MpiEnv& env, const RunOptions& o, Started& s, const Lay
   return finish_run(router::run_batch(setup, link, &g_stop_signal));
 }
 
-// A worker rank under MPI: its service, reached through the MPI port, until rank 0 says stop.
-void run_worker(const mpi::MpiEnv& env, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
+// A worker rank under MPI: its service, reached through the MPI port, until
+// rank 0 says stop; in a tensor-parallel group the leader's service tells the
+// followers what to run (runtime/service/group_worker.h).
+void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
   const int rank = env.rank();
   mpi::MpiWorkerPort port(box, w.transport.get(), l.workers.get(), std::move(l.role_comm));
-  service::WorkerService worker_service(*w.core, port, [rank](service::Role r) { log::set_identity(rank, service::role_name(r)); });
   mpi::Backoff idle;
-  while (!worker_service.finished()) {
-    if (worker_service.tick()) idle.reset();
-    else idle.idle();
+  auto until = [&](auto&& done, auto&& tick) {
+    while (!done()) {
+      if (tick()) idle.reset();
+      else idle.idle();
+    }
+  };
+  if (l.group.place > 0) {
+    service::Follower follower(port, *w.model, l.group.place);
+    until([&] { return follower.finished(); }, [&] { return follower.tick(); });
+    return;
   }
+  std::vector<int> followers;
+  for (int f = 1; f < l.group.width; ++f) followers.push_back(rank + f);
+  service::LeaderPort group_port(port, followers);
+  service::WorkerPort& to_job = l.group.width > 1 ? static_cast<service::WorkerPort&>(group_port) : port;
+  auto core = make_core(rank, p, l, w,
+                        l.group.width > 1 ? std::make_unique<service::LeaderBackend>(std::move(w.model), group_port)
+                                          : std::move(w.model));
+  service::WorkerService worker_service(*core, to_job, [rank](service::Role r) { log::set_identity(rank, service::role_name(r)); });
+  until([&] { return worker_service.finished(); }, [&] { return worker_service.tick(); });
   worker_service.finish();
 }
 
@@ -342,12 +400,12 @@ int run(mpi::MpiEnv& env, const RunOptions& o) {
   if (!agreed(env, settle_node(env, s.p, node))) return 2;
   WorkerParts w;
   if (!load_worker(env, s.p, l, node, w)) return 2;
-  if (env.size() == 1) return run_single(o, s, w);
+  if (env.size() == 1) return run_single(o, s, l, w);
   int rc = 0;
   {
     mpi::Mailbox box(env.world());
-    if (env.rank() == 0) rc = run_rank0(env, o, s, l, node, box);
-    else run_worker(env, l, w, box);
+    if (env.rank() == 0) rc = run_rank0(o, s, l, node, box);
+    else run_worker(env, s.p, l, w, box);
   }
   TANDEM_MPI_OR_THROW(MPI_Barrier(env.world()));
   return rc;  // the transport, then the communicators, close as their owners go, on every rank in the same order

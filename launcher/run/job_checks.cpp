@@ -4,15 +4,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "common/error.h"
 #include "router/input_file.h"
 #include "launcher/run/transport_setup.h"
 #include "mpi_transport/transport_registry.h"
+#include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/weights.h"
 #include "slurm/resumable_output.h"
@@ -68,16 +71,17 @@ void check_backend(const Prepared& p, int ranks) {
                 b + "\" use \"nccl\", \"mpi_two_sided\" (staged through host memory) or \"auto\"");
 }
 
-kv::KvLayout kv_layout(const Prepared& p) {
-  kv::KvLayout l{p.model.layers, p.model.kv_heads, p.model.head_dim, p.cfg.kv.block_size};
+kv::KvLayout kv_layout(const Prepared& p, int tp) {
+  const int64_t kv_heads = runtime::cpu::shard_config(p.model, {0, tp}).kv_heads;
+  kv::KvLayout l{p.model.layers, kv_heads, p.model.head_dim, p.cfg.kv.block_size};
   const std::string& d = p.cfg.kv.dtype;
   const bool bf16 = d == "bf16" || (d == "auto" && !p.cfg.choices.on_cpu() && p.model.dtype != runtime::DType::kF32);
   l.elem_bytes = bf16 ? 2 : 4;
   return l;
 }
 
-int64_t pool_blocks(const Prepared& p, int local_ranks) {
-  const kv::KvLayout layout = kv_layout(p);
+int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
+  const kv::KvLayout layout = kv_layout(p, tp);
   const double block = static_cast<double>(layout.block_bytes());
   if (p.cfg.kv.memory_gib > 0) {
     if (p.cfg.choices.on_cpu()) {  // more than the node has: one line now, not an allocation failure later
@@ -119,15 +123,63 @@ int64_t pool_blocks(const Prepared& p, int local_ranks) {
   return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(avail / block)));
 }
 
+std::vector<int> Roles::leaders(bool prefill_side) const {
+  std::vector<int> out;
+  if (prefill_side)
+    for (int r = 1; r <= prefill; r += prefill_tp) out.push_back(r);
+  else
+    for (int r = prefill + 1; r <= prefill + decode; r += decode_tp) out.push_back(r);
+  return out;
+}
+
+Roles::Group Roles::group_of(int rank) const {
+  if (rank >= 1 && rank <= prefill) return {prefill_tp, (rank - 1) % prefill_tp, true};
+  return {decode_tp, std::max(0, rank - 1 - prefill) % decode_tp, false};
+}
+
+namespace {
+
+std::string ranks_word(int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
+
+// ranks must be whole workers of `tp` ranks each.
+void check_whole(const char* key, int ranks, const char* tp_key, int tp) {
+  if (ranks % tp != 0)
+    throw Error(std::string(key) + " = " + std::to_string(ranks) + " is not a multiple of " + tp_key + " = " +
+                std::to_string(tp) + " (a worker is " + ranks_word(tp) + "); make it one");
+}
+
+}  // namespace
+
 Roles plan_roles(const Config& cfg, int world_size) {
   const int workers = std::max(1, world_size - 1);
-  Roles r{0, workers};
-  if (cfg.choices.mode == JobMode::kAgg || world_size <= 2) return r;  // one worker cannot be split
+  const int a = cfg.cluster.prefill_width(), b = cfg.cluster.decode_width();
+  if (world_size - 1 < b)
+    throw Error("cluster.decode_tp (or tp) = " + std::to_string(b) + ": a worker of " + ranks_word(b) + " needs at least " +
+                std::to_string(b + 1) + " ranks (rank 0 routes); this job has " + std::to_string(world_size) +
+                "; start more, or lower the width");
+  // Aggregated: every worker does both, at the decode width. So is a job with room for one worker only.
+  if (cfg.choices.mode == JobMode::kAgg || world_size <= 2 || workers < a + b) {
+    if (workers % b != 0)
+      throw Error("the " + std::to_string(workers) + " worker ranks of this job (ranks - 1) are not whole workers of " +
+                  ranks_word(b) + " (cluster.decode_tp, or tp); start a multiple of " + std::to_string(b) +
+                  " worker ranks");
+    return {0, workers, a, b};
+  }
   int p = static_cast<int>(cfg.cluster.prefill_ranks);
   int d = static_cast<int>(cfg.cluster.decode_ranks);
-  if (p == 0 && d == 0) p = std::clamp(static_cast<int>(cfg.cluster.prefill_fraction * workers + 0.5), 1, workers - 1);
-  else if (p == 0) p = workers - d;
-  else if (d == 0) d = workers - p;
+  if (p == 0 && d == 0) {  // the split nearest prefill_fraction in whole workers of each width
+    const double want = cfg.cluster.prefill_fraction * workers;
+    for (int k = a; k <= workers - b; k += a)
+      if ((workers - k) % b == 0 && (p == 0 || std::abs(k - want) < std::abs(p - want))) p = k;
+    if (p == 0)
+      throw Error("the " + std::to_string(workers) + " worker ranks of this job (ranks - 1) cannot be split into prefill "
+                  "workers of " + ranks_word(a) + " and decode workers of " + ranks_word(b) +
+                  "; start a number of ranks that can, or set job.mode = \"agg\"");
+  } else if (p == 0) {
+    p = workers - d;
+  } else if (d == 0) {
+    d = workers - p;
+  }
   if (d == 0) d = workers - p;
   const bool one_set = (cfg.cluster.prefill_ranks > 0) != (cfg.cluster.decode_ranks > 0);
   if (one_set && (p < 1 || d < 1)) {
@@ -142,7 +194,33 @@ Roles plan_roles(const Config& cfg, int world_size) {
                 std::to_string(cfg.cluster.decode_ranks) + " do not split the " + std::to_string(workers) +
                 " worker ranks of this job (ranks - 1); make them add up, or set only one of them");
   }
-  return {p, d};
+  check_whole("cluster.prefill_ranks", p, "cluster.prefill_tp (or tp)", a);
+  check_whole("cluster.decode_ranks", d, "cluster.decode_tp (or tp)", b);
+  return {p, d, a, b};
+}
+
+std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
+  const Config& c = p.cfg;
+  for (const auto& [key, width, used] : {std::tuple{"cluster.prefill_tp", roles.prefill_tp, roles.prefill > 0},
+                                          std::tuple{"cluster.decode_tp", roles.decode_tp, true}}) {
+    if (!used || width == 1) continue;
+    if (const std::string why = runtime::cpu::tp_problem(p.model, width); !why.empty())
+      return std::string(key) + " (or tp) = " + std::to_string(width) + ": " + why;
+  }
+  const int widest = std::max(roles.prefill > 0 ? roles.prefill_tp : 1, roles.decode_tp);
+  if (widest == 1) return "";
+  if (!c.choices.on_cpu())
+    return "model.backend = \"" + c.model.backend + "\" does not run tensor-parallel yet (cluster.tp > 1): its group "
+           "exchange over NCCL is not built; use cluster.tp = 1, or model.backend = \"cpu\"";
+  if (c.kv.host_cache_gib > 0 || !c.kv.store_path.empty())
+    return "the KV tiers (kv.host_cache_gib, kv.store_path) do not work with cluster.tp > 1 yet; turn them off, or use "
+           "cluster.tp = 1";
+  const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
+  if ((roles.prefill > 0 || planned) && roles.prefill_tp != roles.decode_tp)
+    return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
+           std::to_string(roles.decode_tp) + " differ: KV across a tensor-parallel mismatch is not built yet; set one "
+           "width (cluster.tp)";
+  return "";
 }
 
 }  // namespace tandem::launcher

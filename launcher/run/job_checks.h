@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kv/kv_layout.h"
 #include "launcher/config/config.h"
@@ -29,21 +30,38 @@ void check_files(const Prepared& p);
 // model.backend on a worker: built, with a device, and with what this job asks
 // of it. Throws tandem::Error (one line).
 void check_backend(const Prepared& p, int ranks);
-// The workers' KV layout: kv.dtype resolved (auto: f32 on the CPU; on a GPU
-// bf16 unless the checkpoint is f32).
-kv::KvLayout kv_layout(const Prepared& p);
-// KV blocks for one worker: kv.memory_gib, or room for max_num_seqs full
-// contexts, capped at 60% of the memory this node's ranks could share.
-// Throws tandem::Error for a kv.memory_gib beyond the node's memory.
-int64_t pool_blocks(const Prepared& p, int local_ranks);
+// A worker rank's KV layout: kv.dtype resolved (auto: f32 on the CPU; on a
+// GPU bf16 unless the checkpoint is f32), and the KV heads it holds as one of
+// a tensor-parallel group of `tp` ranks.
+kv::KvLayout kv_layout(const Prepared& p, int tp = 1);
+// KV blocks for one worker rank: kv.memory_gib, or room for max_num_seqs
+// full contexts (its shard of them, in a group of `tp`), capped at 60% of the
+// memory this node's ranks could share. Throws tandem::Error for a
+// kv.memory_gib beyond the node's memory.
+int64_t pool_blocks(const Prepared& p, int local_ranks, int tp = 1);
 
+// Who does what. World rank 0 routes; ranks 1..prefill prefill, in workers
+// (tensor-parallel groups) of prefill_tp consecutive ranks; the next
+// `decode` ranks decode (or, aggregated, do both) in workers of decode_tp.
 struct Roles {
-  int prefill = 0;  // ranks 1..prefill prefill; 0: aggregated
-  int decode = 0;
+  int prefill = 0;  // ranks; 0: aggregated
+  int decode = 0;   // ranks
+  int prefill_tp = 1, decode_tp = 1;
+  int workers() const { return prefill / prefill_tp + decode / decode_tp; }
+  // Each worker's first rank, its leader: the rank the router and the other workers talk to.
+  std::vector<int> leaders(bool prefill_side) const;
+  // A worker rank's group: its width and its place in it (0: the leader).
+  struct Group {
+    int width = 1, place = 0;
+    bool prefill = false;
+  };
+  Group group_of(int rank) const;
 };
 
 // How the workers split, from job.mode and [cluster]. Throws on a split that
 // cannot be (every rank computes the same answer).
 Roles plan_roles(const Config& cfg, int world_size);
+// Why the model or this job cannot run at these tensor-parallel widths ("" when it can).
+std::string tp_problem(const Prepared& p, const Roles& roles, int world_size);
 
 }  // namespace tandem::launcher

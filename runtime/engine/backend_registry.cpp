@@ -143,10 +143,13 @@ kv::PoolCopy pool_copy(std::string_view name) {
 }
 
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
-                                           kv::BlockPool& pool, cpu::ThreadPool& threads) {
+                                           kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group) {
   if (const std::string why = backend_unavailable(name); !why.empty())
     throw Error("model.backend = \"" + std::string(name) + "\": " + why);
-  if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads);
+  if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads, group);
+  if (group && group->shard().width > 1)
+    throw Error("model.backend = \"" + std::string(name) + "\" does not run tensor-parallel yet; use cluster.tp = 1, or "
+                "model.backend = \"cpu\"");
 #ifdef TANDEM_CUDA
   return std::make_unique<cuda::CudaModel>(config, weights, pool);
 #else

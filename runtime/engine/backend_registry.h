@@ -10,6 +10,7 @@
 #include "kv/block_pool.h"
 #include "kv/tiers.h"
 #include "runtime/cpu/thread_pool.h"
+#include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
@@ -44,8 +45,10 @@ std::shared_ptr<void> allocate_host_memory(std::string_view name, std::size_t by
 kv::PoolCopy pool_copy(std::string_view name);
 
 // The backend; the pool's memory must come from allocate_pool_memory (or the
-// pool's own, for cpu). Throws tandem::Error when it is not available.
+// pool's own, for cpu). With a tensor-parallel group (cpu only, for now) it
+// computes this rank's shard: the pool then holds the shard's KV heads.
+// Throws tandem::Error when it is not available.
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
-                                           kv::BlockPool& pool, cpu::ThreadPool& threads);
+                                           kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group = nullptr);
 
 }  // namespace tandem::runtime

@@ -1,8 +1,11 @@
 #include "runtime/service/protocol.h"
 
+#include <cstring>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
+
+#include "common/error.h"
 
 namespace tandem::service {
 
@@ -18,6 +21,13 @@ std::string_view msg_type_name(MsgType t) {
     case MsgType::kDeltas: return "deltas";
     case MsgType::kStats: return "stats";
     case MsgType::kRoles: return "roles";
+    case MsgType::kGroupForward: return "group-forward";
+    case MsgType::kGroupPostKv: return "group-post-kv";
+    case MsgType::kGroupReleaseKv: return "group-release-kv";
+    case MsgType::kGroupAwaitKv: return "group-await-kv";
+    case MsgType::kGroupResplit: return "group-resplit";
+    case MsgType::kGroupSplit: return "group-split";
+    case MsgType::kGroupStop: return "group-stop";
   }
   return "unknown";
 }
@@ -143,6 +153,72 @@ std::vector<uint8_t> encode(const WireRoles& r) {
 WireRoles decode_roles(const std::vector<uint8_t>& bytes) {
   const json j = json::from_cbor(bytes);
   return WireRoles{j.at("epoch").get<int64_t>(), j.at("prefill").get<std::vector<int>>()};
+}
+
+std::vector<uint8_t> encode_id(int64_t id) { return json::to_cbor(json(id)); }
+int64_t decode_id(const std::vector<uint8_t>& bytes) { return json::from_cbor(bytes).get<int64_t>(); }
+
+std::vector<uint8_t> encode(const WireGroupPost& r) {
+  return json::to_cbor(json{{"dest", r.dest}, {"src", r.src}, {"dst", r.dst}, {"note", json::binary(r.note)}, {"id", r.id}});
+}
+
+WireGroupPost decode_group_post(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  return WireGroupPost{j.at("dest").get<int>(), j.at("src").get<std::vector<int32_t>>(),
+                       j.at("dst").get<std::vector<int32_t>>(), j.at("note").get_binary(), j.at("id").get<int64_t>()};
+}
+
+std::vector<uint8_t> encode(const WireGroupAwait& r) {
+  return json::to_cbor(json{{"source", r.source}, {"note", json::binary(r.note)}});
+}
+
+WireGroupAwait decode_group_await(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  return WireGroupAwait{j.at("source").get<int>(), j.at("note").get_binary()};
+}
+
+// [chunks] then per chunk [start (low, high 32 bits), tokens, blocks, flags], then each chunk's tokens and blocks.
+std::vector<uint8_t> encode_forward(std::span<const runtime::SeqChunk> chunks) {
+  std::vector<int32_t> ints{static_cast<int32_t>(chunks.size())};
+  for (const auto& c : chunks) {
+    const auto start = static_cast<uint64_t>(c.start_pos);
+    ints.insert(ints.end(), {static_cast<int32_t>(start & 0xffffffffu), static_cast<int32_t>(start >> 32),
+                             static_cast<int32_t>(c.tokens.size()), static_cast<int32_t>(c.block_table.size()),
+                             (c.logits_last ? 1 : 0) | (c.logits_all ? 2 : 0)});
+  }
+  for (const auto& c : chunks) {
+    ints.insert(ints.end(), c.tokens.begin(), c.tokens.end());
+    ints.insert(ints.end(), c.block_table.begin(), c.block_table.end());
+  }
+  std::vector<uint8_t> bytes(ints.size() * sizeof(int32_t));
+  std::memcpy(bytes.data(), ints.data(), bytes.size());
+  return bytes;
+}
+
+void decode_forward(const std::vector<uint8_t>& bytes, WireForward& out) {
+  auto bad = [] { throw Error("a group-forward message is malformed (tandem internal error; please report it)"); };
+  if (bytes.size() % sizeof(int32_t) != 0 || bytes.empty()) bad();
+  out.ints.resize(bytes.size() / sizeof(int32_t));
+  std::memcpy(out.ints.data(), bytes.data(), bytes.size());
+  const std::span<const int32_t> all(out.ints);
+  const auto n = static_cast<std::size_t>(all[0]);
+  if (all[0] < 0 || all.size() < 1 + 5 * n) bad();
+  out.chunks.assign(n, runtime::SeqChunk{});
+  std::size_t at = 1 + 5 * n;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto h = all.subspan(1 + 5 * i, 5);
+    auto& c = out.chunks[i];
+    c.start_pos = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(h[0])) |
+                                       (static_cast<uint64_t>(static_cast<uint32_t>(h[1])) << 32));
+    const auto nt = static_cast<std::size_t>(h[2]), nb = static_cast<std::size_t>(h[3]);
+    if (h[2] < 0 || h[3] < 0 || at + nt + nb > all.size()) bad();
+    c.tokens = all.subspan(at, nt);
+    c.block_table = all.subspan(at + nt, nb);
+    c.logits_last = (h[4] & 1) != 0;
+    c.logits_all = (h[4] & 2) != 0;
+    at += nt + nb;
+  }
+  if (at != all.size()) bad();
 }
 
 std::vector<uint8_t> encode_cancel(uint64_t id) { return json::to_cbor(json(id)); }

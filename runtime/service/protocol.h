@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,7 +21,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 5;
+constexpr int kProtocolVersion = 6;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -35,6 +36,14 @@ enum class MsgType : int {
   kDeltas = 11,      // worker -> rank 0: tokens of streaming requests, one message per step (WireDeltas)
   kStats = 12,       // worker -> rank 0: counters now (the first one also says "loaded") (RankReport)
   kRoles = 13,       // rank 0 -> workers: the next epoch's prefill ranks (WireRoles)
+  // Inside a tensor-parallel group (group_worker.h): its leader -> each follower, in order.
+  kGroupForward = 14,    // run this forward pass on your shard (encode_forward)
+  kGroupPostKv = 15,     // post your shard of these blocks to your peer in the destination group (WireGroupPost)
+  kGroupReleaseKv = 16,  // the leader's transfer ended: end yours before the next command (its id)
+  kGroupAwaitKv = 17,    // a transfer landed on the leader: wait for your shard of it (WireGroupAwait)
+  kGroupResplit = 18,    // a re-split of the role communicator begins (one byte: prefill)
+  kGroupSplit = 19,      // and is split now (every pass before this has run)
+  kGroupStop = 20,       // the end of the job
 };
 std::string_view msg_type_name(MsgType t);
 constexpr int tag_of(MsgType t) { return static_cast<int>(t); }
@@ -161,5 +170,35 @@ std::vector<uint8_t> encode(const WireResult& r);
 WireResult decode_result(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const RankReport& r);
 RankReport decode_report(const std::vector<uint8_t>& bytes);
+
+// kGroupForward: a forward pass's chunks, flat (one goes to every follower at
+// every step, so not CBOR). decode_forward's chunks view `ints`.
+struct WireForward {
+  std::vector<int32_t> ints;
+  std::vector<runtime::SeqChunk> chunks;
+};
+std::vector<uint8_t> encode_forward(std::span<const runtime::SeqChunk> chunks);
+void decode_forward(const std::vector<uint8_t>& bytes, WireForward& out);
+
+// kGroupPostKv: the leader posted its shard of blocks src into `dest`'s (the
+// destination group leader's world rank) blocks dst as transfer `id`.
+struct WireGroupPost {
+  int dest = 0;
+  std::vector<int32_t> src, dst;
+  std::vector<uint8_t> note;
+  int64_t id = 0;
+};
+std::vector<uint8_t> encode(const WireGroupPost& r);
+WireGroupPost decode_group_post(const std::vector<uint8_t>& bytes);
+// kGroupAwaitKv: the leader's shard of a transfer from `source` (the sending
+// group leader's world rank) with this note has landed (or was aborted).
+struct WireGroupAwait {
+  int source = 0;
+  std::vector<uint8_t> note;
+};
+std::vector<uint8_t> encode(const WireGroupAwait& r);
+WireGroupAwait decode_group_await(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode_id(int64_t id);
+int64_t decode_id(const std::vector<uint8_t>& bytes);
 
 }  // namespace tandem::service

@@ -210,7 +210,8 @@ bool WorkerService::drive_resplit() {
     resplitting_ = true;
     return true;
   }
-  if (!port_.resplit_done()) return false;
+  if (!port_.resplit_ready()) return false;
+  port_.split_roles();
   const Role role = role_for(!r.prefill_ranks.empty(), prefill);
   core_.set_role(role);
   if (on_role_) on_role_(role);

@@ -80,7 +80,8 @@ class FakePort : public WorkerPort {
     role_prefill_ = prefill;
     resplit_target_ = (job_.resplits_begun + job_.workers - 1) / job_.workers * job_.workers;
   }
-  bool resplit_done() override { return job_.resplits_begun >= resplit_target_; }  // every worker has begun it
+  bool resplit_ready() override { return job_.resplits_begun >= resplit_target_; }  // every worker has begun it
+  void split_roles() override {}
   void flush() override {}
   bool role_prefill() const { return role_prefill_; }
 
