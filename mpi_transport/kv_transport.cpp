@@ -1,5 +1,7 @@
 #include "mpi_transport/kv_transport.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,42 @@ Status check_post(int peer, int size, std::span<const int32_t> src, std::span<co
       return Status(StatusCode::kOutOfRange, "block id outside the pool");
   }
   return Status();
+}
+
+Status check_block_bytes(std::size_t ours, std::size_t theirs, const RowSlice* s) {
+  if (!s) {
+    if (ours == theirs) return Status();
+    return Status(StatusCode::kInvalidArgument, "the peer's blocks are " + std::to_string(theirs) + " bytes and ours " +
+                                                    std::to_string(ours) + ": post a slice of them (post_slice)");
+  }
+  const auto rows = static_cast<std::size_t>(std::max<int64_t>(s->rows, 0));
+  if (rows == 0 || ours % rows != 0 || theirs % rows != 0)
+    return Status(StatusCode::kInvalidArgument, std::to_string(s->rows) + " rows do not divide blocks of " +
+                                                    std::to_string(ours) + " and " + std::to_string(theirs) + " bytes");
+  if (s->src_offset + s->bytes > ours / rows || s->dst_offset + s->bytes > theirs / rows)
+    return Status(StatusCode::kOutOfRange, "a slice of " + std::to_string(s->bytes) + " bytes at " +
+                                               std::to_string(s->src_offset) + " -> " + std::to_string(s->dst_offset) +
+                                               " passes the end of a row (" + std::to_string(ours / rows) + " -> " +
+                                               std::to_string(theirs / rows) + " bytes)");
+  return Status();
+}
+
+void pack_slices(const uint8_t* pool, std::size_t block_bytes, std::span<const int32_t> blocks, const RowSlice& s,
+                 uint8_t* out) {
+  const std::size_t row = block_bytes / static_cast<std::size_t>(s.rows);
+  for (int32_t b : blocks) {
+    const uint8_t* at = pool + static_cast<std::size_t>(b) * block_bytes + s.src_offset;
+    for (int64_t r = 0; r < s.rows; ++r, out += s.bytes) std::memcpy(out, at + static_cast<std::size_t>(r) * row, s.bytes);
+  }
+}
+
+void unpack_slices(uint8_t* pool, std::size_t block_bytes, std::span<const int32_t> blocks, const RowSlice& s,
+                   const uint8_t* in) {
+  const std::size_t row = block_bytes / static_cast<std::size_t>(s.rows);
+  for (int32_t b : blocks) {
+    uint8_t* at = pool + static_cast<std::size_t>(b) * block_bytes + s.dst_offset;
+    for (int64_t r = 0; r < s.rows; ++r, in += s.bytes) std::memcpy(at + static_cast<std::size_t>(r) * row, in, s.bytes);
+  }
 }
 
 }  // namespace tandem::mpi

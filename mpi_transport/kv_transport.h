@@ -56,6 +56,19 @@ struct Capabilities {
   bool one_sided = false;      // the target's CPU does nothing to receive the data (it still polls for notifications)
   bool caller_memory = true;   // register_pool works (else only allocate_pool)
   std::size_t max_notification_bytes = 1 << 16;
+  bool row_slices = false;     // post_slice works (KV between tensor-parallel groups of different widths)
+};
+
+// Part of each block, for KV between tensor-parallel groups of different
+// widths (a rank holds some of the KV heads, so its blocks are narrower):
+// every block is `rows` rows (layers x K and V x block_size tokens, the
+// same on both sides), a row holding one token's KV heads of one rank, so
+// a row is block_bytes / rows bytes on each side. The slice copies bytes
+// [src_offset, src_offset + bytes) of each of our rows into [dst_offset,
+// dst_offset + bytes) of the peer's row.
+struct RowSlice {
+  int64_t rows = 1;
+  std::size_t src_offset = 0, dst_offset = 0, bytes = 0;
 };
 
 using XferId = int64_t;
@@ -87,6 +100,12 @@ class KvTransport {
   // capabilities().max_notification_bytes, copied.
   [[nodiscard]] virtual Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
                                     std::span<const uint8_t> notification, XferId& id) = 0;
+  // The same for one RowSlice of each block (capabilities().row_slices; else kUnimplemented).
+  [[nodiscard]] virtual Status post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+                                          const RowSlice& slice, std::span<const uint8_t> notification, XferId& id) {
+    (void)peer, (void)src, (void)dst, (void)slice, (void)notification, (void)id;
+    return Status(StatusCode::kInvalidArgument, std::string(name()) + " does not move parts of blocks (row slices)");
+  }
   [[nodiscard]] virtual Status poll(XferId id, XferState& state) = 0;
   [[nodiscard]] virtual Status abort(XferId id) = 0;
   virtual void release(XferId id) = 0;
@@ -129,5 +148,13 @@ std::vector<BlockRun> coalesce(std::span<const int32_t> src, std::span<const int
 [[nodiscard]] Status check_post(int peer, int size, std::span<const int32_t> src, std::span<const int32_t> dst,
                                 int64_t our_blocks, int64_t their_blocks, std::size_t notification_bytes = 0,
                                 std::size_t max_notification = 1 << 16);
+// What post() checks of the two pools' block sizes (whole blocks: the same),
+// and post_slice() of a slice (rows dividing both blocks, inside both rows).
+[[nodiscard]] Status check_block_bytes(std::size_t ours, std::size_t theirs, const RowSlice* slice = nullptr);
+// Our blocks' slice bytes, block after block (two-sided backends pack them so).
+void pack_slices(const uint8_t* pool, std::size_t block_bytes, std::span<const int32_t> blocks, const RowSlice& s,
+                 uint8_t* out);
+void unpack_slices(uint8_t* pool, std::size_t block_bytes, std::span<const int32_t> blocks, const RowSlice& s,
+                   const uint8_t* in);
 
 }  // namespace tandem::mpi

@@ -33,9 +33,14 @@ void MpiWorkerPort::send(int dest, service::MsgType type, std::vector<uint8_t> b
 }
 
 int64_t MpiWorkerPort::post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
-                               std::span<const uint8_t> note) {
+                               std::span<const uint8_t> note, const KvSlice* slice) {
   XferId id = 0;
-  check(transport_->post(dest - 1, src, dst, note, id));
+  if (!slice) {
+    check(transport_->post(dest - 1, src, dst, note, id));
+    return id;
+  }
+  const RowSlice rows{slice->rows, slice->src_offset, slice->dst_offset, slice->bytes};
+  check(transport_->post_slice(dest - 1, src, dst, rows, note, id));
   return id;
 }
 

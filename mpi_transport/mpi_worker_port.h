@@ -30,7 +30,7 @@ class MpiWorkerPort : public service::WorkerPort {
   void send(int dest, service::MsgType type, std::vector<uint8_t> bytes) override;
   bool has_kv() const override { return transport_ != nullptr; }
   int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
-                  std::span<const uint8_t> note) override;
+                  std::span<const uint8_t> note, const KvSlice* slice = nullptr) override;
   KvState poll_kv(int64_t id) override;
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;

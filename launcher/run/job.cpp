@@ -310,7 +310,6 @@ std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, cons
   auto core = std::make_unique<service::WorkerCore>(rank, l.role, p.model, std::move(model), *w.pool, p.tokenizer.get(),
                                                     options, w.tiers.get());
   if (w.tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
-  core->set_group_width(l.group.width);
   return core;
 }
 
@@ -367,15 +366,21 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
       else idle.idle();
     }
   };
+  const service::GroupMap map{l.roles.prefill, l.roles.prefill_tp, l.roles.decode_tp};
+  const kv::KvLayout layout = w.pool->layout();
+  const service::KvShape shape{p.model.kv_heads, layout.layers * 2 * layout.block_size,
+                               static_cast<std::size_t>(layout.head_dim * layout.elem_bytes)};
   if (l.group.place > 0) {
-    service::Follower follower(port, *w.model, l.group.place);
+    service::Follower follower(port, *w.model, l.group.place, l.group.width, map, shape);
     until([&] { return follower.finished(); }, [&] { return follower.tick(); });
     return;
   }
   std::vector<int> followers;
   for (int f = 1; f < l.group.width; ++f) followers.push_back(rank + f);
-  service::LeaderPort group_port(port, followers);
-  service::WorkerPort& to_job = l.group.width > 1 ? static_cast<service::WorkerPort&>(group_port) : port;
+  // In a job with groups every worker's KV follows the routes between widths, one-rank workers' too.
+  service::LeaderPort group_port(port, followers, map, shape);
+  const bool grouped = l.roles.prefill_tp > 1 || l.roles.decode_tp > 1;
+  service::WorkerPort& to_job = grouped ? static_cast<service::WorkerPort&>(group_port) : port;
   auto core = make_core(rank, p, l, w,
                         l.group.width > 1 ? std::make_unique<service::LeaderBackend>(std::move(w.model), group_port)
                                           : std::move(w.model));

@@ -216,10 +216,11 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
     return "the KV tiers (kv.host_cache_gib, kv.store_path) do not work with cluster.tp > 1 yet; turn them off, or use "
            "cluster.tp = 1";
   const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
-  if ((roles.prefill > 0 || planned) && roles.prefill_tp != roles.decode_tp)
+  if (planned && roles.prefill_tp != roles.decode_tp)
     return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
-           std::to_string(roles.decode_tp) + " differ: KV across a tensor-parallel mismatch is not built yet; set one "
-           "width (cluster.tp)";
+           std::to_string(roles.decode_tp) + " differ, and job.mode = \"auto\" re-splits workers between epochs: "
+           "a re-split that changes a worker's width is not built yet; set one width (cluster.tp), or job.mode = "
+           "\"disagg\"";
   return "";
 }
 

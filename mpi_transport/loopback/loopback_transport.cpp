@@ -26,8 +26,8 @@ Status LoopbackTransport::register_pool(void* base, std::size_t block_bytes, int
   return Status();
 }
 
-Status LoopbackTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-                               std::span<const uint8_t> notification, XferId& id) {
+Status LoopbackTransport::copy(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+                               const RowSlice* slice, std::span<const uint8_t> notification, XferId& id) {
   if (peer < 0 || peer >= size()) return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
   std::lock_guard lock(hub_->mutex_);
   auto& me = hub_->pools_[static_cast<std::size_t>(rank_)];
@@ -35,10 +35,21 @@ Status LoopbackTransport::post(int peer, std::span<const int32_t> src, std::span
   if (!me.memory || !them.memory) return Status(StatusCode::kUnavailable, "pool not created");
   TANDEM_RETURN_IF_ERROR(check_post(peer, size(), src, dst, me.n_blocks, them.n_blocks, notification.size(),
                                     capabilities().max_notification_bytes));
+  TANDEM_RETURN_IF_ERROR(check_block_bytes(me.block_bytes, them.block_bytes, slice));
   for (const auto& r : coalesce(src, dst)) {
-    std::memcpy(them.memory + static_cast<std::size_t>(r.dst) * them.block_bytes,
-                me.memory + static_cast<std::size_t>(r.src) * me.block_bytes,
-                static_cast<std::size_t>(r.count) * me.block_bytes);
+    if (!slice) {
+      std::memcpy(them.memory + static_cast<std::size_t>(r.dst) * them.block_bytes,
+                  me.memory + static_cast<std::size_t>(r.src) * me.block_bytes,
+                  static_cast<std::size_t>(r.count) * me.block_bytes);
+      continue;
+    }
+    // Row by row: the run's rows follow one another on both sides.
+    const auto rows = static_cast<std::size_t>(slice->rows) * static_cast<std::size_t>(r.count);
+    const std::size_t our_row = me.block_bytes / static_cast<std::size_t>(slice->rows);
+    const std::size_t their_row = them.block_bytes / static_cast<std::size_t>(slice->rows);
+    const uint8_t* from = me.memory + static_cast<std::size_t>(r.src) * me.block_bytes + slice->src_offset;
+    uint8_t* to = them.memory + static_cast<std::size_t>(r.dst) * them.block_bytes + slice->dst_offset;
+    for (std::size_t k = 0; k < rows; ++k) std::memcpy(to + k * their_row, from + k * our_row, slice->bytes);
   }
   id = next_id_++;
   outgoing_[id] = Outgoing{peer, std::vector<uint8_t>(notification.begin(), notification.end()), false,

@@ -41,11 +41,17 @@ class LoopbackTransport : public KvTransport {
   std::string_view name() const override { return "loopback"; }
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
-  Capabilities capabilities() const override { return {false, true, true, 1 << 16}; }
+  Capabilities capabilities() const override { return {false, true, true, 1 << 16, true}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-              std::span<const uint8_t> notification, XferId& id) override;
+              std::span<const uint8_t> notification, XferId& id) override {
+    return copy(peer, src, dst, nullptr, notification, id);
+  }
+  Status post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice& slice,
+                    std::span<const uint8_t> notification, XferId& id) override {
+    return copy(peer, src, dst, &slice, notification, id);
+  }
   Status poll(XferId id, XferState& state) override;
   Status abort(XferId id) override;
   void release(XferId id) override { outgoing_.erase(id); }
@@ -59,6 +65,8 @@ class LoopbackTransport : public KvTransport {
     bool aborted = false;
     XferState state = XferState::kPending;
   };
+  Status copy(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice* slice,
+              std::span<const uint8_t> notification, XferId& id);
   void deliver(Outgoing& o);
 
   std::shared_ptr<LoopbackHub> hub_;

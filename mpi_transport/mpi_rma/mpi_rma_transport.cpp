@@ -51,42 +51,78 @@ Status MpiRmaTransport::open_window(bool allocate, void* base, std::size_t block
   TANDEM_MPI(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
+  peer_block_bytes_.resize(static_cast<std::size_t>(size_));
+  const uint64_t mine = block_bytes_;
+  TANDEM_MPI(MPI_Allgather(&mine, 1, MPI_UINT64_T, peer_block_bytes_.data(), 1, MPI_UINT64_T, comm_));
   TANDEM_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
   return Status();
 }
 
-Status MpiRmaTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-                             std::span<const uint8_t> notification, XferId& id) {
+Status MpiRmaTransport::put(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+                            const RowSlice* slice, std::span<const uint8_t> notification, XferId& id) {
   if (win_ == MPI_WIN_NULL) return Status(StatusCode::kUnavailable, "pool not created");
-  TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_,
-                                    peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
+  const bool known = peer >= 0 && peer < size_;
+  TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_, known ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
                                     notification.size(), capabilities().max_notification_bytes));
+  TANDEM_RETURN_IF_ERROR(check_block_bytes(block_bytes_, peer_block_bytes_[static_cast<std::size_t>(peer)], slice));
   Outgoing o;
   o.peer = peer;
   o.notification.assign(notification.begin(), notification.end());
   for (const auto& r : coalesce(src, dst)) {
+    if (Status st = put_run(peer, r, slice, o.puts); !st.ok()) {
+      // What was put lands; the peer hears of this transfer as aborted once it has.
+      o.aborted = true;
+      id = next_id_++;
+      outgoing_.emplace(id, std::move(o));
+      return st;
+    }
+  }
+  id = next_id_++;
+  outgoing_.emplace(id, std::move(o));
+  return Status();  // it advances in poll() and progress(): an abort() until then still tells the peer
+}
+
+Status MpiRmaTransport::put_run(int peer, const BlockRun& r, const RowSlice* slice, std::vector<MPI_Request>& puts) {
+  const std::size_t theirs = peer_block_bytes_[static_cast<std::size_t>(peer)];
+  if (!slice) {
     // MPI counts are ints: split very long runs.
     const std::size_t total = static_cast<std::size_t>(r.count) * block_bytes_;
     const std::size_t chunk = std::size_t{1} << 30;
     for (std::size_t off = 0; off < total; off += chunk) {
       const int n = static_cast<int>(std::min(chunk, total - off));
       MPI_Request req = MPI_REQUEST_NULL;
-      if (int rc = MPI_Rput(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + off, n, MPI_BYTE, peer,
-                            static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * block_bytes_ + off), n, MPI_BYTE,
-                            win_, &req);
-          rc != MPI_SUCCESS) {
-        // What was put lands; the peer hears of this transfer as aborted once it has.
-        o.aborted = true;
-        id = next_id_++;
-        outgoing_.emplace(id, std::move(o));
-        return mpi_status(rc, "MPI_Rput", __FILE__, __LINE__);
-      }
-      o.puts.push_back(req);
+      TANDEM_MPI(MPI_Rput(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + off, n, MPI_BYTE, peer,
+                          static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs + off), n, MPI_BYTE, win_,
+                          &req));
+      puts.push_back(req);
     }
+    return Status();
   }
-  id = next_id_++;
-  outgoing_.emplace(id, std::move(o));
-  return Status();  // it advances in poll() and progress(): an abort() until then still tells the peer
+  // The run's rows follow one another on both sides (a block is whole rows): one strided type a side.
+  const auto rows = static_cast<int64_t>(r.count) * slice->rows;
+  const std::size_t ours_row = block_bytes_ / static_cast<std::size_t>(slice->rows);
+  const std::size_t theirs_row = theirs / static_cast<std::size_t>(slice->rows);
+  const int64_t per_put = std::max<int64_t>(1, (int64_t{1} << 30) / static_cast<int64_t>(std::max<std::size_t>(slice->bytes, 1)));
+  for (int64_t first = 0; first < rows; first += per_put) {
+    const int n = static_cast<int>(std::min(per_put, rows - first));
+    MPI_Datatype from = MPI_DATATYPE_NULL, to = MPI_DATATYPE_NULL;
+    TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(ours_row), MPI_BYTE, &from));
+    TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(theirs_row), MPI_BYTE, &to));
+    TANDEM_MPI(MPI_Type_commit(&from));
+    TANDEM_MPI(MPI_Type_commit(&to));
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Rput(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + static_cast<std::size_t>(first) * ours_row +
+                                slice->src_offset,
+                            1, from, peer,
+                            static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs +
+                                                  static_cast<std::size_t>(first) * theirs_row + slice->dst_offset),
+                            1, to, win_, &req);
+    MPI_Type_free(&from);  // the put keeps what it needs
+    MPI_Type_free(&to);
+    if (rc != MPI_SUCCESS) return mpi_status(rc, "MPI_Rput", __FILE__, __LINE__);
+    puts.push_back(req);
+  }
+  return Status();
 }
 
 // Once every put is complete here, completes them at the target and sends

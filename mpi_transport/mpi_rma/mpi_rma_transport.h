@@ -38,11 +38,19 @@ class MpiRmaTransport : public KvTransport {
   std::string_view name() const override { return "mpi_rma"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Capabilities capabilities() const override { return {false, true, true, 1 << 16}; }
+  Capabilities capabilities() const override { return {false, true, true, 1 << 16, true}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-              std::span<const uint8_t> notification, XferId& id) override;
+              std::span<const uint8_t> notification, XferId& id) override {
+    return put(peer, src, dst, nullptr, notification, id);
+  }
+  // One MPI_Rput per run of consecutive blocks, with strided (hvector) types
+  // on both sides: the MPI library moves the rows' slices, no staging.
+  Status post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice& slice,
+                    std::span<const uint8_t> notification, XferId& id) override {
+    return put(peer, src, dst, &slice, notification, id);
+  }
   Status poll(XferId id, XferState& state) override;
   Status abort(XferId id) override;
   void release(XferId id) override { outgoing_.erase(id); }
@@ -58,6 +66,10 @@ class MpiRmaTransport : public KvTransport {
     XferState state = XferState::kPending;
   };
   Status open_window(bool allocate, void* base, std::size_t block_bytes, int64_t n_blocks);
+  Status put(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice* slice,
+             std::span<const uint8_t> notification, XferId& id);
+  // The puts of one run of `count` blocks.
+  Status put_run(int peer, const BlockRun& r, const RowSlice* slice, std::vector<MPI_Request>& puts);
   Status advance(XferId id, Outgoing& o);
 
   MPI_Comm comm_;
@@ -68,6 +80,7 @@ class MpiRmaTransport : public KvTransport {
   std::size_t block_bytes_ = 0;
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;  // every rank's pool size, to check dst ids
+  std::vector<uint64_t> peer_block_bytes_;  // and block size (tensor-parallel ranks of other widths hold other heads)
   XferId next_id_ = 1;
   std::unordered_map<XferId, Outgoing> outgoing_;
   std::unique_ptr<Notices> notices_;

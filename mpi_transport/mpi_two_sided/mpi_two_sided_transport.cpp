@@ -15,8 +15,9 @@
 namespace tandem::mpi {
 namespace {
 constexpr int kTagData = 1;
-constexpr uint8_t kData = 0, kNotice = 1;
-constexpr std::size_t kDataHeader = 13;  // [u8 kData][int64 id][int32 count]
+constexpr uint8_t kData = 0, kNotice = 1, kSlices = 2;
+constexpr std::size_t kDataHeader = 13;   // [u8 kData][int64 id][int32 count]
+constexpr std::size_t kSliceHeader = 37;  // and [int64 rows][int64 dst offset][int64 bytes]
 }  // namespace
 
 MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm, DevicePool device)
@@ -68,6 +69,9 @@ Status MpiTwoSidedTransport::setup(std::size_t block_bytes, int64_t n_blocks) {
   n_blocks_ = n_blocks;
   peer_blocks_.resize(static_cast<std::size_t>(size_));
   TANDEM_MPI(MPI_Allgather(&n_blocks_, 1, MPI_INT64_T, peer_blocks_.data(), 1, MPI_INT64_T, comm_));
+  peer_block_bytes_.resize(static_cast<std::size_t>(size_));
+  const uint64_t mine = block_bytes_;
+  TANDEM_MPI(MPI_Allgather(&mine, 1, MPI_UINT64_T, peer_block_bytes_.data(), 1, MPI_UINT64_T, comm_));
   return Status();
 }
 
@@ -78,30 +82,42 @@ void MpiTwoSidedTransport::copy_blocks(int32_t block, int32_t count, uint8_t* ho
   else std::memcpy(to_pool ? at : host, to_pool ? host : at, bytes);
 }
 
-Status MpiTwoSidedTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-                                  std::span<const uint8_t> notification, XferId& id) {
+Status MpiTwoSidedTransport::send(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+                                  const RowSlice* slice, std::span<const uint8_t> notification, XferId& id) {
   if (!pool_ && n_blocks_ == 0 && peer_blocks_.empty()) return Status(StatusCode::kUnavailable, "pool not created");
   TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_,
                                     peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
                                     notification.size(), capabilities().max_notification_bytes));
+  TANDEM_RETURN_IF_ERROR(check_block_bytes(block_bytes_, peer_block_bytes_[static_cast<std::size_t>(peer)], slice));
+  if (slice && device_) return Status(StatusCode::kInvalidArgument, "mpi_two_sided moves slices of host pools only");
   id = next_id_++;
+  // What one block puts in a message: all of it, or its rows' slices.
+  const std::size_t each = slice ? static_cast<std::size_t>(slice->rows) * slice->bytes : block_bytes_;
+  const std::size_t head = slice ? kSliceHeader : kDataHeader;
   // Pack every message first (a copy from the device may throw: nothing is in flight yet), then send them.
-  const std::size_t per_message = std::max<std::size_t>(1, max_message_bytes_ / block_bytes_);
+  const std::size_t per_message = std::max<std::size_t>(1, max_message_bytes_ / std::max<std::size_t>(each, 1));
   Outgoing o;
   o.peer = peer;
   o.notification.assign(notification.begin(), notification.end());
   for (std::size_t first = 0; first < src.size(); first += per_message) {
     const std::size_t n = std::min(per_message, src.size() - first);
     Message msg;
-    const std::size_t header = kDataHeader + 4 * n;
-    msg.bytes = header + n * block_bytes_;
+    const std::size_t header = head + 4 * n;
+    msg.bytes = header + n * each;
     msg.buffer = staging_.take(msg.bytes);
     uint8_t* m = msg.buffer.data();
     const auto count = static_cast<int32_t>(n);
-    m[0] = kData;
+    m[0] = slice ? kSlices : kData;
     std::memcpy(m + 1, &id, 8);
     std::memcpy(m + 9, &count, 4);
-    std::memcpy(m + kDataHeader, dst.data() + first, 4 * n);
+    std::memcpy(m + head, dst.data() + first, 4 * n);
+    if (slice) {
+      const int64_t geometry[3] = {slice->rows, static_cast<int64_t>(slice->dst_offset), static_cast<int64_t>(slice->bytes)};
+      std::memcpy(m + kDataHeader, geometry, sizeof geometry);
+      pack_slices(pool_, block_bytes_, src.subspan(first, n), *slice, m + header);
+      o.messages.push_back(std::move(msg));
+      continue;
+    }
     // The message's data is in src order, so a run of consecutive src ids is one copy.
     for (std::size_t i = 0; i < n;) {
       std::size_t k = 1;
@@ -199,18 +215,34 @@ Status MpiTwoSidedTransport::receive_waiting(std::vector<Notification>& arrived)
 
 Status MpiTwoSidedTransport::place(int source, const uint8_t* m, std::size_t size) {
   int32_t count = -1;
-  if (size >= kDataHeader && m[0] == kData) std::memcpy(&count, m + 9, 4);
-  const std::size_t header = kDataHeader + 4 * static_cast<std::size_t>(std::max(count, 0));
-  if (count < 0 || size != header + static_cast<std::size_t>(count) * block_bytes_)
+  const bool sliced = size >= kSliceHeader && m[0] == kSlices;
+  RowSlice slice;
+  if ((size >= kDataHeader && m[0] == kData) || sliced) std::memcpy(&count, m + 9, 4);
+  std::size_t each = block_bytes_;
+  if (sliced) {
+    int64_t geometry[3];
+    std::memcpy(geometry, m + kDataHeader, sizeof geometry);
+    slice = {geometry[0], 0, static_cast<std::size_t>(geometry[1]), static_cast<std::size_t>(geometry[2])};
+    // The sender checked the slice against our block size; a message that breaks it is refused, not placed.
+    if (geometry[0] <= 0 || geometry[1] < 0 || geometry[2] < 0 || !check_block_bytes(block_bytes_, block_bytes_, &slice).ok())
+      return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(source) + " holds slices outside this pool's rows");
+    each = static_cast<std::size_t>(slice.rows) * slice.bytes;
+  }
+  const std::size_t header = (sliced ? kSliceHeader : kDataHeader) + 4 * static_cast<std::size_t>(std::max(count, 0));
+  if (count < 0 || size != header + static_cast<std::size_t>(count) * each)
     return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(source) + " of " +
                                              std::to_string(size) + " bytes does not hold the " +
                                              std::to_string(count) + " blocks it announces");
   std::vector<int32_t> dst(static_cast<std::size_t>(count));
-  std::memcpy(dst.data(), m + kDataHeader, 4 * dst.size());
+  std::memcpy(dst.data(), m + (sliced ? kSliceHeader : kDataHeader), 4 * dst.size());
   for (int32_t d : dst)
     if (d < 0 || d >= n_blocks_)
       return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(source) + " names block " +
                                                std::to_string(d) + ", outside this pool");
+  if (sliced) {
+    unpack_slices(pool_, block_bytes_, dst, slice, m + header);
+    return Status();
+  }
   for (std::size_t i = 0; i < dst.size();) {
     std::size_t n = 1;
     while (i + n < dst.size() && dst[i + n] == dst[i] + static_cast<int32_t>(n)) ++n;

@@ -34,12 +34,20 @@ class MpiTwoSidedTransport : public KvTransport {
   std::string_view name() const override { return "mpi_two_sided"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Capabilities capabilities() const override { return {static_cast<bool>(device_), false, true, 1 << 16}; }
+  // Row slices from host pools only (a device pool's copies move whole blocks).
+  Capabilities capabilities() const override { return {static_cast<bool>(device_), false, true, 1 << 16, !device_}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   // With a DevicePool, `base` is the device's memory, reached only through the pool's copies.
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
-              std::span<const uint8_t> notification, XferId& id) override;
+              std::span<const uint8_t> notification, XferId& id) override {
+    return send(peer, src, dst, nullptr, notification, id);
+  }
+  // The slices are packed behind a header that says where they go in the peer's rows.
+  Status post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice& slice,
+                    std::span<const uint8_t> notification, XferId& id) override {
+    return send(peer, src, dst, &slice, notification, id);
+  }
   Status poll(XferId id, XferState& state) override;
   Status abort(XferId id) override;
   void release(XferId id) override { outgoing_.erase(id); }
@@ -54,7 +62,9 @@ class MpiTwoSidedTransport : public KvTransport {
   // A message holds up to kMaxMessageBytes of blocks (MPI counts are ints; a
   // long prompt's float32 KV passes 2 GiB): [u8 0][int64 id][int32 count]
   // [int32 dst ids...][block data...]. A transfer is zero or more of them,
-  // then its notice: [u8 1][int64 id][u8 aborted][notification...].
+  // then its notice: [u8 1][int64 id][u8 aborted][notification...]. A
+  // message of row slices: [u8 2][int64 id][int32 count][int64 rows][int64
+  // dst offset][int64 bytes][int32 dst ids...][each block's slices...].
   static constexpr std::size_t kMaxMessageBytes = std::size_t{64} << 20;
   struct Message {
     MPI_Request request = MPI_REQUEST_NULL;
@@ -70,6 +80,8 @@ class MpiTwoSidedTransport : public KvTransport {
     XferState state = XferState::kPending;
   };
   Status setup(std::size_t block_bytes, int64_t n_blocks);
+  Status send(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice* slice,
+              std::span<const uint8_t> notification, XferId& id);
   // Copies `count` blocks between the pool at `block` and host memory.
   void copy_blocks(int32_t block, int32_t count, uint8_t* host, bool to_pool);
   Status advance(XferId id, Outgoing& o);
@@ -85,6 +97,7 @@ class MpiTwoSidedTransport : public KvTransport {
   std::size_t block_bytes_ = 0, max_message_bytes_ = kMaxMessageBytes;
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;
+  std::vector<uint64_t> peer_block_bytes_;
   XferId next_id_ = 1;
   std::unordered_map<XferId, Outgoing> outgoing_;
   std::deque<std::pair<MPI_Request, std::vector<uint8_t>>> notices_;  // notice sends in flight

@@ -7,36 +7,150 @@
 #include "common/error.h"
 
 namespace tandem::service {
+namespace {
 
-LeaderPort::LeaderPort(WorkerPort& inner, std::vector<int> followers)
-    : inner_(inner), followers_(std::move(followers)) {}
+// The first KV head a place of a group of width w holds, and how many (as runtime/cpu/tp_group.h shards them).
+std::pair<int64_t, int64_t> heads_of(int64_t kv_heads, int width, int place) {
+  if (kv_heads >= width) return {place * (kv_heads / width), kv_heads / width};
+  return {static_cast<int64_t>(place) * kv_heads / width, 1};
+}
+
+}  // namespace
+
+std::vector<ShardRoute> shard_routes(int64_t kv_heads, int from, int to) {
+  std::vector<ShardRoute> out;
+  for (int j = 0; j < to; ++j) {
+    const auto [d0, dn] = heads_of(kv_heads, to, j);
+    for (int64_t g = d0; g < d0 + dn; ++g) {
+      int i = 0;  // the lowest sending place that holds head g
+      while (i + 1 < from && !(heads_of(kv_heads, from, i).first <= g &&
+                               g < heads_of(kv_heads, from, i).first + heads_of(kv_heads, from, i).second))
+        ++i;
+      const int64_t s0 = heads_of(kv_heads, from, i).first;
+      ShardRoute* last = out.empty() ? nullptr : &out.back();
+      if (last && last->to == j && last->from == i && last->src_head + last->heads == g - s0 &&
+          last->dst_head + last->heads == g - d0)
+        ++last->heads;
+      else
+        out.push_back({i, j, g - s0, g - d0, 1});
+    }
+  }
+  return out;
+}
+
+ShardMover::ShardMover(WorkerPort& port, int place, int width, GroupMap map, KvShape shape)
+    : port_(port), place_(place), width_(width), map_(map), shape_(shape) {}
+
+void ShardMover::post(int64_t key, int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
+                      std::span<const uint8_t> note) {
+  auto& ids = posts_[key];
+  const int theirs = map_.width_at(dest);
+  for (const ShardRoute& r : shard_routes(shape_.kv_heads, width_, theirs)) {
+    if (r.from != place_) continue;
+    const bool whole = r.src_head == 0 && r.dst_head == 0 && r.heads == heads_of(shape_.kv_heads, width_, place_).second &&
+                       r.heads == heads_of(shape_.kv_heads, theirs, r.to).second;
+    const WorkerPort::KvSlice slice{shape_.rows, static_cast<std::size_t>(r.src_head) * shape_.head_bytes,
+                                    static_cast<std::size_t>(r.dst_head) * shape_.head_bytes,
+                                    static_cast<std::size_t>(r.heads) * shape_.head_bytes};
+    ids.push_back(port_.post_kv(dest + r.to, src, dst, note, whole ? nullptr : &slice));
+  }
+}
+
+WorkerPort::KvState ShardMover::poll(int64_t key) {
+  auto it = posts_.find(key);
+  if (it == posts_.end()) return WorkerPort::KvState::kDone;
+  bool aborted = false;
+  for (int64_t id : it->second) {
+    const auto st = port_.poll_kv(id);
+    if (st == WorkerPort::KvState::kPending) return st;
+    aborted = aborted || st == WorkerPort::KvState::kAborted;
+  }
+  return aborted ? WorkerPort::KvState::kAborted : WorkerPort::KvState::kDone;
+}
+
+void ShardMover::release(int64_t key) {
+  auto it = posts_.find(key);
+  if (it == posts_.end()) return;
+  for (int64_t id : it->second) port_.release_kv(id);
+  posts_.erase(it);
+}
+
+void ShardMover::collect() {
+  scratch_.clear();
+  port_.kv_arrivals(scratch_);
+  for (auto& a : scratch_) {
+    Landed& l = landed_[{map_.leader_of(a.source), std::move(a.note)}];
+    ++l.count;
+    l.aborted = l.aborted || a.aborted;
+  }
+}
+
+int64_t ShardMover::group_bytes(int dest, int64_t n_blocks) const {
+  int64_t heads = 0;
+  for (const ShardRoute& r : shard_routes(shape_.kv_heads, width_, map_.width_at(dest))) heads += r.heads;
+  return n_blocks * shape_.rows * heads * static_cast<int64_t>(shape_.head_bytes);
+}
+
+int ShardMover::pieces_from(int source) const {
+  int n = 0;
+  for (const ShardRoute& r : shard_routes(shape_.kv_heads, map_.width_at(source), width_)) n += r.to == place_ ? 1 : 0;
+  return n;
+}
+
+bool ShardMover::take(int source, const std::vector<uint8_t>& note, bool& aborted) {
+  auto it = landed_.find({source, note});
+  if (it == landed_.end() || it->second.count < pieces_from(source)) return false;
+  aborted = it->second.aborted;
+  landed_.erase(it);
+  return true;
+}
+
+void ShardMover::take_complete(std::vector<WorkerPort::KvArrival>& out) {
+  for (auto it = landed_.begin(); it != landed_.end();) {
+    if (it->second.count < pieces_from(it->first.first)) {
+      ++it;
+      continue;
+    }
+    out.push_back({it->first.first, it->second.aborted, it->first.second});
+    it = landed_.erase(it);
+  }
+}
+
+LeaderPort::LeaderPort(WorkerPort& inner, std::vector<int> followers, const GroupMap& map, const KvShape& shape)
+    : inner_(inner), followers_(std::move(followers)),
+      mover_(inner, 0, static_cast<int>(followers_.size()) + 1, map, shape) {}
 
 void LeaderPort::publish(MsgType type, const std::vector<uint8_t>& bytes) {
   for (int f : followers_) inner_.send(f, type, bytes);
 }
 
 int64_t LeaderPort::post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
-                            std::span<const uint8_t> note) {
-  const int64_t id = inner_.post_kv(dest, src, dst, note);
+                            std::span<const uint8_t> note, const KvSlice* slice) {
+  if (slice) throw Error("a tensor-parallel worker's transfer is sliced by its routes, not by its caller (tandem internal error)");
+  const int64_t id = next_id_++;
   publish(MsgType::kGroupPostKv, encode(WireGroupPost{dest, {src.begin(), src.end()}, {dst.begin(), dst.end()},
                                                       {note.begin(), note.end()}, id}));
+  mover_.post(id, dest, src, dst, note);
   return id;
+}
+
+int64_t LeaderPort::kv_wire_bytes(int dest, int64_t n_blocks, std::size_t) const {
+  return mover_.group_bytes(dest, n_blocks);
 }
 
 void LeaderPort::release_kv(int64_t id) {
   // Before the blocks the transfer read can be written again: the followers' next pass comes after this.
   publish(MsgType::kGroupReleaseKv, encode_id(id));
-  inner_.release_kv(id);
+  mover_.release(id);
 }
 
 void LeaderPort::kv_arrivals(std::vector<KvArrival>& out) {
-  arrived_.clear();
-  inner_.kv_arrivals(arrived_);
-  for (auto& a : arrived_) {
-    // Before any pass reads the blocks: the followers wait for their own shards first.
-    publish(MsgType::kGroupAwaitKv, encode(WireGroupAwait{a.source, a.note}));
-    out.push_back(std::move(a));
-  }
+  mover_.collect();
+  const std::size_t first = out.size();
+  mover_.take_complete(out);
+  // Before any pass reads the blocks: the followers wait for their own shards first.
+  for (std::size_t i = first; i < out.size(); ++i)
+    publish(MsgType::kGroupAwaitKv, encode(WireGroupAwait{out[i].source, out[i].note}));
 }
 
 void LeaderPort::begin_resplit(bool prefill) {
@@ -63,8 +177,9 @@ void LeaderBackend::forward(std::span<const runtime::SeqChunk> chunks, std::vect
   inner_->forward(chunks, logits);
 }
 
-Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place)
-    : port_(port), model_(model), place_(place) {}
+Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
+                   const KvShape& shape)
+    : port_(port), model_(model), place_(place), mover_(port, place, width, map, shape) {}
 
 bool Follower::tick() {
   bool any = false;
@@ -72,11 +187,7 @@ bool Follower::tick() {
     commands_.push_back(std::move(m));
     any = true;
   }
-  if (port_.has_kv()) {  // our shards of incoming transfers, kept until the leader's command awaits them
-    const std::size_t before = arrived_.size();
-    port_.kv_arrivals(arrived_);
-    any = any || arrived_.size() != before;
-  }
+  if (port_.has_kv()) mover_.collect();  // our shards of incoming transfers, kept until the leader's command awaits them
   while (!commands_.empty() && run(commands_.front())) {
     commands_.pop_front();
     any = true;
@@ -96,13 +207,19 @@ bool Follower::run(const WorkerPort::Message& m) {
       return true;
     case MsgType::kGroupPostKv: {
       const WireGroupPost p = decode_group_post(m.bytes);
-      transfers_[p.id] = port_.post_kv(p.dest + place_, p.src, p.dst, p.note);
+      mover_.post(p.id, p.dest, p.src, p.dst, p.note);
       return true;
     }
-    case MsgType::kGroupReleaseKv: return end_transfer(decode_id(m.bytes));
-    case MsgType::kGroupAwaitKv: {
+    case MsgType::kGroupReleaseKv: {
+      const int64_t id = decode_id(m.bytes);
+      if (mover_.poll(id) == WorkerPort::KvState::kPending) return false;  // ours still reads those blocks
+      mover_.release(id);
+      return true;
+    }
+    case MsgType::kGroupAwaitKv: {  // done or aborted alike: nothing writes into those blocks any more
       const WireGroupAwait a = decode_group_await(m.bytes);
-      return landed(a.source + place_, a.note);
+      bool aborted = false;
+      return mover_.take(a.source, a.note, aborted);
     }
     case MsgType::kGroupResplit: port_.begin_resplit(!m.bytes.empty() && m.bytes[0] != 0); return true;
     case MsgType::kGroupSplit:
@@ -115,24 +232,6 @@ bool Follower::run(const WorkerPort::Message& m) {
                    m.source);
       return true;
   }
-}
-
-bool Follower::end_transfer(int64_t leader_id) {
-  const auto it = transfers_.find(leader_id);
-  if (it == transfers_.end()) return true;
-  if (port_.poll_kv(it->second) == WorkerPort::KvState::kPending) return false;
-  port_.release_kv(it->second);
-  transfers_.erase(it);
-  return true;
-}
-
-// Done or aborted alike: either way nothing writes into those blocks any more.
-bool Follower::landed(int source, const std::vector<uint8_t>& note) {
-  const auto it = std::find_if(arrived_.begin(), arrived_.end(),
-                               [&](const WorkerPort::KvArrival& a) { return a.source == source && a.note == note; });
-  if (it == arrived_.end()) return false;
-  arrived_.erase(it);
-  return true;
 }
 
 }  // namespace tandem::service

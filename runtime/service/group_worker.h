@@ -20,15 +20,19 @@
 // or its own shard of an incoming one has landed (so no pass reads blocks
 // before they are there). Nothing here blocks: a follower that waits polls.
 //
-// Groups are consecutive world ranks, and a transfer goes between groups of
-// the same width: the follower at place i of one group sends to, and
-// receives from, place i of the other.
+// Groups are consecutive world ranks. Between groups of different widths
+// (prefill_tp != decode_tp) each rank of the sending group sends the KV
+// heads it holds to the receiving ranks that hold them, as slices of each
+// block's rows (shard_routes): the receiving group gets the prompt's KV
+// once per copy it keeps (once, unless its width passes the KV heads).
 #pragma once
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "runtime/engine/backend.h"
@@ -36,11 +40,75 @@
 
 namespace tandem::service {
 
+// Where the groups sit: world ranks 1..prefill_ranks in groups of
+// prefill_tp, the next ranks in groups of decode_tp.
+struct GroupMap {
+  int prefill_ranks = 0, prefill_tp = 1, decode_tp = 1;
+  int width_at(int rank) const { return rank <= prefill_ranks ? prefill_tp : decode_tp; }
+  int leader_of(int rank) const {
+    return rank <= prefill_ranks ? rank - (rank - 1) % prefill_tp : rank - (rank - 1 - prefill_ranks) % decode_tp;
+  }
+};
+
+// The KV heads of a model as its transfers see them: how many, the rows of a
+// block (layers x K and V x block_size) and one head's bytes in a row.
+struct KvShape {
+  int64_t kv_heads = 1, rows = 1;
+  std::size_t head_bytes = 0;
+};
+
+// One rank's share of a transfer between a group of width `from` and one of
+// width `to`: heads [src_head, src_head + heads) of the sending place's shard
+// go to [dst_head, ...) of the receiving place's. Each receiving place gets
+// each of its heads once, from the lowest sending place that holds it.
+struct ShardRoute {
+  int from = 0, to = 0;
+  int64_t src_head = 0, dst_head = 0, heads = 0;
+};
+std::vector<ShardRoute> shard_routes(int64_t kv_heads, int from, int to);
+
+// One rank's part in the group's KV transfers: the posts of its routes,
+// polled and released together under the leader's id, and the pieces that
+// land here, counted until every route to this rank has delivered.
+class ShardMover {
+ public:
+  ShardMover(WorkerPort& port, int place, int width, GroupMap map, KvShape shape);
+  // Our routes of a transfer of blocks src -> dst to the group led by `dest`, under `key`.
+  void post(int64_t key, int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
+            std::span<const uint8_t> note);
+  WorkerPort::KvState poll(int64_t key);  // every post done; aborted if any was
+  void release(int64_t key);
+  // What landed here, counted by (sending group's leader, note).
+  void collect();
+  // Takes a transfer from the group led by `source` whose every piece to us has landed.
+  bool take(int source, const std::vector<uint8_t>& note, bool& aborted);
+  // Takes every transfer whose every piece to us has landed.
+  void take_complete(std::vector<WorkerPort::KvArrival>& out);
+  // What every place's routes to the group led by `dest` move for n blocks.
+  int64_t group_bytes(int dest, int64_t n_blocks) const;
+
+ private:
+  int pieces_from(int source) const;  // the routes from the group led by `source` that end here
+  struct Landed {
+    int count = 0;
+    bool aborted = false;
+  };
+  WorkerPort& port_;
+  int place_, width_;
+  GroupMap map_;
+  KvShape shape_;
+  std::unordered_map<int64_t, std::vector<int64_t>> posts_;  // key -> our transfers
+  std::map<std::pair<int, std::vector<uint8_t>>, Landed> landed_;
+  std::vector<WorkerPort::KvArrival> scratch_;
+};
+
 // The leader's port: the inner port's, with each KV transfer, arrival and
 // re-split told to the followers (world ranks) first.
 class LeaderPort : public WorkerPort {
  public:
-  LeaderPort(WorkerPort& inner, std::vector<int> followers);
+  // followers: world ranks (none for a one-rank worker in a job whose other
+  // workers are groups: its transfers still follow the routes).
+  LeaderPort(WorkerPort& inner, std::vector<int> followers, const GroupMap& map, const KvShape& shape);
   // To every follower, in order with the other commands.
   void publish(MsgType type, const std::vector<uint8_t>& bytes);
 
@@ -48,9 +116,11 @@ class LeaderPort : public WorkerPort {
   bool receive(Message& out) override { return inner_.receive(out); }
   void send(int dest, MsgType type, std::vector<uint8_t> bytes) override { inner_.send(dest, type, std::move(bytes)); }
   bool has_kv() const override { return inner_.has_kv(); }
+  // The leader's id of the group's transfer (whole blocks only: the routes slice them).
   int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
-                  std::span<const uint8_t> note) override;
-  KvState poll_kv(int64_t id) override { return inner_.poll_kv(id); }
+                  std::span<const uint8_t> note, const KvSlice* slice = nullptr) override;
+  int64_t kv_wire_bytes(int dest, int64_t n_blocks, std::size_t block_bytes) const override;
+  KvState poll_kv(int64_t id) override { return mover_.poll(id); }
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;
   void begin_resplit(bool prefill) override;
@@ -63,7 +133,8 @@ class LeaderPort : public WorkerPort {
  private:
   WorkerPort& inner_;
   std::vector<int> followers_;
-  std::vector<KvArrival> arrived_;  // scratch
+  ShardMover mover_;
+  int64_t next_id_ = 1;
 };
 
 // The leader's model: each forward pass goes to the followers, then runs
@@ -84,7 +155,8 @@ class LeaderBackend : public runtime::ModelBackend {
 class Follower {
  public:
   // place: this rank's index in its group (1..width-1); model: this rank's shard.
-  Follower(WorkerPort& port, runtime::ModelBackend& model, int place);
+  Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
+           const KvShape& shape);
   // One pass over what arrived and what waits; true when anything happened (else back off).
   bool tick();
   // The leader said stop.
@@ -93,15 +165,12 @@ class Follower {
  private:
   // Runs one command; false while it must wait (it stays first in line).
   bool run(const WorkerPort::Message& m);
-  bool end_transfer(int64_t leader_id);
-  bool landed(int source, const std::vector<uint8_t>& note);
 
   WorkerPort& port_;
   runtime::ModelBackend& model_;
   int place_;
+  ShardMover mover_;
   std::deque<WorkerPort::Message> commands_;
-  std::unordered_map<int64_t, int64_t> transfers_;  // the leader's transfer id -> ours
-  std::vector<WorkerPort::KvArrival> arrived_;      // our shards that landed, not yet awaited
   bool stopped_ = false;
   WireForward pass_;
   std::vector<float> logits_;  // stays empty: a follower asks for no logits

@@ -89,10 +89,7 @@ class WorkerCore {
     kv_seconds_ += seconds;
   }
   void set_kv_wait_seconds(double s) { kv_wait_s_ = s; }
-  // What a transfer of one block moves: this rank's, times the ranks of a
-  // tensor-parallel worker (each sends its shard).
-  std::size_t block_bytes() const { return pool_.layout().block_bytes() * static_cast<std::size_t>(group_width_); }
-  void set_group_width(int width) { group_width_ = width; }
+  std::size_t block_bytes() const { return pool_.layout().block_bytes(); }
   RankReport report() const;
   // Engine steps since the last call (at most the last 512), for the planner.
   std::vector<std::array<double, 6>> take_step_samples();
@@ -121,7 +118,6 @@ class WorkerCore {
   std::deque<std::array<double, 6>> samples_;  // prefilled elsewhere: their first token, not yet streamed
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
                                                                        // computed, KV blocks moved)
-  int group_width_ = 1;
   double busy_s_ = 0;
   int64_t kv_bytes_ = 0;
   double kv_seconds_ = 0, kv_wait_s_ = 0;

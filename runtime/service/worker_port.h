@@ -8,6 +8,7 @@
 // failing call) when the link fails: the job cannot go on.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -39,10 +40,26 @@ class WorkerPort {
 
   // KV transfers between workers' pools (false: aggregated for the whole job, none).
   virtual bool has_kv() const = 0;
-  // Our blocks src into `dest`'s (a world rank) blocks dst; `note` reaches it
-  // once they are there. Returns the transfer's id.
+  // Part of each block, for KV between tensor-parallel groups of different
+  // widths: each block is `rows` rows (layers x K and V x tokens), a row
+  // one token's KV heads as each side holds them; bytes [src_offset,
+  // src_offset + bytes) of each of our rows go to [dst_offset, ...) of the
+  // peer's (mpi_transport's RowSlice).
+  struct KvSlice {
+    int64_t rows = 1;
+    std::size_t src_offset = 0, dst_offset = 0, bytes = 0;
+  };
+  // Our blocks src (or a slice of each: null for whole blocks) into `dest`'s
+  // (a world rank) blocks dst; `note` reaches it once they are there.
+  // Returns the transfer's id.
   virtual int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
-                          std::span<const uint8_t> note) = 0;
+                          std::span<const uint8_t> note, const KvSlice* slice = nullptr) = 0;
+  // What a post of n_blocks of ours (block_bytes each) to `dest` puts on the
+  // wire, over every rank of this worker (a tensor-parallel group's ranks send their shards).
+  virtual int64_t kv_wire_bytes(int dest, int64_t n_blocks, std::size_t block_bytes) const {
+    (void)dest;
+    return n_blocks * static_cast<int64_t>(block_bytes);
+  }
   virtual KvState poll_kv(int64_t id) = 0;
   virtual void release_kv(int64_t id) = 0;
   // Appends the notes of transfers to us that have landed.

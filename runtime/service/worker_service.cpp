@@ -162,7 +162,7 @@ void WorkerService::send_handoff(WorkerCore::Handoff& h) {
   const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
   Sending s;
   s.posted = Clock::now();
-  s.bytes = n * core_.block_bytes();
+  s.bytes = static_cast<std::size_t>(port_.kv_wire_bytes(d->second.decode_rank, static_cast<int64_t>(n), core_.block_bytes()));
   const auto note = encode(h.ready);
   s.id = timed([&] {
     return port_.post_kv(d->second.decode_rank, std::span<const int32_t>(h.kv_blocks).subspan(skip, n),

@@ -110,6 +110,22 @@ int main(int argc, char** argv) {
     failures += failed;
     checks += checked;
   }
+  {  // Pools of different block sizes, moved as row slices (two_sided_staged must refuse them).
+    Guarded guarded;
+    std::unique_ptr<tandem::mpi::KvTransport> t;
+    if (mode == "two_sided") t = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world());
+    else if (mode == "two_sided_staged") t = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
+    else t = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
+    tandem::conformance::PoolAccess access;
+    if (mode == "two_sided_staged") {
+      access.write = [&](uint8_t* d, const void* s, std::size_t n) { guarded.copy(d, s, n, true, false); };
+      access.read = [&](void* d, const uint8_t* s, std::size_t n) { guarded.copy(d, s, n, false, false); };
+    }
+    auto f = tandem::conformance::run_slice_suite_mpi(env.world(), *t, access);
+    const auto [failed, checked] = tandem::conformance::gather_failures(env.world(), f);
+    failures += failed;
+    checks += checked;
+  }
   if (env.rank() == 0)
     std::printf("%s conformance: %d passed, %d failed\n", mode == "rma" ? "mpi_rma" : ("mpi_" + mode).c_str(),
                 checks - failures, failures);

@@ -13,19 +13,25 @@
 
 namespace tandem::conformance {
 
+// A barrier over `world` that keeps pumping the transport while it waits.
+inline Barrier mpi_barrier(MPI_Comm world) {
+  return [world](const std::function<void()>& pump) {
+    MPI_Request r;
+    MPI_Ibarrier(world, &r);
+    for (int done = 0; !done;) {
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+      pump();
+    }
+  };
+}
+
 inline Failures run_transport_suite_mpi(MPI_Comm world, mpi::KvTransport& t, const PoolAccess& access = {},
                                         bool caller_memory = false) {
-  return run_transport_suite(
-      t,
-      [&](const std::function<void()>& pump) {
-        MPI_Request r;
-        MPI_Ibarrier(world, &r);
-        for (int done = 0; !done;) {
-          MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-          pump();
-        }
-      },
-      access, caller_memory);
+  return run_transport_suite(t, mpi_barrier(world), access, caller_memory);
+}
+
+inline Failures run_slice_suite_mpi(MPI_Comm world, mpi::KvTransport& t, const PoolAccess& access = {}) {
+  return run_slice_suite(t, mpi_barrier(world), access);
 }
 
 // Prints this rank's failures; returns (failures, checks) summed over the ranks (on rank 0).

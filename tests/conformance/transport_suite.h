@@ -74,6 +74,11 @@ inline bool holds(const PoolAccess& a, const uint8_t* pool, std::size_t block_by
 }
 
 inline std::vector<uint8_t> note(const std::string& s) { return {s.begin(), s.end()}; }
+
+struct RowSliceCase {
+  std::vector<int32_t> src, dst;
+  mpi::RowSlice slice;
+};
 inline std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // One rank's side of the suite: its transport, its inbox, its checks.
@@ -322,6 +327,108 @@ class Suite {
   bool in_barrier_ = false;
   std::function<void(const mpi::Notification&)> on_arrival_;
 };
+
+// KV between tensor-parallel groups of different widths: pools whose blocks
+// differ in size (each rank holds other KV heads), moved as row slices
+// (post_slice). Rank 0 holds 4 heads a row, rank 1 two, the last rank three;
+// the last rank's rows get heads 1-2 of rank 0's and head 0 of rank 1's.
+// Needs 3 ranks; a backend without capabilities().row_slices must refuse.
+inline Failures run_slice_suite(mpi::KvTransport& t, const Barrier& barrier, const PoolAccess& a = {}) {
+  Failures f;
+  const int me = t.rank(), last = t.size() - 1;
+  constexpr int64_t kRows = 5, kBlocks = 16;
+  constexpr std::size_t kHead = 12;  // bytes of one head in a row: not a power of two
+  const std::size_t heads = me == 0 ? 4 : me == last ? 3 : 2;
+  const std::size_t bb = kRows * heads * kHead;
+  void* base = nullptr;
+  f.check(t.allocate_pool(bb, kBlocks, &base).ok(), "slices: allocate_pool of " + std::to_string(bb) + "-byte blocks");
+  auto* pool = static_cast<uint8_t*>(base);
+  std::vector<mpi::Notification> inbox;
+  auto pump = [&] {
+    if (!t.progress(inbox).ok()) f.check(false, "slices: progress() failed");
+  };
+  auto wait = [&](mpi::XferId id, const std::string& what) {
+    mpi::XferState st = mpi::XferState::kPending;
+    for (long i = 0; i < 20000000 && st == mpi::XferState::kPending; ++i) {
+      if (!t.poll(id, st).ok()) break;
+      pump();
+    }
+    f.check(st == mpi::XferState::kDone, what + ": done");
+    t.release(id);
+  };
+  for (int32_t b = 0; b < kBlocks; ++b) fill(a, pool, bb, b, me, 7);
+  const RowSliceCase from0{{2, 3, 4, 9}, {0, 1, 2, 7}, {kRows, 1 * kHead, 0, 2 * kHead}};
+  const RowSliceCase from1{{5, 6, 7, 12}, {0, 1, 2, 7}, {kRows, 0, 2 * kHead, 1 * kHead}};
+  barrier([&] { pump(); });
+  if (!t.capabilities().row_slices) {
+    mpi::XferId x = 0;
+    if (me == 0) f.check(!t.post_slice(last, from0.src, from0.dst, from0.slice, {}, x).ok(), "slices: refused without row_slices");
+    barrier([&] { pump(); });
+    f.check(t.destroy().ok(), "slices: destroy");
+    return f;
+  }
+  if (me == 0 || me == 1) {
+    const RowSliceCase& c = me == 0 ? from0 : from1;
+    mpi::XferId x = 0;
+    f.check(t.post_slice(last, c.src, c.dst, c.slice, note("slice from " + std::to_string(me)), x).ok(), "slices: post");
+    wait(x, "slices");
+  }
+  if (me == last) {
+    for (long i = 0; i < 20000000 && inbox.size() < 2; ++i) pump();
+    f.check(inbox.size() == 2, "slices: two notifications, got " + std::to_string(inbox.size()));
+    // Row by row: heads 1-2 of rank 0's row, then head 0 of rank 1's; block 3 (no one's target) untouched.
+    bool ok = true;
+    std::vector<uint8_t> got(bb);
+    for (std::size_t i = 0; i < from0.dst.size(); ++i) {
+      a.read(got.data(), pool + static_cast<std::size_t>(from0.dst[i]) * bb, bb);
+      const auto p0 = pattern(kRows * 4 * kHead, from0.src[i], 0, 7), p1 = pattern(kRows * 2 * kHead, from1.src[i], 1, 7);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const auto row = static_cast<std::size_t>(r);
+        ok = ok && std::memcmp(&got[row * 3 * kHead], &p0[row * 4 * kHead + kHead], 2 * kHead) == 0 &&
+             std::memcmp(&got[row * 3 * kHead + 2 * kHead], &p1[row * 2 * kHead], kHead) == 0;
+      }
+    }
+    f.check(ok, "slices: each row holds its heads from both senders");
+    f.check(holds(a, pool, bb, 3, last, 3, 7), "slices: a block no one sent to is untouched");
+    inbox.clear();
+  }
+  barrier([&] { pump(); });
+  // Many sliced transfers in flight at once, then bad slices refused.
+  if (me == 0) {
+    std::vector<mpi::XferId> ids(10);
+    for (int32_t k = 0; k < 10; ++k) {
+      const int32_t src[] = {k}, dst[] = {static_cast<int32_t>(15 - k)};
+      f.check(t.post_slice(last, src, dst, {kRows, 0, kHead, 2 * kHead}, note(std::to_string(k)), ids[static_cast<std::size_t>(k)]).ok(),
+              "slices in flight: post");
+    }
+    for (auto id : ids) wait(id, "slices in flight");
+    mpi::XferId x = 0;
+    const int32_t one[] = {1};
+    f.check(!t.post_slice(last, one, one, {kRows, 40, 0, kHead}, {}, x).ok(), "slices: past the end of our row: refused");
+    f.check(!t.post_slice(last, one, one, {kRows, 0, 30, kHead}, {}, x).ok(), "slices: past the end of the peer's row: refused");
+    f.check(!t.post_slice(last, one, one, {7, 0, 0, kHead}, {}, x).ok(), "slices: rows that do not divide the blocks: refused");
+    f.check(!t.post(last, one, one, {}, x).ok(), "slices: whole blocks of different sizes: refused");
+  }
+  if (me == last) {
+    for (long i = 0; i < 20000000 && inbox.size() < 10; ++i) pump();
+    bool ok = inbox.size() == 10;
+    std::vector<uint8_t> got(bb);
+    for (int32_t k = 0; k < 10 && ok; ++k) {
+      a.read(got.data(), pool + static_cast<std::size_t>(15 - k) * bb, bb);
+      const auto p0 = pattern(kRows * 4 * kHead, k, 0, 7);
+      for (int64_t r = 0; r < kRows; ++r)
+        ok = ok && std::memcmp(&got[static_cast<std::size_t>(r) * 3 * kHead + kHead], &p0[static_cast<std::size_t>(r) * 4 * kHead], 2 * kHead) == 0;
+    }
+    f.check(ok, "slices in flight: ten notifications, each transfer's rows in place");
+  }
+  barrier([&] { pump(); });
+  if (me == last) {
+    for (int i = 0; i < 2000; ++i) pump();
+    f.check(inbox.size() == 10, "slices: refused posts notify nobody");
+  }
+  f.check(t.destroy().ok(), "slices: destroy");
+  return f;
+}
 
 // Runs every case. The last rank receives ("decode"); ranks 0 and 1 send
 // ("prefill"); with two ranks only, rank 0 is both senders, one after the other.

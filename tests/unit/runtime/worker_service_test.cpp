@@ -5,6 +5,7 @@
 // bitwise; cancels, refusals, re-splits and shutdown leave no block behind.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstring>
 #include <optional>
 #include <deque>
@@ -14,6 +15,7 @@
 
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/engine/backend_registry.h"
+#include "runtime/service/group_worker.h"
 #include "runtime/service/worker_service.h"
 #include "test_model.h"
 
@@ -47,7 +49,8 @@ class FakePort : public WorkerPort {
   }
   bool has_kv() const override { return kv_; }
   int64_t post_kv(int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
-                  std::span<const uint8_t> note) override {
+                  std::span<const uint8_t> note, const KvSlice* slice) override {
+    REQUIRE(slice == nullptr);  // one-rank workers move whole blocks
     kv::BlockPool& me = *job_.pools.at(rank_);
     kv::BlockPool& them = *job_.pools.at(dest);
     const std::size_t bb = me.layout().block_bytes();
@@ -292,4 +295,38 @@ TEST_CASE("worker service: shutdown with abandon ends at once; without, after th
   quit.send(1, MsgType::kShutdown, {1});
   quit.w[0].service->tick();
   CHECK(quit.w[0].service->finished());  // abandon: the drain ran out
+}
+
+TEST_CASE("KV routes between tensor-parallel groups of different widths", "[service][tp]") {
+  auto routes = [](int64_t kv, int from, int to) {
+    std::vector<std::array<int64_t, 5>> out;
+    for (const auto& r : shard_routes(kv, from, to)) out.push_back({r.from, r.to, r.src_head, r.dst_head, r.heads});
+    return out;
+  };
+  using R = std::vector<std::array<int64_t, 5>>;
+  CHECK(routes(4, 2, 2) == R{{0, 0, 0, 0, 2}, {1, 1, 0, 0, 2}});  // matched: each place its whole shard
+  CHECK(routes(4, 4, 2) == R{{0, 0, 0, 0, 1}, {1, 0, 0, 1, 1}, {2, 1, 0, 0, 1}, {3, 1, 0, 1, 1}});
+  CHECK(routes(4, 2, 4) == R{{0, 0, 0, 0, 1}, {0, 1, 1, 0, 1}, {1, 2, 0, 0, 1}, {1, 3, 1, 0, 1}});
+  CHECK(routes(2, 4, 1) == R{{0, 0, 0, 0, 1}, {2, 0, 0, 1, 1}});  // replicated senders: the first copy sends
+  CHECK(routes(2, 1, 4) == R{{0, 0, 0, 0, 1}, {0, 1, 0, 0, 1}, {0, 2, 1, 0, 1}, {0, 3, 1, 0, 1}});
+  // Every receiving place gets each of its heads exactly once, from a place that holds it.
+  for (int64_t kv : {1, 2, 4, 8})
+    for (int a : {1, 2, 4, 8})
+      for (int b : {1, 2, 4, 8}) {
+        auto holds = [kv](int w, int p) {  // first head and count, as runtime/cpu/tp_group.h shards
+          return kv >= w ? std::pair<int64_t, int64_t>{p * (kv / w), kv / w} : std::pair<int64_t, int64_t>{p * kv / w, 1};
+        };
+        std::map<std::pair<int, int64_t>, int> got;  // (receiving place, global head) -> times
+        for (const auto& r : shard_routes(kv, a, b))
+          for (int64_t h = 0; h < r.heads; ++h) {
+            const int64_t g = holds(a, r.from).first + r.src_head + h;
+            CHECK(g < holds(a, r.from).first + holds(a, r.from).second);
+            CHECK(holds(b, r.to).first + r.dst_head + h == g);
+            ++got[{r.to, g}];
+          }
+        std::size_t want = 0;
+        for (int p = 0; p < b; ++p) want += static_cast<std::size_t>(holds(b, p).second);
+        CHECK(got.size() == want);
+        for (const auto& [key, n] : got) CHECK(n == 1);
+      }
 }
