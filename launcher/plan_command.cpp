@@ -67,10 +67,17 @@ int plan(const PlanOptions& o) {
   }
   if (reqs.empty()) throw Error(cfg.job.input + ": no valid requests to plan");
 
-  const auto shape = planner::ModelShape::from(model);
+  // Workers of cluster.tp ranks (GPUs) each, as the job would run them.
+  const int tp = cfg.cluster.decode_width();
+  if (cfg.cluster.prefill_width() != tp)
+    throw Error("cluster.prefill_tp and cluster.decode_tp differ: the planner plans workers of one width; set cluster.tp");
+  if (o.workers % tp != 0)
+    throw Error("--workers " + std::to_string(o.workers) + " is not whole workers of cluster.tp = " + std::to_string(tp));
+  const auto shape = planner::ModelShape::from(model).at_width(tp);
+  if (const std::string why = shape.width_problem(tp); !why.empty()) throw Error("cluster.tp = " + std::to_string(tp) + ": " + why);
   const planner::PerfModel pm(shape, planner::HardwareProfile::named(o.hardware));
   planner::SimOptions so;
-  so.workers = o.workers;
+  so.workers = o.workers / tp;
   so.max_num_seqs = cfg.job.max_num_seqs;
   so.max_batched_tokens = cfg.job.max_batched_tokens;
   so.epoch_requests = cfg.job.epoch_requests;
@@ -79,9 +86,10 @@ int plan(const PlanOptions& o) {
   so.itl_target_s = cfg.planner.itl_ms / 1e3;
   const std::string policy_name = o.policy.empty() ? cfg.planner.policy : o.policy;
   planner::EpochPlanner planner(so, shape, pm.hardware(), policy_name);
-  std::printf("%zu requests (%lld bad lines left out), %lld workers (%s), policy %s, epochs of %lld requests\n",
-              reqs.size(), static_cast<long long>(bad), static_cast<long long>(o.workers), o.hardware.c_str(),
-              policy_name.c_str(), static_cast<long long>(so.epoch_requests));
+  std::printf("%zu requests (%lld bad lines left out), %lld workers%s (%s), policy %s, epochs of %lld requests\n",
+              reqs.size(), static_cast<long long>(bad), static_cast<long long>(so.workers),
+              tp > 1 ? (" of tp " + std::to_string(tp)).c_str() : "", o.hardware.c_str(), policy_name.c_str(),
+              static_cast<long long>(so.epoch_requests));
   double total = 0;
   for (std::size_t lo = 0; lo < reqs.size(); lo += static_cast<std::size_t>(so.epoch_requests)) {
     const std::size_t hi = std::min(reqs.size(), lo + static_cast<std::size_t>(so.epoch_requests));

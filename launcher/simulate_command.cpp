@@ -3,12 +3,15 @@
 // where disaggregation pays.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -21,7 +24,7 @@ namespace tandem::launcher {
 namespace {
 
 struct SimulateOptions {
-  std::string workload, trace, model_config, hardware = "h100", policy = "lookahead", plot;
+  std::string workload, trace, model_config, hardware = "h100", policy = "lookahead", plot, tp;
   int64_t gpus = 8;
   planner::SimOptions sim;
   double ttft_ms = 0, itl_ms = 0;
@@ -126,6 +129,55 @@ void plot(const std::string& file, const std::string& title, const planner::SimR
   if (rc != 0 || !std::filesystem::exists(file)) throw Error(file + ": gnuplot could not write the plot");
 }
 
+// --tp: "" (the smallest that fits), "best" (the fastest, simulated), "N" or "N:N". Different prefill and
+// decode widths are not simulated yet.
+int parse_tp(const std::string& spec) {
+  if (spec.empty() || spec == "best") return 0;
+  const auto colon = spec.find(':');
+  int p = 0, d = 0;
+  try {
+    p = std::stoi(spec.substr(0, colon));
+    d = colon == std::string::npos ? p : std::stoi(spec.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw Error("--tp '" + spec + "': write a width (4) or prefill:decode widths (4:4)");
+  }
+  if (p != d)
+    throw Error("--tp " + spec + ": different prefill and decode widths are not simulated yet; give one width");
+  return p;
+}
+
+// "static:P:D" counts GPUs per phase; the policies count workers of `tp` GPUs.
+std::string policy_in_workers(const std::string& name, int tp) {
+  if (tp == 1 || name.rfind("static:", 0) != 0) return name;
+  int64_t p = 0, d = 0;
+  if (std::sscanf(name.c_str(), "static:%ld:%ld", &p, &d) != 2 || p % tp != 0 || d % tp != 0)
+    throw Error("--policy " + name + ": static:P:D counts GPUs, whole workers of " + std::to_string(tp) +
+                " (multiples of the width)");
+  return "static:" + std::to_string(p / tp) + ":" + std::to_string(d / tp);
+}
+
+// The cluster as workers of `tp` GPUs: one model per worker, from its first GPU's kind.
+struct Cluster {
+  int tp = 1;
+  std::vector<std::unique_ptr<planner::PerfModel>> owned;
+  std::vector<const planner::PerfModel*> models;
+};
+
+Cluster cluster_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, int tp) {
+  Cluster c;
+  c.tp = tp;
+  for (std::size_t g = 0; g + static_cast<std::size_t>(tp) <= hw.size(); g += static_cast<std::size_t>(tp)) {
+    for (std::size_t k = g; k < g + static_cast<std::size_t>(tp); ++k)
+      if (hw[k].name != hw[g].name)
+        throw Error("--tp " + std::to_string(tp) + ": a worker's GPUs must be of one kind; GPUs " + std::to_string(g) +
+                    ".." + std::to_string(g + static_cast<std::size_t>(tp) - 1) + " are not (order --hardware so)");
+    if (c.owned.empty() || c.owned.back()->hardware().name != hw[g].name)
+      c.owned.push_back(std::make_unique<planner::PerfModel>(shape.at_width(tp), hw[g]));
+    c.models.push_back(c.owned.back().get());
+  }
+  return c;
+}
+
 int simulate(const SimulateOptions& o) {
   if (o.workload.empty() == o.trace.empty()) throw Error("give one of --workload W.toml or --trace OUTPUT.jsonl");
   std::filesystem::path cfg = o.model_config;
@@ -137,24 +189,72 @@ int simulate(const SimulateOptions& o) {
   const auto model = runtime::ModelConfig::parse(j, cfg.string());
   const auto shape = planner::ModelShape::from(model);
   const auto hw = hardware_list(o.hardware, o.gpus);
-  std::vector<std::unique_ptr<planner::PerfModel>> owned;
-  std::vector<const planner::PerfModel*> models;
-  for (const auto& h : hw) {
-    if (owned.empty() || owned.back()->hardware().name != h.name) owned.push_back(std::make_unique<planner::PerfModel>(shape, h));
-    models.push_back(owned.back().get());
-  }
-  planner::SimOptions so = o.sim;
-  so.workers = o.gpus;
-  so.ttft_target_s = o.ttft_ms / 1e3;
-  so.itl_target_s = o.itl_ms / 1e3;
   const auto requests = o.trace.empty() ? planner::WorkloadSpec::load(o.workload).generate(model.max_position_embeddings)
                                         : trace_requests(o.trace);
-  planner::Simulator sim(so, models);
+  planner::SimOptions so = o.sim;
+  so.ttft_target_s = o.ttft_ms / 1e3;
+  so.itl_target_s = o.itl_ms / 1e3;
+  double longest = 0;
+  for (const auto& r : requests) longest = std::max(longest, static_cast<double>(r.isl + r.osl));
+  // The width: --tp; or of 1, 2, 4, 8, among those the model's heads split into, the GPUs make whole workers
+  // of (and a static policy's counts), and the weights and the longest request fit: the smallest, or with
+  // --tp best the one that simulates fastest.
+  int tp = parse_tp(o.tp);
+  const bool search = o.tp == "best";
+  if (tp > 0) {
+    if (const std::string why = shape.width_problem(tp); !why.empty()) throw Error("--tp " + o.tp + ": " + why);
+    if (o.gpus % tp != 0)
+      throw Error("--tp " + o.tp + ": --gpus " + std::to_string(o.gpus) + " is not whole workers of " + std::to_string(tp));
+  } else {
+    const std::string chooser = o.policy == "all" ? "lookahead" : o.policy;
+    double best = std::numeric_limits<double>::infinity();
+    std::string tried;
+    for (int w : {1, 2, 4, 8}) {
+      if (o.gpus % w != 0 || !shape.width_problem(w).empty()) continue;
+      if (o.policy != "all") try {
+          (void)policy_in_workers(o.policy, w);
+        } catch (const Error&) {
+          continue;
+        }
+      Cluster c = cluster_at(shape, hw, w);
+      if (c.models.front()->kv_capacity_tokens() < longest) {
+        tried += " tp " + std::to_string(w) + ": does not fit;";
+        continue;
+      }
+      if (!search) {
+        tp = w;
+        break;
+      }
+      so.workers = o.gpus / w;
+      planner::Simulator sim(so, c.models);
+      auto policy = planner::make_policy(policy_in_workers(chooser, w), so.workers);
+      const double makespan = sim.run(requests, *policy).makespan_s;
+      char line[96];
+      std::snprintf(line, sizeof line, " tp %d: %.2f s;", w, makespan);
+      tried += line;
+      if (makespan < best) best = makespan, tp = w;
+    }
+    if (tp == 0)
+      throw Error("the model does not fit a worker of up to 8 " + o.hardware + " GPUs (" +
+                  std::to_string(static_cast<int64_t>(shape.weight_bytes / 1e9)) + " GB of weights, requests of up to " +
+                  std::to_string(static_cast<int64_t>(longest)) + " tokens):" + tried);
+    if (!o.json && search)
+      std::printf("tensor-parallel width %d, chosen by simulating %s at each (makespan):%s\n", tp, chooser.c_str(),
+                  tried.substr(0, tried.size() - 1).c_str());
+    else if (!o.json && tp > 1)
+      std::printf("tensor-parallel width %d, the smallest the model fits (%s); --tp best simulates each\n", tp,
+                  tried.substr(1, tried.size() - 2).c_str());
+  }
+  Cluster c = cluster_at(shape, hw, tp);
+  so.workers = o.gpus / tp;
+  planner::Simulator sim(so, c.models);
   std::vector<std::string> policies;
   if (o.policy == "all") {
     policies = {"agg"};
-    for (int64_t p = 1; p < o.gpus; ++p)
-      if (o.gpus <= 16 || p % std::max<int64_t>(1, o.gpus / 8) == 0) policies.push_back("static:" + std::to_string(p) + ":" + std::to_string(o.gpus - p));
+    const int64_t workers = so.workers;
+    for (int64_t p = 1; p < workers; ++p)
+      if (workers <= 16 || p % std::max<int64_t>(1, workers / 8) == 0)
+        policies.push_back("static:" + std::to_string(p * tp) + ":" + std::to_string((workers - p) * tp));
     policies.insert(policies.end(), {"sla", "lookahead", "oracle"});
   } else {
     policies = {o.policy};
@@ -162,9 +262,10 @@ int simulate(const SimulateOptions& o) {
   if (!o.plot.empty() && policies.size() > 1) throw Error("--plot draws one policy's run; give --policy NAME, not all");
   nlohmann::json all = nlohmann::json::array();
   for (const auto& name : policies) {
-    auto policy = planner::make_policy(name, o.gpus);
+    auto policy = planner::make_policy(policy_in_workers(name, tp), so.workers);
     const auto r = sim.run(requests, *policy);
     all.push_back(result_json(name, r));
+    all.back()["tp"] = tp;
     if (!o.plot.empty())
       plot(o.plot, name + " on " + std::to_string(o.gpus) + " x " + o.hardware + ": workers by role and output tokens/s", r);
     if (o.json) continue;
@@ -174,8 +275,9 @@ int simulate(const SimulateOptions& o) {
                   r.itl_p50_s * 1e3, r.itl_p99_s * 1e3, 100.0 * static_cast<double>(r.good_requests) / static_cast<double>(r.requests));
       continue;
     }
-    std::printf("%lld requests on %lld GPUs (%s), policy %s\n", static_cast<long long>(r.requests),
-                static_cast<long long>(o.gpus), o.hardware.c_str(), name.c_str());
+    std::printf("%lld requests on %lld GPUs (%s) in %lld worker(s) of tp %d, policy %s\n",
+                static_cast<long long>(r.requests), static_cast<long long>(o.gpus), o.hardware.c_str(),
+                static_cast<long long>(so.workers), tp, name.c_str());
     std::printf("makespan %.2f s, %.0f output tokens/s, goodput %.2f req/s\n", r.makespan_s, r.output_tokens_per_s(),
                 r.goodput_per_s());
     std::printf("TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; ITL p50/p90/p99 %.1f/%.1f/%.1f ms\n", r.ttft_p50_s * 1e3,
@@ -202,8 +304,10 @@ Action add_simulate_command(CLI::App& root) {
   cmd->add_option("--trace", o->trace, "Replay a finished job: its tandem run output JSONL (prompt and output lengths)");
   cmd->add_option("--model-config", o->model_config, "The model's Hugging Face config.json (or its directory)")->required();
   cmd->add_option("--hardware", o->hardware, "h100, h200, b200, a profile TOML, or kinds with counts: b200:2,h100:6");
-  cmd->add_option("--gpus", o->gpus, "GPUs (one worker each)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--policy", o->policy, "static:P:D, agg, sla, lookahead, oracle, or all (a comparison table)");
+  cmd->add_option("--gpus", o->gpus, "GPUs (in workers of --tp each)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--tp", o->tp, "Tensor-parallel width of a worker: 1, 2, 4, 8 (or P:D, equal for now), or best "
+                                 "(simulate each, keep the fastest); default: the smallest the model fits");
+  cmd->add_option("--policy", o->policy, "static:P:D (GPUs per phase), agg, sla, lookahead, oracle, or all (a comparison table)");
   cmd->add_option("--epoch-requests", o->sim.epoch_requests, "Requests per planning epoch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--max-num-seqs", o->sim.max_num_seqs, "Sequences per worker at once")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-batched-tokens", o->sim.max_batched_tokens, "Tokens per engine step")->check(CLI::Range(1, 1 << 24));

@@ -4,7 +4,11 @@
 //     MPI_Allreduce of the same bytes, for a decode step's and a prefill
 //     chunk's hidden states;
 //  2. prefill and decode tokens/s of a model at width 2 with one thread per
-//     rank against width 1 with two threads (the same two cores either way).
+//     rank against width 1 with two threads (the same two cores either way);
+//  3. a prompt's KV handoff across a width mismatch (one rank of a prefill
+//     group of 2 into a decode worker of 1: half of each of its rows, as row
+//     slices) against a matched one of the same bytes (whole blocks), over
+//     MPI RMA and two-sided MPI.
 // Figures only; never fails on time.
 //   mpirun --bind-to none -np 2 tp_bench [tiny|small|bench]
 // (Open MPI binds each of two ranks to one core by default: width 1's two
@@ -13,6 +17,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
@@ -25,7 +31,9 @@
 #include "common/error.h"
 #include "kv/block_pool.h"
 #include "mpi_transport/mpi_env.h"
+#include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_tp_group.h"
+#include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
 #include "runtime/cpu/cpu_model.h"
 #include "runtime/model/make_model.h"
 #include "runtime/model/weights.h"
@@ -117,6 +125,49 @@ Speed run_model(const runtime::ModelConfig& c, const runtime::ModelWeights& w, r
   return sp;
 }
 
+// Seconds per handoff (median of 15, rank 0's post to done) of `blocks`
+// blocks of `bytes` from rank 0 to rank 1: whole blocks into blocks of the
+// same size, or (sliced) each row into half of one of rank 1's rows, which
+// are twice as wide (it holds twice the heads). The same bytes either way.
+double handoff(const std::string& backend, std::size_t bytes, int64_t rows, bool sliced, int blocks) {
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  std::unique_ptr<mpi::KvTransport> t;
+  if (backend == "mpi_rma") t = std::make_unique<mpi::MpiRmaTransport>(MPI_COMM_WORLD);
+  else t = std::make_unique<mpi::MpiTwoSidedTransport>(MPI_COMM_WORLD);
+  const std::size_t block = me == 1 && sliced ? 2 * bytes : bytes;
+  void* base = nullptr;
+  if (!t->allocate_pool(block, blocks, &base).ok()) throw Error("tp_bench: could not allocate a KV pool");
+  std::memset(base, me + 1, block * static_cast<std::size_t>(blocks));
+  std::vector<int32_t> ids(static_cast<std::size_t>(blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  const mpi::RowSlice slice{rows, 0, 0, bytes / static_cast<std::size_t>(rows)};  // the first half of rank 1's rows
+  std::vector<double> times;
+  std::vector<mpi::Notification> arrived;
+  for (int rep = 0; rep < 15; ++rep) {
+    quiet_barrier();
+    if (me == 0) {
+      const auto t0 = Clock::now();
+      mpi::XferId id = 0;
+      const Status posted = sliced ? t->post_slice(1, ids, ids, slice, {}, id) : t->post(1, ids, ids, {}, id);
+      if (!posted.ok()) throw Error("tp_bench: " + posted.to_string());
+      for (mpi::XferState st = mpi::XferState::kPending; st == mpi::XferState::kPending;) {
+        if (!t->poll(id, st).ok()) throw Error("tp_bench: poll failed");
+        if (!t->progress(arrived).ok()) throw Error("tp_bench: progress failed");
+      }
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      t->release(id);
+    } else {
+      arrived.clear();
+      while (arrived.empty())
+        if (!t->progress(arrived).ok()) throw Error("tp_bench: progress failed");
+    }
+  }
+  quiet_barrier();
+  if (!t->destroy().ok()) throw Error("tp_bench: destroy failed");
+  return me == 0 ? median(times) : 0.0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,6 +212,21 @@ int main(int argc, char** argv) {
                   two.prefill, one.prefill, two.prefill / one.prefill);
       std::printf("  decode:  width 2 x 1 thread %8.1f tokens/s, width 1 x 2 threads %8.1f tokens/s = %.2fx\n",
                   two.decode, one.decode, two.decode / one.decode);
+    }
+    // A 2,048-token prompt's KV (bf16) as one rank of a prefill group of 2 holds it.
+    const int64_t rows = c.layers * 2 * 16;
+    const std::size_t shard = static_cast<std::size_t>(rows * runtime::cpu::shard_config(c, {0, 2}).kv_heads * c.head_dim * 2);
+    const int blocks = 128;
+    if (env.rank() == 0)
+      std::printf("KV handoff of one prefill rank's shard, %d blocks of %.1f KiB (%.1f MiB), mismatched (width 2 -> 1: "
+                  "row slices) against matched (whole blocks):\n",
+                  blocks, static_cast<double>(shard) / 1024, static_cast<double>(shard) * blocks / (1 << 20));
+    for (const std::string backend : {"mpi_rma", "mpi_two_sided"}) {
+      const double matched = handoff(backend, shard, rows, false, blocks);
+      const double mismatched = handoff(backend, shard, rows, true, blocks);
+      if (env.rank() == 0)
+        std::printf("  %-14s %8.2f ms against %8.2f ms = %.2fx\n", backend.c_str(), 1e3 * mismatched, 1e3 * matched,
+                    mismatched / matched);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "tp_bench: %s\n", e.what());

@@ -17,30 +17,60 @@ ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_para
   m.weight_bytes = (m.matmul_params + m.lm_head_params) * bytes_per_param;
   m.kv_bytes_per_token = 2 * static_cast<double>(c.layers) * kv * (kv_bytes_per_value > 0 ? kv_bytes_per_value : bytes_per_param);
   m.attn_flops_per_ctx = 4 * static_cast<double>(c.layers) * static_cast<double>(c.heads) * hd;
+  m.layers = static_cast<double>(c.layers);
+  m.hidden = h;
+  m.heads = static_cast<double>(c.heads);
+  m.kv_heads = static_cast<double>(c.kv_heads);
   return m;
 }
 
+std::string ModelShape::width_problem(int width) const {
+  const auto w = static_cast<int64_t>(width), h = static_cast<int64_t>(heads), kv = static_cast<int64_t>(kv_heads);
+  if (w != 1 && w != 2 && w != 4 && w != 8) return "a tensor-parallel width is 1, 2, 4 or 8, not " + std::to_string(w);
+  if (h % w != 0) return "a width of " + std::to_string(w) + " does not divide the model's " + std::to_string(h) + " attention heads";
+  if (kv % w != 0 && w % kv != 0)
+    return "a width of " + std::to_string(w) + " neither divides the model's " + std::to_string(kv) +
+           " KV heads nor is a multiple of them";
+  return "";
+}
+
 std::pair<double, double> PerfModel::work(const StepLoad& s) const {
-  const double tokens = s.prefill_tokens + s.decode_seqs;
-  const double flops = 2 * m_.matmul_params * tokens + m_.attn_flops_per_ctx * (s.prefill_ctx + s.decode_ctx) +
+  const double tokens = s.prefill_tokens + s.decode_seqs, tp = m_.tp;
+  // The layers and attention split over the group; the LM head is whole on every GPU.
+  const double flops = (2 * m_.matmul_params * tokens + m_.attn_flops_per_ctx * (s.prefill_ctx + s.decode_ctx)) / tp +
                        2 * m_.lm_head_params * s.logit_rows;
-  const double bytes = m_.weight_bytes + m_.kv_bytes_per_token * (s.decode_ctx + tokens);
+  const double lm_head_bytes = m_.lm_head_params * m_.bytes_per_param;
+  const double bytes = (m_.weight_bytes - lm_head_bytes) / tp + lm_head_bytes +
+                       m_.kv_bytes_per_token * m_.kv_share() * (s.decode_ctx + tokens);
   return {flops, bytes};
 }
 
+// Two per layer (after o_proj and after down_proj), each of the step's rows
+// of hidden states in the activations' type, as a ring all-reduce moves them
+// (2 (tp - 1) / tp of the bytes through each GPU's link), plus the link's latency.
+double PerfModel::exchange_seconds(double tokens) const {
+  if (m_.tp <= 1 || tokens <= 0) return 0;
+  const double bytes = tokens * m_.hidden * m_.bytes_per_param * 2 * (m_.tp - 1) / m_.tp;
+  return 2 * m_.layers * (hw_.link_latency_s + bytes / hw_.link_bytes_per_s);
+}
+
 double PerfModel::step_seconds(const StepLoad& s) const {
-  if (s.prefill_tokens + s.decode_seqs <= 0) return 0;
+  const double tokens = s.prefill_tokens + s.decode_seqs;
+  if (tokens <= 0) return 0;
   const auto [flops, bytes] = work(s);
-  return std::max(flops / (hw_.peak_flops * hw_.mfu), bytes / (hw_.hbm_bytes_per_s * hw_.mbu)) + hw_.step_overhead_s;
+  return std::max(flops / (hw_.peak_flops * hw_.mfu), bytes / (hw_.hbm_bytes_per_s * hw_.mbu)) + hw_.step_overhead_s +
+         exchange_seconds(tokens);
 }
 
 double PerfModel::transfer_seconds(double tokens) const {
-  return hw_.link_latency_s + tokens * m_.kv_bytes_per_token / hw_.link_bytes_per_s;
+  return hw_.link_latency_s + tokens * m_.kv_bytes_per_token / (hw_.link_bytes_per_s * m_.tp);
 }
 
 double PerfModel::kv_capacity_tokens() const {
-  const double free = (hw_.hbm_bytes - m_.weight_bytes) * hw_.kv_memory_fraction;
-  return free > 0 ? free / m_.kv_bytes_per_token : 0;
+  const double lm_head_bytes = m_.lm_head_params * m_.bytes_per_param;
+  const double per_gpu_weights = (m_.weight_bytes - lm_head_bytes) / m_.tp + lm_head_bytes;
+  const double free = (hw_.hbm_bytes - per_gpu_weights) * hw_.kv_memory_fraction;
+  return free > 0 ? free / (m_.kv_bytes_per_token * m_.kv_share()) : 0;
 }
 
 }  // namespace tandem::planner

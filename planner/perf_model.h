@@ -14,7 +14,9 @@
 // policy; mfu, mbu and the overhead come from the hardware profile.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "planner/hardware.h"
@@ -29,9 +31,25 @@ struct ModelShape {
   double kv_bytes_per_token = 0;
   double attn_flops_per_ctx = 0;  // per (query token, context token): 4 * layers * heads * head_dim
   double bytes_per_param = 2;   // bf16
+  double layers = 0, hidden = 0, heads = 0, kv_heads = 0;
+  // A worker is a tensor-parallel group of `tp` GPUs (runtime/cpu/tp_group.h's
+  // split): each holds 1/tp of the linear layers and of the KV heads (at
+  // least one head), the LM head whole; every layer adds two exchanges of the
+  // step's hidden states over the GPUs' link (NVLink inside a node).
+  int tp = 1;
 
   // kv_bytes_per_value: 0 means the same as bytes_per_param (the CPU engine keeps KV in fp32: 4).
   static ModelShape from(const runtime::ModelConfig& c, double bytes_per_param = 2, double kv_bytes_per_value = 0);
+  // The same model run by groups of `width` GPUs.
+  ModelShape at_width(int width) const {
+    ModelShape m = *this;
+    m.tp = width;
+    return m;
+  }
+  // Why a group of `width` GPUs cannot run it ("" when it can): the heads and KV heads must split.
+  std::string width_problem(int width) const;
+  // The share of a token's KV one GPU of the group holds.
+  double kv_share() const { return 1.0 / std::max(1.0, std::min(static_cast<double>(tp), kv_heads)); }
 };
 
 // One step's work.
@@ -47,9 +65,11 @@ class PerfModel {
  public:
   PerfModel(ModelShape shape, HardwareProfile hw) : m_(shape), hw_(std::move(hw)) {}
   double step_seconds(const StepLoad& s) const;
-  // The step's flops and bytes, as step_seconds counts them.
+  // The step's flops and bytes on one GPU of the worker, as step_seconds counts them.
   std::pair<double, double> work(const StepLoad& s) const;
-  // KV of n tokens from one worker to another.
+  // A tensor-parallel worker's exchanges in a step of `tokens` rows (0 at width 1).
+  double exchange_seconds(double tokens) const;
+  // KV of n tokens from one worker to another (a group's GPUs send their shards at once).
   double transfer_seconds(double tokens) const;
   // Tokens of KV a worker can hold after its weights (0 when the weights do not fit).
   double kv_capacity_tokens() const;

@@ -336,7 +336,7 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
-    epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name);
+    epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name, l.roles.decode_tp);
     std::vector<int> ranks = l.roles.leaders(true), decode = l.roles.leaders(false);
     ranks.insert(ranks.end(), decode.begin(), decode.end());
     setup.planner = epoch_planner.get();

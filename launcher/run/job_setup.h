@@ -36,8 +36,9 @@ int finish_run(const nlohmann::json& summary);
 // rank; another rank's is prefixed with its number. Collective.
 std::string first_error(const mpi::MpiEnv& env, const std::string& error);
 // The planner of a job with job.mode = "auto", on rank 0.
+// tp: the workers' tensor-parallel width (one width under the planner).
 std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers,
-                                                          const std::string& gpu_name);
+                                                          const std::string& gpu_name, int tp = 1);
 
 // What a worker's setup step threw, as one line ("" when it succeeded);
 // out_of_memory: what to say when it ran out of memory.

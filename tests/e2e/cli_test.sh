@@ -90,5 +90,32 @@ check "plan: a split that does not fit is one line, exit 2" \
 check "simulate --plot exits 0" test $rc -eq 0
 check "simulate --plot writes a PNG" test "$(head -c 4 "$tmp/sim.png" 2>/dev/null | tail -c 3)" = "PNG" -a "$(stat -c %s "$tmp/sim.png" 2>/dev/null || echo 0)" -gt 10000
 
+# tandem simulate with tensor-parallel workers: a Llama-70B-shaped model on 64 GPUs, which one GPU cannot hold.
+printf 'seed = 3\n[[phase]]\nrequests = 3000\nisl = { dist = "lognormal", mean = 1500, sigma = 0.5 }\nosl = { dist = "lognormal", mean = 300, sigma = 0.4 }\narrival = "batch"\n' > "$tmp/tp.toml"
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
+  --policy all --epoch-requests 500 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
+check "simulate 70B on 64 H100s: every policy runs" \
+  test $rc -eq 0 -a "$(grep -cE '^(agg|static:[0-9]+:[0-9]+|sla|lookahead|oracle) +makespan' "$tmp/sim70")" -ge 6
+check "simulate 70B on H100: width 2, the smallest it fits, is said" \
+  grep -q '^tensor-parallel width 2, the smallest the model fits (tp 1: does not fit)' "$tmp/sim70"
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
+  --tp best --epoch-requests 500 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
+check "simulate --tp best: each width that fits simulated, the fastest chosen" \
+  grep -qE '^tensor-parallel width [248], chosen by simulating lookahead at each \(makespan\): tp 1: does not fit; tp 2: [0-9.]+ s; tp 4: [0-9.]+ s; tp 8: [0-9.]+ s$' "$tmp/sim70"
+sim70() {  # sim70 HARDWARE: lookahead at the width chosen; prints the line that says how the GPUs were used
+  "$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware "$1" --gpus 64 \
+    --epoch-requests 500 2> "$tmp/err" | grep -E '^[0-9]+ requests on 64 GPUs'
+}
+# 141 GB of weights: an H200 (141 GB) cannot hold them with any KV, a B200 (180 GB) can.
+check "simulate 70B on 64 H200s: 32 workers of tp 2" test "$(sim70 h200)" = "3000 requests on 64 GPUs (h200) in 32 worker(s) of tp 2, policy lookahead"
+check "simulate 70B on 64 B200s: 64 workers of tp 1" test "$(sim70 b200)" = "3000 requests on 64 GPUs (b200) in 64 worker(s) of tp 1, policy lookahead"
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
+  --tp 4 --policy static:16:48 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
+check "simulate --tp 4 --policy static:16:48 (GPUs): 16 workers of 4" \
+  test $rc -eq 0 -a "$(grep -c 'in 16 worker(s) of tp 4, policy static:16:48' "$tmp/sim70")" -eq 1
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --gpus 64 --tp 1 > /dev/null 2> "$tmp/err"; rc=$?
+check "simulate --tp 1 for 70B on H100: one line, the weights do not fit" \
+  test $rc -ne 0 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'do not fit' "$tmp/err")" -eq 1
+
 echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
 [ $fails -eq 0 ]

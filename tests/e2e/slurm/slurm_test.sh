@@ -5,7 +5,9 @@
 #   2. preemption, three times: scancel --signal=USR1 once lines appear, then
 #      resubmit; the union of the outputs is the input, once each, all complete;
 #   3. a job array of 3 tasks over one input: three outputs, their union the
-#      input, once each.
+#      input, once each;
+#   4. a prefill worker of 2 tensor-parallel ranks and a decode worker of 1:
+#      the same outputs as job 1.
 # Skips (exit 77, "skipped") only when the daemons cannot start here.
 # Usage: slurm_test.sh TANDEM SRC_DIR
 set -u
@@ -161,6 +163,21 @@ id=$(submit array.sbatch "$work/arr.toml" --array=0-2)
 wait_job "$id" 900
 check "array: three outputs" test -f "$work/arr.task0.jsonl" -a -f "$work/arr.task1.jsonl" -a -f "$work/arr.task2.jsonl"
 check "array: their union is the input, once each" exactly_once "$work"/arr.task*.jsonl
+
+# 4. Tensor-parallel workers of different widths: a prefill worker of 2 ranks, a decode worker of 1.
+job "$work/tp.toml" "$work/tp.jsonl"
+id=$(TANDEM_ARGS="--set cluster.prefill_tp=2 --set cluster.decode_tp=1 --set cluster.prefill_ranks=2" \
+     submit disagg.sbatch "$work/tp.toml" --ntasks=4)
+wait_job "$id" 600
+check "prefill_tp = 2, decode_tp = 1: the input, every custom_id once" exactly_once "$work/tp.jsonl"
+check "prefill_tp = 2: the log names the group and its follower" \
+  grep -q "prefill on 1 worker(s) of 2 ranks (tensor-parallel), decode on 1 rank(s)" "$work/tandem-$id.log"
+check "prefill_tp = 2: the group shares the node (no warning)" bash -c "! grep -q 'spans nodes' '$work/tandem-$id.log'"
+check "prefill_tp = 2: the same token ids as the one-rank job (1.)" /usr/bin/python3 - "$work/one.jsonl" "$work/tp.jsonl" <<'PY'
+import json, sys
+ids = [{r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in map(json.loads, open(p))} for p in sys.argv[1:]]
+sys.exit(0 if ids[0] == ids[1] and len(ids[0]) == 120 else 1)
+PY
 
 [ $fails -gt 0 ] && { echo "--- logs"; tail -n 20 "$work"/tandem-*.log "$work"/slurmctld.log 2>/dev/null | tail -n 80; }
 echo "$passes passed, $fails failed"

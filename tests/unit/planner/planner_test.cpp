@@ -19,10 +19,11 @@ using namespace tandem::planner;
 
 namespace {
 
-runtime::ModelConfig qwen3_8b() {
-  std::ifstream f(TANDEM_SOURCE_DIR "/jobs/sim/qwen3-8b.json");
-  return runtime::ModelConfig::parse(nlohmann::json::parse(f), "qwen3-8b.json");
+runtime::ModelConfig sim_config(const std::string& name) {
+  std::ifstream f(TANDEM_SOURCE_DIR "/jobs/sim/" + name);
+  return runtime::ModelConfig::parse(nlohmann::json::parse(f), name);
 }
+runtime::ModelConfig qwen3_8b() { return sim_config("qwen3-8b.json"); }
 
 struct Cluster {
   PerfModel model;
@@ -485,4 +486,38 @@ TEST_CASE("the job and the simulator place a recorded workload identically", "[p
   CHECK(local_prefills > 0);
   CHECK(saturated > 0);
   CHECK(queued >= saturation);
+}
+
+TEST_CASE("tensor-parallel workers: the group's roofline, its exchanges and its memory", "[planner][tp]") {
+  const auto shape = ModelShape::from(sim_config("llama-70b.json"));
+  const auto h100 = HardwareProfile::named("h100");
+  const PerfModel one(shape, h100), two(shape.at_width(2), h100), four(shape.at_width(4), h100), eight(shape.at_width(8), h100);
+  // Llama-3-70B in bf16 is ~141 GB: no H100 holds it alone; two do, four hold more than twice their KV.
+  CHECK(shape.weight_bytes / 1e9 == Approx(141).epsilon(0.02));
+  CHECK(one.kv_capacity_tokens() == 0);
+  CHECK(two.kv_capacity_tokens() > 0);
+  CHECK(four.kv_capacity_tokens() > 2.5 * two.kv_capacity_tokens());
+  // Decode of 64 sequences at 2k context: a wider group is faster, but not in proportion (its exchanges and the
+  // whole LM head on every GPU do not split).
+  StepLoad decode;
+  decode.decode_seqs = 64;
+  decode.decode_ctx = 64 * 2048.0;
+  decode.logit_rows = 64;
+  CHECK(four.step_seconds(decode) < two.step_seconds(decode));
+  CHECK(eight.step_seconds(decode) < four.step_seconds(decode));
+  CHECK(two.step_seconds(decode) / four.step_seconds(decode) < 2.0);
+  // Two exchanges per layer of the step's hidden states, as a ring all-reduce moves them.
+  CHECK(one.exchange_seconds(64) == 0);
+  const double ring = 64 * 8192 * 2 * 2.0 * 3 / 4;
+  CHECK(four.exchange_seconds(64) == Approx(2 * 80 * (h100.link_latency_s + ring / h100.link_bytes_per_s)));
+  CHECK(four.step_seconds(decode) > four.exchange_seconds(64) + h100.step_overhead_s);
+  // A group's GPUs send their KV shards at once.
+  CHECK(four.transfer_seconds(1000) ==
+        Approx(h100.link_latency_s + 1000 * shape.kv_bytes_per_token / (4 * h100.link_bytes_per_s)));
+  // Widths the heads allow: 64 heads and 8 KV heads take 1, 2, 4, 8; nothing else.
+  CHECK(shape.width_problem(8).empty());
+  CHECK_THAT(shape.width_problem(3), Catch::Contains("1, 2, 4 or 8"));
+  ModelShape odd = shape;
+  odd.heads = 6;
+  CHECK_THAT(odd.width_problem(4), Catch::Contains("does not divide the model's 6 attention heads"));
 }
