@@ -170,7 +170,7 @@ id=$(TANDEM_ARGS="--set cluster.prefill_tp=2 --set cluster.decode_tp=1 --set clu
      submit disagg.sbatch "$work/tp.toml" --ntasks=4)
 wait_job "$id" 600
 check "prefill_tp = 2, decode_tp = 1: the input, every custom_id once" exactly_once "$work/tp.jsonl"
-check "prefill_tp = 2: the log names the group and its follower" \
+check "prefill_tp = 2: the log names a prefill worker of 2 ranks" \
   grep -q "prefill on 1 worker(s) of 2 ranks (tensor-parallel), decode on 1 rank(s)" "$work/tandem-$id.log"
 check "prefill_tp = 2: the group shares the node (no warning)" bash -c "! grep -q 'spans nodes' '$work/tandem-$id.log'"
 check "prefill_tp = 2: the same token ids as the one-rank job (1.)" /usr/bin/python3 - "$work/one.jsonl" "$work/tp.jsonl" <<'PY'
