@@ -129,53 +129,144 @@ void plot(const std::string& file, const std::string& title, const planner::SimR
   if (rc != 0 || !std::filesystem::exists(file)) throw Error(file + ": gnuplot could not write the plot");
 }
 
-// --tp: "" (the smallest that fits), "best" (the fastest, simulated), "N" or "N:N". Different prefill and
-// decode widths are not simulated yet.
-int parse_tp(const std::string& spec) {
-  if (spec.empty() || spec == "best") return 0;
-  const auto colon = spec.find(':');
-  int p = 0, d = 0;
-  try {
-    p = std::stoi(spec.substr(0, colon));
-    d = colon == std::string::npos ? p : std::stoi(spec.substr(colon + 1));
-  } catch (const std::exception&) {
-    throw Error("--tp '" + spec + "': write a width (4) or prefill:decode widths (4:4)");
+// Tensor-parallel widths of the prefill and the decode workers (0: to be chosen).
+struct Widths {
+  int prefill = 0, decode = 0;
+  bool mixed() const { return prefill != decode; }
+  std::string name() const {
+    return mixed() ? std::to_string(prefill) + ":" + std::to_string(decode) : std::to_string(decode);
   }
-  if (p != d)
-    throw Error("--tp " + spec + ": different prefill and decode widths are not simulated yet; give one width");
-  return p;
-}
-
-// "static:P:D" counts GPUs per phase; the policies count workers of `tp` GPUs.
-std::string policy_in_workers(const std::string& name, int tp) {
-  if (tp == 1 || name.rfind("static:", 0) != 0) return name;
-  int64_t p = 0, d = 0;
-  if (std::sscanf(name.c_str(), "static:%ld:%ld", &p, &d) != 2 || p % tp != 0 || d % tp != 0)
-    throw Error("--policy " + name + ": static:P:D counts GPUs, whole workers of " + std::to_string(tp) +
-                " (multiples of the width)");
-  return "static:" + std::to_string(p / tp) + ":" + std::to_string(d / tp);
-}
-
-// The cluster as workers of `tp` GPUs: one model per worker, from its first GPU's kind.
-struct Cluster {
-  int tp = 1;
-  std::vector<std::unique_ptr<planner::PerfModel>> owned;
-  std::vector<const planner::PerfModel*> models;
 };
 
-Cluster cluster_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, int tp) {
+// --tp: "" (the smallest that fits), "best" (the fastest, simulated), "W" or "P:D".
+Widths parse_tp(const std::string& spec) {
+  if (spec.empty() || spec == "best") return {};
+  const auto colon = spec.find(':');
+  Widths w;
+  try {
+    w.prefill = std::stoi(spec.substr(0, colon));
+    w.decode = colon == std::string::npos ? w.prefill : std::stoi(spec.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw Error("--tp '" + spec + "': write a width (4), prefill:decode widths (4:2), or best");
+  }
+  return w;
+}
+
+// "static:P:D" counts GPUs per phase; the policies count workers. Different
+// widths simulate a fixed split only: a re-split would change widths.
+std::string policy_in_workers(const std::string& name, Widths w) {
+  if (name.rfind("static:", 0) != 0) {
+    if (w.mixed())
+      throw Error("--tp " + w.name() + ": different prefill and decode widths simulate a fixed split only; give "
+                  "--policy static:P:D (GPUs per phase)");
+    return name;
+  }
+  int64_t p = 0, d = 0;
+  if (std::sscanf(name.c_str(), "static:%ld:%ld", &p, &d) != 2 || p % w.prefill != 0 || d % w.decode != 0)
+    throw Error("--policy " + name + ": static:P:D counts GPUs, whole workers of " + w.name() +
+                " (tensor-parallel width) each");
+  return "static:" + std::to_string(p / w.prefill) + ":" + std::to_string(d / w.decode);
+}
+
+// The cluster as workers: one model per worker, from its first GPU's kind;
+// with mixed widths the first prefill_gpus GPUs are the prefill workers.
+struct Cluster {
+  Widths widths;
+  std::vector<std::unique_ptr<planner::PerfModel>> owned;
+  std::vector<const planner::PerfModel*> models;
+  int64_t prefill_workers = 0;  // mixed widths: the first ones
+  int64_t workers() const { return static_cast<int64_t>(models.size()); }
+};
+
+Cluster cluster_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, Widths w,
+                   std::size_t prefill_gpus = 0) {
   Cluster c;
-  c.tp = tp;
-  for (std::size_t g = 0; g + static_cast<std::size_t>(tp) <= hw.size(); g += static_cast<std::size_t>(tp)) {
-    for (std::size_t k = g; k < g + static_cast<std::size_t>(tp); ++k)
+  c.widths = w;
+  for (std::size_t g = 0; g < hw.size();) {
+    const int tp = w.mixed() && g < prefill_gpus ? w.prefill : w.decode;
+    const auto end = g + static_cast<std::size_t>(tp);
+    if (end > hw.size()) throw Error("--gpus " + std::to_string(hw.size()) + " is not whole workers of " + w.name());
+    for (std::size_t k = g; k < end; ++k)
       if (hw[k].name != hw[g].name)
-        throw Error("--tp " + std::to_string(tp) + ": a worker's GPUs must be of one kind; GPUs " + std::to_string(g) +
-                    ".." + std::to_string(g + static_cast<std::size_t>(tp) - 1) + " are not (order --hardware so)");
-    if (c.owned.empty() || c.owned.back()->hardware().name != hw[g].name)
-      c.owned.push_back(std::make_unique<planner::PerfModel>(shape.at_width(tp), hw[g]));
+        throw Error("--tp " + w.name() + ": a worker's GPUs must be of one kind; GPUs " + std::to_string(g) + ".." +
+                    std::to_string(end - 1) + " are not (order --hardware so)");
+    c.owned.push_back(std::make_unique<planner::PerfModel>(shape.at_width(tp), hw[g]));
+    c.prefill_workers += w.mixed() && g < prefill_gpus ? 1 : 0;
     c.models.push_back(c.owned.back().get());
+    g = end;
   }
   return c;
+}
+
+// Of 1, 2, 4, 8: the widths the model's heads split into, the GPUs make whole
+// workers of (and a static policy's counts), and the weights and the longest
+// request fit; the smallest, or (search) the one whose simulation is fastest.
+int choose_width(const SimulateOptions& o, const planner::ModelShape& shape,
+                 const std::vector<planner::HardwareProfile>& hw, const std::vector<planner::Request>& requests,
+                 planner::SimOptions so, double longest, bool search) {
+  const std::string chooser = o.policy == "all" ? "lookahead" : o.policy;
+  double best = std::numeric_limits<double>::infinity();
+  std::string tried;
+  int tp = 0;
+  for (int w : {1, 2, 4, 8}) {
+    if (o.gpus % w != 0 || !shape.width_problem(w).empty()) continue;
+    if (o.policy != "all") try {
+        (void)policy_in_workers(o.policy, {w, w});
+      } catch (const Error&) {
+        continue;
+      }
+    Cluster c = cluster_at(shape, hw, {w, w});
+    if (c.models.front()->kv_capacity_tokens() < longest) {
+      tried += " tp " + std::to_string(w) + ": does not fit;";
+      continue;
+    }
+    if (!search) {
+      tp = w;
+      break;
+    }
+    so.workers = c.workers();
+    planner::Simulator sim(so, c.models);
+    auto policy = planner::make_policy(policy_in_workers(chooser, {w, w}), so.workers);
+    const double makespan = sim.run(requests, *policy).makespan_s;
+    char line[96];
+    std::snprintf(line, sizeof line, " tp %d: %.2f s;", w, makespan);
+    tried += line;
+    if (makespan < best) best = makespan, tp = w;
+  }
+  if (tp == 0)
+    throw Error("the model does not fit a worker of up to 8 " + o.hardware + " GPUs (" +
+                std::to_string(static_cast<int64_t>(shape.weight_bytes / 1e9)) + " GB of weights, requests of up to " +
+                std::to_string(static_cast<int64_t>(longest)) + " tokens):" + tried);
+  if (o.json) return tp;
+  if (search)
+    std::printf("tensor-parallel width %d, chosen by simulating %s at each (makespan):%s\n", tp, chooser.c_str(),
+                tried.substr(0, tried.size() - 1).c_str());
+  else
+    std::printf("tensor-parallel width %d, the smallest the model fits%s; --tp best simulates each\n", tp,
+                tried.empty() ? "" : (" (" + tried.substr(1, tried.size() - 2) + ")").c_str());
+  return tp;
+}
+
+void print_result(const SimulateOptions& o, const std::string& name, const Cluster& c, const planner::SimResult& r) {
+  const Widths w = c.widths;
+  const std::string workers =
+      w.mixed() ? std::to_string(c.prefill_workers) + " prefill worker(s) of tp " + std::to_string(w.prefill) + " and " +
+                      std::to_string(c.workers() - c.prefill_workers) + " decode worker(s) of tp " + std::to_string(w.decode)
+                : std::to_string(c.workers()) + " worker(s) of tp " + std::to_string(w.decode);
+  std::printf("%lld requests on %lld GPUs (%s) in %s, policy %s\n", static_cast<long long>(r.requests),
+              static_cast<long long>(o.gpus), o.hardware.c_str(), workers.c_str(), name.c_str());
+  std::printf("makespan %.2f s, %.0f output tokens/s, goodput %.2f req/s\n", r.makespan_s, r.output_tokens_per_s(),
+              r.goodput_per_s());
+  std::printf("TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; ITL p50/p90/p99 %.1f/%.1f/%.1f ms\n", r.ttft_p50_s * 1e3,
+              r.ttft_p90_s * 1e3, r.ttft_p99_s * 1e3, r.itl_p50_s * 1e3, r.itl_p90_s * 1e3, r.itl_p99_s * 1e3);
+  std::string prev;
+  for (const auto& e : r.epochs) {
+    const std::string s = e.split.name();
+    std::printf("epoch %lld: %s%s, %lld requests (isl %.0f, osl %.0f), %.2f s (predicted %.2f s)\n",
+                static_cast<long long>(e.index), prev.empty() || prev == s ? "" : (prev + " -> ").c_str(), s.c_str(),
+                static_cast<long long>(e.requests), e.mean_isl, e.mean_osl, e.end_s - e.start_s, e.predicted_s);
+    prev = s;
+  }
 }
 
 int simulate(const SimulateOptions& o) {
@@ -196,57 +287,22 @@ int simulate(const SimulateOptions& o) {
   so.itl_target_s = o.itl_ms / 1e3;
   double longest = 0;
   for (const auto& r : requests) longest = std::max(longest, static_cast<double>(r.isl + r.osl));
-  // The width: --tp; or of 1, 2, 4, 8, among those the model's heads split into, the GPUs make whole workers
-  // of (and a static policy's counts), and the weights and the longest request fit: the smallest, or with
-  // --tp best the one that simulates fastest.
-  int tp = parse_tp(o.tp);
-  const bool search = o.tp == "best";
-  if (tp > 0) {
-    if (const std::string why = shape.width_problem(tp); !why.empty()) throw Error("--tp " + o.tp + ": " + why);
-    if (o.gpus % tp != 0)
-      throw Error("--tp " + o.tp + ": --gpus " + std::to_string(o.gpus) + " is not whole workers of " + std::to_string(tp));
-  } else {
-    const std::string chooser = o.policy == "all" ? "lookahead" : o.policy;
-    double best = std::numeric_limits<double>::infinity();
-    std::string tried;
-    for (int w : {1, 2, 4, 8}) {
-      if (o.gpus % w != 0 || !shape.width_problem(w).empty()) continue;
-      if (o.policy != "all") try {
-          (void)policy_in_workers(o.policy, w);
-        } catch (const Error&) {
-          continue;
-        }
-      Cluster c = cluster_at(shape, hw, w);
-      if (c.models.front()->kv_capacity_tokens() < longest) {
-        tried += " tp " + std::to_string(w) + ": does not fit;";
-        continue;
-      }
-      if (!search) {
-        tp = w;
-        break;
-      }
-      so.workers = o.gpus / w;
-      planner::Simulator sim(so, c.models);
-      auto policy = planner::make_policy(policy_in_workers(chooser, w), so.workers);
-      const double makespan = sim.run(requests, *policy).makespan_s;
-      char line[96];
-      std::snprintf(line, sizeof line, " tp %d: %.2f s;", w, makespan);
-      tried += line;
-      if (makespan < best) best = makespan, tp = w;
-    }
-    if (tp == 0)
-      throw Error("the model does not fit a worker of up to 8 " + o.hardware + " GPUs (" +
-                  std::to_string(static_cast<int64_t>(shape.weight_bytes / 1e9)) + " GB of weights, requests of up to " +
-                  std::to_string(static_cast<int64_t>(longest)) + " tokens):" + tried);
-    if (!o.json && search)
-      std::printf("tensor-parallel width %d, chosen by simulating %s at each (makespan):%s\n", tp, chooser.c_str(),
-                  tried.substr(0, tried.size() - 1).c_str());
-    else if (!o.json && tp > 1)
-      std::printf("tensor-parallel width %d, the smallest the model fits (%s); --tp best simulates each\n", tp,
-                  tried.substr(1, tried.size() - 2).c_str());
+  Widths w = parse_tp(o.tp);
+  if (w.decode == 0) {
+    const int tp = choose_width(o, shape, hw, requests, so, longest, o.tp == "best");
+    w = {tp, tp};
   }
-  Cluster c = cluster_at(shape, hw, tp);
-  so.workers = o.gpus / tp;
+  for (int width : {w.prefill, w.decode})
+    if (const std::string why = shape.width_problem(width); !why.empty()) throw Error("--tp " + o.tp + ": " + why);
+  int64_t prefill_gpus = 0, decode_gpus = 0;
+  if (w.mixed()) {  // the static split's GPUs: prefill workers first
+    if (std::sscanf(o.policy.c_str(), "static:%ld:%ld", &prefill_gpus, &decode_gpus) != 2 ||
+        prefill_gpus + decode_gpus != o.gpus)
+      throw Error("--tp " + w.name() + ": different prefill and decode widths simulate a fixed split only; give "
+                  "--policy static:P:D with P + D = --gpus");
+  }
+  Cluster c = cluster_at(shape, hw, w, static_cast<std::size_t>(prefill_gpus));
+  so.workers = c.workers();
   planner::Simulator sim(so, c.models);
   std::vector<std::string> policies;
   if (o.policy == "all") {
@@ -254,7 +310,7 @@ int simulate(const SimulateOptions& o) {
     const int64_t workers = so.workers;
     for (int64_t p = 1; p < workers; ++p)
       if (workers <= 16 || p % std::max<int64_t>(1, workers / 8) == 0)
-        policies.push_back("static:" + std::to_string(p * tp) + ":" + std::to_string((workers - p) * tp));
+        policies.push_back("static:" + std::to_string(p * w.decode) + ":" + std::to_string((workers - p) * w.decode));
     policies.insert(policies.end(), {"sla", "lookahead", "oracle"});
   } else {
     policies = {o.policy};
@@ -262,10 +318,10 @@ int simulate(const SimulateOptions& o) {
   if (!o.plot.empty() && policies.size() > 1) throw Error("--plot draws one policy's run; give --policy NAME, not all");
   nlohmann::json all = nlohmann::json::array();
   for (const auto& name : policies) {
-    auto policy = planner::make_policy(policy_in_workers(name, tp), so.workers);
+    auto policy = planner::make_policy(policy_in_workers(name, w), so.workers);
     const auto r = sim.run(requests, *policy);
     all.push_back(result_json(name, r));
-    all.back()["tp"] = tp;
+    all.back()["tp"] = {{"prefill", w.prefill}, {"decode", w.decode}};
     if (!o.plot.empty())
       plot(o.plot, name + " on " + std::to_string(o.gpus) + " x " + o.hardware + ": workers by role and output tokens/s", r);
     if (o.json) continue;
@@ -275,21 +331,7 @@ int simulate(const SimulateOptions& o) {
                   r.itl_p50_s * 1e3, r.itl_p99_s * 1e3, 100.0 * static_cast<double>(r.good_requests) / static_cast<double>(r.requests));
       continue;
     }
-    std::printf("%lld requests on %lld GPUs (%s) in %lld worker(s) of tp %d, policy %s\n",
-                static_cast<long long>(r.requests), static_cast<long long>(o.gpus), o.hardware.c_str(),
-                static_cast<long long>(so.workers), tp, name.c_str());
-    std::printf("makespan %.2f s, %.0f output tokens/s, goodput %.2f req/s\n", r.makespan_s, r.output_tokens_per_s(),
-                r.goodput_per_s());
-    std::printf("TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; ITL p50/p90/p99 %.1f/%.1f/%.1f ms\n", r.ttft_p50_s * 1e3,
-                r.ttft_p90_s * 1e3, r.ttft_p99_s * 1e3, r.itl_p50_s * 1e3, r.itl_p90_s * 1e3, r.itl_p99_s * 1e3);
-    std::string prev;
-    for (const auto& e : r.epochs) {
-      const std::string s = e.split.name();
-      std::printf("epoch %lld: %s%s, %lld requests (isl %.0f, osl %.0f), %.2f s (predicted %.2f s)\n",
-                  static_cast<long long>(e.index), prev.empty() || prev == s ? "" : (prev + " -> ").c_str(), s.c_str(),
-                  static_cast<long long>(e.requests), e.mean_isl, e.mean_osl, e.end_s - e.start_s, e.predicted_s);
-      prev = s;
-    }
+    print_result(o, name, c, r);
   }
   if (o.json) std::cout << (all.size() == 1 ? all[0] : all).dump(2) << "\n";
   return 0;
@@ -305,8 +347,9 @@ Action add_simulate_command(CLI::App& root) {
   cmd->add_option("--model-config", o->model_config, "The model's Hugging Face config.json (or its directory)")->required();
   cmd->add_option("--hardware", o->hardware, "h100, h200, b200, a profile TOML, or kinds with counts: b200:2,h100:6");
   cmd->add_option("--gpus", o->gpus, "GPUs (in workers of --tp each)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--tp", o->tp, "Tensor-parallel width of a worker: 1, 2, 4, 8 (or P:D, equal for now), or best "
-                                 "(simulate each, keep the fastest); default: the smallest the model fits");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel width of a worker: 1, 2, 4, 8; P:D (prefill and decode widths, "
+                                 "with --policy static:P:D); or best (simulate each, keep the fastest); default: the "
+                                 "smallest the model fits");
   cmd->add_option("--policy", o->policy, "static:P:D (GPUs per phase), agg, sla, lookahead, oracle, or all (a comparison table)");
   cmd->add_option("--epoch-requests", o->sim.epoch_requests, "Requests per planning epoch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--max-num-seqs", o->sim.max_num_seqs, "Sequences per worker at once")->check(CLI::Range(1, 1 << 20));

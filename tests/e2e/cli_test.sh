@@ -113,6 +113,13 @@ check "simulate 70B on 64 B200s: 64 workers of tp 1" test "$(sim70 b200)" = "300
   --tp 4 --policy static:16:48 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
 check "simulate --tp 4 --policy static:16:48 (GPUs): 16 workers of 4" \
   test $rc -eq 0 -a "$(grep -c 'in 16 worker(s) of tp 4, policy static:16:48' "$tmp/sim70")" -eq 1
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
+  --tp 4:2 --policy static:16:48 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
+check "simulate --tp 4:2 --policy static:16:48: prefill and decode workers of their own widths" \
+  test $rc -eq 0 -a "$(grep -c 'in 4 prefill worker(s) of tp 4 and 24 decode worker(s) of tp 2, policy static:16:48' "$tmp/sim70")" -eq 1
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --gpus 64 --tp 4:2 > /dev/null 2> "$tmp/err"; rc=$?
+check "simulate --tp 4:2 under a re-splitting policy: one line, give static:P:D" \
+  test $rc -ne 0 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'fixed split only' "$tmp/err")" -eq 1
 "$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --gpus 64 --tp 1 > /dev/null 2> "$tmp/err"; rc=$?
 check "simulate --tp 1 for 70B on H100: one line, the weights do not fit" \
   test $rc -ne 0 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'do not fit' "$tmp/err")" -eq 1
