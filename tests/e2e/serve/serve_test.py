@@ -143,6 +143,10 @@ with tempfile.TemporaryDirectory() as d:
     s = Server(tmp, "single", 1, "")
     st, body, _ = http("POST", s.base + "/v1/completions", {"prompt": "hi", "max_tokens": 3}) if s.ready else (0, "", {})
     check("-np 1: serves without mpirun", st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, st)
+    # A reference for the tensor-parallel server (8.): a long prompt's greedy text.
+    tp_body = {"prompt": "word " * 300, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    st, body, _ = http("POST", s.base + "/v1/completions", tp_body) if s.ready else (0, "", {})
+    tp_want = json.loads(body)["choices"][0]["text"] if st == 200 else None
     if s.ready:
         pid = s.pids()[0]
         ticks = lambda: sum(int(x) for x in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
@@ -319,6 +323,20 @@ with tempfile.TemporaryDirectory() as d:
     resplits = re.findall(r"epoch \d+: \S+ -> \S+, predicted", log)
     check("auto: the planner re-split the ranks while serving", len(resplits) >= 1, log[-1500:])
     check("auto server exits 0", code == 0, code)
+
+    # --- 8: tensor-parallel workers of different widths while serving --------------------------------------
+    s = Server(tmp, "tp", 4, '[cluster]\nprefill_tp = 2\ndecode_tp = 1\nprefill_ranks = 2\n[router]\nlocal_prefill_tokens = 0',
+               job_extra='mode = "disagg"\n')
+    check("tp server up: one prefill worker of 2 ranks, one decode rank", s.ready and s.health.get("workers_loaded") == 2,
+          getattr(s, "health", None))
+    if s.ready:
+        st, body, _ = http("POST", s.base + "/v1/completions", tp_body, timeout=120)
+        got = json.loads(body)["choices"][0]["text"] if st == 200 else None
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            many = list(pool.map(lambda _: http("POST", s.base + "/v1/completions", tp_body, timeout=120), range(6)))
+        check("tp server: the text of the one-process server, alone and 6 at once", got == tp_want and
+              all(m[0] == 200 and json.loads(m[1])["choices"][0]["text"] == tp_want for m in many), f"{got!r} {tp_want!r}")
+    check("tp server exits 0", s.stop(signal.SIGTERM) == 0)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
