@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <vector>
 
 #include "runtime/cpu/tp_group.h"
@@ -20,8 +21,14 @@ class MpiTpGroup : public runtime::cpu::TpGroup {
   runtime::cpu::TpShard shard() const override { return {rank_, width_}; }
   // Throws tandem::Error on an MPI error.
   void reduce_tree(float* data, int64_t n) override;
+  // Called while an exchange waits for the other ranks (the rank's KV
+  // transport: a rank inside a forward pass still receives KV and sends its
+  // notices, so no rank waiting on it waits for ever). Without one the
+  // exchange is a blocking MPI_Allgather.
+  void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
 
  private:
+  std::function<void()> progress_;
   MPI_Comm comm_;
   int rank_ = 0, width_ = 1;
   std::vector<float> gathered_;              // [width][n]

@@ -52,10 +52,14 @@ service::WorkerPort::KvState MpiWorkerPort::poll_kv(int64_t id) {
 
 void MpiWorkerPort::release_kv(int64_t id) { transport_->release(id); }
 
+void MpiWorkerPort::pump() {
+  if (transport_) check(transport_->progress(arrived_));
+}
+
 void MpiWorkerPort::kv_arrivals(std::vector<KvArrival>& out) {
-  arrived_.clear();
   check(transport_->progress(arrived_));
   for (auto& n : arrived_) out.push_back({n.peer + 1, n.aborted, std::move(n.bytes)});
+  arrived_.clear();
 }
 
 void MpiWorkerPort::begin_resplit(bool prefill) {

@@ -18,8 +18,10 @@ namespace tandem::mpi {
 
 class MpiWorkerPort : public service::WorkerPort {
  public:
-  // workers: the fixed communicator of every worker (KV windows live on it);
-  // role: split from it, re-split here (the port owns it from now on).
+  // workers: the communicator re-splits happen on: every worker's (KV windows
+  // live on it), or in a job with tensor-parallel groups the group leaders'
+  // (a follower keeps its group and takes no part); role: split from it,
+  // re-split here (the port owns it from now on).
   // transport: null when the job is aggregated throughout.
   MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, Comm role);
   MpiWorkerPort(const MpiWorkerPort&) = delete;
@@ -38,6 +40,9 @@ class MpiWorkerPort : public service::WorkerPort {
   bool resplit_ready() override;
   void split_roles() override;
   void flush() override;
+  // Moves KV transfers on (ours and those to us) between the service's calls;
+  // what lands waits for kv_arrivals().
+  void pump();
 
  private:
   Mailbox& box_;
@@ -47,7 +52,7 @@ class MpiWorkerPort : public service::WorkerPort {
   int world_rank_ = 0;
   MPI_Request barrier_ = MPI_REQUEST_NULL;
   bool next_prefill_ = false;
-  std::vector<Notification> arrived_;  // scratch
+  std::vector<Notification> arrived_;  // landed, not yet handed over
 };
 
 }  // namespace tandem::mpi

@@ -118,6 +118,7 @@ struct Layout {
   Roles::Group group;    // this worker rank's group
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
   mpi::Comm workers, role_comm, group_comm;
+  mpi::Comm leaders;  // with tensor-parallel groups: the group leaders, who alone re-split
   int leader(int rank) const { return rank - group.place; }
 };
 
@@ -135,6 +136,8 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
     if (l.workers) {
       l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
       l.group_comm = mpi::split(l.role_comm.get(), l.leader(rank), rank);
+      if (l.roles.prefill_tp > 1 || l.roles.decode_tp > 1)
+        l.leaders = mpi::split(l.workers.get(), l.group.place == 0 ? 0 : MPI_UNDEFINED, rank);
     }
   }
   if (l.group.width > 1 && l.group_comm) {  // a group's exchanges, two per layer, belong inside a node
@@ -236,7 +239,7 @@ struct WorkerParts {
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<kv::KvTiers> tiers;
-  std::unique_ptr<runtime::cpu::TpGroup> group;  // tensor-parallel: the group's exchange
+  std::unique_ptr<mpi::MpiTpGroup> group;  // tensor-parallel: the group's exchange
   std::unique_ptr<runtime::ModelBackend> model;  // this rank's shard of the model
 };
 
@@ -358,7 +361,15 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
 // followers what to run (runtime/service/group_worker.h).
 void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
   const int rank = env.rank();
-  mpi::MpiWorkerPort port(box, w.transport.get(), l.workers.get(), std::move(l.role_comm));
+  mpi::MpiWorkerPort port(box, w.transport.get(), l.leaders ? l.leaders.get() : l.workers.get(), std::move(l.role_comm));
+  // A rank waiting in its group's exchange still moves KV on: no rank waits on it for ever.
+  if (w.group) w.group->set_progress([&port] { port.pump(); });
+  struct Unhook {
+    mpi::MpiTpGroup* group;
+    ~Unhook() {
+      if (group) group->set_progress({});
+    }
+  } unhook{w.group.get()};
   mpi::Backoff idle;
   auto until = [&](auto&& done, auto&& tick) {
     while (!done()) {
@@ -412,7 +423,22 @@ int run(mpi::MpiEnv& env, const RunOptions& o) {
     if (env.rank() == 0) rc = run_rank0(o, s, l, node, box);
     else run_worker(env, s.p, l, w, box);
   }
-  TANDEM_MPI_OR_THROW(MPI_Barrier(env.world()));
+  // Every rank here before the transport closes; meanwhile KV still moves, so
+  // a rank that left with a transfer in flight (an abandoned job) cannot keep
+  // another waiting for its notice.
+  MPI_Request all_here = MPI_REQUEST_NULL;
+  TANDEM_MPI_OR_THROW(MPI_Ibarrier(env.world(), &all_here));
+  mpi::Backoff idle;
+  std::vector<mpi::Notification> late;
+  for (int done = 0;;) {
+    TANDEM_MPI_OR_THROW(MPI_Test(&all_here, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (w.transport) {
+      late.clear();
+      if (Status st = w.transport->progress(late); !st.ok()) throw Error(st.to_string());
+    }
+    idle.idle();
+  }
   return rc;  // the transport, then the communicators, close as their owners go, on every rank in the same order
 }
 

@@ -105,7 +105,15 @@ Status MpiRmaTransport::put_run(int peer, const BlockRun& r, const RowSlice* sli
   const int64_t per_put = std::max<int64_t>(1, (int64_t{1} << 30) / static_cast<int64_t>(std::max<std::size_t>(slice->bytes, 1)));
   for (int64_t first = 0; first < rows; first += per_put) {
     const int n = static_cast<int>(std::min(per_put, rows - first));
-    MPI_Datatype from = MPI_DATATYPE_NULL, to = MPI_DATATYPE_NULL;
+    struct Types {  // freed on every path; the put keeps what it needs
+      MPI_Datatype from = MPI_DATATYPE_NULL, to = MPI_DATATYPE_NULL;
+      ~Types() {
+        if (from != MPI_DATATYPE_NULL) MPI_Type_free(&from);
+        if (to != MPI_DATATYPE_NULL) MPI_Type_free(&to);
+      }
+    } t;
+    MPI_Datatype& from = t.from;
+    MPI_Datatype& to = t.to;
     TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(ours_row), MPI_BYTE, &from));
     TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(theirs_row), MPI_BYTE, &to));
     TANDEM_MPI(MPI_Type_commit(&from));
@@ -117,8 +125,6 @@ Status MpiRmaTransport::put_run(int peer, const BlockRun& r, const RowSlice* sli
                             static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs +
                                                   static_cast<std::size_t>(first) * theirs_row + slice->dst_offset),
                             1, to, win_, &req);
-    MPI_Type_free(&from);  // the put keeps what it needs
-    MPI_Type_free(&to);
     if (rc != MPI_SUCCESS) return mpi_status(rc, "MPI_Rput", __FILE__, __LINE__);
     puts.push_back(req);
   }

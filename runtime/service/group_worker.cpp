@@ -75,6 +75,12 @@ void ShardMover::release(int64_t key) {
   posts_.erase(it);
 }
 
+bool ShardMover::all_ended() {
+  for (const auto& [key, ids] : posts_)
+    if (poll(key) == WorkerPort::KvState::kPending) return false;
+  return true;
+}
+
 void ShardMover::collect() {
   scratch_.clear();
   port_.kv_arrivals(scratch_);
@@ -153,17 +159,6 @@ void LeaderPort::kv_arrivals(std::vector<KvArrival>& out) {
     publish(MsgType::kGroupAwaitKv, encode(WireGroupAwait{out[i].source, out[i].note}));
 }
 
-void LeaderPort::begin_resplit(bool prefill) {
-  publish(MsgType::kGroupResplit, {static_cast<uint8_t>(prefill ? 1 : 0)});
-  inner_.begin_resplit(prefill);
-}
-
-void LeaderPort::split_roles() {
-  // Every pass published before this has run on the followers before they split: the leader ran it too.
-  publish(MsgType::kGroupSplit, {});
-  inner_.split_roles();
-}
-
 void LeaderPort::flush() {
   publish(MsgType::kGroupStop, {});
   inner_.flush();
@@ -221,11 +216,6 @@ bool Follower::run(const WorkerPort::Message& m) {
       bool aborted = false;
       return mover_.take(a.source, a.note, aborted);
     }
-    case MsgType::kGroupResplit: port_.begin_resplit(!m.bytes.empty() && m.bytes[0] != 0); return true;
-    case MsgType::kGroupSplit:
-      if (!port_.resplit_ready()) return false;  // the leader's agreement is done, so ours is about to be
-      port_.split_roles();
-      return true;
     case MsgType::kGroupStop: stopped_ = true; return true;
     default:
       spdlog::warn("a {} message from rank {} is not for a tensor-parallel follower; ignored", msg_type_name(m.type),

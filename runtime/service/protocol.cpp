@@ -25,8 +25,6 @@ std::string_view msg_type_name(MsgType t) {
     case MsgType::kGroupPostKv: return "group-post-kv";
     case MsgType::kGroupReleaseKv: return "group-release-kv";
     case MsgType::kGroupAwaitKv: return "group-await-kv";
-    case MsgType::kGroupResplit: return "group-resplit";
-    case MsgType::kGroupSplit: return "group-split";
     case MsgType::kGroupStop: return "group-stop";
   }
   return "unknown";

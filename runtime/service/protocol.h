@@ -41,9 +41,7 @@ enum class MsgType : int {
   kGroupPostKv = 15,     // post your shard of these blocks to your peer in the destination group (WireGroupPost)
   kGroupReleaseKv = 16,  // the leader's transfer ended: end yours before the next command (its id)
   kGroupAwaitKv = 17,    // a transfer landed on the leader: wait for your shard of it (WireGroupAwait)
-  kGroupResplit = 18,    // a re-split of the role communicator begins (one byte: prefill)
-  kGroupSplit = 19,      // and is split now (every pass before this has run)
-  kGroupStop = 20,       // the end of the job
+  kGroupStop = 18,       // the end of the job
 };
 std::string_view msg_type_name(MsgType t);
 constexpr int tag_of(MsgType t) { return static_cast<int>(t); }

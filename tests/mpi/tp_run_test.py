@@ -113,6 +113,10 @@ with tempfile.TemporaryDirectory() as d:
         same_as(ref, f"disagg prefill_tp {a} -> decode_tp {b}", 1 + a + b, tiny, f"cluster.prefill_tp={a}",
                 f"cluster.decode_tp={b}", f"cluster.prefill_ranks={a}", *disagg, summary_check=wire)
     same_as(ref, "disagg 1P+1D workers of tp4 (9 ranks)", 9, tiny, "cluster.tp=4", *disagg)
+    # Two-sided MPI (the target's CPU places the data): 2 prefill workers of 2 ranks, 2 decode workers of 1,
+    # where a rank waiting in its group's exchange must still receive and notify.
+    same_as(ref, "two-sided: 2 prefill workers of tp 2 -> 2 decode workers of tp 1", 7, tiny, "cluster.prefill_tp=2",
+            "cluster.decode_tp=1", "cluster.prefill_ranks=4", 'transport.backend="mpi_two_sided"', *disagg)
     log = same_as(ref, "auto, 4 workers of tp2, re-split every 2 requests (9 ranks)", 9, tiny, "cluster.tp=2",
                   "job.mode=\"auto\"", "router.local_prefill_tokens=64", "job.epoch_requests=2",
                   "planner.policy=\"static:1:3\"")
@@ -137,6 +141,8 @@ with tempfile.TemporaryDirectory() as d:
         ("different widths under the planner", 6, ["cluster.prefill_tp=2", "cluster.decode_tp=1", "job.mode=\"auto\""],
          "a re-split that changes a worker's width is not built yet"),
         ("KV tiers with tp > 1", 3, ["cluster.tp=2", "kv.host_cache_gib=0.01"], "do not work with cluster.tp > 1 yet"),
+        ("two-sided KV with groups under the planner", 5, ["cluster.tp=2", "job.mode=\"auto\"",
+                                                           "transport.backend=\"mpi_two_sided\""], "a re-split could wait"),
     ]:
         out = tmp / "bad.jsonl"
         rc, log = run(np, tiny, inp, out, *sets, timeout=120)
