@@ -54,6 +54,20 @@ void barrier(MPI_Comm world, MPI_Comm ready, const std::vector<tandem::mpi::KvTr
   }
 }
 
+// One size's row: GB/s of each path, the RMA transport against the raw path, and the time in the starting calls.
+void print_row(std::size_t bytes, const std::vector<double>& t_rma, const std::vector<double>& t_two,
+               const std::vector<double>& t_raw, const std::vector<double>& t_copy, const std::vector<double>& post_t,
+               const std::vector<double>& put_t) {
+  const double gb = static_cast<double>(bytes) / 1e9;
+  const double a = gb / median(t_rma), w = gb / median(t_two), b = gb / median(t_raw), c = gb / median(t_copy);
+  char size[32];
+  if (bytes >= (1u << 20)) std::snprintf(size, sizeof size, "%zu MiB", bytes >> 20);
+  else std::snprintf(size, sizeof size, "%zu KiB", bytes >> 10);
+  std::printf("%10s %12.2f %12.2f %14.2f %12.2f %7.0f%% %9.2f/%-9.2f %8.2f/%.2f\n", size, a, w, b, c, 100.0 * a / b,
+              1e6 * median(post_t), 1e6 * median(t_rma), 1e6 * median(put_t), 1e6 * median(t_raw));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,16 +169,7 @@ int main(int argc, char** argv) {
         two.release(id);
       }
     }
-    if (env.rank() == 0) {
-      const double gb = static_cast<double>(bytes) / 1e9;
-      const double a = gb / median(t_rma), w = gb / median(t_two), b = gb / median(t_raw), c = gb / median(t_copy);
-      char size[32];
-      if (bytes >= (1u << 20)) std::snprintf(size, sizeof size, "%zu MiB", bytes >> 20);
-      else std::snprintf(size, sizeof size, "%zu KiB", bytes >> 10);
-      std::printf("%10s %12.2f %12.2f %14.2f %12.2f %7.0f%% %9.2f/%-9.2f %8.2f/%.2f\n", size, a, w, b, c, 100.0 * a / b,
-                  1e6 * median(post_t), 1e6 * median(t_rma), 1e6 * median(put_t), 1e6 * median(t_raw));
-      std::fflush(stdout);
-    }
+    if (env.rank() == 0) print_row(bytes, t_rma, t_two, t_raw, t_copy, post_t, put_t);
   }
   barrier(env.world(), ready, transports);
   MPI_Win_unlock_all(raw);
