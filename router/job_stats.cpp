@@ -111,6 +111,7 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
     kv_seconds += r.kv_send_seconds;
     ranks.push_back({{"rank", r.rank},
                      {"role", std::string(service::role_name(r.role))},
+                     {"tensor_parallel_ranks", r.tp},
                      {"busy_fraction", r.busy_fraction},
                      {"prefill_tokens", r.prefill_tokens},
                      {"decode_tokens", r.decode_tokens},

@@ -313,6 +313,7 @@ std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, cons
   auto core = std::make_unique<service::WorkerCore>(rank, l.role, p.model, std::move(model), *w.pool, p.tokenizer.get(),
                                                     options, w.tiers.get());
   if (w.tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
+  core->set_group_width(l.group.width);
   return core;
 }
 

@@ -306,7 +306,7 @@ WireResult decode_result(const std::vector<uint8_t>& bytes) {
 }
 
 std::vector<uint8_t> encode(const RankReport& r) {
-  return json::to_cbor(json{{"rank", r.rank}, {"role", static_cast<int>(r.role)}, {"busy", r.busy_fraction},
+  return json::to_cbor(json{{"rank", r.rank}, {"role", static_cast<int>(r.role)}, {"tp", r.tp}, {"busy", r.busy_fraction},
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"kv_wait_s", r.kv_wait_seconds}, {"preempt", r.preemptions},
@@ -320,6 +320,7 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   RankReport r;
   r.rank = j.at("rank");
   r.role = static_cast<Role>(j.at("role").get<int>());
+  r.tp = j.at("tp");
   r.busy_fraction = j.at("busy");
   r.prefill_tokens = j.at("prefill");
   r.decode_tokens = j.at("decode");

@@ -59,6 +59,7 @@ constexpr Role role_for(bool disaggregated, bool prefill) {
 struct RankReport {
   int rank = 0;
   Role role = Role::kWorker;
+  int tp = 1;                 // the ranks of this worker: a tensor-parallel group's leader reports for the group
   double busy_fraction = 0;   // share of the job's wall time spent computing
   int64_t prefill_tokens = 0; // prompt tokens this rank computed
   int64_t decode_tokens = 0;

@@ -200,6 +200,7 @@ RankReport WorkerCore::report() const {
   RankReport r;
   r.rank = rank_;
   r.role = role_;
+  r.tp = group_width_;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   r.busy_fraction = wall > 0 ? busy_s_ / wall : 0;
   r.prefill_tokens = engine_.stats().prefill_tokens;

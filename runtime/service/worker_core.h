@@ -94,6 +94,8 @@ class WorkerCore {
   // Engine steps since the last call (at most the last 512), for the planner.
   std::vector<std::array<double, 6>> take_step_samples();
   void set_role(Role role) { role_ = role; }
+  // The ranks of this worker (a tensor-parallel group's leader reports for the group).
+  void set_group_width(int width) { group_width_ = width; }
 
  private:
   struct Staged {
@@ -118,6 +120,7 @@ class WorkerCore {
   std::deque<std::array<double, 6>> samples_;  // prefilled elsewhere: their first token, not yet streamed
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
                                                                        // computed, KV blocks moved)
+  int group_width_ = 1;
   double busy_s_ = 0;
   int64_t kv_bytes_ = 0;
   double kv_seconds_ = 0, kv_wait_s_ = 0;

@@ -94,9 +94,11 @@ with tempfile.TemporaryDirectory() as d:
             env_extra={"TANDEM_CPU_KERNELS": "avx2"})
 
     def moved(summary, log):
-        # Every rank of the prefill group sends its shard: the bytes are the prompts' KV once per rank.
         check("disagg tp2: KV moved between the groups", summary["kv_bytes_transferred"] > 0,
               str(summary["kv_bytes_transferred"]))
+        workers = [r for r in summary["ranks"] if r["role"] != "router"]
+        check("disagg tp2: the summary lists each worker once, under its first rank, with its 2 ranks",
+              sorted((r["rank"], r["tensor_parallel_ranks"]) for r in workers) == [(1, 2), (3, 2)], str(workers)[:300])
 
     same_as(ref, "disagg 1P+1D workers of tp2", 5, tiny, "cluster.tp=2", *disagg, summary_check=moved)
 
