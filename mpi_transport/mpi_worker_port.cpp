@@ -75,7 +75,8 @@ bool MpiWorkerPort::resplit_ready() {
 }
 
 void MpiWorkerPort::split_roles() {
-  // Every worker has seen the new roles and holds back new KV posts: the split cannot wait on a transfer.
+  // Every rank that splits has seen the new roles and holds back new KV posts (a group leader has
+  // also ended its transfers): the split cannot wait on a transfer.
   role_ = split(workers_, next_prefill_ ? 1 : 0, world_rank_);
 }
 

@@ -1,7 +1,7 @@
 // The worker service's port under MPI: the protocol's messages in the rank's
 // Mailbox (tag = MsgType), KV transfers through the job's KvTransport (its
 // ranks are the workers': world rank - 1), and the role communicator's
-// re-split (a non-blocking barrier over the workers, then MPI_Comm_split,
+// re-split (a non-blocking barrier over the workers, or the group leaders, then MPI_Comm_split,
 // which no transfer can then be waiting on). Errors throw tandem::Error.
 #pragma once
 

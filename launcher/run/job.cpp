@@ -109,8 +109,9 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 // Who does what: rank 0 routes; workers 1..P prefill, the rest decode (agg:
 // all do both), each worker a tensor-parallel group of consecutive ranks.
 // The workers' communicator never changes (KV windows live on it); the role
-// communicator is split from it (and again at re-splits), and each group's
-// from that (re-splits move whole groups: the groups stay).
+// communicator is split from it, and each group's from that. Re-splits move
+// whole groups: with groups, only the leaders split again (their own
+// communicator), and the groups stay.
 struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
@@ -424,19 +425,30 @@ int run(mpi::MpiEnv& env, const RunOptions& o) {
     if (env.rank() == 0) rc = run_rank0(o, s, l, node, box);
     else run_worker(env, s.p, l, w, box);
   }
-  // Every rank here before the transport closes; meanwhile KV still moves, so
-  // a rank that left with a transfer in flight (an abandoned job) cannot keep
-  // another waiting for its notice.
+  // Every rank here before the transport closes; meanwhile KV still moves and
+  // late messages are taken (and dropped), so a rank that left with a
+  // transfer or a large message in flight (an abandoned job) cannot keep
+  // another waiting for it.
   MPI_Request all_here = MPI_REQUEST_NULL;
   TANDEM_MPI_OR_THROW(MPI_Ibarrier(env.world(), &all_here));
   mpi::Backoff idle;
   std::vector<mpi::Notification> late;
+  std::vector<char> stray;
   for (int done = 0;;) {
     TANDEM_MPI_OR_THROW(MPI_Test(&all_here, &done, MPI_STATUS_IGNORE));
     if (done) break;
     if (w.transport) {
       late.clear();
       if (Status st = w.transport->progress(late); !st.ok()) throw Error(st.to_string());
+    }
+    int waiting = 0, bytes = 0;
+    MPI_Status st;
+    TANDEM_MPI_OR_THROW(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, env.world(), &waiting, &st));
+    if (waiting) {
+      TANDEM_MPI_OR_THROW(MPI_Get_count(&st, MPI_BYTE, &bytes));
+      stray.resize(static_cast<std::size_t>(std::max(bytes, 1)));
+      TANDEM_MPI_OR_THROW(MPI_Recv(stray.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, env.world(), MPI_STATUS_IGNORE));
+      continue;
     }
     idle.idle();
   }

@@ -105,8 +105,8 @@ class ShardMover {
   std::vector<WorkerPort::KvArrival> scratch_;
 };
 
-// The leader's port: the inner port's, with each KV transfer, arrival and
-// re-split told to the followers (world ranks) first.
+// The leader's port: the inner port's, with each KV transfer and arrival
+// told to the followers (world ranks) first; re-splits are the leaders' own.
 class LeaderPort : public WorkerPort {
  public:
   // followers: world ranks (none for a one-rank worker in a job whose other

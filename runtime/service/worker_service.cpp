@@ -200,7 +200,7 @@ bool WorkerService::drive_transfers() {
   return any;
 }
 
-// Re-splits, one at a time: the port agrees with the other workers, then splits.
+// Re-splits, one at a time: the port agrees with the other workers (the other group leaders), then splits.
 bool WorkerService::drive_resplit() {
   if (resplits_.empty()) return false;
   const WireRoles& r = resplits_.front();
