@@ -23,9 +23,8 @@ std::vector<ShardRoute> shard_routes(int64_t kv_heads, int from, int to) {
     const auto [d0, dn] = heads_of(kv_heads, to, j);
     for (int64_t g = d0; g < d0 + dn; ++g) {
       int i = 0;  // the lowest sending place that holds head g
-      while (i + 1 < from && !(heads_of(kv_heads, from, i).first <= g &&
-                               g < heads_of(kv_heads, from, i).first + heads_of(kv_heads, from, i).second))
-        ++i;
+      for (auto h = heads_of(kv_heads, from, i); i + 1 < from && !(h.first <= g && g < h.first + h.second);)
+        h = heads_of(kv_heads, from, ++i);
       const int64_t s0 = heads_of(kv_heads, from, i).first;
       ShardRoute* last = out.empty() ? nullptr : &out.back();
       if (last && last->to == j && last->from == i && last->src_head + last->heads == g - s0 &&
