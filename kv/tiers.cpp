@@ -65,8 +65,7 @@ void KvTiers::evicted(uint64_t hash, const float* data, int64_t uses) {
 }
 
 void KvTiers::used(uint64_t hash, const float* data, int64_t uses) {
-  if (!store_ || !store_->enabled() || !stats_.store_writable || uses < o_.store_min_hits || in_store_.count(hash))
-    return;
+  if (!reads_used(hash, uses)) return;
   const auto bytes = static_cast<int64_t>(layout_.block_bytes());
   {
     std::lock_guard lk(mu_);

@@ -101,6 +101,12 @@ class KvTiers final : public LowerTier {
   void evicted(uint64_t hash, const float* data, int64_t uses) override;
   void used(uint64_t hash, const float* data, int64_t uses) override;
   std::optional<Found> onboard(uint64_t hash, float* dst) override;
+  // Whether evicted() and used() would read the block's data now (a caller
+  // that must first fetch it, a tensor-parallel leader, asks; else data may be null).
+  bool reads_evicted(uint64_t hash) const { return host_.capacity() > 0 && !host_.contains(hash); }
+  bool reads_used(uint64_t hash, int64_t uses) const {
+    return store_ && store_->enabled() && stats_.store_writable && uses >= o_.store_min_hits && !in_store_.count(hash);
+  }
 
   // Starts reading from G3 the leading blocks of `hashes` that neither the
   // pool nor G2 holds. True when none of them has to be waited for.

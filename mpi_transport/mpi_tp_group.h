@@ -21,6 +21,8 @@ class MpiTpGroup : public runtime::cpu::TpGroup {
   runtime::cpu::TpShard shard() const override { return {rank_, width_}; }
   // Throws tandem::Error on an MPI error.
   void reduce_tree(float* data, int64_t n) override;
+  void gather(const void* mine, std::size_t bytes, void* all) override;
+  void scatter(const void* all, std::size_t bytes, void* mine) override;
   // Called while an exchange waits for the other ranks (the rank's KV
   // transport: a rank inside a forward pass still receives KV and sends its
   // notices, so no rank waiting on it waits for ever). Without one the
@@ -28,6 +30,8 @@ class MpiTpGroup : public runtime::cpu::TpGroup {
   void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
 
  private:
+  // Waits for r, moving the rank's KV on meanwhile (progress_).
+  void wait(MPI_Request& r, bool brief);
   std::function<void()> progress_;
   MPI_Comm comm_;
   int rank_ = 0, width_ = 1;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -291,8 +292,9 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
       spdlog::warn("this worker may run on 1 of the node's {} CPUs (its MPI binding), so it computes on one thread; "
                    "with mpirun add --bind-to none, or give each rank cores (--map-by slot:PE=N)", node_cpus);
     w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
-    w.tiers = open_tiers(p, layout, rank <= 1);
-    if (w.tiers) w.pool->set_lower(w.tiers.get());
+    // The tiers hold whole blocks (every KV head), on a group's leader: a store is read at any width.
+    if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= 1);
+    if (w.tiers && width == 1) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
     if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
     w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get());
     const std::string tp = width == 1 ? std::string()
@@ -383,8 +385,10 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
   const kv::KvLayout layout = w.pool->layout();
   const service::KvShape shape{p.model.kv_heads, layout.layers * 2 * layout.block_size,
                                static_cast<std::size_t>(layout.head_dim * layout.elem_bytes)};
+  std::optional<service::GroupBlocks> blocks;
+  if (w.group) blocks.emplace(*w.group, *w.pool, shape);
   if (l.group.place > 0) {
-    service::Follower follower(port, *w.model, l.group.place, l.group.width, map, shape);
+    service::Follower follower(port, *w.model, l.group.place, l.group.width, map, shape, *blocks);
     until([&] { return follower.finished(); }, [&] { return follower.tick(); });
     return;
   }
@@ -392,6 +396,19 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
   for (int f = 1; f < l.group.width; ++f) followers.push_back(rank + f);
   // In a job with groups every worker's KV follows the routes between widths, one-rank workers' too.
   service::LeaderPort group_port(port, followers, map, shape);
+  // A group's blocks reach the tiers below its pool whole (gathered from every rank).
+  std::optional<service::GroupTier> group_tier;
+  struct Unlower {  // the pool outlives the GroupTier
+    kv::BlockPool* pool = nullptr;
+    ~Unlower() {
+      if (pool) pool->set_lower(nullptr);
+    }
+  } unlower;
+  if (w.tiers && blocks) {
+    group_tier.emplace(*w.tiers, *blocks, group_port, *w.pool);
+    w.pool->set_lower(&*group_tier);
+    unlower.pool = w.pool.get();
+  }
   const bool grouped = l.roles.prefill_tp > 1 || l.roles.decode_tp > 1;
   service::WorkerPort& to_job = grouped ? static_cast<service::WorkerPort&>(group_port) : port;
   auto core = make_core(rank, p, l, w,

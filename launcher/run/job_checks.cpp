@@ -212,9 +212,6 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
   if (!c.choices.on_cpu())
     return "model.backend = \"" + c.model.backend + "\" does not run tensor-parallel yet (cluster.tp > 1): its group "
            "exchange over NCCL is not built; use cluster.tp = 1, or model.backend = \"cpu\"";
-  if (c.kv.host_cache_gib > 0 || !c.kv.store_path.empty())
-    return "the KV tiers (kv.host_cache_gib, kv.store_path) do not work with cluster.tp > 1 yet; turn them off, or use "
-           "cluster.tp = 1";
   const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
   if (planned && transport_for(c.choices) == TransportKind::kMpiTwoSided)
     return "transport.backend = \"mpi_two_sided\" with cluster.tp > 1 and job.mode = \"auto\" is not supported yet (a "

@@ -9,6 +9,7 @@
 // the KV head count, each KV head is replicated on width / kv_heads ranks.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -29,6 +30,12 @@ class TpGroup {
   // subtree of its chunks). On return, on every rank, the group's sum: the
   // ranks' partial sums added in rank order in the fixed tree.
   virtual void reduce_tree(float* data, int64_t n) = 0;
+  // Whole KV blocks for the tiers below the leader's pool (group rank 0):
+  // gather: every rank's `bytes` at `mine` into `all` on rank 0 ([width][bytes];
+  // ignored elsewhere); scatter: rank 0's `all` ([width][bytes]) out, each
+  // rank's part into `mine`. Collective, in the order of the group's other calls.
+  virtual void gather(const void* mine, std::size_t bytes, void* all) = 0;
+  virtual void scatter(const void* all, std::size_t bytes, void* mine) = 0;
 };
 
 // Why `width` cannot shard this model, or "" when it can: 1, 2, 4 or 8,

@@ -1,6 +1,7 @@
 #include "runtime/service/group_worker.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
@@ -171,9 +172,101 @@ void LeaderBackend::forward(std::span<const runtime::SeqChunk> chunks, std::vect
   inner_->forward(chunks, logits);
 }
 
+GroupBlocks::GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape)
+    : group_(group),
+      pool_(pool),
+      shape_(shape),
+      place_(group.shard().rank),
+      width_(group.shard().width),
+      shard_bytes_(static_cast<int64_t>(pool.layout().block_bytes())),
+      whole_bytes_(shape.rows * shape.kv_heads * static_cast<int64_t>(shape.head_bytes)) {
+  if (shard_bytes_ != shape.rows * heads_of(shape.kv_heads, width_, place_).second * static_cast<int64_t>(shape.head_bytes))
+    throw Error("a tensor-parallel pool's blocks are not its share of the model's KV heads (tandem internal error)");
+}
+
+// Each route: heads [src_head, +heads) of place `from`'s row -> [dst_head, ...) of place `to`'s, for every row of every block.
+namespace {
+
+void copy_heads(const ShardRoute& r, const KvShape& shape, int64_t n_blocks, const uint8_t* src, int64_t src_block,
+                int64_t src_row, uint8_t* dst, int64_t dst_block, int64_t dst_row) {
+  const auto hb = static_cast<int64_t>(shape.head_bytes);
+  for (int64_t i = 0; i < n_blocks; ++i)
+    for (int64_t row = 0; row < shape.rows; ++row)
+      std::memcpy(dst + i * dst_block + row * dst_row + r.dst_head * hb, src + i * src_block + row * src_row + r.src_head * hb,
+                  static_cast<std::size_t>(r.heads * hb));
+}
+
+}  // namespace
+
+void GroupBlocks::gather(std::span<const int32_t> blocks, std::vector<float>* whole) {
+  const auto n = static_cast<int64_t>(blocks.size());
+  const auto* pool = reinterpret_cast<const uint8_t*>(pool_.data());
+  mine_.resize(static_cast<std::size_t>(n * shard_bytes_));
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(mine_.data() + i * shard_bytes_, pool + blocks[static_cast<std::size_t>(i)] * shard_bytes_,
+                static_cast<std::size_t>(shard_bytes_));
+  if (place_ == 0) all_.resize(static_cast<std::size_t>(width_ * n * shard_bytes_));
+  group_.gather(mine_.data(), mine_.size(), all_.data());
+  if (place_ != 0 || !whole) return;
+  whole->resize(static_cast<std::size_t>(n * whole_floats()));
+  const int64_t shard_row = shard_bytes_ / shape_.rows, whole_row = whole_bytes_ / shape_.rows;
+  for (const ShardRoute& r : shard_routes(shape_.kv_heads, width_, 1))
+    copy_heads(r, shape_, n, all_.data() + r.from * n * shard_bytes_, shard_bytes_, shard_row,
+               reinterpret_cast<uint8_t*>(whole->data()), whole_bytes_, whole_row);
+}
+
+void GroupBlocks::scatter(std::span<const int32_t> blocks, const float* whole) {
+  const auto n = static_cast<int64_t>(blocks.size());
+  if (place_ == 0) {
+    all_.resize(static_cast<std::size_t>(width_ * n * shard_bytes_));
+    const int64_t shard_row = shard_bytes_ / shape_.rows, whole_row = whole_bytes_ / shape_.rows;
+    for (const ShardRoute& r : shard_routes(shape_.kv_heads, 1, width_))
+      copy_heads(r, shape_, n, reinterpret_cast<const uint8_t*>(whole), whole_bytes_, whole_row,
+                 all_.data() + r.to * n * shard_bytes_, shard_bytes_, shard_row);
+  }
+  mine_.resize(static_cast<std::size_t>(n * shard_bytes_));
+  group_.scatter(all_.data(), mine_.size(), mine_.data());
+  auto* pool = reinterpret_cast<uint8_t*>(pool_.data());
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(pool + blocks[static_cast<std::size_t>(i)] * shard_bytes_, mine_.data() + i * shard_bytes_,
+                static_cast<std::size_t>(shard_bytes_));
+}
+
+GroupTier::GroupTier(kv::KvTiers& tiers, GroupBlocks& blocks, LeaderPort& port, const kv::BlockPool& pool)
+    : tiers_(tiers), blocks_(blocks), port_(port), pool_(pool) {}
+
+int32_t GroupTier::block_of(const float* data) const {
+  return static_cast<int32_t>((data - pool_.data()) / pool_.layout().block_floats());
+}
+
+const float* GroupTier::gather(const float* data) {
+  const int32_t b = block_of(data);
+  port_.publish(MsgType::kGroupSaveBlocks, encode_blocks({&b, 1}));
+  blocks_.gather({&b, 1}, &whole_);
+  return whole_.data();
+}
+
+void GroupTier::evicted(uint64_t hash, const float* data, int64_t uses) {
+  tiers_.evicted(hash, tiers_.reads_evicted(hash) ? gather(data) : nullptr, uses);
+}
+
+void GroupTier::used(uint64_t hash, const float* data, int64_t uses) {
+  if (tiers_.reads_used(hash, uses)) tiers_.used(hash, gather(data), uses);
+}
+
+std::optional<kv::LowerTier::Found> GroupTier::onboard(uint64_t hash, float* dst) {
+  whole_.resize(static_cast<std::size_t>(blocks_.whole_floats()));
+  const auto found = tiers_.onboard(hash, whole_.data());
+  if (!found) return found;
+  const int32_t b = block_of(dst);
+  port_.publish(MsgType::kGroupLoadBlocks, encode_blocks({&b, 1}));
+  blocks_.scatter({&b, 1}, whole_.data());
+  return found;
+}
+
 Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
-                   const KvShape& shape)
-    : port_(port), model_(model), place_(place), mover_(port, place, width, map, shape) {}
+                   const KvShape& shape, GroupBlocks& blocks)
+    : port_(port), model_(model), place_(place), mover_(port, place, width, map, shape), blocks_(blocks) {}
 
 bool Follower::tick() {
   bool any = false;
@@ -215,6 +308,8 @@ bool Follower::run(const WorkerPort::Message& m) {
       bool aborted = false;
       return mover_.take(a.source, a.note, aborted);
     }
+    case MsgType::kGroupSaveBlocks: blocks_.gather(decode_blocks(m.bytes), nullptr); return true;
+    case MsgType::kGroupLoadBlocks: blocks_.scatter(decode_blocks(m.bytes), nullptr); return true;
     case MsgType::kGroupStop: stopped_ = true; return true;
     default:
       spdlog::warn("a {} message from rank {} is not for a tensor-parallel follower; ignored", msg_type_name(m.type),

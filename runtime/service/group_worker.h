@@ -22,6 +22,12 @@
 // or its own shard of an incoming one has landed (so no pass reads blocks
 // before they are there). Nothing here blocks: a follower that waits polls.
 //
+// The tiers below the leader's pool (kv/tiers.h: host memory, the HDF5
+// store) hold whole blocks, every KV head, as a one-rank worker's do: a
+// block goes down gathered from the group's shards and comes back up
+// scattered to them (GroupBlocks, GroupTier), so a store written at one
+// width is read at any other.
+//
 // Groups are consecutive world ranks. Between groups of different widths
 // (prefill_tp != decode_tp) each rank of the sending group sends the KV
 // heads it holds to the receiving ranks that hold them, as slices of each
@@ -37,6 +43,9 @@
 #include <utility>
 #include <vector>
 
+#include "kv/block_pool.h"
+#include "kv/tiers.h"
+#include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend.h"
 #include "runtime/service/worker_port.h"
 
@@ -105,6 +114,30 @@ class ShardMover {
   std::vector<WorkerPort::KvArrival> scratch_;
 };
 
+// A group's KV blocks whole. Each rank's pool holds its shard of a block
+// (its KV heads of every row); these collectives over the group join the
+// shards of blocks on the leader (a head held by several ranks is taken
+// from the lowest) and part whole blocks out again.
+class GroupBlocks {
+ public:
+  // pool: this rank's; shape: the model's KV heads, a block's rows, one head's bytes.
+  GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape);
+  // A whole block's floats (the pool's layout with every KV head).
+  int64_t whole_floats() const { return whole_bytes_ / 4; }
+  // Every rank sends its shards of `blocks`; the leader gets the whole blocks in `whole` (null elsewhere).
+  void gather(std::span<const int32_t> blocks, std::vector<float>* whole);
+  // The leader's whole blocks (`whole`; null elsewhere) into every rank's `blocks`.
+  void scatter(std::span<const int32_t> blocks, const float* whole);
+
+ private:
+  runtime::cpu::TpGroup& group_;
+  kv::BlockPool& pool_;
+  KvShape shape_;
+  int place_, width_;
+  int64_t shard_bytes_, whole_bytes_;
+  std::vector<uint8_t> mine_, all_;
+};
+
 // The leader's port: the inner port's, with each KV transfer and arrival
 // told to the followers (world ranks) first; re-splits are the leaders' own.
 class LeaderPort : public WorkerPort {
@@ -154,12 +187,36 @@ class LeaderBackend : public runtime::ModelBackend {
   LeaderPort& port_;
 };
 
+// The tiers below a tensor-parallel leader's pool, as its pool sees them:
+// a block they take is gathered from the group first, and one they give is
+// scattered to it (the followers told in order, as of a pass). Only what the
+// tiers will read moves: a block already in host memory is not gathered again.
+class GroupTier : public kv::LowerTier {
+ public:
+  GroupTier(kv::KvTiers& tiers, GroupBlocks& blocks, LeaderPort& port, const kv::BlockPool& pool);
+  void evicted(uint64_t hash, const float* data, int64_t uses) override;
+  void used(uint64_t hash, const float* data, int64_t uses) override;
+  bool holds(uint64_t hash) const override { return tiers_.holds(hash); }
+  std::optional<Found> onboard(uint64_t hash, float* dst) override;
+
+ private:
+  int32_t block_of(const float* data) const;
+  const float* gather(const float* data);  // the whole block of the pool's block at data
+
+  kv::KvTiers& tiers_;
+  GroupBlocks& blocks_;
+  LeaderPort& port_;
+  const kv::BlockPool& pool_;
+  std::vector<float> whole_;
+};
+
 // A follower: its leader's commands, run in order on its own shard and port.
 class Follower {
  public:
-  // place: this rank's index in its group (1..width-1); model: this rank's shard.
+  // place: this rank's index in its group (1..width-1); model: this rank's
+  // shard; blocks: its pool's blocks for the tiers below the leader's.
   Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
-           const KvShape& shape);
+           const KvShape& shape, GroupBlocks& blocks);
   // One pass over what arrived and what waits; true when anything happened (else back off).
   bool tick();
   // The leader said stop.
@@ -173,6 +230,7 @@ class Follower {
   runtime::ModelBackend& model_;
   int place_;
   ShardMover mover_;
+  GroupBlocks& blocks_;
   std::deque<WorkerPort::Message> commands_;
   bool stopped_ = false;
   WireForward pass_;

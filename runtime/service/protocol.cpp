@@ -26,6 +26,8 @@ std::string_view msg_type_name(MsgType t) {
     case MsgType::kGroupReleaseKv: return "group-release-kv";
     case MsgType::kGroupAwaitKv: return "group-await-kv";
     case MsgType::kGroupStop: return "group-stop";
+    case MsgType::kGroupSaveBlocks: return "group-save-blocks";
+    case MsgType::kGroupLoadBlocks: return "group-load-blocks";
   }
   return "unknown";
 }
@@ -155,6 +157,20 @@ WireRoles decode_roles(const std::vector<uint8_t>& bytes) {
 
 std::vector<uint8_t> encode_id(int64_t id) { return json::to_cbor(json(id)); }
 int64_t decode_id(const std::vector<uint8_t>& bytes) { return json::from_cbor(bytes).get<int64_t>(); }
+
+std::vector<uint8_t> encode_blocks(std::span<const int32_t> blocks) {
+  std::vector<uint8_t> out(blocks.size_bytes());
+  if (!blocks.empty()) std::memcpy(out.data(), blocks.data(), out.size());
+  return out;
+}
+
+std::vector<int32_t> decode_blocks(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() % sizeof(int32_t) != 0)
+    throw Error("a block list of " + std::to_string(bytes.size()) + " bytes is not whole block ids (tandem internal error)");
+  std::vector<int32_t> out(bytes.size() / sizeof(int32_t));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
 
 std::vector<uint8_t> encode(const WireGroupPost& r) {
   return json::to_cbor(json{{"dest", r.dest}, {"src", r.src}, {"dst", r.dst}, {"note", json::binary(r.note)}, {"id", r.id}});

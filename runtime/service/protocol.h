@@ -21,7 +21,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 6;
+constexpr int kProtocolVersion = 7;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -42,6 +42,8 @@ enum class MsgType : int {
   kGroupReleaseKv = 16,  // the leader's transfer ended: end yours before the next command (its id)
   kGroupAwaitKv = 17,    // a transfer landed on the leader: wait for your shard of it (WireGroupAwait)
   kGroupStop = 18,       // the end of the job
+  kGroupSaveBlocks = 19, // the tiers below the leader's pool take these blocks: send your shards (encode_blocks)
+  kGroupLoadBlocks = 20, // the tiers below filled these blocks: take your shards (encode_blocks)
 };
 std::string_view msg_type_name(MsgType t);
 constexpr int tag_of(MsgType t) { return static_cast<int>(t); }
@@ -198,6 +200,9 @@ struct WireGroupAwait {
 std::vector<uint8_t> encode(const WireGroupAwait& r);
 WireGroupAwait decode_group_await(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode_id(int64_t id);
+// kGroupSaveBlocks, kGroupLoadBlocks: block ids of the pool, flat.
+std::vector<uint8_t> encode_blocks(std::span<const int32_t> blocks);
+std::vector<int32_t> decode_blocks(const std::vector<uint8_t>& bytes);
 int64_t decode_id(const std::vector<uint8_t>& bytes);
 
 }  // namespace tandem::service

@@ -142,7 +142,6 @@ with tempfile.TemporaryDirectory() as d:
          "cluster.prefill_ranks = 3 is not a multiple of cluster.prefill_tp (or tp) = 2"),
         ("different widths under the planner", 6, ["cluster.prefill_tp=2", "cluster.decode_tp=1", "job.mode=\"auto\""],
          "a re-split that changes a worker's width is not built yet"),
-        ("KV tiers with tp > 1", 3, ["cluster.tp=2", "kv.host_cache_gib=0.01"], "do not work with cluster.tp > 1 yet"),
         ("two-sided KV with groups under the planner", 5, ["cluster.tp=2", "job.mode=\"auto\"",
                                                            "transport.backend=\"mpi_two_sided\""], "a re-split could wait"),
     ]:

@@ -4,8 +4,6 @@
 // replicated where the width passes their count, weights in either layout.
 #include <catch2/catch.hpp>
 
-#include <barrier>
-#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -13,6 +11,7 @@
 #include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
 #include "test_model.h"
+#include "thread_group.h"
 #include "tp_forward.h"
 
 using namespace tandem;
@@ -21,35 +20,7 @@ using namespace tandem::runtime::cpu;
 
 namespace {
 
-// One thread per rank; the exchange through buffers every rank sees.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int width) : width_(width), slots_(static_cast<std::size_t>(width)), sync_(width) {}
-
-  class Member : public TpGroup {
-   public:
-    Member(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
-    TpShard shard() const override { return {rank_, g_.width_}; }
-    void reduce_tree(float* data, int64_t n) override {
-      g_.slots_[static_cast<std::size_t>(rank_)].assign(data, data + n);
-      g_.sync_.arrive_and_wait();
-      std::vector<const float*> parts;
-      for (const auto& s : g_.slots_) parts.push_back(s.data());
-      std::vector<std::vector<float>> buffers(4);
-      sum_in_tree(parts, n, data, buffers);
-      g_.sync_.arrive_and_wait();  // nobody writes a slot again before every rank has read them all
-    }
-
-   private:
-    ThreadGroup& g_;
-    int rank_;
-  };
-
- private:
-  int width_;
-  std::vector<std::vector<float>> slots_;
-  std::barrier<> sync_;
-};
+using tandem::testing::ThreadGroup;
 
 std::vector<float> run_group(const ModelConfig& c, const ModelWeights& w, int width, const std::vector<int32_t>& prompt,
                              int steps) {

@@ -5,6 +5,7 @@
 // bitwise; cancels, refusals, re-splits and shutdown leave no block behind.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <optional>
@@ -12,12 +13,14 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/service/group_worker.h"
 #include "runtime/service/worker_service.h"
 #include "test_model.h"
+#include "thread_group.h"
 
 using namespace tandem;
 using namespace tandem::service;
@@ -329,4 +332,47 @@ TEST_CASE("KV routes between tensor-parallel groups of different widths", "[serv
         CHECK(got.size() == want);
         for (const auto& [key, n] : got) CHECK(n == 1);
       }
+}
+
+TEST_CASE("a group's KV blocks join whole on the leader and part again, at every width", "[service][tp]") {
+  // 2 layers x K,V x 4 tokens = 16 rows of 2 KV heads; bf16-sized heads (8 elements, 2 bytes each).
+  const int64_t kv_heads = 2, rows = 16;
+  const KvShape shape{kv_heads, rows, 16};
+  const int64_t whole_floats = rows * kv_heads * 16 / 4;
+  std::mt19937 rng(11);
+  std::vector<float> whole(static_cast<std::size_t>(2 * whole_floats));  // blocks 3 and 1 of each pool
+  for (auto& x : whole) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  const std::array<int32_t, 2> ids{3, 1};
+  for (int width : {1, 2, 4}) {  // 4: each KV head on two ranks
+    tandem::testing::ThreadGroup g(width);
+    std::vector<std::vector<float>> shards(static_cast<std::size_t>(width));
+    std::vector<float> back;
+    std::vector<std::thread> ranks;
+    for (int p = 0; p < width; ++p)
+      ranks.emplace_back([&, p] {
+        tandem::testing::ThreadGroup::Member m(g, p);
+        const int64_t local = std::max<int64_t>(1, kv_heads / width);
+        kv::BlockPool pool(kv::KvLayout{2, local, 4, 4, 4}, 5);  // head_dim 4 floats = 16 bytes, block_size 4
+        GroupBlocks blocks(m, pool, shape);
+        blocks.scatter(ids, p == 0 ? whole.data() : nullptr);
+        const int64_t shard_floats = pool.layout().block_floats();
+        auto& mine = shards[static_cast<std::size_t>(p)];
+        for (int32_t b : ids) mine.insert(mine.end(), pool.data() + b * shard_floats, pool.data() + (b + 1) * shard_floats);
+        blocks.gather(ids, p == 0 ? &back : nullptr);
+      });
+    for (auto& t : ranks) t.join();
+    INFO("width " << width);
+    CHECK(back == whole);  // joined whole again
+    for (int p = 0; p < width; ++p) {  // each rank got exactly its heads: place p holds heads p*2/width.. (as tp_group.h)
+      const int64_t first = width <= kv_heads ? p * (kv_heads / width) : p * kv_heads / width;
+      const int64_t n = std::max<int64_t>(1, kv_heads / width);
+      std::vector<float> want;
+      for (int64_t blk = 0; blk < 2; ++blk)
+        for (int64_t row = 0; row < rows; ++row) {
+          const float* src = whole.data() + blk * whole_floats + row * kv_heads * 4 + first * 4;
+          want.insert(want.end(), src, src + n * 4);
+        }
+      CHECK(shards[static_cast<std::size_t>(p)] == want);
+    }
+  }
 }
