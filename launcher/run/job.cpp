@@ -381,7 +381,7 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
       else idle.idle();
     }
   };
-  const service::GroupMap map{l.roles.prefill, l.roles.prefill_tp, l.roles.decode_tp};
+  const service::GroupMap map = l.roles.map();
   const kv::KvLayout layout = w.pool->layout();
   const service::KvShape shape{p.model.kv_heads, layout.layers * 2 * layout.block_size,
                                static_cast<std::size_t>(layout.head_dim * layout.elem_bytes)};

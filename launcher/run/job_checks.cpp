@@ -124,17 +124,17 @@ int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
 }
 
 std::vector<int> Roles::leaders(bool prefill_side) const {
+  const service::GroupMap m = map();
   std::vector<int> out;
-  if (prefill_side)
-    for (int r = 1; r <= prefill; r += prefill_tp) out.push_back(r);
-  else
-    for (int r = prefill + 1; r <= prefill + decode; r += decode_tp) out.push_back(r);
+  for (int r = prefill_side ? 1 : prefill + 1; r <= (prefill_side ? prefill : prefill + decode); ++r)
+    if (m.leader_of(r) == r) out.push_back(r);
   return out;
 }
 
 Roles::Group Roles::group_of(int rank) const {
-  if (rank >= 1 && rank <= prefill) return {prefill_tp, (rank - 1) % prefill_tp, true};
-  return {decode_tp, std::max(0, rank - 1 - prefill) % decode_tp, false};
+  if (rank < 1) return {1, 0, false};  // rank 0 routes (or, alone, is a one-rank worker)
+  const service::GroupMap m = map();
+  return {m.width_at(rank), rank - m.leader_of(rank), rank <= prefill};
 }
 
 namespace {

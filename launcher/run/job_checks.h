@@ -11,6 +11,7 @@
 #include "kv/kv_layout.h"
 #include "launcher/config/config.h"
 #include "runtime/model/model_config.h"
+#include "runtime/service/group_worker.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::launcher {
@@ -48,6 +49,8 @@ struct Roles {
   int decode = 0;   // ranks
   int prefill_tp = 1, decode_tp = 1;
   int workers() const { return prefill / prefill_tp + decode / decode_tp; }
+  // Where the groups sit (the rule the workers follow too).
+  service::GroupMap map() const { return {prefill, prefill_tp, decode_tp}; }
   // Each worker's first rank, its leader: the rank the router and the other workers talk to.
   std::vector<int> leaders(bool prefill_side) const;
   // A worker rank's group: its width and its place in it (0: the leader).
