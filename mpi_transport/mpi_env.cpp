@@ -52,6 +52,22 @@ std::string check_same_build(MPI_Comm comm, int protocol_version, const std::str
   return "";
 }
 
+std::vector<std::string> rank_hosts(MPI_Comm comm) {
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  TANDEM_MPI_OR_THROW(MPI_Get_processor_name(mine, &len));
+  int size = 0;
+  TANDEM_MPI_OR_THROW(MPI_Comm_size(comm, &size));
+  std::vector<char> all(static_cast<std::size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  TANDEM_MPI_OR_THROW(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm));
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) {
+    const char* h = all.data() + static_cast<std::ptrdiff_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    out.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+  }
+  return out;
+}
+
 Mailbox::~Mailbox() {
   for (auto& p : pending_) {
     MPI_Cancel(&p.request);

@@ -41,6 +41,8 @@ class MpiEnv {
 // and build as rank 0, else one line naming the first rank that does not
 // (a node with a stale binary would otherwise misread the messages).
 [[nodiscard]] std::string check_same_build(MPI_Comm comm, int protocol_version, const std::string& build);
+// Collective over `comm`: every rank's host (MPI_Get_processor_name), by rank. Throws tandem::Error.
+std::vector<std::string> rank_hosts(MPI_Comm comm);
 
 struct Message {
   int source = 0;

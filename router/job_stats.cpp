@@ -122,9 +122,10 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
                      {"preemptions", r.preemptions},
                      {"hit_tokens_by_tier", r.hit_tokens_by_tier},
                      {"kv_tiers", service::tiers_json(r.tiers)}});
+    if (static_cast<std::size_t>(r.rank) < hosts_.size()) ranks.back()["host"] = hosts_[static_cast<std::size_t>(r.rank)];
   }
   const double secs = std::max(elapsed_s, 1e-9);
-  return {{"requests_ok", ok_},
+  nlohmann::json out = {{"requests_ok", ok_},
           {"requests_failed", failed_},
           {"elapsed_s", elapsed_s},
           {"requests_per_s", static_cast<double>(ok_) / secs},
@@ -140,6 +141,36 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
           {"kv_transfer_gbps", kv_seconds > 0 ? static_cast<double>(kv_bytes) / kv_seconds / 1e9 : 0.0},
           {"kv_tiers", tier_summary(ranks_)},
           {"ranks", ranks}};
+  if (!hosts_.empty()) node_summary(out);
+  return out;
+}
+
+// "nodes": each host's ranks, in rank order; "kv_between_nodes" and
+// "kv_within_node": what the workers sent, by where the destination ran.
+void JobStats::node_summary(nlohmann::json& out) const {
+  nlohmann::json nodes = nlohmann::json::array();
+  std::map<std::string, std::size_t> at;
+  for (std::size_t r = 0; r < hosts_.size(); ++r) {
+    auto [it, fresh] = at.emplace(hosts_[r], nodes.size());
+    if (fresh) nodes.push_back({{"host", hosts_[r]}, {"ranks", nlohmann::json::array()}});
+    nodes[it->second]["ranks"].push_back(r);
+  }
+  std::array<int64_t, 2> bytes{};  // [within, between]
+  std::array<double, 2> seconds{};
+  auto host = [this](int rank) { return static_cast<std::size_t>(rank) < hosts_.size() ? hosts_[static_cast<std::size_t>(rank)] : ""; };
+  for (const auto& r : ranks_)
+    for (const auto& to : r.kv_sent_to) {
+      const std::size_t between = host(r.rank) != host(to.rank) ? 1 : 0;
+      bytes[between] += to.bytes;
+      seconds[between] += to.seconds;
+    }
+  auto kv = [&](std::size_t i) {
+    return nlohmann::json{{"bytes", bytes[i]},
+                          {"gbps", seconds[i] > 0 ? static_cast<double>(bytes[i]) / seconds[i] / 1e9 : 0.0}};
+  };
+  out["nodes"] = nodes;
+  out["kv_within_node"] = kv(0);
+  out["kv_between_nodes"] = kv(1);
 }
 
 }  // namespace tandem::router

@@ -40,6 +40,9 @@ class JobStats {
   void request_ok(int64_t prompt_tokens, int64_t generated, double ttft_ms, double itl_ms, double e2e_ms);
   void request_failed() { ++failed_; }
   void add_rank(const RankReport& r) { ranks_.push_back(r); }
+  // Each world rank's host (empty: one process): the summary then lists the
+  // ranks of each node and tells KV sent between nodes from KV within one.
+  void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
 
   int64_t ok() const { return ok_; }
   int64_t failed() const { return failed_; }
@@ -51,7 +54,10 @@ class JobStats {
  private:
   int64_t ok_ = 0, failed_ = 0, prompt_tokens_ = 0, generated_ = 0;
   Quantiles ttft_, itl_, e2e_;
+  void node_summary(nlohmann::json& out) const;
+
   std::vector<RankReport> ranks_;
+  std::vector<std::string> hosts_;
 };
 
 

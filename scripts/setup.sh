@@ -11,10 +11,11 @@ APT_BUILD=(cmake g++ make pkg-config git
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libutf8proc-dev libcpp-httplib-dev
   zlib1g-dev libzstd-dev  # gzip and zstd input, read as it streams
   gnuplot-nox)  # tandem simulate --plot
-# Test tiers: torch reference, HDF5 read-back, a real Slurm cluster, Node.js for
-# the reference tokenizer and the official OpenAI client.
+# Test tiers: torch reference, HDF5 read-back, a real Slurm cluster (and the
+# multi-node test cluster's namespaces: iproute2), Node.js for the reference
+# tokenizer and the official OpenAI client.
 APT_TEST=(python3 python3-torch python3-numpy python3-h5py hdf5-tools
-  slurm-wlm munge nodejs npm)
+  slurm-wlm munge iproute2 procps nodejs npm)
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "make setup: installs system packages and must run as root (try: sudo make setup)" >&2

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
@@ -172,6 +173,7 @@ struct Node {
   int local_workers = 1;
   int cpu_sharers = 1;  // this node's workers whose CPUs (affinity) overlap this rank's, itself included
   std::string gpu_name;  // the workers' GPU (rank 0 learns it from rank 1)
+  std::vector<std::string> hosts;  // every rank's host, by rank
 };
 
 // How many of this node's workers may run on a CPU this rank may run on
@@ -200,6 +202,21 @@ int cpu_sharers(MPI_Comm local, int world_rank, int local_size) {
   return std::max(1, sharers);
 }
 
+// Which ranks run on which node, when there are several.
+void log_nodes(const std::vector<std::string>& hosts) {
+  std::vector<std::pair<std::string, std::vector<int>>> nodes;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    auto it = std::find_if(nodes.begin(), nodes.end(), [&](const auto& n) { return n.first == hosts[static_cast<std::size_t>(r)]; });
+    if (it == nodes.end()) it = nodes.insert(nodes.end(), {hosts[static_cast<std::size_t>(r)], {}});
+    it->second.push_back(r);
+  }
+  if (nodes.size() < 2) return;
+  std::string line;
+  for (const auto& [host, ranks] : nodes)
+    line += fmt::format("{}{}: rank{} {}", line.empty() ? "" : "; ", host, ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
+  spdlog::info("{} nodes: {}", nodes.size(), line);
+}
+
 std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   const int rank = env.rank();
   mpi::Comm local = mpi::split_node(env.world(), rank);
@@ -209,6 +226,8 @@ std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   int router_here = rank == 0 ? 1 : 0;  // rank 0 routes on one node only: the others hold workers alone
   TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local.get()));
   node.local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
+  if (env.size() > 1) node.hosts = mpi::rank_hosts(env.world());
+  if (rank == 0) log_nodes(node.hosts);
   const std::string& backend = p.cfg.model.backend;
   if (p.cfg.choices.on_cpu()) {
     node.cpu_sharers = cpu_sharers(local.get(), rank, local_size);
@@ -340,6 +359,7 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   std::unique_ptr<runtime::ChatTemplate> chat;
   mpi::MpiLink link(box, l.roles.leaders(false), l.roles.leaders(true));
   auto setup = router_setup(p, chat);
+  setup.hosts = node.hosts;
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {

@@ -180,6 +180,7 @@ BatchFrontend::BatchFrontend(const BatchSetup& s)
     : s_(s), in_(s.input, s.max_line_bytes), file_(s.output, s.resume, done_),
       out_(file_, s.input_order, s.flush_seconds), window_size_(std::max<int64_t>(1, s.reorder_window)) {
   if (s.resume) spdlog::info("resuming {}: {} line(s) already done", s.output, done_.size());
+  stats_.set_hosts(s.hosts);
   // An array task's share of the input is recorded with its output. One task
   // resubmitted alone (--array=2: a one-task array) keeps the share it had;
   // any other change of sharding would take lines that are another task's.

@@ -45,6 +45,7 @@ struct BatchSetup {
   planner::EpochPlanner* planner = nullptr;
   int64_t epoch_requests = 1024;
   std::vector<int> worker_ranks;
+  std::vector<std::string> hosts;  // every rank's host, by rank (empty: one process): the summary's nodes
 };
 
 // Runs the job through rank 0's loop; returns the summary (also written to

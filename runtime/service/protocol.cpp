@@ -322,13 +322,15 @@ WireResult decode_result(const std::vector<uint8_t>& bytes) {
 }
 
 std::vector<uint8_t> encode(const RankReport& r) {
+  json kv_to = json::array();
+  for (const auto& t : r.kv_sent_to) kv_to.push_back(json::array({t.rank, t.bytes, t.seconds}));
   return json::to_cbor(json{{"rank", r.rank}, {"role", static_cast<int>(r.role)}, {"tp", r.tp}, {"busy", r.busy_fraction},
                             {"prefill", r.prefill_tokens}, {"decode", r.decode_tokens},
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"kv_wait_s", r.kv_wait_seconds}, {"preempt", r.preemptions},
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
                             {"steps", r.step_samples}, {"tier_hits", r.hit_tokens_by_tier},
-                            {"tiers", tiers_json(r.tiers)}});
+                            {"tiers", tiers_json(r.tiers)}, {"kv_to", kv_to}});
 }
 
 RankReport decode_report(const std::vector<uint8_t>& bytes) {
@@ -350,6 +352,7 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.step_samples = j.at("steps").get<std::vector<std::array<double, 6>>>();
   r.hit_tokens_by_tier = j.at("tier_hits").get<std::array<int64_t, 3>>();
   r.tiers = tiers_from_json(j.at("tiers"));
+  for (const auto& t : j.at("kv_to")) r.kv_sent_to.push_back({t.at(0).get<int>(), t.at(1).get<int64_t>(), t.at(2).get<double>()});
   return r;
 }
 

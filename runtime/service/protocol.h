@@ -68,6 +68,13 @@ struct RankReport {
   int64_t prefix_hit_tokens = 0;
   int64_t kv_bytes_sent = 0;
   double kv_send_seconds = 0;   // summed over transfers, post to done (a transfer's latency, not time spent waiting)
+  // The same by destination worker (its first rank): rank 0 tells transfers between nodes from those within one.
+  struct KvTo {
+    int rank = 0;
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::vector<KvTo> kv_sent_to;
   double kv_wait_seconds = 0;   // time spent inside the KV transport's calls (what transfers cost this rank's loop)
   int64_t preemptions = 0;
   int64_t kv_blocks_used = 0;   // KV blocks held by sequences now (cached-but-free blocks excluded)

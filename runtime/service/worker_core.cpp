@@ -209,6 +209,7 @@ RankReport WorkerCore::report() const {
   r.prefix_hit_tokens = engine_.stats().prefix_hit_tokens;
   r.kv_bytes_sent = kv_bytes_;
   r.kv_send_seconds = kv_seconds_;
+  for (const auto& [dest, to] : kv_to_) r.kv_sent_to.push_back({dest, to.first, to.second});
   r.kv_wait_seconds = kv_wait_s_;
   r.kv_blocks_total = pool_.capacity();
   r.kv_blocks_used = pool_.capacity() - pool_.num_free();

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -84,9 +85,12 @@ class WorkerCore {
   // Writes what the disk store still has queued and closes it (end of the job).
   void close_tiers();
 
-  void count_kv_sent(int64_t bytes, double seconds) {
+  void count_kv_sent(int dest, int64_t bytes, double seconds) {
     kv_bytes_ += bytes;
     kv_seconds_ += seconds;
+    auto& to = kv_to_[dest];
+    to.first += bytes;
+    to.second += seconds;
   }
   void set_kv_wait_seconds(double s) { kv_wait_s_ = s; }
   std::size_t block_bytes() const { return pool_.layout().block_bytes(); }
@@ -123,6 +127,7 @@ class WorkerCore {
   int group_width_ = 1;
   double busy_s_ = 0;
   int64_t kv_bytes_ = 0;
+  std::map<int, std::pair<int64_t, double>> kv_to_;  // destination rank -> bytes, seconds
   double kv_seconds_ = 0, kv_wait_s_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };

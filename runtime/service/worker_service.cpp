@@ -162,6 +162,7 @@ void WorkerService::send_handoff(WorkerCore::Handoff& h) {
   const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
   Sending s;
   s.posted = Clock::now();
+  s.dest = d->second.decode_rank;
   s.bytes = static_cast<std::size_t>(port_.kv_wire_bytes(d->second.decode_rank, static_cast<int64_t>(n), core_.block_bytes()));
   const auto note = encode(h.ready);
   s.id = timed([&] {
@@ -190,7 +191,8 @@ bool WorkerService::drive_transfers() {
       continue;
     }
     if (st == WorkerPort::KvState::kDone)
-      core_.count_kv_sent(static_cast<int64_t>(it->bytes), std::chrono::duration<double>(Clock::now() - it->posted).count());
+      core_.count_kv_sent(it->dest, static_cast<int64_t>(it->bytes),
+                          std::chrono::duration<double>(Clock::now() - it->posted).count());
     core_.release(it->blocks);
     port_.release_kv(it->id);
     it = sending_.erase(it);

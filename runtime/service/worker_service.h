@@ -72,6 +72,7 @@ class WorkerService {
     int64_t id = 0;
     std::vector<int32_t> blocks;  // ours, held until the transfer no longer reads them
     std::size_t bytes = 0;
+    int dest = 0;
     Clock::time_point posted;
   };
 

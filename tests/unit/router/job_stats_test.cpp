@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "router/job_stats.h"
 
 using tandem::router::Quantiles;
@@ -42,4 +44,24 @@ TEST_CASE("latency percentiles within 1% of the exact ones, in bounded memory", 
   few.add(0);  // a zero (an instant first token) has its own bucket
   CHECK(few.percentile(0) == 0);
   CHECK(few.percentile(50) == Approx(2).epsilon(0.01));
+}
+
+TEST_CASE("the summary lists each node's ranks and tells KV between nodes from KV within one", "[router][stats]") {
+  tandem::router::JobStats stats;
+  tandem::service::RankReport prefill;
+  prefill.rank = 1;
+  prefill.kv_bytes_sent = 3000;
+  prefill.kv_sent_to = {{2, 1000, 0.5}, {3, 2000, 1e-6}};  // rank 2 on its node, rank 3 on another
+  tandem::service::RankReport decode;
+  decode.rank = 2;
+  stats.add_rank(prefill);
+  stats.add_rank(decode);
+  CHECK_FALSE(stats.summary(1.0).contains("nodes"));  // one process: no hosts, no node sections
+  stats.set_hosts({"a", "b", "b", "c"});
+  const auto s = stats.summary(1.0);
+  CHECK(s["nodes"].dump() == R"([{"host":"a","ranks":[0]},{"host":"b","ranks":[1,2]},{"host":"c","ranks":[3]}])");
+  CHECK(s["kv_within_node"]["bytes"] == 1000);
+  CHECK(s["kv_between_nodes"]["bytes"] == 2000);
+  CHECK(s["kv_between_nodes"]["gbps"].get<double>() == Approx(2.0));
+  CHECK(s["ranks"][0]["host"] == "b");
 }

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Tandem across nodes: a 3-node test cluster on this machine (network
+namespaces with their own hostnames and addresses, real TCP between them, a
+real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
+
+ 1. mpirun across the nodes (a hostfile, one rank per node): router on node1,
+    prefill on node2, decode on node3. Outputs bitwise equal to the one-node
+    run; the log and the summary list each node's ranks; every KV byte went
+    between nodes (kv_between_nodes).
+ 2. The same over one-sided MPI on TCP (the cluster's mpi.env: osc/pt2pt),
+    and with Debian's default (osc/rdma, which cannot run over TCP): the log
+    names the transport, two-sided MPI after a warning in the second case.
+ 3. sbatch -N 3 jobs/disagg.sbatch (srun --mpi=pmix, no Open MPI settings at
+    all): equal outputs; where one-sided windows cannot be made over TCP the
+    log says KV moves by two-sided MPI instead; no hang, no MPI_ERR_WIN.
+Every namespace, veth and daemon the cluster made is gone afterwards, pass or
+fail. Skips (exit 77) where namespaces or Slurm cannot run here.
+Usage: cluster_test.py TANDEM SRC_DIR"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mpi"))
+from testlib import Checks, make_model, mpi_env  # noqa: E402
+
+tandem, src = os.path.abspath(sys.argv[1]), Path(sys.argv[2]).resolve()
+cluster_sh = str(Path(__file__).resolve().parent / "cluster.sh")
+check = Checks()
+
+
+def workload(path, n=12):
+    with open(path, "w") as f:
+        for i in range(n):
+            words = " ".join(f"w{(i * 7 + k) % 50}" for k in range(5 + 37 * (i % 4)))
+            body = {"prompt": f"request {i}: {words}", "max_tokens": 8, "seed": 10 + i,
+                    "temperature": 0 if i % 2 else 0.9, "logprobs": 1}
+            f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+
+
+def outputs(path):
+    got = {}
+    for r in map(json.loads, Path(path).read_text().splitlines()):
+        got[r["custom_id"]] = (r["tandem"]["token_ids"], r["response"]["body"]["choices"][0].get("logprobs"))
+    return got
+
+
+def sh(*args, timeout=180, **kw):
+    try:
+        p = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, **kw)
+        return p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        return 124, f"timed out after {timeout} s: " + str(e.stdout or "")[-600:] + str(e.stderr or "")[-600:]
+
+
+work = Path(tempfile.mkdtemp(prefix="tandem-cluster-"))
+os.chmod(work, 0o755)
+cluster = work / "cluster"
+tag = None
+try:
+    rc, log = sh(cluster_sh, "up", str(cluster), "3", "slurm", timeout=120)
+    if rc == 77:
+        print("skipped:", log.strip().splitlines()[-1] if log.strip() else "cluster.sh up")
+        sys.exit(77)
+    check("a 3-node cluster with Slurm comes up", rc == 0, log[-800:])
+    if rc != 0:
+        sys.exit(check.exit_code())
+    tag = dict(l.split("=", 1) for l in (cluster / "cluster.env").read_text().split())["TAG"]
+
+    model = make_model(tandem, src, work / "model")
+    inp = work / "in.jsonl"
+    workload(inp)
+    disagg = ["--set", 'job.mode="disagg"', "--set", "router.local_prefill_tokens=16"]
+
+    def run_args(out):
+        return [tandem, "run", "--model", str(model), "--input", str(inp), "--output", str(out)] + disagg
+
+    rc, log = sh("mpirun", "--oversubscribe", "-np", "3", *run_args(work / "ref.jsonl"), env=mpi_env("info"))
+    check("the one-node reference runs", rc == 0, log[-500:])
+    ref = outputs(work / "ref.jsonl") if rc == 0 else {}
+
+    # 1-2. mpirun across the nodes, two-sided (osc/pt2pt left out) and one-sided (the cluster's mpi.env).
+    for name, extra_env, transport in (("mpirun, two-sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, "mpi_two_sided"),
+                                       ("mpirun, one-sided over TCP", {}, "mpi_rma")):
+        out = work / f"{transport}.jsonl"
+        env = dict(os.environ, **extra_env)
+        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--map-by", "node", *run_args(out), env=env)
+        ok = rc == 0 and out.exists()
+        check(f"{name}: router, prefill and decode on three nodes give the one-node outputs",
+              ok and outputs(out) == ref and len(ref) == 12, log[-800:])
+        check(f"{name}: the log lists each node's ranks and the {transport} transport",
+              "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and f"{transport} window" in log,
+              [l[40:] for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][-4:])
+        if ok:
+            s = json.loads(Path(str(out) + ".summary.json").read_text())
+            nodes = [(n["host"], n["ranks"]) for n in s.get("nodes", [])]
+            check(f"{name}: the summary lists the nodes and their ranks",
+                  nodes == [("node1", [0]), ("node2", [1]), ("node3", [2])] and
+                  {r["rank"]: r.get("host") for r in s["ranks"] if r["rank"] > 0} == {1: "node2", 2: "node3"},
+                  str(nodes) + str([(r["rank"], r.get("host")) for r in s["ranks"]]))
+            between = s.get("kv_between_nodes", {})
+            check(f"{name}: every KV byte crossed between nodes, at a measured rate",
+                  s["kv_bytes_transferred"] > 0 and between.get("bytes") == s["kv_bytes_transferred"] and
+                  between.get("gbps", 0) > 0 and s.get("kv_within_node", {}).get("bytes") == 0,
+                  json.dumps({k: s.get(k) for k in ("kv_bytes_transferred", "kv_between_nodes", "kv_within_node")}))
+            print(f"     {name}: {between.get('bytes')} KV bytes between nodes at {between.get('gbps', 0):.3f} GB/s")
+
+    # 3. sbatch -N 3 jobs/disagg.sbatch: srun --mpi=pmix, the user's environment and nothing else.
+    job = work / "job.toml"
+    out = work / "sbatch.jsonl"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{out}"\n'
+                   f'[router]\nlocal_prefill_tokens = 16\n')
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}
+    rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={job}", "sbatch",
+                 "--parsable", "-N", "3", "--ntasks=3", "--ntasks-per-node=1", str(src / "jobs/disagg.sbatch"),
+                 cwd=work, env=clean_env)
+    jid = jid.strip()
+    check("sbatch -N 3 jobs/disagg.sbatch is accepted", rc == 0 and jid.isdigit(), jid)
+    state = "?"
+    for _ in range(240):  # sbatch --wait answers late: poll squeue
+        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")
+        if not state.strip():
+            break
+        time.sleep(0.5)
+    log_file = work / f"tandem-{jid}.log"
+    log = log_file.read_text() if log_file.exists() else ""
+    check("sbatch -N 3: the job ends, with the one-node outputs",
+          not state.strip() and out.exists() and outputs(out) == ref, state + log[-800:])
+    check("sbatch -N 3: three nodes in the log, and which KV transport runs over TCP",
+          "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and
+          ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
+          [l for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][:4])
+finally:
+    rc, log = sh(cluster_sh, "down", str(cluster), timeout=60)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    daemons = subprocess.run(["pgrep", "-f", str(cluster)], capture_output=True, text=True).stdout.split()
+    if (work / "model").exists():  # the cluster came up: say what down left
+        check("down leaves no namespace, veth or daemon behind",
+              rc == 0 and tag and tag not in left and not daemons and not cluster.exists(),
+              f"{left} {daemons} {log[-300:]}")
+    subprocess.run(["rm", "-rf", str(work)])
+sys.exit(check.exit_code())
