@@ -77,6 +77,7 @@ struct KvConfig {
 
 struct TransportConfig {
   std::string backend = "auto";  // auto | mpi_rma | mpi_two_sided | nccl | libfabric
+  std::string libfabric_provider;  // "" : the first fast one libfabric offers; "tcp;ofi_rxm", "shm", "efa", ...
 };
 
 struct HttpConfig {

@@ -260,7 +260,12 @@ std::vector<KeySpec> build_schema() {
           .doc("How KV blocks move from prefill to decode ranks. auto: MPI one-sided RMA, or two-sided "
                "MPI where no window can be created (said in one log line); with `model.backend = \"cuda\"`, "
                "NCCL where built, else two-sided MPI staged through page-locked host buffers (docs/gpu.md). "
-               "mpi_rma is refused with cuda. libfabric comes later.")
+               "mpi_rma is refused with cuda. libfabric: fi_write between registered pools (EFA, "
+               "tcp;ofi_rxm, shm; transport.libfabric_provider), CPU pools only.")
+          ,
+      key("transport", "libfabric_provider", &C::transport, &TransportConfig::libfabric_provider)
+          .doc("With `backend = \"libfabric\"`: the provider, e.g. \"efa\", \"tcp;ofi_rxm\", \"shm\" (one node); empty: "
+               "the first libfabric offers that reaches other nodes (not shm, sockets or udp).")
           ,
       // [http]
       key("http", "host", &C::http, &HttpConfig::host)

@@ -292,7 +292,8 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
       void* base = nullptr;
       const TransportKind t = transport_for(p.cfg.choices);
       w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), blocks, &base,
-                                       t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend))
+                                       t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend),
+                                       p.cfg.transport.libfabric_provider)
                             .release());
       w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
     } else if (!p.cfg.choices.on_cpu()) {

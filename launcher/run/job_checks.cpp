@@ -50,9 +50,12 @@ void check_files(const Prepared& p) {
 void check_backend(const Prepared& p, int ranks) {
   const std::string& b = p.cfg.model.backend;
   const Choices& c = p.cfg.choices;
-  if (c.transport == TransportKind::kLibfabric)
-    throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\" (MPI one-sided windows, or "
-                "NCCL between GPUs, which reaches EFA through its plugin)");
+  if (c.transport == TransportKind::kLibfabric && !mpi::optional_transport_built("libfabric"))
+    throw Error("transport.backend = \"libfabric\": this tandem was built without libfabric (install libfabric-dev and "
+                "rebuild, or cmake -DTANDEM_LIBFABRIC=ON); use \"auto\"");
+  if (c.transport == TransportKind::kLibfabric && !c.on_cpu())
+    throw Error("transport.backend = \"libfabric\" moves KV in host memory, not a GPU's pool; with model.backend = \"" +
+                b + "\" use \"nccl\" (which reaches EFA through its plugin) or \"auto\"");
   if (c.on_cpu()) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");

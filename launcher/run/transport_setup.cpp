@@ -25,15 +25,22 @@ mpi::DevicePool staging_pool(const std::string& model_backend) {
 }
 
 std::unique_ptr<mpi::KvTransport> open_transport(TransportKind kind, MPI_Comm workers, std::size_t block_bytes,
-                                                 int64_t blocks, void** base, const mpi::DevicePool& device) {
+                                                 int64_t blocks, void** base, const mpi::DevicePool& device,
+                                                 const std::string& provider) {
   if (kind == TransportKind::kNccl) {
     auto nccl = mpi::make_optional_transport("nccl", workers);
     if (!nccl) throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON)");
     if (Status st = nccl->allocate_pool(block_bytes, blocks, base); !st.ok()) throw Error("NCCL transport: " + st.to_string());
     return nccl;
   }
-  if (kind == TransportKind::kLibfabric)
-    throw Error("transport.backend = \"libfabric\" is not available yet; use \"auto\"");
+  if (kind == TransportKind::kLibfabric) {
+    auto fabric = mpi::make_optional_transport("libfabric", workers, provider);
+    if (!fabric) throw Error("transport.backend = \"libfabric\": this tandem was built without libfabric");
+    if (Status st = fabric->allocate_pool(block_bytes, blocks, base); !st.ok())
+      throw Error("transport.backend = \"libfabric\": " + st.message() +
+                  "; set transport.libfabric_provider to one of those found, or use \"auto\"");
+    return fabric;
+  }
   if (device) {
     if (kind != TransportKind::kMpiTwoSided)
       throw Error(std::string("internal: transport ") + transport_name(kind) + " cannot reach a device pool");

@@ -25,8 +25,9 @@ mpi::DevicePool staging_pool(const std::string& model_backend);
 // The KV transport of the workers (collective over them). auto: one-sided RMA
 // where every worker can create its window, else two-sided MPI for all. With
 // a device pool (GPU workers), two-sided MPI staged through host memory.
-// Throws tandem::Error (one line).
+// libfabric: over `provider` ("" for the default). Throws tandem::Error (one line).
 std::unique_ptr<mpi::KvTransport> open_transport(TransportKind kind, MPI_Comm workers, std::size_t block_bytes,
-                                                 int64_t blocks, void** base, const mpi::DevicePool& device);
+                                                 int64_t blocks, void** base, const mpi::DevicePool& device,
+                                                 const std::string& provider = "");
 
 }  // namespace tandem::launcher

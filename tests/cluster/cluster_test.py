@@ -10,6 +10,7 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
  2. The same over one-sided MPI on TCP (the cluster's mpi.env: osc/pt2pt),
     and with Debian's default (osc/rdma, which cannot run over TCP): the log
     names the transport, two-sided MPI after a warning in the second case.
+    And over libfabric (fi_write, tcp;ofi_rxm) between the nodes.
  3. sbatch -N 3 jobs/disagg.sbatch (srun --mpi=pmix, no Open MPI settings at
     all): equal outputs; where one-sided windows cannot be made over TCP the
     log says KV moves by two-sided MPI instead; no hang, no MPI_ERR_WIN.
@@ -82,12 +83,15 @@ try:
     check("the one-node reference runs", rc == 0, log[-500:])
     ref = outputs(work / "ref.jsonl") if rc == 0 else {}
 
-    # 1-2. mpirun across the nodes, two-sided (osc/pt2pt left out) and one-sided (the cluster's mpi.env).
-    for name, extra_env, transport in (("mpirun, two-sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, "mpi_two_sided"),
-                                       ("mpirun, one-sided over TCP", {}, "mpi_rma")):
+    # 1-2. mpirun across the nodes: two-sided (Debian's osc default), one-sided (the cluster's mpi.env), libfabric.
+    libfabric = ["--set", "transport.backend=libfabric", "--set", 'transport.libfabric_provider="tcp;ofi_rxm"']
+    for name, extra_env, transport, sets in (
+            ("mpirun, two-sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, "mpi_two_sided", []),
+            ("mpirun, one-sided over TCP", {}, "mpi_rma", []),
+            ("mpirun, libfabric tcp;ofi_rxm", {}, "libfabric", libfabric)):
         out = work / f"{transport}.jsonl"
         env = dict(os.environ, **extra_env)
-        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--map-by", "node", *run_args(out), env=env)
+        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--map-by", "node", *run_args(out), *sets, env=env)
         ok = rc == 0 and out.exists()
         check(f"{name}: router, prefill and decode on three nodes give the one-node outputs",
               ok and outputs(out) == ref and len(ref) == 12, log[-800:])

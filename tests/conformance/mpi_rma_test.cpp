@@ -1,5 +1,5 @@
 // The conformance suite over the MPI backends, on real ranks:
-//   mpirun -np 3 conformance_mpi rma|two_sided|two_sided_staged
+//   mpirun -np 3 conformance_mpi rma|two_sided|two_sided_staged|libfabric [PROVIDER]
 // two_sided_staged runs two-sided MPI over a pool it may reach only through
 // DevicePool's copies, as a GPU's: the stand-in is memory the process cannot
 // touch (PROT_NONE) except inside a copy, so a transport that reads or writes
@@ -18,6 +18,7 @@
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_rma/mpi_rma_transport.h"
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
+#include "mpi_transport/transport_registry.h"
 #include "mpi_suite.h"
 
 namespace {
@@ -73,14 +74,22 @@ int main(int argc, char** argv) {
   tandem::mpi::MpiEnv env(&argc, &argv);
   int failures = 0, checks = 0;
   const std::string mode = argc > 1 ? argv[1] : "rma";
+  const std::string provider = argc > 2 ? argv[2] : "";  // libfabric's
+  auto make = [&]() -> std::unique_ptr<tandem::mpi::KvTransport> {
+    if (mode == "two_sided") return std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world());
+    if (mode == "libfabric") return tandem::mpi::make_optional_transport("libfabric", env.world(), provider);
+    return std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
+  };
+  if (mode == "libfabric" && !tandem::mpi::optional_transport_built("libfabric")) {
+    if (env.rank() == 0) std::printf("skipped: this build has no libfabric transport\n");
+    return 77;
+  }
   // Each backend twice: with the pool it allocates, then with memory the caller registers.
   for (const bool caller_memory : {false, true}) {
     Guarded guarded;
     std::unique_ptr<tandem::mpi::KvTransport> owned;
     tandem::conformance::PoolAccess access;
-    if (mode == "two_sided") {
-      owned = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world());
-    } else if (mode == "two_sided_staged") {
+    if (mode == "two_sided_staged") {
       auto staged = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
       staged->set_max_message_bytes(5 * (4096 + 256));  // 5 of the suite's blocks: transfers span several messages
       owned = std::move(staged);
@@ -89,7 +98,7 @@ int main(int argc, char** argv) {
       access.read = [&](void* d, const uint8_t* s, std::size_t n) { guarded.copy(d, s, n, false, false); };
       access.allocate = [&](std::size_t n) { return guarded_pool(guarded).allocate(n); };
     } else {
-      owned = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
+      owned = make();
     }
     tandem::mpi::KvTransport& t = *owned;
     auto f = tandem::conformance::run_transport_suite_mpi(env.world(), t, access, caller_memory);
@@ -113,9 +122,8 @@ int main(int argc, char** argv) {
   {  // Pools of different block sizes, moved as row slices (two_sided_staged must refuse them).
     Guarded guarded;
     std::unique_ptr<tandem::mpi::KvTransport> t;
-    if (mode == "two_sided") t = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world());
-    else if (mode == "two_sided_staged") t = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
-    else t = std::make_unique<tandem::mpi::MpiRmaTransport>(env.world());
+    if (mode == "two_sided_staged") t = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
+    else t = make();
     tandem::conformance::PoolAccess access;
     if (mode == "two_sided_staged") {
       access.write = [&](uint8_t* d, const void* s, std::size_t n) { guarded.copy(d, s, n, true, false); };
@@ -127,7 +135,8 @@ int main(int argc, char** argv) {
     checks += checked;
   }
   if (env.rank() == 0)
-    std::printf("%s conformance: %d passed, %d failed\n", mode == "rma" ? "mpi_rma" : ("mpi_" + mode).c_str(),
+    std::printf("%s conformance: %d passed, %d failed\n",
+                mode == "rma" ? "mpi_rma" : mode == "libfabric" ? ("libfabric " + provider).c_str() : ("mpi_" + mode).c_str(),
                 checks - failures, failures);
   return env.rank() == 0 && failures > 0 ? 1 : 0;
 }

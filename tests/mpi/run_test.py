@@ -85,6 +85,12 @@ with tempfile.TemporaryDirectory() as tmp:
                ("disagg 2P+3D", 6, ["job.mode=disagg", "cluster.prefill_ranks=2"]),
                ("disagg 1P+2D two-sided", 4, ["job.mode=disagg", "cluster.prefill_ranks=1",
                                               "transport.backend=mpi_two_sided"]),
+               # libfabric: fi_write between registered pools, over TCP and over shared memory.
+               ("disagg 1P+2D libfabric tcp", 4, ["job.mode=disagg", "cluster.prefill_ranks=1",
+                                                  "transport.backend=libfabric",
+                                                  'transport.libfabric_provider="tcp;ofi_rxm"']),
+               ("disagg 2P+1D libfabric shm", 4, ["job.mode=disagg", "cluster.prefill_ranks=2",
+                                                  "transport.backend=libfabric", 'transport.libfabric_provider="shm"']),
                # bf16 KV: its own reference (rounding differs from float32), half the bytes on the wire.
                ("np1 bf16", 1, ["kv.dtype=bf16"]),
                ("disagg 1P+2D bf16", 4, ["job.mode=disagg", "cluster.prefill_ranks=1", "kv.dtype=bf16"]),
@@ -210,8 +216,9 @@ with tempfile.TemporaryDirectory() as tmp:
                                ("an input that is a directory", [f"job.input={tmp}"], f"{tmp}: is a directory"),
                                ("a KV pool larger than the node (a worker's check)", ["kv.memory_gib=100000"],
                                 "kv.memory_gib = 100000 for each of 2 worker(s)"),
-                               ("a transport not built yet (a worker's check)", ['transport.backend="libfabric"'],
-                                'transport.backend = "libfabric" is not available yet'),
+                               ("a libfabric provider that is not here (a worker's check)",
+                                ['transport.backend="libfabric"', 'transport.libfabric_provider="efa"'],
+                                'libfabric provider "efa" is not here, or lacks RDM endpoints with RMA (found: tcp;ofi_rxm'),
                                ("unwritable output", [], "cannot write here"),
                                ("bad model directory", [f"model.path={tmp}/nomodel"], "config.json: cannot read the model config")]:
         o = "/proc/forbidden/out.jsonl" if what == "unwritable output" else str(tmp / "x.jsonl")
