@@ -436,7 +436,11 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
                         l.group.width > 1 ? std::make_unique<service::LeaderBackend>(std::move(w.model), group_port)
                                           : std::move(w.model));
   service::WorkerService worker_service(*core, to_job, [rank](service::Role r) { log::set_identity(rank, service::role_name(r)); });
-  until([&] { return worker_service.finished(); }, [&] { return worker_service.tick(); });
+  // While KV moves, look again within 50 us: some transports progress only when called.
+  while (!worker_service.finished()) {
+    if (worker_service.tick()) idle.reset();
+    else idle.idle(worker_service.moving_kv() ? 50 : 2000);
+  }
   worker_service.finish();
 }
 

@@ -49,6 +49,9 @@ class WorkerService {
   // Rank 0 said stop (kShutdown) and, unless it said abandon, every request
   // here has finished and every transfer ended.
   bool finished() const;
+  // A KV transfer of ours, or to us, is under way: its transport may move
+  // data only while this rank calls it (libfabric's tcp, osc/pt2pt).
+  bool moving_kv() const { return !awaiting_.empty() || !sending_.empty(); }
   // The end: the tiers closed, the final counters to rank 0, every message out.
   void finish();
 

@@ -65,6 +65,8 @@ host=\$1; shift
 exec "$here/cluster.sh" on "$dir" "\$host" sh -c "\$*"
 AGENT
   chmod +x "$dir/agent"
+  # The "nodes" share this machine's cores: binding each node's first rank to
+  # its first core would put them all on one.
   cat > "$dir/mpi.env" <<ENV
 OMPI_MCA_plm_rsh_agent=$dir/agent
 OMPI_MCA_orte_default_hostfile=$dir/hostfile
@@ -73,6 +75,7 @@ OMPI_MCA_btl_tcp_if_include=$subnet.0/24
 OMPI_MCA_btl=self,vader,tcp
 OMPI_MCA_osc=pt2pt
 OMPI_MCA_mpi_yield_when_idle=1
+OMPI_MCA_hwloc_base_binding_policy=none
 OMPI_ALLOW_RUN_AS_ROOT=1
 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ENV
