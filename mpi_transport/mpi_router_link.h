@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -65,6 +66,12 @@ class MpiLink : public router::WorkerLink {
     if (any) backoff_.reset();
     else backoff_.idle();
   }
+  // At the end, a worker that sends nothing for this long (they report every
+  // half second while they run) is lost: shutdown() throws, naming it. 0: never.
+  void set_silence_limit(double seconds, std::vector<std::string> hosts) {
+    silence_limit_s_ = seconds;
+    hosts_ = std::move(hosts);
+  }
   std::vector<service::RankReport> shutdown(bool abandon) override {
     const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
     for (int w : workers_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
@@ -73,13 +80,18 @@ class MpiLink : public router::WorkerLink {
     // Every tag, in each worker's send order: the counters, deltas and cache
     // reports still on their way must be received too, or a worker whose
     // larger messages wait for a matching receive would never finish sending.
+    auto heard = std::chrono::steady_clock::now();
     while (reports.size() < workers_.size() + prefill_.size() + 1) {
       std::optional<Message> m;
       check(box_.try_recv(m, MPI_ANY_SOURCE, MPI_ANY_TAG));
       if (!m) {
+        if (silence_limit_s_ > 0 &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - heard).count() > silence_limit_s_)
+          throw Error(silent_workers(reports));
         backoff_.idle();
         continue;
       }
+      heard = std::chrono::steady_clock::now();
       if (m->tag == service::tag_of(service::MsgType::kReport)) reports.push_back(service::decode_report(m->bytes));
       else if (m->tag == service::tag_of(service::MsgType::kStats)) late_stats_.push_back(service::decode_report(m->bytes));
     }
@@ -91,6 +103,19 @@ class MpiLink : public router::WorkerLink {
   }
 
  private:
+  // The workers that have not sent their final report, and where they ran.
+  std::string silent_workers(const std::vector<service::RankReport>& reports) const {
+    std::string who;
+    for (const auto* side : {&workers_, &prefill_})
+      for (int w : *side) {
+        if (std::any_of(reports.begin(), reports.end(), [w](const auto& r) { return r.rank == w; })) continue;
+        who += (who.empty() ? "" : ", ") + std::to_string(w);
+        if (static_cast<std::size_t>(w) < hosts_.size()) who += " (on " + hosts_[static_cast<std::size_t>(w)] + ")";
+      }
+    return "worker rank(s) " + who + " sent nothing for " + std::to_string(static_cast<int>(silence_limit_s_)) +
+           " s at the end of the job (job.worker_timeout_seconds): a node is down or unreachable, or a worker hangs; "
+           "the output is committed: rerun with --resume to finish the input";
+  }
   static void check(const Status& s) {
     if (!s.ok()) throw Error(s.to_string());
   }
@@ -100,6 +125,8 @@ class MpiLink : public router::WorkerLink {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   double cpu_started_ = process_cpu_seconds();
   std::vector<service::RankReport> late_stats_;  // counters that arrived during shutdown
+  double silence_limit_s_ = 0;
+  std::vector<std::string> hosts_;
 };
 
 }  // namespace tandem::mpi

@@ -127,6 +127,12 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .doc("After USR1 or TERM, seconds to let in-flight requests finish before exiting.")
           ,
+      key("job", "worker_timeout_seconds", &C::job, &JobConfig::worker_timeout_seconds)
+          .at_least(0)
+          .doc("A worker that has loaded and then sends nothing for this many seconds (workers report twice a "
+               "second while they run) is lost: a node down or unreachable, or a hang. Rank 0 commits the output and "
+               "ends the job with one line naming the rank and its node; rerun with --resume. 0: wait for ever.")
+          ,
       key("job", "flush_seconds", &C::job, &JobConfig::flush_seconds)
           .at_least(0.01)
           .doc("Output and checkpoint are fsync'd at least this often, in seconds.")

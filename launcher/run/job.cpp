@@ -361,6 +361,8 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   mpi::MpiLink link(box, l.roles.leaders(false), l.roles.leaders(true));
   auto setup = router_setup(p, chat);
   setup.hosts = node.hosts;
+  setup.worker_timeout_seconds = p.cfg.job.worker_timeout_seconds;
+  link.set_silence_limit(p.cfg.job.worker_timeout_seconds, node.hosts);
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
@@ -376,6 +378,7 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   }
   if (o.serve) {
     s.serve.dispatch = setup.dispatch;
+    s.serve.worker_timeout_seconds = p.cfg.job.worker_timeout_seconds;
     return run_serve(s.serve, *s.frontend, link);
   }
   return finish_run(router::run_batch(setup, link, &g_stop_signal));

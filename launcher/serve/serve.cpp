@@ -363,6 +363,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, router::WorkerLink& link
   o.drain_seconds = http.drain_seconds;
   o.abort_grace_seconds = 5;  // after the drain: requests still running are cancelled, their aborts answered
   o.stop_signal = &g_stop_signal;
+  o.worker_timeout_seconds = s.worker_timeout_seconds;
   router::RouterLoop loop(link, s.dispatch, o);
   front.start();
   spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/models; /health, "

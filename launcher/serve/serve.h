@@ -30,6 +30,7 @@ struct ServeSetup {
   planner::EpochPlanner* planner = nullptr;
   double epoch_seconds = 60;
   std::vector<int> worker_ranks;
+  double worker_timeout_seconds = 0;  // workers under MPI: one silent this long ends the server (router_loop.h)
 };
 
 class HttpFrontend;

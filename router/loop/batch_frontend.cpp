@@ -106,6 +106,7 @@ class BatchFrontend : public Frontend {
   bool exhausted() const override { return input_done_ && window_.empty(); }
   void drain_started(int signal, std::size_t in_flight) override;
   void ended(std::vector<service::RankReport> reports, std::size_t abandoned) override;
+  void commit_now() override { out_.commit(); }
   nlohmann::json summary() const { return summary_; }
 
  private:
@@ -515,6 +516,8 @@ nlohmann::json run_batch(const BatchSetup& setup, WorkerLink& link, const std::a
   o.drain_seconds = setup.drain_seconds;
   o.abort_grace_seconds = 0;  // what the drain did not finish is abandoned: not written, redone on resume
   o.stop_signal = stop_signal;
+  o.worker_timeout_seconds = setup.worker_timeout_seconds;
+  o.hosts = setup.hosts;
   RouterLoop loop(link, setup.dispatch, o);
   loop.run(front);
   return front.summary();

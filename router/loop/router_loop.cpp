@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/error.h"
+
 namespace tandem::router {
 
 using Clock = std::chrono::steady_clock;
@@ -26,7 +28,9 @@ void RouterLoop::poll(Frontend& front) {
   events_.clear();
   dispatch_.poll(events_);
   bool newly_loaded = false;
+  const auto now = Clock::now();
   for (const auto& r : events_.stats) {
+    heard_[r.rank] = now;
     if (std::find(loaded_.begin(), loaded_.end(), r.rank) == loaded_.end()) {
       loaded_.push_back(r.rank);
       newly_loaded = true;
@@ -64,10 +68,38 @@ void RouterLoop::run(Frontend& front) {
     for (uint64_t id : cancels) dispatch_.cancel(id);
     if (draining_ ? drain_done(front) : front.exhausted() && dispatch_.in_flight() == 0) break;
     poll(front);
+    check_alive(front);
     front.tick(*this);
   }
   const std::size_t abandoned = dispatch_.in_flight();
-  front.ended(link_.shutdown(abandoned > 0), abandoned);
+  std::vector<service::RankReport> reports;
+  try {
+    reports = link_.shutdown(abandoned > 0);
+  } catch (const Error&) {  // a worker lost at the end: what is done stays done
+    front.commit_now();
+    throw;
+  }
+  front.ended(std::move(reports), abandoned);
+}
+
+void RouterLoop::check_alive(Frontend& front) {
+  if (o_.worker_timeout_seconds <= 0) return;
+  const auto now = Clock::now();
+  std::string lost;  // every silent worker (one lost node can stall the ranks sending to it as well)
+  double longest = 0;
+  for (const auto& [rank, heard] : heard_) {
+    const double silent = std::chrono::duration<double>(now - heard).count();
+    if (silent <= o_.worker_timeout_seconds) continue;
+    const auto r = static_cast<std::size_t>(rank);
+    lost += (lost.empty() ? "" : ", ") + std::to_string(rank) + (r < o_.hosts.size() ? " (on " + o_.hosts[r] + ")" : "");
+    longest = std::max(longest, silent);
+  }
+  if (lost.empty()) return;
+  front.commit_now();
+  throw Error(fmt::format("worker rank(s) {} not heard from for {:.0f} s (job.worker_timeout_seconds): a node is down or "
+                          "unreachable, or a worker hangs; the output is committed: rerun with --resume (on the nodes "
+                          "left) to finish the input",
+                          lost, longest));
 }
 
 }  // namespace tandem::router

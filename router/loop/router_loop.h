@@ -13,6 +13,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "router/dispatcher.h"
@@ -47,12 +49,20 @@ class Frontend {
   virtual bool holds_requests() const { return false; }
   // The end: the workers' final counters; `abandoned` requests were still in flight.
   virtual void ended(std::vector<service::RankReport> reports, std::size_t abandoned) = 0;
+  // The job ends early (a worker is lost): keep what is done.
+  virtual void commit_now() {}
 };
 
 struct LoopOptions {
   double drain_seconds = 60;
   double abort_grace_seconds = 0;  // after drain_seconds: cancel and wait this long for the aborts (0: abandon)
   const std::atomic<int>* stop_signal = nullptr;  // set by a signal handler (USR1, TERM); null: never stops
+  // A worker that has reported in and then says nothing for this long (they
+  // send counters every half second while they run) is lost: its node died,
+  // or its link, or it hangs. The front end commits and run() throws
+  // tandem::Error naming it. 0: never.
+  double worker_timeout_seconds = 0;
+  std::vector<std::string> hosts;  // every rank's host, by rank, for that message (may be empty)
 };
 
 class RouterLoop {
@@ -73,12 +83,15 @@ class RouterLoop {
  private:
   void poll(Frontend& front);
   bool drain_done(Frontend& front);
+  // Throws when a worker has been silent past worker_timeout_seconds.
+  void check_alive(Frontend& front);
 
   WorkerLink& link_;
   Dispatcher dispatch_;
   LoopOptions o_;
   LinkEvents events_;
   std::vector<int> loaded_;
+  std::map<int, std::chrono::steady_clock::time_point> heard_;  // each worker's last counters
   std::size_t want_ = 0;
   bool draining_ = false, cancelled_all_ = false;
   std::chrono::steady_clock::time_point deadline_;

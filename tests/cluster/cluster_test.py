@@ -14,6 +14,11 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
  3. sbatch -N 3 jobs/disagg.sbatch (srun --mpi=pmix, no Open MPI settings at
     all): equal outputs; where one-sided windows cannot be made over TCP the
     log says KV moves by two-sided MPI instead; no hang, no MPI_ERR_WIN.
+ 4. A node lost mid-job under Slurm (node3's link taken down): rank 0 says
+    within job.worker_timeout_seconds which rank and node went silent, the
+    output is committed and the job step ends; `sbatch --exclude=node3` of the
+    same job (--resume) on the nodes left finishes the input: every line
+    exactly once, the tokens of a one-node run.
 Every namespace, veth and daemon the cluster made is gone afterwards, pass or
 fail. Skips (exit 77) where namespaces or Slurm cannot run here.
 Usage: cluster_test.py TANDEM SRC_DIR"""
@@ -33,11 +38,11 @@ cluster_sh = str(Path(__file__).resolve().parent / "cluster.sh")
 check = Checks()
 
 
-def workload(path, n=12):
+def workload(path, n=12, max_tokens=8):
     with open(path, "w") as f:
         for i in range(n):
             words = " ".join(f"w{(i * 7 + k) % 50}" for k in range(5 + 37 * (i % 4)))
-            body = {"prompt": f"request {i}: {words}", "max_tokens": 8, "seed": 10 + i,
+            body = {"prompt": f"request {i}: {words}", "max_tokens": max_tokens, "seed": 10 + i,
                     "temperature": 0 if i % 2 else 0.9, "logprobs": 1}
             f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
 
@@ -76,8 +81,8 @@ try:
     workload(inp)
     disagg = ["--set", 'job.mode="disagg"', "--set", "router.local_prefill_tokens=16"]
 
-    def run_args(out):
-        return [tandem, "run", "--model", str(model), "--input", str(inp), "--output", str(out)] + disagg
+    def run_args(out, source=inp):
+        return [tandem, "run", "--model", str(model), "--input", str(source), "--output", str(out)] + disagg
 
     rc, log = sh("mpirun", "--oversubscribe", "-np", "3", *run_args(work / "ref.jsonl"), env=mpi_env("info"))
     check("the one-node reference runs", rc == 0, log[-500:])
@@ -137,6 +142,62 @@ try:
           "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and
           ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
           [l for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][:4])
+
+    # 4. A node lost mid-job: its link goes down; then the same job on the nodes left.
+    long_inp, lost_out = work / "long.jsonl", work / "lost.jsonl"
+    workload(long_inp, n=200, max_tokens=40)
+    rc, log = sh("mpirun", "--oversubscribe", "-np", "3", *run_args(work / "long_ref.jsonl", long_inp), env=mpi_env("info"))
+    long_ref = outputs(work / "long_ref.jsonl") if rc == 0 else {}
+    job = work / "lost.toml"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{lost_out}"\n'
+                   f'flush_seconds = 0.5\nworker_timeout_seconds = 5\n[router]\nlocal_prefill_tokens = 16\n')
+
+    def submit(*args):
+        rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={job}", "sbatch",
+                     "--parsable", *args, str(src / "jobs/disagg.sbatch"), cwd=work, env=clean_env)
+        return jid.strip()
+
+    def lines(path):
+        return path.read_text().splitlines() if path.exists() else []
+
+    jid = submit("-N", "3", "--ntasks=3", "--ntasks-per-node=1")
+    for _ in range(240):
+        if len(lines(lost_out)) >= 20:
+            break
+        time.sleep(0.25)
+    down_at = time.time()
+    sh("ip", "-n", f"{tag}-node3", "link", "set", "eth0", "down")
+    log_file = work / f"tandem-{jid}.log"
+    said, ended = None, None
+    for _ in range(480):
+        log = log_file.read_text() if log_file.exists() else ""
+        if said is None and "not heard from" in log:
+            said = time.time() - down_at
+        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")
+        if said is not None and state.strip() in ("", "CG"):  # the batch script has ended (node3 may stay completing)
+            ended = time.time() - down_at
+            break
+        time.sleep(0.25)
+    errors = [l for l in log.splitlines() if l.startswith("tandem: error:")]
+    check("a node lost mid-job: one line names the silent rank and its node within 30 s, and the job step ends",
+          said is not None and said < 30 and ended is not None and ended < 120 and len(errors) == 1 and
+          "worker rank(s) 2 (on node3)" in errors[0] and "--resume" in errors[0],
+          f"said after {said} s, ended after {ended} s: {errors or log[-600:]}")
+    done_before = len(lines(lost_out))
+    jid2 = submit("-N", "2", "--ntasks=3", "--exclude=node3")
+    for _ in range(480):
+        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid2, "-o", "%t")
+        if not state.strip():
+            break
+        time.sleep(0.25)
+    got = [json.loads(l) for l in lines(lost_out)]
+    ids = [g["custom_id"] for g in got]
+    tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
+    check("then --resume on the nodes left: every line exactly once, the one-node run's tokens",
+          len(long_ref) == 200 and 0 < done_before < 200 and sorted(ids) == sorted(long_ref) and tokens == long_ref,
+          f"{done_before} lines before, {len(ids)} after ({len(set(ids))} distinct)")
+    print(f"     node lost after {done_before} of 200 lines; rank 0 said so after {said:.1f} s, the step ended after "
+          f"{ended:.1f} s" if said is not None and ended is not None else "     (no timings)")
 finally:
     rc, log = sh(cluster_sh, "down", str(cluster), timeout=60)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
