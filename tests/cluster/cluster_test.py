@@ -21,7 +21,9 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
     exactly once, the tokens of a one-node run.
 Every namespace, veth and daemon the cluster made is gone afterwards, pass or
 fail. Skips (exit 77) where namespaces or Slurm cannot run here.
-Usage: cluster_test.py TANDEM SRC_DIR"""
+ 5. The KV transport conformance suite across three nodes: two-sided MPI,
+    one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
+Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
 import json
 import os
 import subprocess
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mpi"))
 from testlib import Checks, make_model, mpi_env  # noqa: E402
 
 tandem, src = os.path.abspath(sys.argv[1]), Path(sys.argv[2]).resolve()
+conformance = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else None
 cluster_sh = str(Path(__file__).resolve().parent / "cluster.sh")
 check = Checks()
 
@@ -142,6 +145,18 @@ try:
           "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and
           ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
           [l for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][:4])
+
+    # 5. Conformance across the nodes (before the node loss below takes one away).
+    for mode, extra_env, args in (("two_sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, ["two_sided"]),
+                                  ("rma (osc/pt2pt)", {}, ["rma"]),
+                                  ("libfabric tcp;ofi_rxm", {}, ["libfabric", "tcp;ofi_rxm"])):
+        if not conformance:
+            break
+        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--map-by", "node", conformance, *args,
+                     env=dict(os.environ, **extra_env), timeout=240)
+        summary = [l for l in log.splitlines() if "conformance:" in l]
+        check(f"conformance across three nodes: {mode}", rc == 0 and summary and " 0 failed" in summary[-1],
+              (summary or [log[-600:]])[-1])
 
     # 4. A node lost mid-job: its link goes down; then the same job on the nodes left.
     long_inp, lost_out = work / "long.jsonl", work / "lost.jsonl"
