@@ -136,6 +136,14 @@ template <class Table, class Advance>
   return advance(id, it->second);
 }
 
+// Whether any transfer of a backend's table (map XferId -> struct with `state`) is still pending.
+template <class Table>
+bool any_pending(const Table& table) {
+  for (const auto& [id, o] : table)
+    if (o.state == XferState::kPending) return true;
+  return false;
+}
+
 // Runs of consecutive ids in both lists, as (src start, dst start, length).
 struct BlockRun {
   int32_t src, dst, count;

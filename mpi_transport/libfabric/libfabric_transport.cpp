@@ -206,15 +206,18 @@ Status LibfabricTransport::open(std::size_t block_bytes, int64_t n_blocks) {
   return Status();
 }
 
-Status LibfabricTransport::post_receive(int slot) {
-  Op* op = nullptr;
-  if (!free_ops_.empty()) {
-    op = free_ops_.back();
-    free_ops_.pop_back();
-  } else {
+LibfabricTransport::Op* LibfabricTransport::take_op() {
+  if (free_ops_.empty()) {
     ops_.push_back(std::make_unique<Op>());
-    op = ops_.back().get();
+    return ops_.back().get();
   }
+  Op* op = free_ops_.back();
+  free_ops_.pop_back();
+  return op;
+}
+
+Status LibfabricTransport::post_receive(int slot) {
+  Op* op = take_op();
   op->kind = Op::Kind::kRecv;
   op->slot = slot;
   void* desc = local_mr_ ? fi_mr_desc(slots_mr_) : nullptr;
@@ -254,14 +257,7 @@ Status LibfabricTransport::post_writes(XferId id, Outgoing& o) {
   void* desc = local_mr_ ? fi_mr_desc(pool_mr_) : nullptr;
   while (!o.unposted.empty()) {
     const Write& w = o.unposted.front();
-    Op* op = nullptr;
-    if (!free_ops_.empty()) {
-      op = free_ops_.back();
-      free_ops_.pop_back();
-    } else {
-      ops_.push_back(std::make_unique<Op>());
-      op = ops_.back().get();
-    }
+    Op* op = take_op();
     op->kind = Op::Kind::kWrite;
     op->id = id;
     iovec iov{pool_ + w.src_offset, w.bytes};
@@ -329,14 +325,7 @@ Status LibfabricTransport::send_notices() {
     const int slot = free_send_.back();
     uint8_t* buf = slots_.get() + static_cast<std::size_t>(slot) * kSlotBytes;
     std::memcpy(buf, wire.data(), wire.size());
-    Op* op = nullptr;
-    if (!free_ops_.empty()) {
-      op = free_ops_.back();
-      free_ops_.pop_back();
-    } else {
-      ops_.push_back(std::make_unique<Op>());
-      op = ops_.back().get();
-    }
+    Op* op = take_op();
     op->kind = Op::Kind::kSend;
     op->slot = slot;
     const ssize_t rc = fi_send(ep_, buf, wire.size(), desc, peers_[static_cast<std::size_t>(peer)].fi_addr, &op->ctx);
@@ -431,9 +420,7 @@ Status LibfabricTransport::destroy() {
   TANDEM_RETURN_IF_ERROR(finish_in_flight(
       comm_, [&] { return progress(ignored); },
       [&] {
-        return std::any_of(outgoing_.begin(), outgoing_.end(),
-                           [](const auto& e) { return e.second.state == XferState::kPending; }) ||
-               sends_in_flight_ > 0 || !notices_waiting_.empty();
+        return any_pending(outgoing_) || sends_in_flight_ > 0 || !notices_waiting_.empty();
       }));
   close_fabric();
   return Status();

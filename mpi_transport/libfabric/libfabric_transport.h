@@ -105,6 +105,7 @@ class LibfabricTransport : public KvTransport {
   // Reads every completion there is; notifications received go to `arrived` (null: kept for later).
   Status drain_completions(std::vector<Notification>* arrived);
   Status post_receive(int slot);
+  Op* take_op();  // a completion context, reused once its completion is read
   void close_fabric();
 
   MPI_Comm comm_ = MPI_COMM_NULL;

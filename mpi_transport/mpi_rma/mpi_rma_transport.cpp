@@ -171,9 +171,7 @@ Status MpiRmaTransport::destroy() {
   TANDEM_RETURN_IF_ERROR(finish_in_flight(
       comm_, [&] { return progress(ignored); },
       [&] {
-        return std::any_of(outgoing_.begin(), outgoing_.end(),
-                           [](const auto& e) { return e.second.state == XferState::kPending; }) ||
-               notices_->sending();
+        return any_pending(outgoing_) || notices_->sending();
       }));
   TANDEM_MPI(MPI_Win_unlock_all(win_));
   TANDEM_MPI(MPI_Win_free(&win_));

@@ -258,9 +258,7 @@ Status MpiTwoSidedTransport::destroy() {
   TANDEM_RETURN_IF_ERROR(finish_in_flight(
       comm_, [&] { return progress(ignored); },
       [&] {
-        return std::any_of(outgoing_.begin(), outgoing_.end(),
-                           [](const auto& e) { return e.second.state == XferState::kPending; }) ||
-               !notices_.empty();
+        return any_pending(outgoing_) || !notices_.empty();
       }));
   return Status();
 }
