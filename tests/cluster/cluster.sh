@@ -5,7 +5,9 @@
 # bridge (a namespace of its own), so Open MPI and Slurm see separate hosts
 # that share no memory and talk TCP. Optionally a real Slurm: one munged (in
 # the root namespace, on its own socket), slurmctld on node1, one slurmd per
-# node.
+# node; partitions `debug` (every node, the default), `first` (node1) and
+# `others` (the rest), for heterogeneous jobs; the backfill scheduler, which
+# alone starts those, runs every second.
 #
 #   cluster.sh up DIR N [slurm] [RATE]   nodes node1..nodeN; RATE (e.g. 1gbit) caps each node's link
 #   cluster.sh on DIR NODE CMD...        runs CMD on NODE (its network and hostname), environment kept
@@ -117,8 +119,11 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd-%n.log
 MinJobAge=300
 KillWait=5
+SchedulerParameters=bf_interval=1
 NodeName=node[1-$n] NodeAddr=$subnet.[2-$((n + 1))] CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=first Nodes=node1 MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=others Nodes=node[2-$n] MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
   echo "SLURM_CONF=$dir/slurm.conf" >> "$dir/cluster.env"
   export SLURM_CONF=$dir/slurm.conf

@@ -21,6 +21,9 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
     exactly once, the tokens of a one-node run.
 Every namespace, veth and daemon the cluster made is gone afterwards, pass or
 fail. Skips (exit 77) where namespaces or Slurm cannot run here.
+ 6. A heterogeneous job (`sbatch -p first --ntasks=2 : -p others --ntasks=2
+    jobs/disagg.sbatch`): router and prefill on node1, decode on node2 and
+    node3, one MPI job; the one-node outputs.
  5. The KV transport conformance suite across three nodes: two-sided MPI,
     one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
 Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
@@ -145,6 +148,29 @@ try:
           "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and
           ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
           [l for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][:4])
+
+    # 6. Prefill and decode on different partitions: a heterogeneous job.
+    het_out = work / "het.jsonl"
+    het_job = work / "het.toml"
+    het_job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{het_out}"\n'
+                       f'[router]\nlocal_prefill_tokens = 16\n')
+    rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={het_job}", "sbatch",
+                 "--parsable", "--partition=first", "--ntasks=2", ":", "--partition=others", "--nodes=2", "--ntasks=2",
+                 str(src / "jobs/disagg.sbatch"), cwd=work, env=clean_env)
+    jid = jid.strip()
+    for _ in range(240):
+        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")
+        if not state.strip():
+            break
+        time.sleep(0.5)
+    log_file = work / f"tandem-{jid}.log"
+    log = log_file.read_text() if log_file.exists() else ""
+    check("a heterogeneous job: router and prefill on partition first (node1), decode on others (node2, node3), "
+          "the one-node outputs",
+          rc == 0 and het_out.exists() and outputs(het_out) == ref and
+          "3 nodes: node1: ranks 0, 1; node2: rank 2; node3: rank 3" in log and
+          "prefill on 1 rank(s), decode on 2 rank(s)" in log,
+          [l for l in log.splitlines() if "nodes:" in l or "prefill on" in l or "error" in l][:4] or log[-600:] or jid)
 
     # 5. Conformance across the nodes (before the node loss below takes one away).
     for mode, extra_env, args in (("two_sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, ["two_sided"]),
