@@ -24,6 +24,9 @@ fail. Skips (exit 77) where namespaces or Slurm cannot run here.
  6. A heterogeneous job (`sbatch -p first --ntasks=2 : -p others --ntasks=2
     jobs/disagg.sbatch`): router and prefill on node1, decode on node2 and
     node3, one MPI job; the one-node outputs.
+ 7. A node's processes killed mid-job under mpirun: the job ends within
+    seconds naming the node, what was written is committed, and --resume
+    on the nodes left finishes every line exactly once with the same tokens.
  5. The KV transport conformance suite across three nodes: two-sided MPI,
     one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
 Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
@@ -184,11 +187,48 @@ try:
         check(f"conformance across three nodes: {mode}", rc == 0 and summary and " 0 failed" in summary[-1],
               (summary or [log[-600:]])[-1])
 
-    # 4. A node lost mid-job: its link goes down; then the same job on the nodes left.
-    long_inp, lost_out = work / "long.jsonl", work / "lost.jsonl"
+    # 7. A node's processes killed (mpirun notices), then --resume on the nodes left.
+    long_inp = work / "long.jsonl"
     workload(long_inp, n=200, max_tokens=40)
     rc, log = sh("mpirun", "--oversubscribe", "-np", "3", *run_args(work / "long_ref.jsonl", long_inp), env=mpi_env("info"))
     long_ref = outputs(work / "long_ref.jsonl") if rc == 0 else {}
+    killed_out = work / "killed.jsonl"
+    flush = ["--set", "job.flush_seconds=0.5"]
+    job_proc = subprocess.Popen([cluster_sh, "mpirun", str(cluster), "-np", "3", "--map-by", "node",
+                                 *run_args(killed_out, long_inp), *flush], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    for _ in range(240):
+        if killed_out.exists() and len(killed_out.read_text().splitlines()) >= 20:
+            break
+        time.sleep(0.25)
+    pids = subprocess.run(["ip", "netns", "pids", f"{tag}-node3"], capture_output=True, text=True).stdout.split()
+    for pid in pids:  # the node's tandem rank, as a crash or the OOM killer would
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == tandem.encode():
+                os.kill(int(pid), 9)
+        except (OSError, ValueError):
+            pass
+    killed_at = time.time()
+    try:
+        log, _ = job_proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job_proc.kill()
+        log, _ = job_proc.communicate()
+    took = time.time() - killed_at
+    before = len(killed_out.read_text().splitlines()) if killed_out.exists() else 0
+    check("a node's processes killed: mpirun ends the job within 30 s, naming the node",
+          job_proc.returncode != 0 and took < 30 and "on node node3" in log, f"rc {job_proc.returncode} after {took:.1f} s")
+    rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--host", "node1,node2:2",
+                 *run_args(killed_out, long_inp), "--resume")
+    got = [json.loads(l) for l in killed_out.read_text().splitlines()] if killed_out.exists() else []
+    tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
+    check("then --resume on node1 and node2: every line exactly once, the one-node tokens",
+          rc == 0 and len(long_ref) == 200 and 0 < before < 200 and len(got) == 200 and tokens == long_ref,
+          f"{before} lines before, {len(got)} after ({len(tokens)} distinct)")
+    print(f"     node3's rank killed after {before} of 200 lines; mpirun ended {took:.1f} s later")
+
+    # 4. A node lost mid-job: its link goes down; then the same job on the nodes left.
+    lost_out = work / "lost.jsonl"
     job = work / "lost.toml"
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{lost_out}"\n'
                    f'flush_seconds = 0.5\nworker_timeout_seconds = 5\n[router]\nlocal_prefill_tokens = 16\n')
