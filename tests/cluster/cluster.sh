@@ -38,6 +38,11 @@ up() {
   local tag; tag=$(tag_of "$dir")
   local subnet=10.250.$(( $(echo -n "$tag" | cksum | cut -d' ' -f1) % 200 + 20 ))
   ip netns add "$tag-br" 2>/dev/null || skip "ip netns add fails here (no CAP_SYS_ADMIN?)"
+  # A node's commands enter its network and get a hostname and mounts of their own: can they here?
+  if ! nsenter --net="/run/netns/$tag-br" unshare --uts --mount --propagation private true 2>/dev/null; then
+    ip netns del "$tag-br"
+    skip "nsenter/unshare into a network namespace fails here (a container without the capabilities?)"
+  fi
   ip -n "$tag-br" link add br0 type bridge && ip -n "$tag-br" link set br0 up && ip -n "$tag-br" link set lo up ||
     die "cannot make the bridge"
   : > "$dir/hostfile"
