@@ -30,7 +30,7 @@ struct JobConfig {
   int64_t max_batched_tokens = 2048;        // tokens per engine step per worker
   int64_t seed = 0;                         // sampling seed for requests without one
   double drain_seconds = 60.0;              // after USR1/TERM: time to finish in-flight work
-  double worker_timeout_seconds = 120.0;    // a worker silent this long ends the job (0: never)
+  double worker_timeout_seconds = 300.0;    // a worker silent this long ends the job (0: never)
   double flush_seconds = 10.0;              // fsync output + checkpoint at least this often
   double progress_seconds = 30.0;           // a progress line this often when stderr is not a terminal
   std::string summary;                      // summary JSON; empty: <output>.summary.json

@@ -130,8 +130,9 @@ std::vector<KeySpec> build_schema() {
       key("job", "worker_timeout_seconds", &C::job, &JobConfig::worker_timeout_seconds)
           .at_least(0)
           .doc("A worker that has loaded and then sends nothing for this many seconds (workers report twice a "
-               "second while they run) is lost: a node down or unreachable, or a hang. Rank 0 commits the output and "
-               "ends the job with one line naming the rank and its node; rerun with --resume. 0: wait for ever.")
+               "second while they run, between engine steps; never less than 4 of its longest step so far) is lost: "
+               "a node down or unreachable, or a hang. Rank 0 commits the output and ends the job with one line naming "
+               "the rank and its node; rerun with --resume. 0: wait for ever.")
           ,
       key("job", "flush_seconds", &C::job, &JobConfig::flush_seconds)
           .at_least(0.01)

@@ -31,6 +31,7 @@ void RouterLoop::poll(Frontend& front) {
   const auto now = Clock::now();
   for (const auto& r : events_.stats) {
     heard_[r.rank] = now;
+    for (const auto& s : r.step_samples) longest_step_[r.rank] = std::max(longest_step_[r.rank], s[5]);
     if (std::find(loaded_.begin(), loaded_.end(), r.rank) == loaded_.end()) {
       loaded_.push_back(r.rank);
       newly_loaded = true;
@@ -89,7 +90,9 @@ void RouterLoop::check_alive(Frontend& front) {
   double longest = 0;
   for (const auto& [rank, heard] : heard_) {
     const double silent = std::chrono::duration<double>(now - heard).count();
-    if (silent <= o_.worker_timeout_seconds) continue;
+    // A worker reports between engine steps: never less than 4 of its longest step so far.
+    const auto step = longest_step_.find(rank);
+    if (silent <= std::max(o_.worker_timeout_seconds, step == longest_step_.end() ? 0.0 : 4 * step->second)) continue;
     const auto r = static_cast<std::size_t>(rank);
     lost += (lost.empty() ? "" : ", ") + std::to_string(rank) + (r < o_.hosts.size() ? " (on " + o_.hosts[r] + ")" : "");
     longest = std::max(longest, silent);

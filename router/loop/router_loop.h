@@ -58,8 +58,9 @@ struct LoopOptions {
   double abort_grace_seconds = 0;  // after drain_seconds: cancel and wait this long for the aborts (0: abandon)
   const std::atomic<int>* stop_signal = nullptr;  // set by a signal handler (USR1, TERM); null: never stops
   // A worker that has reported in and then says nothing for this long (they
-  // send counters every half second while they run) is lost: its node died,
-  // or its link, or it hangs. The front end commits and run() throws
+  // send counters every half second while they run, between engine steps;
+  // never less than 4 of its longest step so far) is lost: its node died, or
+  // its link, or it hangs. The front end commits and run() throws
   // tandem::Error naming it. 0: never.
   double worker_timeout_seconds = 0;
   std::vector<std::string> hosts;  // every rank's host, by rank, for that message (may be empty)
@@ -92,6 +93,7 @@ class RouterLoop {
   LinkEvents events_;
   std::vector<int> loaded_;
   std::map<int, std::chrono::steady_clock::time_point> heard_;  // each worker's last counters
+  std::map<int, double> longest_step_;                           // each worker's longest engine step, seconds
   std::size_t want_ = 0;
   bool draining_ = false, cancelled_all_ = false;
   std::chrono::steady_clock::time_point deadline_;
