@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "mpi_transport/mpi_env.h"
 #include "router/dispatcher.h"
+#include "router/hosts.h"
 
 namespace tandem::mpi {
 
@@ -109,8 +110,7 @@ class MpiLink : public router::WorkerLink {
     for (const auto* side : {&workers_, &prefill_})
       for (int w : *side) {
         if (std::any_of(reports.begin(), reports.end(), [w](const auto& r) { return r.rank == w; })) continue;
-        who += (who.empty() ? "" : ", ") + std::to_string(w);
-        if (static_cast<std::size_t>(w) < hosts_.size()) who += " (on " + hosts_[static_cast<std::size_t>(w)] + ")";
+        who += (who.empty() ? "" : ", ") + router::rank_on_host(w, hosts_);
       }
     return "worker rank(s) " + who + " sent nothing for " + std::to_string(static_cast<int>(silence_limit_s_)) +
            " s at the end of the job (job.worker_timeout_seconds): a node is down or unreachable, or a worker hangs; "

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/hosts.h"
+
 namespace tandem::router {
 
 namespace {
@@ -149,12 +151,7 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
 // "kv_within_node": what the workers sent, by where the destination ran.
 void JobStats::node_summary(nlohmann::json& out) const {
   nlohmann::json nodes = nlohmann::json::array();
-  std::map<std::string, std::size_t> at;
-  for (std::size_t r = 0; r < hosts_.size(); ++r) {
-    auto [it, fresh] = at.emplace(hosts_[r], nodes.size());
-    if (fresh) nodes.push_back({{"host", hosts_[r]}, {"ranks", nlohmann::json::array()}});
-    nodes[it->second]["ranks"].push_back(r);
-  }
+  for (const auto& [host, ranks] : ranks_by_host(hosts_)) nodes.push_back({{"host", host}, {"ranks", ranks}});
   std::array<int64_t, 2> bytes{};  // [within, between]
   std::array<double, 2> seconds{};
   auto host = [this](int rank) { return static_cast<std::size_t>(rank) < hosts_.size() ? hosts_[static_cast<std::size_t>(rank)] : ""; };

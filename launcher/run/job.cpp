@@ -24,6 +24,7 @@
 #include "launcher/run/transport_setup.h"
 #include "launcher/serve/serve.h"
 #include "launcher/stop_signals.h"
+#include "router/hosts.h"
 #include "launcher/version.h"
 #include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
@@ -204,12 +205,7 @@ int cpu_sharers(MPI_Comm local, int world_rank, int local_size) {
 
 // Which ranks run on which node, when there are several.
 void log_nodes(const std::vector<std::string>& hosts) {
-  std::vector<std::pair<std::string, std::vector<int>>> nodes;
-  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
-    auto it = std::find_if(nodes.begin(), nodes.end(), [&](const auto& n) { return n.first == hosts[static_cast<std::size_t>(r)]; });
-    if (it == nodes.end()) it = nodes.insert(nodes.end(), {hosts[static_cast<std::size_t>(r)], {}});
-    it->second.push_back(r);
-  }
+  const auto nodes = router::ranks_by_host(hosts);
   if (nodes.size() < 2) return;
   std::string line;
   for (const auto& [host, ranks] : nodes)

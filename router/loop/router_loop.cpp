@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "router/hosts.h"
 
 namespace tandem::router {
 
@@ -93,8 +94,7 @@ void RouterLoop::check_alive(Frontend& front) {
     // A worker reports between engine steps: never less than 4 of its longest step so far.
     const auto step = longest_step_.find(rank);
     if (silent <= std::max(o_.worker_timeout_seconds, step == longest_step_.end() ? 0.0 : 4 * step->second)) continue;
-    const auto r = static_cast<std::size_t>(rank);
-    lost += (lost.empty() ? "" : ", ") + std::to_string(rank) + (r < o_.hosts.size() ? " (on " + o_.hosts[r] + ")" : "");
+    lost += (lost.empty() ? "" : ", ") + rank_on_host(rank, o_.hosts);
     longest = std::max(longest, silent);
   }
   if (lost.empty()) return;

@@ -93,6 +93,30 @@ try:
     def run_args(out, source=inp):
         return [tandem, "run", "--model", str(model), "--input", str(source), "--output", str(out)] + disagg
 
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}  # a Slurm user's, no MPI settings
+
+    def sbatch(job, *args):
+        """jobs/disagg.sbatch with job file `job`, submitted on node1: (rc, job id)."""
+        rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={job}", "sbatch",
+                     "--parsable", *args, str(src / "jobs/disagg.sbatch"), cwd=work, env=clean_env)
+        return rc, jid.strip()
+
+    def job_state(jid):
+        return sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")[1].strip()
+
+    def wait_gone(jid, seconds=120):
+        """Polls squeue (sbatch --wait answers late) until the job has left it; its last state, "" when gone."""
+        state = "?"
+        for _ in range(int(seconds * 4)):
+            state = job_state(jid)
+            if not state:
+                break
+            time.sleep(0.25)
+        return state
+
+    def lines(path):
+        return path.read_text().splitlines() if path.exists() else []
+
     rc, log = sh("mpirun", "--oversubscribe", "-np", "3", *run_args(work / "ref.jsonl"), env=mpi_env("info"))
     check("the one-node reference runs", rc == 0, log[-500:])
     ref = outputs(work / "ref.jsonl") if rc == 0 else {}
@@ -131,22 +155,13 @@ try:
     out = work / "sbatch.jsonl"
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{out}"\n'
                    f'[router]\nlocal_prefill_tokens = 16\n')
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}
-    rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={job}", "sbatch",
-                 "--parsable", "-N", "3", "--ntasks=3", "--ntasks-per-node=1", str(src / "jobs/disagg.sbatch"),
-                 cwd=work, env=clean_env)
-    jid = jid.strip()
+    rc, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
     check("sbatch -N 3 jobs/disagg.sbatch is accepted", rc == 0 and jid.isdigit(), jid)
-    state = "?"
-    for _ in range(240):  # sbatch --wait answers late: poll squeue
-        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")
-        if not state.strip():
-            break
-        time.sleep(0.5)
+    state = wait_gone(jid)
     log_file = work / f"tandem-{jid}.log"
     log = log_file.read_text() if log_file.exists() else ""
     check("sbatch -N 3: the job ends, with the one-node outputs",
-          not state.strip() and out.exists() and outputs(out) == ref, state + log[-800:])
+          not state and out.exists() and outputs(out) == ref, state + log[-800:])
     check("sbatch -N 3: three nodes in the log, and which KV transport runs over TCP",
           "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and
           ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
@@ -157,15 +172,8 @@ try:
     het_job = work / "het.toml"
     het_job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{het_out}"\n'
                        f'[router]\nlocal_prefill_tokens = 16\n')
-    rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={het_job}", "sbatch",
-                 "--parsable", "--partition=first", "--ntasks=2", ":", "--partition=others", "--nodes=2", "--ntasks=2",
-                 str(src / "jobs/disagg.sbatch"), cwd=work, env=clean_env)
-    jid = jid.strip()
-    for _ in range(240):
-        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")
-        if not state.strip():
-            break
-        time.sleep(0.5)
+    rc, jid = sbatch(het_job, "--partition=first", "--ntasks=2", ":", "--partition=others", "--nodes=2", "--ntasks=2")
+    wait_gone(jid)
     log_file = work / f"tandem-{jid}.log"
     log = log_file.read_text() if log_file.exists() else ""
     check("a heterogeneous job: router and prefill on partition first (node1), decode on others (node2, node3), "
@@ -198,7 +206,7 @@ try:
                                  *run_args(killed_out, long_inp), *flush], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     for _ in range(240):
-        if killed_out.exists() and len(killed_out.read_text().splitlines()) >= 20:
+        if len(lines(killed_out)) >= 20:
             break
         time.sleep(0.25)
     pids = subprocess.run(["ip", "netns", "pids", f"{tag}-node3"], capture_output=True, text=True).stdout.split()
@@ -215,12 +223,12 @@ try:
         job_proc.kill()
         log, _ = job_proc.communicate()
     took = time.time() - killed_at
-    before = len(killed_out.read_text().splitlines()) if killed_out.exists() else 0
+    before = len(lines(killed_out))
     check("a node's processes killed: mpirun ends the job within 30 s, naming the node",
           job_proc.returncode != 0 and took < 30 and "on node node3" in log, f"rc {job_proc.returncode} after {took:.1f} s")
     rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--host", "node1,node2:2",
                  *run_args(killed_out, long_inp), "--resume")
-    got = [json.loads(l) for l in killed_out.read_text().splitlines()] if killed_out.exists() else []
+    got = [json.loads(l) for l in lines(killed_out)]
     tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
     check("then --resume on node1 and node2: every line exactly once, the one-node tokens",
           rc == 0 and len(long_ref) == 200 and 0 < before < 200 and len(got) == 200 and tokens == long_ref,
@@ -233,15 +241,7 @@ try:
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{lost_out}"\n'
                    f'flush_seconds = 0.5\nworker_timeout_seconds = 5\n[router]\nlocal_prefill_tokens = 16\n')
 
-    def submit(*args):
-        rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={job}", "sbatch",
-                     "--parsable", *args, str(src / "jobs/disagg.sbatch"), cwd=work, env=clean_env)
-        return jid.strip()
-
-    def lines(path):
-        return path.read_text().splitlines() if path.exists() else []
-
-    jid = submit("-N", "3", "--ntasks=3", "--ntasks-per-node=1")
+    _, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
     for _ in range(240):
         if len(lines(lost_out)) >= 20:
             break
@@ -254,8 +254,7 @@ try:
         log = log_file.read_text() if log_file.exists() else ""
         if said is None and "not heard from" in log:
             said = time.time() - down_at
-        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid, "-o", "%t")
-        if said is not None and state.strip() in ("", "CG"):  # the batch script has ended (node3 may stay completing)
+        if said is not None and job_state(jid) in ("", "CG"):  # the batch script has ended (node3 may stay completing)
             ended = time.time() - down_at
             break
         time.sleep(0.25)
@@ -265,12 +264,8 @@ try:
           "worker rank(s) 2 (on node3)" in errors[0] and "--resume" in errors[0],
           f"said after {said} s, ended after {ended} s: {errors or log[-600:]}")
     done_before = len(lines(lost_out))
-    jid2 = submit("-N", "2", "--ntasks=3", "--exclude=node3")
-    for _ in range(480):
-        _, state = sh(cluster_sh, "on", str(cluster), "node1", "squeue", "-h", "-j", jid2, "-o", "%t")
-        if not state.strip():
-            break
-        time.sleep(0.25)
+    _, jid2 = sbatch(job, "-N", "2", "--ntasks=3", "--exclude=node3")
+    wait_gone(jid2)
     got = [json.loads(l) for l in lines(lost_out)]
     ids = [g["custom_id"] for g in got]
     tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
