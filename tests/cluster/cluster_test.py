@@ -115,7 +115,11 @@ try:
         return state
 
     def lines(path):
-        return path.read_text().splitlines() if path.exists() else []
+        """The complete lines of an output a job may be writing: a line being written has no newline yet."""
+        if not path.exists():
+            return []
+        text = path.read_bytes()
+        return text[:text.rfind(b"\n") + 1].decode().splitlines()
 
     rc, log = sh("mpirun", "--oversubscribe", "-np", "3", *run_args(work / "ref.jsonl"), env=mpi_env("info"))
     check("the one-node reference runs", rc == 0, log[-500:])
@@ -155,11 +159,21 @@ try:
     out = work / "sbatch.jsonl"
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{out}"\n'
                    f'[router]\nlocal_prefill_tokens = 16\n')
-    rc, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
-    check("sbatch -N 3 jobs/disagg.sbatch is accepted", rc == 0 and jid.isdigit(), jid)
-    state = wait_gone(jid)
-    log_file = work / f"tandem-{jid}.log"
-    log = log_file.read_text() if log_file.exists() else ""
+    for attempt in (1, 2):
+        rc, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
+        check("sbatch -N 3 jobs/disagg.sbatch is accepted", rc == 0 and jid.isdigit(), jid)
+        state = wait_gone(jid)
+        log_file = work / f"tandem-{jid}.log"
+        log = log_file.read_text(errors="replace") if log_file.exists() else ""
+        # Once in CI a rank died with SIGSEGV (a call to address 0) inside the MPI start-up under srun,
+        # before tandem wrote its first line; not seen here in dozens of runs. Such a job is submitted
+        # once more, and said so; a second such failure, or any failure after tandem started, fails.
+        if attempt == 1 and "[rank 0 router]" not in log and not out.exists():
+            print(f"note sbatch -N 3: job {jid} ended before tandem's first log line; submitted again. Its log:\n"
+                  + log[-1500:] + "\nslurmd on node1:\n" + "".join(
+                      (cluster / "slurmd-node1.log").read_text(errors="replace").splitlines(True)[-15:]))
+            continue
+        break
     check("sbatch -N 3: the job ends, with the one-node outputs",
           not state and out.exists() and outputs(out) == ref, state + log[-800:])
     check("sbatch -N 3: three nodes in the log, and which KV transport runs over TCP",
