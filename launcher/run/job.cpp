@@ -109,8 +109,9 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
   }
 }
 
-// Who does what: rank 0 routes; workers 1..P prefill, the rest decode (agg:
-// all do both), each worker a tensor-parallel group of consecutive ranks.
+// Who does what: rank 0 routes; P ranks prefill, the rest decode (agg: all
+// do both), each worker a tensor-parallel group whose ranks share a node
+// where the allocation allows (service::place_by_node; else in rank order).
 // The workers' communicator never changes (KV windows live on it); the role
 // communicator is split from it, and each group's from that. Re-splits move
 // whole groups: with groups, only the leaders split again (their own
@@ -123,14 +124,56 @@ struct Layout {
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
   mpi::Comm workers, role_comm, group_comm;
   mpi::Comm leaders;  // with tensor-parallel groups: the group leaders, who alone re-split
-  int leader(int rank) const { return rank - group.place; }
 };
 
-Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
+// The lowest worker's leader: it speaks for all where one must (the store's warnings and index).
+int first_leader(const Roles& r) {
+  const auto p = r.leaders(true), d = r.leaders(false);
+  if (p.empty()) return d.empty() ? 1 : d.front();
+  return d.empty() ? p.front() : std::min(p.front(), d.front());
+}
+
+// Rank 0's word on where the tensor-parallel workers sit, when there are several nodes.
+void log_groups(const Roles& r, const std::vector<std::string>& hosts, bool by_node) {
+  if (r.prefill_tp == 1 && r.decode_tp == 1) return;
+  const service::GroupMap& m = r.map();
+  auto nodes_of = [&hosts](const std::vector<int>& group) {
+    std::vector<std::string> on;
+    for (int rank : group)
+      if (const std::string& h = hosts[static_cast<std::size_t>(rank)]; std::find(on.begin(), on.end(), h) == on.end())
+        on.push_back(h);
+    return fmt::format("{}", fmt::join(on, ", "));
+  };
+  if (by_node) {
+    std::string line;
+    for (bool prefill : {true, false})
+      for (int leader : m.leaders(prefill))
+        line += fmt::format("{}{} ranks {} ({})", line.empty() ? "" : "; ", prefill ? "prefill" : r.prefill ? "decode" : "worker",
+                            service::GroupMap::describe(m.members(leader)), nodes_of(m.members(leader)));
+    spdlog::info("tensor-parallel workers placed by node: {}", line);
+  }
+  for (const auto& g : m.spanning(hosts))
+    spdlog::warn("the tensor-parallel worker of ranks {} spans nodes ({}): its exchanges (two per layer) cross the "
+                 "network, as no node has {} of this job's ranks left for it; give each node a multiple of {} tasks "
+                 "(rank 0's node one more)",
+                 service::GroupMap::describe(g), nodes_of(g), g.size(), g.size());
+}
+
+Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std::string>& hosts) {
   Layout l;
   const int rank = env.rank();
   l.roles = plan_roles(p.cfg, env.size());
   l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2 && l.roles.workers() >= 2;
+  bool by_node = false;
+  if (env.size() > 2) {
+    // A heterogeneous Slurm job puts prefill and decode on the components asked for: roles keep their ranks.
+    int keep_roles = std::getenv("SLURM_HET_SIZE") != nullptr ? 1 : 0;
+    TANDEM_MPI_OR_THROW(MPI_Bcast(&keep_roles, 1, MPI_INT, 0, env.world()));
+    const Roles& r = l.roles;
+    service::GroupMap placed = service::place_by_node(hosts, r.prefill, r.prefill_tp, r.decode, r.decode_tp, keep_roles != 0);
+    by_node = placed.leaders(true) != r.groups.leaders(true) || placed.leaders(false) != r.groups.leaders(false);
+    l.roles.groups = std::move(placed);
+  }
   if (rank >= 1) l.group = l.roles.group_of(rank);
   l.prefill = rank >= 1 && l.group.prefill;
   l.role = service::role_for(l.roles.prefill > 0, l.prefill);
@@ -139,19 +182,10 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
     if (l.workers) {
       l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
-      l.group_comm = mpi::split(l.role_comm.get(), l.leader(rank), rank);
+      l.group_comm = mpi::split(l.role_comm.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
       if (l.roles.prefill_tp > 1 || l.roles.decode_tp > 1)
         l.leaders = mpi::split(l.workers.get(), l.group.place == 0 ? 0 : MPI_UNDEFINED, rank);
     }
-  }
-  if (l.group.width > 1 && l.group_comm) {  // a group's exchanges, two per layer, belong inside a node
-    mpi::Comm node = mpi::split_node(l.group_comm.get(), rank);
-    int here = 0;
-    TANDEM_MPI_OR_THROW(MPI_Comm_size(node.get(), &here));
-    if (l.group.place == 0 && here < l.group.width)
-      spdlog::warn("the tensor-parallel worker of ranks {}-{} spans nodes: its exchanges (two per layer) cross the "
-                   "network; place each worker's ranks on one node (Slurm: --distribution=block with a multiple of "
-                   "{} tasks per node)", rank, rank + l.group.width - 1, l.group.width);
   }
   if (rank == 0 && env.size() > 1) {
     const Roles& r = l.roles;
@@ -164,6 +198,7 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p) {
     else if (r.prefill > 0)
       spdlog::info("disaggregated: prefill on {}, decode on {}", workers(r.prefill, r.prefill_tp), workers(r.decode, r.decode_tp));
     else spdlog::info("aggregated: {} prefill and decode", workers(r.decode, r.decode_tp));
+    log_groups(r, hosts, by_node);
   }
   return l;
 }
@@ -222,7 +257,6 @@ std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   int router_here = rank == 0 ? 1 : 0;  // rank 0 routes on one node only: the others hold workers alone
   TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &router_here, 1, MPI_INT, MPI_MAX, local.get()));
   node.local_workers = env.size() == 1 ? 1 : std::max(1, workers_on_node(local_size, router_here != 0));
-  if (env.size() > 1) node.hosts = mpi::rank_hosts(env.world());
   if (rank == 0) log_nodes(node.hosts);
   const std::string& backend = p.cfg.model.backend;
   if (p.cfg.choices.on_cpu()) {
@@ -309,13 +343,13 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
                    "with mpirun add --bind-to none, or give each rank cores (--map-by slot:PE=N)", node_cpus);
     w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     // The tiers hold whole blocks (every KV head), on a group's leader: a store is read at any width.
-    if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= 1);
+    if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles));
     if (w.tiers && width == 1) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
     if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
     w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get());
     const std::string tp = width == 1 ? std::string()
                                       : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l.group.place,
-                                                    width, l.leader(rank));
+                                                    width, l.roles.map().leader_of(rank));
     spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}{}", blocks,
                  layout.elem_bytes == 2 ? "bf16" : "f32", p.cfg.kv.block_size,
                  static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
@@ -331,7 +365,7 @@ std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, cons
   options.sampling_threads = w.threads.get();  // a step's draws, in parallel
   auto core = std::make_unique<service::WorkerCore>(rank, l.role, p.model, std::move(model), *w.pool, p.tokenizer.get(),
                                                     options, w.tiers.get());
-  if (w.tiers && rank == 1) core->share_store_index();  // rank 0 learns the store's blocks once
+  if (w.tiers && rank == first_leader(l.roles)) core->share_store_index();  // rank 0 learns the store's blocks once
   core->set_group_width(l.group.width);
   return core;
 }
@@ -401,7 +435,7 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
       else idle.idle();
     }
   };
-  const service::GroupMap map = l.roles.map();
+  const service::GroupMap& map = l.roles.map();
   const kv::KvLayout layout = w.pool->layout();
   const service::KvShape shape{p.model.kv_heads, layout.layers * 2 * layout.block_size,
                                static_cast<std::size_t>(layout.head_dim * layout.elem_bytes)};
@@ -412,8 +446,8 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
     until([&] { return follower.finished(); }, [&] { return follower.tick(); });
     return;
   }
-  std::vector<int> followers;
-  for (int f = 1; f < l.group.width; ++f) followers.push_back(rank + f);
+  std::vector<int> followers = map.members(rank);
+  followers.erase(followers.begin());  // the leader's own
   // In a job with groups every worker's KV follows the routes between widths, one-rank workers' too.
   service::LeaderPort group_port(port, followers, map, shape);
   // A group's blocks reach the tiers below its pool whole (gathered from every rank).
@@ -454,8 +488,9 @@ int run(mpi::MpiEnv& env, const RunOptions& o) {
   Started s;
   if (!agreed(env, check_start(env, o, s))) return 2;
   if (env.rank() == 0) log_start(env, o, s);
-  Layout l = lay_out(env, s.p);
   Node node;
+  if (env.size() > 1) node.hosts = mpi::rank_hosts(env.world());
+  Layout l = lay_out(env, s.p, node.hosts);
   if (!agreed(env, settle_node(env, s.p, node))) return 2;
   WorkerParts w;
   if (!load_worker(env, s.p, l, node, w)) return 2;

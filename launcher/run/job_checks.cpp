@@ -126,18 +126,9 @@ int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
   return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(avail / block)));
 }
 
-std::vector<int> Roles::leaders(bool prefill_side) const {
-  const service::GroupMap m = map();
-  std::vector<int> out;
-  for (int r = prefill_side ? 1 : prefill + 1; r <= (prefill_side ? prefill : prefill + decode); ++r)
-    if (m.leader_of(r) == r) out.push_back(r);
-  return out;
-}
-
 Roles::Group Roles::group_of(int rank) const {
   if (rank < 1) return {1, 0, false};  // rank 0 routes (or, alone, is a one-rank worker)
-  const service::GroupMap m = map();
-  return {m.width_at(rank), rank - m.leader_of(rank), rank <= prefill};
+  return {groups.width_at(rank), groups.place_of(rank), groups.prefill_at(rank)};
 }
 
 namespace {
@@ -149,6 +140,14 @@ void check_whole(const char* key, int ranks, const char* tp_key, int tp) {
   if (ranks % tp != 0)
     throw Error(std::string(key) + " = " + std::to_string(ranks) + " is not a multiple of " + tp_key + " = " +
                 std::to_string(tp) + " (a worker is " + ranks_word(tp) + "); make it one");
+}
+
+}  // namespace
+
+namespace {
+
+Roles in_rank_order(int prefill, int decode, int prefill_tp, int decode_tp) {
+  return {prefill, decode, prefill_tp, decode_tp, service::GroupMap(prefill, prefill_tp, decode, decode_tp)};
 }
 
 }  // namespace
@@ -166,7 +165,7 @@ Roles plan_roles(const Config& cfg, int world_size) {
       throw Error("the " + std::to_string(workers) + " worker ranks of this job (ranks - 1) are not whole workers of " +
                   ranks_word(b) + " (cluster.decode_tp, or tp); start a multiple of " + std::to_string(b) +
                   " worker ranks");
-    return {0, workers, a, b};
+    return in_rank_order(0, workers, a, b);
   }
   int p = static_cast<int>(cfg.cluster.prefill_ranks);
   int d = static_cast<int>(cfg.cluster.decode_ranks);
@@ -199,7 +198,7 @@ Roles plan_roles(const Config& cfg, int world_size) {
   }
   check_whole("cluster.prefill_ranks", p, "cluster.prefill_tp (or tp)", a);
   check_whole("cluster.decode_ranks", d, "cluster.decode_tp (or tp)", b);
-  return {p, d, a, b};
+  return in_rank_order(p, d, a, b);
 }
 
 std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {

@@ -11,7 +11,7 @@
 #include "kv/kv_layout.h"
 #include "launcher/config/config.h"
 #include "runtime/model/model_config.h"
-#include "runtime/service/group_worker.h"
+#include "runtime/service/group_map.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::launcher {
@@ -41,18 +41,21 @@ kv::KvLayout kv_layout(const Prepared& p, int tp = 1);
 // kv.memory_gib beyond the node's memory.
 int64_t pool_blocks(const Prepared& p, int local_ranks, int tp = 1);
 
-// Who does what. World rank 0 routes; ranks 1..prefill prefill, in workers
-// (tensor-parallel groups) of prefill_tp consecutive ranks; the next
-// `decode` ranks decode (or, aggregated, do both) in workers of decode_tp.
+// Who does what. World rank 0 routes; `prefill` ranks prefill, in workers
+// (tensor-parallel groups) of prefill_tp ranks; `decode` ranks decode (or,
+// aggregated, do both) in workers of decode_tp. Which ranks make up which
+// worker is `groups`: in rank order (ranks 1..prefill prefill) until the
+// job places them by node (service::place_by_node).
 struct Roles {
   int prefill = 0;  // ranks; 0: aggregated
   int decode = 0;   // ranks
   int prefill_tp = 1, decode_tp = 1;
+  service::GroupMap groups;
   int workers() const { return prefill / prefill_tp + decode / decode_tp; }
   // Where the groups sit (the rule the workers follow too).
-  service::GroupMap map() const { return {prefill, prefill_tp, decode_tp}; }
-  // Each worker's first rank, its leader: the rank the router and the other workers talk to.
-  std::vector<int> leaders(bool prefill_side) const;
+  const service::GroupMap& map() const { return groups; }
+  // Each worker's lowest rank, its leader: the rank the router and the other workers talk to.
+  std::vector<int> leaders(bool prefill_side) const { return groups.leaders(prefill_side); }
   // A worker rank's group: its width and its place in it (0: the leader).
   struct Group {
     int width = 1, place = 0;

@@ -52,7 +52,7 @@ void ShardMover::post(int64_t key, int dest, std::span<const int32_t> src, std::
     const WorkerPort::KvSlice slice{shape_.rows, static_cast<std::size_t>(r.src_head) * shape_.head_bytes,
                                     static_cast<std::size_t>(r.dst_head) * shape_.head_bytes,
                                     static_cast<std::size_t>(r.heads) * shape_.head_bytes};
-    ids.push_back(port_.post_kv(dest + r.to, src, dst, note, whole ? nullptr : &slice));
+    ids.push_back(port_.post_kv(map_.member(dest, r.to), src, dst, note, whole ? nullptr : &slice));
   }
 }
 
@@ -266,7 +266,7 @@ std::optional<kv::LowerTier::Found> GroupTier::onboard(uint64_t hash, float* dst
 
 Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
                    const KvShape& shape, GroupBlocks& blocks)
-    : port_(port), model_(model), place_(place), mover_(port, place, width, map, shape), blocks_(blocks) {}
+    : port_(port), model_(model), leader_(map.leader_of(port.rank())), mover_(port, place, width, map, shape), blocks_(blocks) {}
 
 bool Follower::tick() {
   bool any = false;
@@ -283,7 +283,7 @@ bool Follower::tick() {
 }
 
 bool Follower::run(const WorkerPort::Message& m) {
-  if (m.source != port_.rank() - place_)
+  if (m.source != leader_)
     throw Error("a " + std::string(msg_type_name(m.type)) + " message from rank " + std::to_string(m.source) +
                 " reached a tensor-parallel follower (tandem internal error; please report it)");
   switch (m.type) {

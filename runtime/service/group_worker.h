@@ -47,19 +47,10 @@
 #include "kv/tiers.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend.h"
+#include "runtime/service/group_map.h"
 #include "runtime/service/worker_port.h"
 
 namespace tandem::service {
-
-// Where the groups sit: world ranks 1..prefill_ranks in groups of
-// prefill_tp, the next ranks in groups of decode_tp.
-struct GroupMap {
-  int prefill_ranks = 0, prefill_tp = 1, decode_tp = 1;
-  int width_at(int rank) const { return rank <= prefill_ranks ? prefill_tp : decode_tp; }
-  int leader_of(int rank) const {
-    return rank <= prefill_ranks ? rank - (rank - 1) % prefill_tp : rank - (rank - 1 - prefill_ranks) % decode_tp;
-  }
-};
 
 // The KV heads of a model as its transfers see them: how many, the rows of a
 // block (layers x K and V x block_size) and one head's bytes in a row.
@@ -228,7 +219,7 @@ class Follower {
 
   WorkerPort& port_;
   runtime::ModelBackend& model_;
-  int place_;
+  int leader_;  // the only rank whose commands a follower runs
   ShardMover mover_;
   GroupBlocks& blocks_;
   std::deque<WorkerPort::Message> commands_;

@@ -27,6 +27,9 @@ fail. Skips (exit 77) where namespaces or Slurm cannot run here.
  7. A node's processes killed mid-job under mpirun: the job ends within
     seconds naming the node, what was written is committed, and --resume
     on the nodes left finishes every line exactly once with the same tokens.
+ 8. Tensor-parallel workers placed by node: ranks dealt round-robin over the
+    nodes (mpirun --map-by node) make workers of ranks that share a node; the
+    one-node outputs.
  5. The KV transport conformance suite across three nodes: two-sided MPI,
     one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
 Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
@@ -153,6 +156,19 @@ try:
                   between.get("gbps", 0) > 0 and s.get("kv_within_node", {}).get("bytes") == 0,
                   json.dumps({k: s.get(k) for k in ("kv_bytes_transferred", "kv_between_nodes", "kv_within_node")}))
             print(f"     {name}: {between.get('bytes')} KV bytes between nodes at {between.get('gbps', 0):.3f} GB/s")
+
+    # Placement by node: ranks dealt round-robin over the nodes (--map-by node) would split every
+    # tensor-parallel worker of consecutive ranks across two nodes; placed by node, each sits on one.
+    out = work / "placed.jsonl"
+    rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "7", "--map-by", "node", *run_args(out),
+                 "--set", "cluster.tp=2", "--set", "cluster.prefill_ranks=2", timeout=240)
+    check("tensor-parallel workers over three nodes dealt round-robin: the one-node outputs",
+          rc == 0 and out.exists() and outputs(out) == ref, log[-800:])
+    want = "tensor-parallel workers placed by node: prefill ranks 1, 4 (node2); decode ranks 2, 5 (node3); " \
+           "decode ranks 3, 6 (node1)"
+    check("each worker's ranks share a node, as the log says, and none spans nodes",
+          want in log and "spans nodes" not in log and "[rank 4 prefill]" in log and "[rank 6 decode]" in log,
+          [l[40:] for l in log.splitlines() if "placed" in l or "spans" in l or "tensor-parallel rank" in l][:7])
 
     # 3. sbatch -N 3 jobs/disagg.sbatch: srun --mpi=pmix, the user's environment and nothing else.
     job = work / "job.toml"

@@ -1,0 +1,186 @@
+#include "runtime/service/group_map.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+namespace tandem::service {
+
+namespace {
+
+// Groups of `width` consecutive ranks from `first` up to `last`.
+void in_rank_order(int first, int last, int width, std::vector<std::vector<int>>& out) {
+  for (int r = first; r + width - 1 <= last; r += width) {
+    std::vector<int> g;
+    for (int k = 0; k < width; ++k) g.push_back(r + k);
+    out.push_back(std::move(g));
+  }
+}
+
+}  // namespace
+
+GroupMap::GroupMap(int prefill_ranks, int prefill_tp, int decode_ranks, int decode_tp) {
+  std::vector<std::vector<int>> prefill, decode;
+  in_rank_order(1, prefill_ranks, std::max(1, prefill_tp), prefill);
+  in_rank_order(prefill_ranks + 1, prefill_ranks + decode_ranks, std::max(1, decode_tp), decode);
+  *this = GroupMap(std::move(prefill), std::move(decode));
+}
+
+GroupMap::GroupMap(std::vector<std::vector<int>> prefill, std::vector<std::vector<int>> decode) {
+  auto by_leader = [](const std::vector<int>& a, const std::vector<int>& b) { return a.front() < b.front(); };
+  for (auto* side : {&prefill, &decode}) {
+    for (auto& g : *side) std::sort(g.begin(), g.end());
+    std::erase_if(*side, [](const std::vector<int>& g) { return g.empty(); });
+    std::sort(side->begin(), side->end(), by_leader);
+  }
+  prefill_groups_ = static_cast<int>(prefill.size());
+  groups_ = std::move(prefill);
+  groups_.insert(groups_.end(), decode.begin(), decode.end());
+  for (std::size_t i = 0; i < groups_.size(); ++i)
+    for (int r : groups_[i]) {
+      if (r >= static_cast<int>(group_of_.size())) group_of_.resize(static_cast<std::size_t>(r) + 1, -1);
+      group_of_[static_cast<std::size_t>(r)] = static_cast<int>(i);
+    }
+}
+
+const std::vector<int>* GroupMap::group_at(int rank) const {
+  const auto r = static_cast<std::size_t>(rank);
+  if (rank < 0 || r >= group_of_.size() || group_of_[r] < 0) return nullptr;
+  return &groups_[static_cast<std::size_t>(group_of_[r])];
+}
+
+int GroupMap::width_at(int rank) const {
+  const auto* g = group_at(rank);
+  return g ? static_cast<int>(g->size()) : 1;
+}
+
+int GroupMap::leader_of(int rank) const {
+  const auto* g = group_at(rank);
+  return g ? g->front() : rank;
+}
+
+int GroupMap::place_of(int rank) const {
+  const auto* g = group_at(rank);
+  return g ? static_cast<int>(std::find(g->begin(), g->end(), rank) - g->begin()) : 0;
+}
+
+int GroupMap::member(int leader, int place) const {
+  const auto* g = group_at(leader);
+  return g ? g->at(static_cast<std::size_t>(place)) : leader;
+}
+
+std::vector<int> GroupMap::members(int rank) const {
+  const auto* g = group_at(rank);
+  return g ? *g : std::vector<int>{rank};
+}
+
+bool GroupMap::prefill_at(int rank) const {
+  const auto r = static_cast<std::size_t>(rank);
+  return rank >= 0 && r < group_of_.size() && group_of_[r] >= 0 && group_of_[r] < prefill_groups_;
+}
+
+std::vector<int> GroupMap::leaders(bool prefill) const {
+  std::vector<int> out;
+  const std::size_t from = prefill ? 0 : static_cast<std::size_t>(prefill_groups_);
+  const std::size_t to = prefill ? static_cast<std::size_t>(prefill_groups_) : groups_.size();
+  for (std::size_t i = from; i < to; ++i) out.push_back(groups_[i].front());
+  return out;
+}
+
+std::vector<std::vector<int>> GroupMap::spanning(const std::vector<std::string>& hosts) const {
+  std::vector<std::vector<int>> out;
+  for (const auto& g : groups_) {
+    std::set<std::string> on;
+    for (int r : g)
+      if (static_cast<std::size_t>(r) < hosts.size()) on.insert(hosts[static_cast<std::size_t>(r)]);
+    if (on.size() > 1) out.push_back(g);
+  }
+  return out;
+}
+
+std::string GroupMap::describe(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "";
+  bool consecutive = true;
+  for (std::size_t i = 1; i < ranks.size(); ++i) consecutive = consecutive && ranks[i] == ranks[i - 1] + 1;
+  if (consecutive)
+    return ranks.size() == 1 ? std::to_string(ranks[0])
+                             : std::to_string(ranks.front()) + "-" + std::to_string(ranks.back());
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+namespace {
+
+// Each node's free ranks (of `ranks`), nodes in the order of their lowest rank.
+std::vector<std::vector<int>> free_by_node(const std::vector<std::string>& hosts, const std::vector<int>& ranks) {
+  std::vector<std::vector<int>> nodes;
+  std::map<std::string, std::size_t> index;
+  for (int r : ranks) {
+    const std::string host = static_cast<std::size_t>(r) < hosts.size() ? hosts[static_cast<std::size_t>(r)] : "";
+    auto [it, fresh] = index.try_emplace(host, nodes.size());
+    if (fresh) nodes.emplace_back();
+    nodes[it->second].push_back(r);
+  }
+  return nodes;
+}
+
+// `widths.size()` groups of those widths from `ranks`, in order: each from
+// the first node with room for it, else (at the end) from what is left.
+std::vector<std::vector<int>> fill(const std::vector<std::string>& hosts, const std::vector<int>& ranks,
+                                   const std::vector<int>& widths) {
+  auto nodes = free_by_node(hosts, ranks);
+  std::vector<std::vector<int>> groups(widths.size());
+  std::vector<std::size_t> unplaced;
+  for (std::size_t i = 0; i < widths.size(); ++i) {
+    const auto w = static_cast<std::size_t>(widths[i]);
+    auto node = std::find_if(nodes.begin(), nodes.end(), [w](const std::vector<int>& n) { return n.size() >= w; });
+    if (node == nodes.end()) {
+      unplaced.push_back(i);
+      continue;
+    }
+    groups[i].assign(node->begin(), node->begin() + static_cast<std::ptrdiff_t>(w));
+    node->erase(node->begin(), node->begin() + static_cast<std::ptrdiff_t>(w));
+  }
+  std::vector<int> left;
+  for (const auto& n : nodes) left.insert(left.end(), n.begin(), n.end());
+  std::sort(left.begin(), left.end());
+  std::size_t next = 0;
+  for (std::size_t i : unplaced)
+    for (int k = 0; k < widths[i]; ++k) groups[i].push_back(left[next++]);
+  return groups;
+}
+
+std::vector<int> range(int first, int last) {
+  std::vector<int> out;
+  for (int r = first; r <= last; ++r) out.push_back(r);
+  return out;
+}
+
+}  // namespace
+
+GroupMap place_by_node(const std::vector<std::string>& hosts, int prefill_ranks, int prefill_tp, int decode_ranks,
+                       int decode_tp, bool keep_roles) {
+  const int a = std::max(1, prefill_tp), b = std::max(1, decode_tp);
+  GroupMap in_order(prefill_ranks, a, decode_ranks, b);
+  const std::size_t split = in_order.spanning(hosts).size();
+  if (split == 0 || (a == 1 && b == 1)) return in_order;
+  const std::vector<int> prefill_widths(static_cast<std::size_t>(prefill_ranks / a), a);
+  const std::vector<int> decode_widths(static_cast<std::size_t>(decode_ranks / b), b);
+  std::vector<std::vector<int>> prefill, decode;
+  if (keep_roles) {
+    prefill = fill(hosts, range(1, prefill_ranks), prefill_widths);
+    decode = fill(hosts, range(prefill_ranks + 1, prefill_ranks + decode_ranks), decode_widths);
+  } else {
+    std::vector<int> widths = prefill_widths;
+    widths.insert(widths.end(), decode_widths.begin(), decode_widths.end());
+    auto groups = fill(hosts, range(1, prefill_ranks + decode_ranks), widths);
+    prefill.assign(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(prefill_widths.size()));
+    decode.assign(groups.begin() + static_cast<std::ptrdiff_t>(prefill_widths.size()), groups.end());
+  }
+  GroupMap placed(std::move(prefill), std::move(decode));
+  return placed.spanning(hosts).size() < split ? placed : in_order;
+}
+
+}  // namespace tandem::service

@@ -1,0 +1,58 @@
+// Which world ranks make up each worker, and where they sit.
+//
+// A worker is a tensor-parallel group of ranks; its lowest rank leads it (the
+// rank the router and the other workers talk to), the others follow in rank
+// order (their place in the group). Prefill workers come first. In rank
+// order, ranks 1..P prefill in groups of prefill_tp and the next D decode in
+// groups of decode_tp; placed by node, each group is made of ranks that share
+// a node where the allocation allows: a group's exchanges (two per layer)
+// then never cross the network.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::service {
+
+class GroupMap {
+ public:
+  GroupMap() = default;
+  // In rank order: ranks 1..prefill_ranks in groups of prefill_tp, the next
+  // decode_ranks in groups of decode_tp.
+  GroupMap(int prefill_ranks, int prefill_tp, int decode_ranks, int decode_tp);
+  // Explicit groups, each of world ranks (any order; the lowest leads).
+  GroupMap(std::vector<std::vector<int>> prefill, std::vector<std::vector<int>> decode);
+
+  // A rank in no worker (rank 0) is a group of its own.
+  int width_at(int rank) const;
+  int leader_of(int rank) const;
+  int place_of(int rank) const;
+  bool prefill_at(int rank) const;
+  // The rank at `place` of the group that `leader` leads.
+  int member(int leader, int place) const;
+  std::vector<int> members(int rank) const;  // of rank's group
+  // The leaders of the prefill (or decode) workers, lowest first.
+  std::vector<int> leaders(bool prefill) const;
+  // The groups whose ranks are on more than one of `hosts` (by world rank).
+  std::vector<std::vector<int>> spanning(const std::vector<std::string>& hosts) const;
+  // "1-4" for consecutive ranks, else "1, 3, 5, 7".
+  static std::string describe(const std::vector<int>& ranks);
+
+ private:
+  const std::vector<int>* group_at(int rank) const;  // nullptr: in no worker
+  std::vector<std::vector<int>> groups_;  // prefill's first, each ascending
+  int prefill_groups_ = 0;
+  std::vector<int> group_of_;  // by world rank; -1: none (rank 0)
+};
+
+// The workers placed by node: each group on one node where the ranks allow,
+// taking nodes in the order of their lowest worker rank and each node's
+// ranks in rank order, prefill's groups first. keep_roles holds each role
+// to its rank range (ranks 1..P prefill, as a heterogeneous Slurm job's
+// components ask) and only regroups within it. When rank order already keeps
+// every group on one node, or placing by node would not keep more of them on
+// one, the map is rank order's.
+GroupMap place_by_node(const std::vector<std::string>& hosts, int prefill_ranks, int prefill_tp, int decode_ranks,
+                       int decode_tp, bool keep_roles);
+
+}  // namespace tandem::service
