@@ -105,7 +105,7 @@ ClusterName=tandemcluster
 SlurmctldHost=node1($subnet.2)
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
 CredType=cred/munge
 MpiDefault=pmix
 ProctrackType=proctrack/linuxproc
@@ -124,7 +124,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd-%n.log
 MinJobAge=300
 KillWait=5
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,sched_interval=2
 NodeName=node[1-$n] NodeAddr=$subnet.[2-$((n + 1))] CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 PartitionName=first Nodes=node1 MaxTime=INFINITE State=UP OverSubscribe=YES

@@ -27,6 +27,9 @@ fail. Skips (exit 77) where namespaces or Slurm cannot run here.
  7. A node's processes killed mid-job under mpirun: the job ends within
     seconds naming the node, what was written is committed, and --resume
     on the nodes left finishes every line exactly once with the same tokens.
+ 9. Slurm's requeue of the running multi-node job (scontrol requeue, as a
+    preemption): rank 0 drains and commits, the job starts again and its
+    --resume finishes every line exactly once with the one-node tokens.
  8. Tensor-parallel workers placed by node: ranks dealt round-robin over the
     nodes (mpirun --map-by node) make workers of ranks that share a node; the
     one-node outputs.
@@ -264,6 +267,34 @@ try:
           rc == 0 and len(long_ref) == 200 and 0 < before < 200 and len(got) == 200 and tokens == long_ref,
           f"{before} lines before, {len(got)} after ({len(tokens)} distinct)")
     print(f"     node3's rank killed after {before} of 200 lines; mpirun ended {took:.1f} s later")
+
+    # 9. Slurm requeues the running 3-node job (as preemption does): the batch script hands SIGTERM on,
+    # rank 0 drains and commits, and the job's second start (--resume) finishes every line once.
+    rq_out = work / "requeued.jsonl"
+    job = work / "requeue.toml"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{rq_out}"\n'
+                   f'flush_seconds = 0.5\nmax_num_seqs = 4\n[router]\nlocal_prefill_tokens = 16\n')
+    _, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
+    for _ in range(240):
+        if len(lines(rq_out)) >= 20:
+            break
+        time.sleep(0.25)
+    rc, said = sh(cluster_sh, "on", str(cluster), "node1", "scontrol", "requeue", jid)
+    requeued_at = time.time()
+    wait_gone(jid, 120)  # the first start ends (CG, then PD), the second runs to the end
+    took = time.time() - requeued_at
+    log = (work / f"tandem-{jid}.log").read_text(errors="replace")
+    resumed = [l.split(": ")[-1] for l in log.splitlines() if f"resuming {rq_out}:" in l]
+    before = int(resumed[-1].split()[0]) if len(resumed) == 2 else None  # what the first start committed
+    got = [json.loads(l) for l in lines(rq_out)]
+    tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
+    check("Slurm requeues the running 3-node job: it drains and commits, starts again and resumes; every line "
+          "exactly once, the one-node tokens",
+          rc == 0 and before is not None and 0 < before < 200 and len(got) == 200 and tokens == long_ref and
+          "stopped by signal 15" in log and "DUE TO JOB REQUEUE" in log,
+          f"{before} lines at the requeue, {len(got)} after ({len(tokens)} distinct), {took:.0f} s: {said}" +
+          str([l[40:] for l in log.splitlines() if "resuming" in l or "signal 15" in l or "REQUEUE" in l]))
+    print(f"     requeued after {before} of 200 lines; the job was done {took:.0f} s later")
 
     # 4. A node lost mid-job: its link goes down; then the same job on the nodes left.
     lost_out = work / "lost.jsonl"
