@@ -27,4 +27,17 @@ inline std::vector<std::pair<std::string, std::vector<int>>> ranks_by_host(const
   return nodes;
 }
 
+// Each rank's node as a number (0 for the first host to appear, ...), by rank.
+inline std::vector<int> node_numbers(const std::vector<std::string>& hosts) {
+  std::vector<int> out;
+  std::vector<std::string> seen;
+  for (const std::string& h : hosts) {
+    std::size_t i = 0;
+    while (i < seen.size() && seen[i] != h) ++i;
+    if (i == seen.size()) seen.push_back(h);
+    out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
 }  // namespace tandem::router

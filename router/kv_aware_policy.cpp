@@ -25,7 +25,8 @@ std::size_t choose_worker(RoutePolicy policy, std::span<const Candidate> c, int6
                            w.overlap_weight_disk * static_cast<double>(x.overlap_disk);
     const double uncached = std::max(0.0, static_cast<double>(prompt_blocks) - overlap);
     return w.prefill_load_scale * (uncached + static_cast<double>(x.queued_tokens) / 16.0) +
-           static_cast<double>(x.active_blocks) + w.request_weight * static_cast<double>(x.active_requests);
+           static_cast<double>(x.active_blocks) + w.request_weight * static_cast<double>(x.active_requests) +
+           w.kv_between_nodes * static_cast<double>(x.remote_blocks);
   };
   std::size_t best = 0;
   for (std::size_t i = 1; i < c.size(); ++i) {

@@ -7,7 +7,9 @@
 // where overlap weighs the leading blocks of the prompt the worker can get
 // without computing them by where they are: in its pool (overlap_weight,
 // 1.0), in its host memory (0.75) or in the disk store (0.25) — Dynamo's
-// defaults. The lowest cost wins, ties go to the lowest rank.
+// defaults. A prefill worker that would send the KV to another node than
+// the decode worker's pays kv_between_nodes per block it sends. The lowest
+// cost wins, ties go to the lowest rank.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@ struct Candidate {
   int64_t queued_tokens = 0;    // prompt tokens waiting to be prefilled there
   int64_t overlap_host = 0;     // the blocks after overlap_blocks in its host memory (G2)
   int64_t overlap_disk = 0;     // the blocks after those in the disk store (G3)
+  int64_t remote_blocks = 0;    // KV blocks choosing it would send to another node
 };
 
 enum class RoutePolicy { kKvAware, kRoundRobin, kLeastLoaded };
@@ -37,6 +40,7 @@ struct RouteWeights {
   double overlap_weight = 1.0;  // router.overlap_weight_device: value of a cached block
   double overlap_weight_host = 0.75;
   double overlap_weight_disk = 0.25;
+  double kv_between_nodes = 0.5;  // router.kv_between_nodes_weight: cost of a block sent between nodes
 };
 
 // Index of the chosen candidate. `turn` drives round robin (the caller's counter).

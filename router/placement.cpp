@@ -13,7 +13,13 @@ PlacementChoice place(int64_t prompt_tokens, std::span<const Candidate> decode, 
   if (prefill.empty() || uncached < o.local_prefill_tokens) return p;
   // Round robin would spread prompts blindly over prefill workers whose queues differ: KV-aware instead.
   const RoutePolicy policy = o.policy == RoutePolicy::kRoundRobin ? RoutePolicy::kKvAware : o.policy;
-  const std::size_t pre = choose_worker(policy, prefill, blocks, o.weights, turn);
+  auto node = [&o](int rank) {
+    return rank >= 0 && static_cast<std::size_t>(rank) < o.node_of.size() ? o.node_of[static_cast<std::size_t>(rank)] : 0;
+  };
+  std::vector<Candidate> pre_c(prefill.begin(), prefill.end());
+  const int64_t sent = (uncached + o.block_size - 1) / o.block_size;  // the blocks the prefill sends
+  for (Candidate& c : pre_c) c.remote_blocks = node(c.rank) != node(chosen.rank) ? sent : 0;
+  const std::size_t pre = choose_worker(policy, pre_c, blocks, o.weights, turn);
   if (prefill[pre].queued_tokens < o.prefill_saturation_tokens) p.prefill = static_cast<int>(pre);
   return p;
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "router/kv_aware_policy.h"
 
@@ -22,6 +23,10 @@ struct PlacementOptions {
   // Prompt tokens queued on a prefill worker that count as saturated: past
   // them the prompt prefills on its decode worker instead of waiting.
   int64_t prefill_saturation_tokens = int64_t{1} << 40;
+  // Each rank's node (any numbering), by rank; empty: one node. A remote
+  // prefill on another node than its decode worker's costs its KV's blocks
+  // at weights.kv_between_nodes.
+  std::vector<int> node_of;
 };
 
 // The saturation the job uses: 64 engine steps' worth of prompt tokens.

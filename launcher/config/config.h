@@ -58,6 +58,7 @@ struct RouterConfig {
   double overlap_weight_device = 1.0;
   double overlap_weight_host = 0.75;
   double overlap_weight_disk = 0.25;
+  double kv_between_nodes_weight = 0.5;  // routing cost of a KV block a prefill would send to another node
 };
 
 struct PlannerConfig {

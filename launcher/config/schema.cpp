@@ -214,6 +214,12 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .doc("Routing value of a prefix block in the HDF5 store (G3).")
           ,
+      key("router", "kv_between_nodes_weight", &C::router, &RouterConfig::kv_between_nodes_weight)
+          .at_least(0)
+          .doc("Disaggregated, over several nodes: what a KV block sent over the network costs, in blocks of "
+               "prefill work, when the router picks a prefill worker; one on the request's decode worker's node "
+               "sends none. 0: nodes do not matter (a fabric as fast as the node).")
+          ,
       // [planner]
       key("planner", "policy", &C::planner, &PlannerConfig::policy)
           .check(check_planner_policy)

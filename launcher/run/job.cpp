@@ -391,6 +391,7 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   mpi::MpiLink link(box, l.roles.leaders(false), l.roles.leaders(true));
   auto setup = router_setup(p, chat);
   setup.hosts = node.hosts;
+  setup.dispatch.node_of = router::node_numbers(node.hosts);  // a prefill prefers its decode worker's node
   setup.worker_timeout_seconds = p.cfg.job.worker_timeout_seconds;
   link.set_silence_limit(p.cfg.job.worker_timeout_seconds, node.hosts);
   // job.mode = "auto": the planner re-splits the workers between epochs.

@@ -106,7 +106,8 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
   router::DispatchOptions& d = s.dispatch;
   d.block_size = c.kv.block_size;
   d.policy = router::parse_route_policy(c.router.policy);
-  d.weights = {1.0, 1.0, c.router.overlap_weight_device, c.router.overlap_weight_host, c.router.overlap_weight_disk};
+  d.weights = {1.0, 1.0, c.router.overlap_weight_device, c.router.overlap_weight_host, c.router.overlap_weight_disk,
+               c.router.kv_between_nodes_weight};
   d.local_prefill_tokens = c.router.local_prefill_tokens;
   d.prefill_saturation_tokens = router::default_prefill_saturation(c.job.max_batched_tokens);
   return s;

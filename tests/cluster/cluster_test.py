@@ -3,38 +3,41 @@
 namespaces with their own hostnames and addresses, real TCP between them, a
 real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
 
+ In the order they run:
  1. mpirun across the nodes (a hostfile, one rank per node): router on node1,
     prefill on node2, decode on node3. Outputs bitwise equal to the one-node
     run; the log and the summary list each node's ranks; every KV byte went
-    between nodes (kv_between_nodes).
- 2. The same over one-sided MPI on TCP (the cluster's mpi.env: osc/pt2pt),
-    and with Debian's default (osc/rdma, which cannot run over TCP): the log
-    names the transport, two-sided MPI after a warning in the second case.
-    And over libfabric (fi_write, tcp;ofi_rxm) between the nodes.
- 3. sbatch -N 3 jobs/disagg.sbatch (srun --mpi=pmix, no Open MPI settings at
+    between nodes (kv_between_nodes). Over two-sided MPI (Debian's osc
+    default, which cannot make windows over TCP: the log says so), one-sided
+    MPI on TCP (the cluster's mpi.env: osc/pt2pt) and libfabric (fi_write,
+    tcp;ofi_rxm).
+ 2. Tensor-parallel workers placed by node: ranks dealt round-robin over the
+    nodes (mpirun --map-by node) make workers of ranks that share a node; the
+    one-node outputs.
+ 3. The router keeps a request's KV on its decode worker's node where a
+    prefill worker shares it (router.kv_between_nodes_weight): fewer bytes
+    between nodes than with the weight at 0; the one-node outputs.
+ 4. sbatch -N 3 jobs/disagg.sbatch (srun --mpi=pmix, no Open MPI settings at
     all): equal outputs; where one-sided windows cannot be made over TCP the
     log says KV moves by two-sided MPI instead; no hang, no MPI_ERR_WIN.
- 4. A node lost mid-job under Slurm (node3's link taken down): rank 0 says
+ 5. A heterogeneous job (`sbatch -p first --ntasks=2 : -p others --ntasks=2
+    jobs/disagg.sbatch`): router and prefill on node1, decode on node2 and
+    node3, one MPI job; the one-node outputs.
+ 6. The KV transport conformance suite across three nodes: two-sided MPI,
+    one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
+ 7. A node's processes killed mid-job under mpirun: the job ends within
+    seconds naming the node, what was written is committed, and --resume
+    on the nodes left finishes every line exactly once with the same tokens.
+ 8. Slurm's requeue of the running multi-node job (scontrol requeue, as a
+    preemption): rank 0 drains and commits, the job starts again and its
+    --resume finishes every line exactly once with the one-node tokens.
+ 9. A node lost mid-job under Slurm (node3's link taken down): rank 0 says
     within job.worker_timeout_seconds which rank and node went silent, the
     output is committed and the job step ends; `sbatch --exclude=node3` of the
     same job (--resume) on the nodes left finishes the input: every line
     exactly once, the tokens of a one-node run.
 Every namespace, veth and daemon the cluster made is gone afterwards, pass or
 fail. Skips (exit 77) where namespaces or Slurm cannot run here.
- 6. A heterogeneous job (`sbatch -p first --ntasks=2 : -p others --ntasks=2
-    jobs/disagg.sbatch`): router and prefill on node1, decode on node2 and
-    node3, one MPI job; the one-node outputs.
- 7. A node's processes killed mid-job under mpirun: the job ends within
-    seconds naming the node, what was written is committed, and --resume
-    on the nodes left finishes every line exactly once with the same tokens.
- 9. Slurm's requeue of the running multi-node job (scontrol requeue, as a
-    preemption): rank 0 drains and commits, the job starts again and its
-    --resume finishes every line exactly once with the one-node tokens.
- 8. Tensor-parallel workers placed by node: ranks dealt round-robin over the
-    nodes (mpirun --map-by node) make workers of ranks that share a node; the
-    one-node outputs.
- 5. The KV transport conformance suite across three nodes: two-sided MPI,
-    one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
 Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
 import json
 import os
@@ -131,7 +134,7 @@ try:
     check("the one-node reference runs", rc == 0, log[-500:])
     ref = outputs(work / "ref.jsonl") if rc == 0 else {}
 
-    # 1-2. mpirun across the nodes: two-sided (Debian's osc default), one-sided (the cluster's mpi.env), libfabric.
+    # 1. mpirun across the nodes: two-sided (Debian's osc default), one-sided (the cluster's mpi.env), libfabric.
     libfabric = ["--set", "transport.backend=libfabric", "--set", 'transport.libfabric_provider="tcp;ofi_rxm"']
     for name, extra_env, transport, sets in (
             ("mpirun, two-sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, "mpi_two_sided", []),
@@ -160,7 +163,7 @@ try:
                   json.dumps({k: s.get(k) for k in ("kv_bytes_transferred", "kv_between_nodes", "kv_within_node")}))
             print(f"     {name}: {between.get('bytes')} KV bytes between nodes at {between.get('gbps', 0):.3f} GB/s")
 
-    # Placement by node: ranks dealt round-robin over the nodes (--map-by node) would split every
+    # 2. Placement by node: ranks dealt round-robin over the nodes (--map-by node) would split every
     # tensor-parallel worker of consecutive ranks across two nodes; placed by node, each sits on one.
     out = work / "placed.jsonl"
     rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "7", "--map-by", "node", *run_args(out),
@@ -173,7 +176,27 @@ try:
           want in log and "spans nodes" not in log and "[rank 4 prefill]" in log and "[rank 6 decode]" in log,
           [l[40:] for l in log.splitlines() if "placed" in l or "spans" in l or "tensor-parallel rank" in l][:7])
 
-    # 3. sbatch -N 3 jobs/disagg.sbatch: srun --mpi=pmix, the user's environment and nothing else.
+    # 3. A prefill worker on each of two nodes, a decode worker on each: a request's KV stays on its
+    # decode worker's node (router.kv_between_nodes_weight), unless that is turned off.
+    kv = {}
+    for weight in ("0.5", "0"):
+        out = work / f"local-{weight}.jsonl"
+        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "5", "--host", "node1:3,node2:2", "--map-by", "node",
+                     *run_args(out), "--set", f"router.kv_between_nodes_weight={weight}")
+        ok = rc == 0 and out.exists() and outputs(out) == ref
+        s = json.loads(Path(str(out) + ".summary.json").read_text()) if ok else {}
+        kv[weight] = (s.get("kv_within_node", {}).get("bytes", 0), s.get("kv_between_nodes", {}).get("bytes", 0),
+                      [(n["host"], n["ranks"]) for n in s.get("nodes", [])])
+        check(f"prefill and decode on both of two nodes, kv_between_nodes_weight = {weight}: the one-node outputs",
+              ok, log[-600:])
+    (within, between, nodes), (within0, between0, _) = kv["0.5"], kv["0"]
+    check("the router keeps KV on the decode worker's node: most bytes within a node, fewer between nodes than "
+          "with the weight at 0",
+          nodes == [("node1", [0, 2, 4]), ("node2", [1, 3])] and within > between and between < between0,
+          f"within/between node: {within}/{between} bytes; weight 0: {within0}/{between0}; {nodes}")
+    print(f"     KV within/between nodes: {within}/{between} bytes; with the weight at 0: {within0}/{between0}")
+
+    # 4. sbatch -N 3 jobs/disagg.sbatch: srun --mpi=pmix, the user's environment and nothing else.
     job = work / "job.toml"
     out = work / "sbatch.jsonl"
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{out}"\n'
@@ -200,7 +223,7 @@ try:
           ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
           [l for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][:4])
 
-    # 6. Prefill and decode on different partitions: a heterogeneous job.
+    # 5. Prefill and decode on different partitions: a heterogeneous job.
     het_out = work / "het.jsonl"
     het_job = work / "het.toml"
     het_job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{het_out}"\n'
@@ -216,7 +239,7 @@ try:
           "prefill on 1 rank(s), decode on 2 rank(s)" in log,
           [l for l in log.splitlines() if "nodes:" in l or "prefill on" in l or "error" in l][:4] or log[-600:] or jid)
 
-    # 5. Conformance across the nodes (before the node loss below takes one away).
+    # 6. Conformance across the nodes (before the node loss below takes one away).
     for mode, extra_env, args in (("two_sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, ["two_sided"]),
                                   ("rma (osc/pt2pt)", {}, ["rma"]),
                                   ("libfabric tcp;ofi_rxm", {}, ["libfabric", "tcp;ofi_rxm"])):
@@ -268,7 +291,7 @@ try:
           f"{before} lines before, {len(got)} after ({len(tokens)} distinct)")
     print(f"     node3's rank killed after {before} of 200 lines; mpirun ended {took:.1f} s later")
 
-    # 9. Slurm requeues the running 3-node job (as preemption does): the batch script hands SIGTERM on,
+    # 8. Slurm requeues the running 3-node job (as preemption does): the batch script hands SIGTERM on,
     # rank 0 drains and commits, and the job's second start (--resume) finishes every line once.
     rq_out = work / "requeued.jsonl"
     job = work / "requeue.toml"
@@ -296,7 +319,7 @@ try:
           str([l[40:] for l in log.splitlines() if "resuming" in l or "signal 15" in l or "REQUEUE" in l]))
     print(f"     requeued after {before} of 200 lines; the job was done {took:.0f} s later")
 
-    # 4. A node lost mid-job: its link goes down; then the same job on the nodes left.
+    # 9. A node lost mid-job: its link goes down; then the same job on the nodes left.
     lost_out = work / "lost.jsonl"
     job = work / "lost.toml"
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{lost_out}"\n'

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "router/kv_aware_policy.h"
+#include "router/placement.h"
 #include "router/prefix_order.h"
 
 using namespace tandem::router;
@@ -30,6 +31,35 @@ TEST_CASE("KV-aware routing follows Dynamo's cost, ties to the lowest rank", "[r
     const auto i = choose_worker(RoutePolicy::kKvAware, row.candidates, row.prompt_blocks, w, 0);
     CHECK(row.candidates[i].rank == row.want_rank);
   }
+}
+
+TEST_CASE("a remote prefill prefers the decode worker's node unless the other node is the less loaded by more", "[router]") {
+  // Two nodes: ranks 1 and 3 on node 1, ranks 2 and 4 on node 0. Prefill workers 1, 2; decode workers 3, 4.
+  PlacementOptions o;
+  o.block_size = 16;
+  o.local_prefill_tokens = 16;
+  o.node_of = {0, 1, 0, 1, 0};
+  const std::vector<Candidate> decode = {{3, 0, 8, 1, 0}, {4, 0, 0, 0, 0}};  // 4 is the less loaded: chosen
+  std::vector<Candidate> prefill = {{1, 0, 0, 0, 0}, {2, 0, 0, 0, 0}};
+  PlacementChoice c = place(160, decode, prefill, o, 0);  // 10 blocks to send
+  CHECK(decode[c.worker].rank == 4);
+  CHECK(prefill[static_cast<std::size_t>(c.prefill)].rank == 2);  // on node 0 with it, though rank 1 is lower
+  // Nodes unknown, or a weight of 0: the lowest rank, as on one node.
+  o.weights.kv_between_nodes = 0;
+  c = place(160, decode, prefill, o, 0);
+  CHECK(prefill[static_cast<std::size_t>(c.prefill)].rank == 1);
+  o.weights.kv_between_nodes = 0.5;
+  o.node_of.clear();
+  c = place(160, decode, prefill, o, 0);
+  CHECK(prefill[static_cast<std::size_t>(c.prefill)].rank == 1);
+  // Rank 2 has 96 prompt tokens queued (6 blocks of work) > 0.5 x 10 blocks sent: rank 1, across the nodes.
+  o.node_of = {0, 1, 0, 1, 0};
+  prefill[1].queued_tokens = 96;
+  c = place(160, decode, prefill, o, 0);
+  CHECK(prefill[static_cast<std::size_t>(c.prefill)].rank == 1);
+  prefill[1].queued_tokens = 64;  // 4 blocks < 5: still its own node
+  c = place(160, decode, prefill, o, 0);
+  CHECK(prefill[static_cast<std::size_t>(c.prefill)].rank == 2);
 }
 
 TEST_CASE("round robin and least loaded", "[router]") {
