@@ -46,6 +46,7 @@ struct ClusterConfig {
   int64_t tp = 1;                 // tensor-parallel width of every worker (ranks per worker)
   int64_t prefill_tp = 0;         // of a prefill worker; 0: tp
   int64_t decode_tp = 0;          // of a decode (or aggregated) worker; 0: tp
+  std::string placement = "node"; // node: roles spread over the nodes, groups on one node each | rank
   int prefill_width() const { return static_cast<int>(prefill_tp > 0 ? prefill_tp : tp); }
   int decode_width() const { return static_cast<int>(decode_tp > 0 ? decode_tp : tp); }
 };
@@ -101,11 +102,13 @@ enum class JobMode { kDisagg, kAgg, kAuto };
 enum class ComputeBackend { kCpu, kCuda };
 enum class TransportKind { kAuto, kMpiRma, kMpiTwoSided, kNccl, kLibfabric };
 enum class OutputOrder { kCompletion, kInput };
+enum class Placement { kNode, kRank };
 struct Choices {
   JobMode mode = JobMode::kDisagg;
   ComputeBackend backend = ComputeBackend::kCpu;
   TransportKind transport = TransportKind::kAuto;
   OutputOrder output_order = OutputOrder::kCompletion;
+  Placement placement = Placement::kNode;
   bool on_cpu() const { return backend == ComputeBackend::kCpu; }
 };
 

@@ -232,6 +232,7 @@ void resolve_choices(Config& c) {
                         : t == "libfabric"     ? TransportKind::kLibfabric
                                                : TransportKind::kAuto;
   c.choices.output_order = c.job.output_order == "input" ? OutputOrder::kInput : OutputOrder::kCompletion;
+  c.choices.placement = c.cluster.placement == "rank" ? Placement::kRank : Placement::kNode;
 }
 
 const char* transport_name(TransportKind t) {

@@ -162,6 +162,14 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .doc("Worker ranks that decode; 0: every worker that does not prefill.")
           ,
+      key("cluster", "placement", &C::cluster, &ClusterConfig::placement)
+          .choices({"node", "rank"})
+          .doc("Over several nodes, which ranks do what. node: each node gets prefill and decode workers in "
+               "the job's proportion (a prompt's KV then stays on its node: router.kv_between_nodes_weight) and "
+               "each tensor-parallel worker's ranks share a node; rank: ranks 1..prefill_ranks prefill, the rest "
+               "decode, each worker's ranks still on one node where they can be. A heterogeneous Slurm job "
+               "always places by rank (its components choose the roles).")
+          ,
       key("cluster", "prefill_fraction", &C::cluster, &ClusterConfig::prefill_fraction)
           .at_least(0).at_most(1)
           .doc("Share of the workers that prefill when counts are not given.")

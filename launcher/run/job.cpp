@@ -119,6 +119,7 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
+  bool keep_roles = true;  // ranks 1..P prefill (cluster.placement = "rank", a heterogeneous job, one node)
   bool prefill = false;  // this rank prefills
   Roles::Group group;    // this worker rank's group
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
@@ -133,10 +134,25 @@ int first_leader(const Roles& r) {
   return d.empty() ? p.front() : std::min(p.front(), d.front());
 }
 
-// Rank 0's word on where the tensor-parallel workers sit, when there are several nodes.
+// Rank 0's word on which node prefills and decodes where, and where the
+// tensor-parallel workers sit, when there are several nodes.
 void log_groups(const Roles& r, const std::vector<std::string>& hosts, bool by_node) {
-  if (r.prefill_tp == 1 && r.decode_tp == 1) return;
   const service::GroupMap& m = r.map();
+  if (r.prefill > 0 && router::ranks_by_host(hosts).size() > 1) {
+    std::string line;
+    for (const auto& [host, ranks] : router::ranks_by_host(hosts)) {
+      std::vector<int> pre, dec;
+      for (int rank : ranks)
+        if (rank > 0) (m.prefill_at(rank) ? pre : dec).push_back(rank);
+      if (pre.empty() && dec.empty()) continue;
+      line += fmt::format("{}{} (", line.empty() ? "" : ", ", host);
+      if (!pre.empty()) line += "prefill " + service::GroupMap::describe(pre) + (dec.empty() ? "" : "; ");
+      if (!dec.empty()) line += "decode " + service::GroupMap::describe(dec);
+      line += ")";
+    }
+    spdlog::info("roles by node{}: {}", by_node && r.prefill_tp == 1 && r.decode_tp == 1 ? " (placed by node)" : "", line);
+  }
+  if (r.prefill_tp == 1 && r.decode_tp == 1) return;
   auto nodes_of = [&hosts](const std::vector<int>& group) {
     std::vector<std::string> on;
     for (int rank : group)
@@ -167,11 +183,12 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
   bool by_node = false;
   if (env.size() > 2) {
     // A heterogeneous Slurm job puts prefill and decode on the components asked for: roles keep their ranks.
-    int keep_roles = std::getenv("SLURM_HET_SIZE") != nullptr ? 1 : 0;
+    int keep_roles = std::getenv("SLURM_HET_SIZE") != nullptr || p.cfg.choices.placement == Placement::kRank ? 1 : 0;
     TANDEM_MPI_OR_THROW(MPI_Bcast(&keep_roles, 1, MPI_INT, 0, env.world()));
     const Roles& r = l.roles;
+    l.keep_roles = keep_roles != 0;
     service::GroupMap placed = service::place_by_node(hosts, r.prefill, r.prefill_tp, r.decode, r.decode_tp, keep_roles != 0);
-    by_node = placed.leaders(true) != r.groups.leaders(true) || placed.leaders(false) != r.groups.leaders(false);
+    by_node = !(placed == r.groups);
     l.roles.groups = std::move(placed);
   }
   if (rank >= 1) l.group = l.roles.group_of(rank);
@@ -400,6 +417,7 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
     epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name, l.roles.decode_tp);
     std::vector<int> ranks = l.roles.leaders(true), decode = l.roles.leaders(false);
     ranks.insert(ranks.end(), decode.begin(), decode.end());
+    if (!l.keep_roles) ranks = l.roles.map().leaders_by_node(node.hosts);  // each epoch's prefill ranks spread over the nodes
     setup.planner = epoch_planner.get();
     setup.epoch_requests = p.cfg.job.epoch_requests;
     setup.worker_ranks = ranks;

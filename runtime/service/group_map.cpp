@@ -88,6 +88,23 @@ std::vector<int> GroupMap::leaders(bool prefill) const {
   return out;
 }
 
+std::vector<int> GroupMap::leaders_by_node(const std::vector<std::string>& hosts) const {
+  std::vector<int> all;
+  for (const auto& g : groups_) all.push_back(g.front());
+  std::sort(all.begin(), all.end());
+  std::map<std::string, std::vector<int>> on;  // each node's leaders, in rank order
+  for (int r : all) on[static_cast<std::size_t>(r) < hosts.size() ? hosts[static_cast<std::size_t>(r)] : ""].push_back(r);
+  // The i-th of a node's n leaders sits at (i + 1/2) / n: merged by that key (then rank), every prefix is proportional.
+  std::vector<std::pair<double, int>> keyed;
+  for (const auto& [host, leaders] : on)
+    for (std::size_t i = 0; i < leaders.size(); ++i)
+      keyed.push_back({(static_cast<double>(i) + 0.5) / static_cast<double>(leaders.size()), leaders[i]});
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int> out;
+  for (const auto& [key, leader] : keyed) out.push_back(leader);
+  return out;
+}
+
 std::vector<std::vector<int>> GroupMap::spanning(const std::vector<std::string>& hosts) const {
   std::vector<std::vector<int>> out;
   for (const auto& g : groups_) {
@@ -158,12 +175,56 @@ std::vector<int> range(int first, int last) {
   return out;
 }
 
+// Equal widths: every node's whole groups, then those of the ranks left
+// over (spanning nodes); prefill's groups spread over the nodes in
+// proportion to each node's groups (largest remainder, ties to the node of
+// the lowest rank), each node's lowest groups prefilling.
+GroupMap spread_roles(const std::vector<std::string>& hosts, const std::vector<int>& ranks, int width, int prefill_groups) {
+  std::vector<std::vector<std::vector<int>>> on;  // groups per node; the last: those that span nodes
+  std::vector<int> left;
+  for (const auto& node : free_by_node(hosts, ranks)) {
+    on.emplace_back();
+    std::size_t i = 0;
+    for (; i + static_cast<std::size_t>(width) <= node.size(); i += static_cast<std::size_t>(width))
+      on.back().emplace_back(node.begin() + static_cast<std::ptrdiff_t>(i), node.begin() + static_cast<std::ptrdiff_t>(i + width));
+    left.insert(left.end(), node.begin() + static_cast<std::ptrdiff_t>(i), node.end());
+  }
+  std::sort(left.begin(), left.end());
+  on.emplace_back();
+  for (std::size_t i = 0; i + static_cast<std::size_t>(width) <= left.size(); i += static_cast<std::size_t>(width))
+    on.back().emplace_back(left.begin() + static_cast<std::ptrdiff_t>(i), left.begin() + static_cast<std::ptrdiff_t>(i + width));
+  std::size_t total = 0;
+  for (const auto& g : on) total += g.size();
+  std::vector<std::size_t> quota(on.size());
+  std::vector<std::pair<double, std::size_t>> rest;  // (-fraction, node): the largest fractions first, then the earliest
+  std::size_t given = 0;
+  for (std::size_t k = 0; k < on.size(); ++k) {
+    const double exact = total ? static_cast<double>(prefill_groups) * static_cast<double>(on[k].size()) / static_cast<double>(total) : 0;
+    quota[k] = static_cast<std::size_t>(exact);
+    given += quota[k];
+    rest.push_back({-(exact - static_cast<double>(quota[k])), k});
+  }
+  std::sort(rest.begin(), rest.end());
+  for (std::size_t i = 0; given < static_cast<std::size_t>(prefill_groups) && i < rest.size(); ++i)
+    if (quota[rest[i].second] < on[rest[i].second].size()) ++quota[rest[i].second], ++given;
+  std::vector<std::vector<int>> prefill, decode;
+  for (std::size_t k = 0; k < on.size(); ++k)
+    for (std::size_t i = 0; i < on[k].size(); ++i) (i < quota[k] ? prefill : decode).push_back(on[k][i]);
+  return GroupMap(std::move(prefill), std::move(decode));
+}
+
 }  // namespace
 
 GroupMap place_by_node(const std::vector<std::string>& hosts, int prefill_ranks, int prefill_tp, int decode_ranks,
                        int decode_tp, bool keep_roles) {
   const int a = std::max(1, prefill_tp), b = std::max(1, decode_tp);
   GroupMap in_order(prefill_ranks, a, decode_ranks, b);
+  std::set<std::string> nodes;
+  for (int r = 1; r <= prefill_ranks + decode_ranks; ++r)
+    if (static_cast<std::size_t>(r) < hosts.size()) nodes.insert(hosts[static_cast<std::size_t>(r)]);
+  if (nodes.size() < 2) return in_order;
+  if (!keep_roles && prefill_ranks > 0 && a == b)
+    return spread_roles(hosts, range(1, prefill_ranks + decode_ranks), a, prefill_ranks / a);
   const std::size_t split = in_order.spanning(hosts).size();
   if (split == 0 || (a == 1 && b == 1)) return in_order;
   const std::vector<int> prefill_widths(static_cast<std::size_t>(prefill_ranks / a), a);

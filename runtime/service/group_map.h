@@ -33,8 +33,13 @@ class GroupMap {
   std::vector<int> members(int rank) const;  // of rank's group
   // The leaders of the prefill (or decode) workers, lowest first.
   std::vector<int> leaders(bool prefill) const;
+  // Every leader, ordered so that each prefix takes from every node in
+  // proportion to its workers (a node's in rank order): the planner's
+  // re-splits prefill on the first k, and stay spread over the nodes.
+  std::vector<int> leaders_by_node(const std::vector<std::string>& hosts) const;
   // The groups whose ranks are on more than one of `hosts` (by world rank).
   std::vector<std::vector<int>> spanning(const std::vector<std::string>& hosts) const;
+  bool operator==(const GroupMap&) const = default;
   // "1-4" for consecutive ranks, else "1, 3, 5, 7".
   static std::string describe(const std::vector<int>& ranks);
 
@@ -45,13 +50,17 @@ class GroupMap {
   std::vector<int> group_of_;  // by world rank; -1: none (rank 0)
 };
 
-// The workers placed by node: each group on one node where the ranks allow,
-// taking nodes in the order of their lowest worker rank and each node's
-// ranks in rank order, prefill's groups first. keep_roles holds each role
-// to its rank range (ranks 1..P prefill, as a heterogeneous Slurm job's
-// components ask) and only regroups within it. When rank order already keeps
-// every group on one node, or placing by node would not keep more of them on
-// one, the map is rank order's.
+// The workers placed by node (on one node: rank order). Each group is made
+// of ranks that share a node where the ranks allow, taking nodes in the
+// order of their lowest worker rank and each node's ranks in rank order.
+// Disaggregated with one width, the prefill groups are spread over the nodes
+// in proportion to each node's groups (so a prompt's KV can stay on its
+// node), each node's lowest-ranked groups prefilling. keep_roles instead
+// holds each role to its rank range (ranks 1..P prefill, as a heterogeneous
+// Slurm job's components or cluster.placement = "rank" ask) and only
+// regroups within it; so do different widths, prefill's groups placed first.
+// There, when rank order already keeps every group on one node, or placing
+// by node would not keep more of them on one, the map is rank order's.
 GroupMap place_by_node(const std::vector<std::string>& hosts, int prefill_ranks, int prefill_tp, int decode_ranks,
                        int decode_tp, bool keep_roles);
 

@@ -14,9 +14,11 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
  2. Tensor-parallel workers placed by node: ranks dealt round-robin over the
     nodes (mpirun --map-by node) make workers of ranks that share a node; the
     one-node outputs.
- 3. The router keeps a request's KV on its decode worker's node where a
-    prefill worker shares it (router.kv_between_nodes_weight): fewer bytes
-    between nodes than with the weight at 0; the one-node outputs.
+ 3. Roles by node: each node gets prefill and decode workers in the job's
+    proportion (cluster.placement = "node"), and the router keeps a prompt's
+    KV on its decode worker's node (router.kv_between_nodes_weight): fewer
+    bytes between nodes than with roles in rank order (where all cross); the
+    one-node outputs; with the weight at 0 for the figures.
  4. sbatch -N 3 jobs/disagg.sbatch (srun --mpi=pmix, no Open MPI settings at
     all): equal outputs; where one-sided windows cannot be made over TCP the
     log says KV moves by two-sided MPI instead; no hang, no MPI_ERR_WIN.
@@ -176,25 +178,31 @@ try:
           want in log and "spans nodes" not in log and "[rank 4 prefill]" in log and "[rank 6 decode]" in log,
           [l[40:] for l in log.splitlines() if "placed" in l or "spans" in l or "tensor-parallel rank" in l][:7])
 
-    # 3. A prefill worker on each of two nodes, a decode worker on each: a request's KV stays on its
-    # decode worker's node (router.kv_between_nodes_weight), unless that is turned off.
+    # 3. Roles by node: 4 ranks on each of two nodes (block), 3 prefill and 4 decode workers. In rank
+    # order node1 would prefill and node2 decode, every prompt's KV crossing; spread, each node does
+    # both and the router keeps a prompt's KV on its decode worker's node (router.kv_between_nodes_weight).
     kv = {}
-    for weight in ("0.5", "0"):
-        out = work / f"local-{weight}.jsonl"
-        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "5", "--host", "node1:3,node2:2", "--map-by", "node",
-                     *run_args(out), "--set", f"router.kv_between_nodes_weight={weight}")
+    for name, sets in (("placed by node", []), ("weight 0", ["--set", "router.kv_between_nodes_weight=0"]),
+                       ("placement rank", ["--set", 'cluster.placement="rank"'])):
+        out = work / f"roles-{name.replace(' ', '-')}.jsonl"
+        rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "8", "--host", "node1:4,node2:4", *run_args(out),
+                     "--set", "cluster.prefill_ranks=3", *sets, timeout=240)
         ok = rc == 0 and out.exists() and outputs(out) == ref
         s = json.loads(Path(str(out) + ".summary.json").read_text()) if ok else {}
-        kv[weight] = (s.get("kv_within_node", {}).get("bytes", 0), s.get("kv_between_nodes", {}).get("bytes", 0),
-                      [(n["host"], n["ranks"]) for n in s.get("nodes", [])])
-        check(f"prefill and decode on both of two nodes, kv_between_nodes_weight = {weight}: the one-node outputs",
-              ok, log[-600:])
-    (within, between, nodes), (within0, between0, _) = kv["0.5"], kv["0"]
-    check("the router keeps KV on the decode worker's node: most bytes within a node, fewer between nodes than "
-          "with the weight at 0",
-          nodes == [("node1", [0, 2, 4]), ("node2", [1, 3])] and within > between and between < between0,
-          f"within/between node: {within}/{between} bytes; weight 0: {within0}/{between0}; {nodes}")
-    print(f"     KV within/between nodes: {within}/{between} bytes; with the weight at 0: {within0}/{between0}")
+        kv[name] = (s.get("kv_within_node", {}).get("bytes", 0), s.get("kv_between_nodes", {}).get("bytes", 0),
+                    [l[l.find("roles by node"):] for l in log.splitlines() if "roles by node" in l])
+        check(f"3 prefill and 4 decode workers on two nodes, {name}: the one-node outputs", ok, log[-600:])
+    (within, between, roles), (within0, between0, _), (within_r, between_r, roles_r) = kv.values()
+    check("roles spread over the nodes in the job's proportion, as the log says",
+          roles == ["roles by node (placed by node): node1 (prefill 1; decode 2-3), node2 (prefill 4-5; decode 6-7)"]
+          and roles_r == ["roles by node: node1 (prefill 1-3), node2 (decode 4-7)"], roles + roles_r)
+    check("the router keeps KV on the decode worker's node: most bytes within a node, where with roles in rank "
+          "order all of them cross between nodes",
+          within > between and between < between_r and within_r == 0 and between_r > 0,
+          f"within/between node: {within}/{between} bytes; weight 0: {within0}/{between0}; rank order: "
+          f"{within_r}/{between_r}")
+    print(f"     KV within/between nodes: {within}/{between} bytes; with the weight at 0: {within0}/{between0}; "
+          f"roles in rank order: {within_r}/{between_r}")
 
     # 4. sbatch -N 3 jobs/disagg.sbatch: srun --mpi=pmix, the user's environment and nothing else.
     job = work / "job.toml"

@@ -64,9 +64,29 @@ TEST_CASE("placed by node: ranks that rank order already keeps on their nodes st
   const GroupMap m = place_by_node(hosts, 4, 4, 4, 4, false);
   CHECK(groups(m, true) == Groups{{1, 2, 3, 4}});
   CHECK(groups(m, false) == Groups{{5, 6, 7, 8}});
-  // One rank per worker: nothing to place.
+  // One rank per worker, alternating nodes: one prefill on each (B holds 3 workers, A 2).
   const GroupMap singles = place_by_node(nodes("ABABAB"), 2, 1, 3, 1, false);
   CHECK(groups(singles, true) == Groups{{1}, {2}});
+  // On one node, always rank order.
+  const GroupMap one = place_by_node(nodes("AAAAAAA"), 2, 2, 4, 2, false);
+  CHECK(one == GroupMap(2, 2, 4, 2));
+}
+
+TEST_CASE("placed by node: each node prefills and decodes in the job's proportion, so KV can stay on it") {
+  // sbatch -N 2 --ntasks=8 (block): ranks 0-3 on A, 4-7 on B; 3 prefill, 4 decode. Rank order would
+  // prefill on A only (every prompt's KV crossing to B); spread, A prefills 1 of its 3, B 2 of its 4.
+  const auto hosts = nodes("AAAABBBB");
+  const GroupMap m = place_by_node(hosts, 3, 1, 4, 1, false);
+  CHECK(groups(m, true) == Groups{{1}, {4}, {5}});
+  CHECK(groups(m, false) == Groups{{2}, {3}, {6}, {7}});
+  // cluster.placement = "rank" (or a heterogeneous job): ranks 1..3 prefill.
+  CHECK(place_by_node(hosts, 3, 1, 4, 1, true) == GroupMap(3, 1, 4, 1));
+  // Workers of two ranks: one prefill worker on each node, each worker on one node.
+  const auto nine = nodes("AAAAABBBB");
+  const GroupMap pairs = place_by_node(nine, 4, 2, 4, 2, false);
+  CHECK(groups(pairs, true) == Groups{{1, 2}, {5, 6}});
+  CHECK(groups(pairs, false) == Groups{{3, 4}, {7, 8}});
+  CHECK(pairs.spanning(nine).empty());
 }
 
 TEST_CASE("placed by node: a cyclic layout (mpirun --map-by node) gets every group on one node") {
@@ -110,4 +130,12 @@ TEST_CASE("placed by node, roles kept (a heterogeneous job): each role regroups 
   const GroupMap free = place_by_node(split, 2, 2, 3, 1, false);
   CHECK(free.spanning(split).empty());
   CHECK(groups(free, true) == Groups{{2, 3}});
+}
+
+TEST_CASE("leaders by node: every prefix of the order takes from each node in proportion") {
+  const auto hosts = nodes("AAAABBBB");  // workers 1-3 on A, 4-7 on B
+  const GroupMap m(0, 1, 7, 1);
+  CHECK(m.leaders_by_node(hosts) == std::vector<int>{4, 1, 5, 2, 6, 3, 7});
+  // One node: rank order.
+  CHECK(m.leaders_by_node(nodes("AAAAAAAA")) == std::vector<int>{1, 2, 3, 4, 5, 6, 7});
 }
