@@ -293,23 +293,28 @@ try:
     rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "3", "--host", "node1,node2:2",
                  *run_args(killed_out, long_inp), "--resume")
     got = [json.loads(l) for l in lines(killed_out)]
-    tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
+    tokens = outputs(killed_out)
     check("then --resume on node1 and node2: every line exactly once, the one-node tokens",
           rc == 0 and len(long_ref) == 200 and 0 < before < 200 and len(got) == 200 and tokens == long_ref,
           f"{before} lines before, {len(got)} after ({len(tokens)} distinct)")
     print(f"     node3's rank killed after {before} of 200 lines; mpirun ended {took:.1f} s later")
 
+    def long_job(name, extra):
+        """jobs/disagg.sbatch on the three nodes over the 200-line input (the job file's [job] gets `extra`),
+        returned once 20 lines are out: (job id, output, job file)."""
+        out, job = work / f"{name}.jsonl", work / f"{name}.toml"
+        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{out}"\n'
+                       f'flush_seconds = 0.5\n{extra}[router]\nlocal_prefill_tokens = 16\n')
+        _, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
+        for _ in range(240):
+            if len(lines(out)) >= 20:
+                break
+            time.sleep(0.25)
+        return jid, out, job
+
     # 8. Slurm requeues the running 3-node job (as preemption does): the batch script hands SIGTERM on,
     # rank 0 drains and commits, and the job's second start (--resume) finishes every line once.
-    rq_out = work / "requeued.jsonl"
-    job = work / "requeue.toml"
-    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{rq_out}"\n'
-                   f'flush_seconds = 0.5\nmax_num_seqs = 4\n[router]\nlocal_prefill_tokens = 16\n')
-    _, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
-    for _ in range(240):
-        if len(lines(rq_out)) >= 20:
-            break
-        time.sleep(0.25)
+    jid, rq_out, _ = long_job("requeued", "max_num_seqs = 4\n")
     rc, said = sh(cluster_sh, "on", str(cluster), "node1", "scontrol", "requeue", jid)
     requeued_at = time.time()
     wait_gone(jid, 120)  # the first start ends (CG, then PD), the second runs to the end
@@ -318,7 +323,7 @@ try:
     resumed = [l.split(": ")[-1] for l in log.splitlines() if f"resuming {rq_out}:" in l]
     before = int(resumed[-1].split()[0]) if len(resumed) == 2 else None  # what the first start committed
     got = [json.loads(l) for l in lines(rq_out)]
-    tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
+    tokens = outputs(rq_out)
     check("Slurm requeues the running 3-node job: it drains and commits, starts again and resumes; every line "
           "exactly once, the one-node tokens",
           rc == 0 and before is not None and 0 < before < 200 and len(got) == 200 and tokens == long_ref and
@@ -328,16 +333,7 @@ try:
     print(f"     requeued after {before} of 200 lines; the job was done {took:.0f} s later")
 
     # 9. A node lost mid-job: its link goes down; then the same job on the nodes left.
-    lost_out = work / "lost.jsonl"
-    job = work / "lost.toml"
-    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{lost_out}"\n'
-                   f'flush_seconds = 0.5\nworker_timeout_seconds = 5\n[router]\nlocal_prefill_tokens = 16\n')
-
-    _, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
-    for _ in range(240):
-        if len(lines(lost_out)) >= 20:
-            break
-        time.sleep(0.25)
+    jid, lost_out, job = long_job("lost", "worker_timeout_seconds = 5\n")
     down_at = time.time()
     sh("ip", "-n", f"{tag}-node3", "link", "set", "eth0", "down")
     log_file = work / f"tandem-{jid}.log"
@@ -360,7 +356,7 @@ try:
     wait_gone(jid2)
     got = [json.loads(l) for l in lines(lost_out)]
     ids = [g["custom_id"] for g in got]
-    tokens = {g["custom_id"]: (g["tandem"]["token_ids"], g["response"]["body"]["choices"][0].get("logprobs")) for g in got}
+    tokens = outputs(lost_out)
     check("then --resume on the nodes left: every line exactly once, the one-node run's tokens",
           len(long_ref) == 200 and 0 < done_before < 200 and sorted(ids) == sorted(long_ref) and tokens == long_ref,
           f"{done_before} lines before, {len(ids)} after ({len(set(ids))} distinct)")
