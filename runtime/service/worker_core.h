@@ -85,12 +85,14 @@ class WorkerCore {
   // Writes what the disk store still has queued and closes it (end of the job).
   void close_tiers();
 
-  void count_kv_sent(int dest, int64_t bytes, double seconds) {
+  void count_kv_sent(int dest, int64_t bytes) {
     kv_bytes_ += bytes;
-    kv_seconds_ += seconds;
-    auto& to = kv_to_[dest];
-    to.first += bytes;
-    to.second += seconds;
+    kv_to_[dest].first += bytes;
+  }
+  // Wall time with KV of ours in flight: to `dest`, or (-1) to anyone.
+  void count_kv_time(int dest, double seconds) {
+    if (dest < 0) kv_seconds_ += seconds;
+    else if (seconds > 0) kv_to_[dest].second += seconds;
   }
   void set_kv_wait_seconds(double s) { kv_wait_s_ = s; }
   std::size_t block_bytes() const { return pool_.layout().block_bytes(); }

@@ -161,7 +161,6 @@ void WorkerService::send_handoff(WorkerCore::Handoff& h) {
   const auto skip = std::min<std::size_t>(static_cast<std::size_t>(d->second.skip), h.kv_blocks.size());
   const auto n = std::min(h.kv_blocks.size() - skip, d->second.blocks.size());
   Sending s;
-  s.posted = Clock::now();
   s.dest = d->second.decode_rank;
   s.bytes = static_cast<std::size_t>(port_.kv_wire_bytes(d->second.decode_rank, static_cast<int64_t>(n), core_.block_bytes()));
   const auto note = encode(h.ready);
@@ -170,6 +169,9 @@ void WorkerService::send_handoff(WorkerCore::Handoff& h) {
                          std::span<const int32_t>(d->second.blocks).first(n), note);
   });
   s.blocks = std::move(h.kv_blocks);
+  const auto now = Clock::now();
+  sending_all_.start(now);
+  sending_to_[s.dest].start(now);
   sending_.push_back(std::move(s));
   destinations_.erase(d);
 }
@@ -190,9 +192,10 @@ bool WorkerService::drive_transfers() {
       ++it;
       continue;
     }
-    if (st == WorkerPort::KvState::kDone)
-      core_.count_kv_sent(it->dest, static_cast<int64_t>(it->bytes),
-                          std::chrono::duration<double>(Clock::now() - it->posted).count());
+    if (st == WorkerPort::KvState::kDone) core_.count_kv_sent(it->dest, static_cast<int64_t>(it->bytes));
+    const auto now = Clock::now();
+    core_.count_kv_time(-1, sending_all_.stop(now));
+    core_.count_kv_time(it->dest, sending_to_[it->dest].stop(now));
     core_.release(it->blocks);
     port_.release_kv(it->id);
     it = sending_.erase(it);

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -76,7 +77,19 @@ class WorkerService {
     std::vector<int32_t> blocks;  // ours, held until the transfer no longer reads them
     std::size_t bytes = 0;
     int dest = 0;
-    Clock::time_point posted;
+  };
+  // Wall time with at least one transfer of ours in flight: the union of
+  // their times (post to seen done), not their sum, so overlapping
+  // transfers give the rate the link carried.
+  struct InFlight {
+    int n = 0;
+    Clock::time_point since;
+    void start(Clock::time_point now) {
+      if (n++ == 0) since = now;
+    }
+    double stop(Clock::time_point now) {  // the period's seconds when it ends, else 0
+      return --n == 0 ? std::chrono::duration<double>(now - since).count() : 0.0;
+    }
   };
 
   // Handlers, one per message type.
@@ -105,6 +118,8 @@ class WorkerService {
   std::unordered_map<uint64_t, AwaitingKv> awaiting_;
   std::unordered_map<uint64_t, Destination> destinations_;
   std::vector<Sending> sending_;
+  InFlight sending_all_;                 // any transfer of ours
+  std::map<int, InFlight> sending_to_;   // by destination rank
   std::deque<WireRoles> resplits_;           // in the order rank 0 sent them
   bool resplitting_ = false;                 // the port is splitting for resplits_.front()
   std::vector<WorkerCore::Handoff> held_;    // prefills finished during a re-split: posted after it
