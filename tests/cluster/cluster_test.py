@@ -38,6 +38,10 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
     output is committed and the job step ends; `sbatch --exclude=node3` of the
     same job (--resume) on the nodes left finishes the input: every line
     exactly once, the tokens of a one-node run.
+ 10. The same link lost under a bare mpirun with Open MPI's daemon keepalive
+    below job.worker_timeout_seconds (jobs/disagg.sbatch's mpirun path sets
+    it): mpirun ends the job within seconds naming node3; what was written
+    is committed.
 Every namespace, veth and daemon the cluster made is gone afterwards, pass or
 fail. Skips (exit 77) where namespaces or Slurm cannot run here.
 Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
@@ -362,6 +366,34 @@ try:
           f"{done_before} lines before, {len(ids)} after ({len(set(ids))} distinct)")
     print(f"     node lost after {done_before} of 200 lines; rank 0 said so after {said:.1f} s, the step ended after "
           f"{ended:.1f} s" if said is not None and ended is not None else "     (no timings)")
+
+    # 10. The same loss under a bare mpirun, with Open MPI's daemon keepalive set below
+    # job.worker_timeout_seconds (as jobs/disagg.sbatch does on its mpirun path): mpirun notices the
+    # lost daemon and ends the job; rank 0 commits on its TERM.
+    sh("ip", "-n", f"{tag}-node3", "link", "set", "eth0", "up")
+    ka_out = work / "keepalive.jsonl"
+    ka_env = dict(os.environ, OMPI_MCA_oob_tcp_keepalive_time="3", OMPI_MCA_oob_tcp_keepalive_intvl="1",
+                  OMPI_MCA_oob_tcp_keepalive_probes="2")
+    job_proc = subprocess.Popen([cluster_sh, "mpirun", str(cluster), "-np", "3", "--map-by", "node",
+                                 *run_args(ka_out, long_inp), *flush, "--set", "job.max_num_seqs=2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ka_env)
+    for _ in range(240):
+        if len(lines(ka_out)) >= 20 or job_proc.poll() is not None:
+            break
+        time.sleep(0.25)
+    sh("ip", "-n", f"{tag}-node3", "link", "set", "eth0", "down")
+    down_at = time.time()
+    try:
+        log, _ = job_proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        job_proc.kill()
+        log, _ = job_proc.communicate()
+    took = time.time() - down_at
+    check("a node's link lost under mpirun: mpirun ends the job within 30 s naming the node, what was written "
+          "committed", job_proc.returncode != 0 and took < 30 and "lost communication with a remote daemon" in log and
+          "node3" in log and 0 < len(lines(ka_out)) < 200,
+          f"rc {job_proc.returncode} after {took:.1f} s, {len(lines(ka_out))} lines: " + log[-400:])
+    print(f"     mpirun ended {took:.1f} s after node3's link went down")
 finally:
     rc, log = sh(cluster_sh, "down", str(cluster), timeout=60)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
