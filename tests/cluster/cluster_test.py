@@ -23,8 +23,9 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
     all): equal outputs; where one-sided windows cannot be made over TCP the
     log says KV moves by two-sided MPI instead; no hang, no MPI_ERR_WIN.
  5. A heterogeneous job (`sbatch -p first --ntasks=2 : -p others --ntasks=2
-    jobs/disagg.sbatch`): router and prefill on node1, decode on node2 and
-    node3, one MPI job; the one-node outputs.
+    jobs/disagg.sbatch`, and a copy of the script with `#SBATCH hetjob`):
+    router and prefill on node1, decode on node2 and node3, one MPI job; the
+    one-node outputs.
  6. The KV transport conformance suite across three nodes: two-sided MPI,
     one-sided MPI over TCP, and libfabric over tcp;ofi_rxm.
  7. A node's processes killed mid-job under mpirun: the job ends within
@@ -110,10 +111,10 @@ try:
 
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}  # a Slurm user's, no MPI settings
 
-    def sbatch(job, *args):
-        """jobs/disagg.sbatch with job file `job`, submitted on node1: (rc, job id)."""
+    def sbatch(job, *args, script=src / "jobs/disagg.sbatch"):
+        """`script` (jobs/disagg.sbatch) with job file `job`, submitted on node1: (rc, job id)."""
         rc, jid = sh(cluster_sh, "on", str(cluster), "node1", "env", f"TANDEM={tandem}", f"TANDEM_CONFIG={job}", "sbatch",
-                     "--parsable", *args, str(src / "jobs/disagg.sbatch"), cwd=work, env=clean_env)
+                     "--parsable", *args, str(script), cwd=work, env=clean_env)
         return rc, jid.strip()
 
     def job_state(jid):
@@ -235,21 +236,32 @@ try:
           ("mpi_rma window" in log or "KV moves by two-sided MPI instead" in log) and "MPI_ERR_WIN" not in log,
           [l for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][:4])
 
-    # 5. Prefill and decode on different partitions: a heterogeneous job.
-    het_out = work / "het.jsonl"
-    het_job = work / "het.toml"
-    het_job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{het_out}"\n'
-                       f'[router]\nlocal_prefill_tokens = 16\n')
-    rc, jid = sbatch(het_job, "--partition=first", "--ntasks=2", ":", "--partition=others", "--nodes=2", "--ntasks=2")
-    wait_gone(jid)
-    log_file = work / f"tandem-{jid}.log"
-    log = log_file.read_text() if log_file.exists() else ""
-    check("a heterogeneous job: router and prefill on partition first (node1), decode on others (node2, node3), "
-          "the one-node outputs",
-          rc == 0 and het_out.exists() and outputs(het_out) == ref and
-          "3 nodes: node1: ranks 0, 1; node2: rank 2; node3: rank 3" in log and
-          "prefill on 1 rank(s), decode on 2 rank(s)" in log,
-          [l for l in log.splitlines() if "nodes:" in l or "prefill on" in l or "error" in l][:4] or log[-600:] or jid)
+    # 5. Prefill and decode on different partitions: a heterogeneous job, from the command line and
+    # from the script's own #SBATCH lines (docs/slurm.md: the components last, after the job-wide options).
+    het_script = work / "het.sbatch"
+    lines_in = (src / "jobs/disagg.sbatch").read_text().splitlines(True)
+    lines_in = [l for l in lines_in if not l.startswith(("#SBATCH --nodes", "#SBATCH --ntasks"))]
+    last = max(i for i, l in enumerate(lines_in) if l.startswith("#SBATCH"))
+    lines_in[last + 1:last + 1] = ["#SBATCH --partition=first --ntasks=2\n", "#SBATCH hetjob\n",
+                                   "#SBATCH --partition=others --nodes=2 --ntasks=2\n"]
+    het_script.write_text("".join(lines_in))
+    for how, args, script in (("sbatch -p first --ntasks=2 : -p others --ntasks=2", ["--partition=first", "--ntasks=2",
+                               ":", "--partition=others", "--nodes=2", "--ntasks=2"], src / "jobs/disagg.sbatch"),
+                              ("#SBATCH hetjob in the script", [], het_script)):
+        het_out = work / f"het-{len(args)}.jsonl"
+        het_job = work / f"het-{len(args)}.toml"
+        het_job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{het_out}"\n'
+                           f'[router]\nlocal_prefill_tokens = 16\n')
+        rc, jid = sbatch(het_job, *args, script=script)
+        wait_gone(jid)
+        log_file = work / f"tandem-{jid}.log"
+        log = log_file.read_text() if log_file.exists() else ""
+        check(f"a heterogeneous job ({how}): router and prefill on partition first (node1), decode on others "
+              "(node2, node3), the one-node outputs",
+              rc == 0 and het_out.exists() and outputs(het_out) == ref and
+              "3 nodes: node1: ranks 0, 1; node2: rank 2; node3: rank 3" in log and
+              "roles by node: node1 (prefill 1), node2 (decode 2), node3 (decode 3)" in log,
+              [l for l in log.splitlines() if "nodes:" in l or "roles by" in l or "error" in l][:4] or log[-600:] or jid)
 
     # 6. Conformance across the nodes (before the node loss below takes one away).
     for mode, extra_env, args in (("two_sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, ["two_sided"]),
