@@ -87,6 +87,16 @@ def sh(*args, timeout=180, **kw):
         return 124, f"timed out after {timeout} s: " + str(e.stdout or "")[-600:] + str(e.stderr or "")[-600:]
 
 
+def finished(proc, since, timeout):
+    """Waits for `proc` (killed after `timeout` s): its output, and the seconds since `since`."""
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log, _ = proc.communicate()
+    return log, time.time() - since
+
+
 work = Path(tempfile.mkdtemp(prefix="tandem-cluster-"))
 os.chmod(work, 0o755)
 cluster = work / "cluster"
@@ -296,13 +306,7 @@ try:
                 os.kill(int(pid), 9)
         except (OSError, ValueError):
             pass
-    killed_at = time.time()
-    try:
-        log, _ = job_proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        job_proc.kill()
-        log, _ = job_proc.communicate()
-    took = time.time() - killed_at
+    log, took = finished(job_proc, time.time(), 60)
     before = len(lines(killed_out))
     check("a node's processes killed: mpirun ends the job within 30 s, naming the node",
           job_proc.returncode != 0 and took < 30 and "on node node3" in log, f"rc {job_proc.returncode} after {took:.1f} s")
@@ -394,13 +398,7 @@ try:
             break
         time.sleep(0.25)
     sh("ip", "-n", f"{tag}-node3", "link", "set", "eth0", "down")
-    down_at = time.time()
-    try:
-        log, _ = job_proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        job_proc.kill()
-        log, _ = job_proc.communicate()
-    took = time.time() - down_at
+    log, took = finished(job_proc, time.time(), 90)
     check("a node's link lost under mpirun: mpirun ends the job within 30 s naming the node, what was written "
           "committed", job_proc.returncode != 0 and took < 30 and "lost communication with a remote daemon" in log and
           "node3" in log and 0 < len(lines(ka_out)) < 200,
