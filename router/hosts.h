@@ -29,13 +29,11 @@ inline std::vector<std::pair<std::string, std::vector<int>>> ranks_by_host(const
 
 // Each rank's node as a number (0 for the first host to appear, ...), by rank.
 inline std::vector<int> node_numbers(const std::vector<std::string>& hosts) {
-  std::vector<int> out;
-  std::vector<std::string> seen;
-  for (const std::string& h : hosts) {
-    std::size_t i = 0;
-    while (i < seen.size() && seen[i] != h) ++i;
-    if (i == seen.size()) seen.push_back(h);
-    out.push_back(static_cast<int>(i));
+  std::vector<int> out(hosts.size());
+  int node = 0;
+  for (const auto& [host, ranks] : ranks_by_host(hosts)) {
+    for (int r : ranks) out[static_cast<std::size_t>(r)] = node;
+    ++node;
   }
   return out;
 }

@@ -119,7 +119,7 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
-  bool keep_roles = true;  // ranks 1..P prefill (cluster.placement = "rank", a heterogeneous job, one node)
+  bool keep_roles = true;  // ranks 1..P prefill (cluster.placement = "rank", a heterogeneous job, one worker)
   bool prefill = false;  // this rank prefills
   Roles::Group group;    // this worker rank's group
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
@@ -138,9 +138,10 @@ int first_leader(const Roles& r) {
 // tensor-parallel workers sit, when there are several nodes.
 void log_groups(const Roles& r, const std::vector<std::string>& hosts, bool by_node) {
   const service::GroupMap& m = r.map();
-  if (r.prefill > 0 && router::ranks_by_host(hosts).size() > 1) {
+  const auto nodes = router::ranks_by_host(hosts);
+  if (r.prefill > 0 && nodes.size() > 1) {
     std::string line;
-    for (const auto& [host, ranks] : router::ranks_by_host(hosts)) {
+    for (const auto& [host, ranks] : nodes) {
       std::vector<int> pre, dec;
       for (int rank : ranks)
         if (rank > 0) (m.prefill_at(rank) ? pre : dec).push_back(rank);
@@ -415,9 +416,10 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
     epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name, l.roles.decode_tp);
+    // The planner's re-splits prefill on the first k: in rank order, or spread over the nodes.
     std::vector<int> ranks = l.roles.leaders(true), decode = l.roles.leaders(false);
     ranks.insert(ranks.end(), decode.begin(), decode.end());
-    if (!l.keep_roles) ranks = l.roles.map().leaders_by_node(node.hosts);  // each epoch's prefill ranks spread over the nodes
+    if (!l.keep_roles) ranks = l.roles.map().leaders_by_node(node.hosts);
     setup.planner = epoch_planner.get();
     setup.epoch_requests = p.cfg.job.epoch_requests;
     setup.worker_ranks = ranks;

@@ -142,10 +142,6 @@ void check_whole(const char* key, int ranks, const char* tp_key, int tp) {
                 std::to_string(tp) + " (a worker is " + ranks_word(tp) + "); make it one");
 }
 
-}  // namespace
-
-namespace {
-
 Roles in_rank_order(int prefill, int decode, int prefill_tp, int decode_tp) {
   return {prefill, decode, prefill_tp, decode_tp, service::GroupMap(prefill, prefill_tp, decode, decode_tp)};
 }

@@ -10,22 +10,22 @@ namespace tandem::service {
 namespace {
 
 // Groups of `width` consecutive ranks from `first` up to `last`.
-void in_rank_order(int first, int last, int width, std::vector<std::vector<int>>& out) {
+std::vector<std::vector<int>> in_rank_order(int first, int last, int width) {
+  std::vector<std::vector<int>> out;
+  width = std::max(1, width);
   for (int r = first; r + width - 1 <= last; r += width) {
     std::vector<int> g;
     for (int k = 0; k < width; ++k) g.push_back(r + k);
     out.push_back(std::move(g));
   }
+  return out;
 }
 
 }  // namespace
 
-GroupMap::GroupMap(int prefill_ranks, int prefill_tp, int decode_ranks, int decode_tp) {
-  std::vector<std::vector<int>> prefill, decode;
-  in_rank_order(1, prefill_ranks, std::max(1, prefill_tp), prefill);
-  in_rank_order(prefill_ranks + 1, prefill_ranks + decode_ranks, std::max(1, decode_tp), decode);
-  *this = GroupMap(std::move(prefill), std::move(decode));
-}
+GroupMap::GroupMap(int prefill_ranks, int prefill_tp, int decode_ranks, int decode_tp)
+    : GroupMap(in_rank_order(1, prefill_ranks, prefill_tp),
+               in_rank_order(prefill_ranks + 1, prefill_ranks + decode_ranks, decode_tp)) {}
 
 GroupMap::GroupMap(std::vector<std::vector<int>> prefill, std::vector<std::vector<int>> decode) {
   auto by_leader = [](const std::vector<int>& a, const std::vector<int>& b) { return a.front() < b.front(); };

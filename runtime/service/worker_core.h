@@ -89,10 +89,10 @@ class WorkerCore {
     kv_bytes_ += bytes;
     kv_to_[dest].first += bytes;
   }
-  // Wall time with KV of ours in flight: to `dest`, or (-1) to anyone.
-  void count_kv_time(int dest, double seconds) {
-    if (dest < 0) kv_seconds_ += seconds;
-    else if (seconds > 0) kv_to_[dest].second += seconds;
+  // Wall time that ended with KV of ours in flight: to anyone, and to `dest`.
+  void count_kv_time(double any_seconds, int dest, double dest_seconds) {
+    kv_seconds_ += any_seconds;
+    if (dest_seconds > 0) kv_to_[dest].second += dest_seconds;
   }
   void set_kv_wait_seconds(double s) { kv_wait_s_ = s; }
   std::size_t block_bytes() const { return pool_.layout().block_bytes(); }

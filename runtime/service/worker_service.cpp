@@ -194,8 +194,7 @@ bool WorkerService::drive_transfers() {
     }
     if (st == WorkerPort::KvState::kDone) core_.count_kv_sent(it->dest, static_cast<int64_t>(it->bytes));
     const auto now = Clock::now();
-    core_.count_kv_time(-1, sending_all_.stop(now));
-    core_.count_kv_time(it->dest, sending_to_[it->dest].stop(now));
+    core_.count_kv_time(sending_all_.stop(now), it->dest, sending_to_[it->dest].stop(now));
     core_.release(it->blocks);
     port_.release_kv(it->id);
     it = sending_.erase(it);
