@@ -10,6 +10,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <sstream>
 #include <string>
 
@@ -56,29 +57,6 @@ std::vector<planner::HardwareProfile> hardware_list(const std::string& spec, int
     throw Error("--hardware '" + spec + "' names " + std::to_string(out.size()) + " GPUs but --gpus is " +
                 std::to_string(gpus));
   return out;
-}
-
-nlohmann::json result_json(const std::string& policy, const planner::SimResult& r) {
-  nlohmann::json epochs = nlohmann::json::array();
-  for (const auto& e : r.epochs) {
-    epochs.push_back({{"index", e.index},
-                      {"split", e.split.name()},
-                      {"start_s", e.start_s},
-                      {"end_s", e.end_s},
-                      {"predicted_s", e.predicted_s},
-                      {"requests", e.requests},
-                      {"mean_isl", e.mean_isl},
-                      {"mean_osl", e.mean_osl}});
-  }
-  return {{"policy", policy},
-          {"makespan_s", r.makespan_s},
-          {"requests", r.requests},
-          {"output_tokens_per_s", r.output_tokens_per_s()},
-          {"goodput_requests_per_s", r.goodput_per_s()},
-          {"good_requests", r.good_requests},
-          {"ttft_ms", {{"p50", r.ttft_p50_s * 1e3}, {"p90", r.ttft_p90_s * 1e3}, {"p99", r.ttft_p99_s * 1e3}}},
-          {"itl_ms", {{"p50", r.itl_p50_s * 1e3}, {"p90", r.itl_p90_s * 1e3}, {"p99", r.itl_p99_s * 1e3}}},
-          {"epochs", epochs}};
 }
 
 // A finished job's requests, from its output: prompt and completion tokens of
@@ -133,6 +111,8 @@ void plot(const std::string& file, const std::string& title, const planner::SimR
 struct Widths {
   int prefill = 0, decode = 0;
   bool mixed() const { return prefill != decode; }
+  // The GPUs a re-split moves between roles: whole workers of either width.
+  int cell() const { return std::lcm(prefill, decode); }
   std::string name() const {
     return mixed() ? std::to_string(prefill) + ":" + std::to_string(decode) : std::to_string(decode);
   }
@@ -152,15 +132,12 @@ Widths parse_tp(const std::string& spec) {
   return w;
 }
 
-// "static:P:D" counts GPUs per phase; the policies count workers. Different
-// widths simulate a fixed split only: a re-split would change widths.
-std::string policy_in_workers(const std::string& name, Widths w) {
-  if (name.rfind("static:", 0) != 0) {
-    if (w.mixed())
-      throw Error("--tp " + w.name() + ": different prefill and decode widths simulate a fixed split only; give "
-                  "--policy static:P:D (GPUs per phase)");
-    return name;
-  }
+bool is_static(const std::string& policy) { return policy.rfind("static:", 0) == 0; }
+
+// "static:P:D" counts GPUs per phase; the policies count what the simulator
+// splits (workers; cells under a re-splitting policy with two widths).
+std::string policy_in_units(const std::string& name, Widths w) {
+  if (!is_static(name)) return name;
   int64_t p = 0, d = 0;
   if (std::sscanf(name.c_str(), "static:%ld:%ld", &p, &d) != 2 || p % w.prefill != 0 || d % w.decode != 0)
     throw Error("--policy " + name + ": static:P:D counts GPUs, whole workers of " + w.name() +
@@ -168,105 +145,221 @@ std::string policy_in_workers(const std::string& name, Widths w) {
   return "static:" + std::to_string(p / w.prefill) + ":" + std::to_string(d / w.decode);
 }
 
-// The cluster as workers: one model per worker, from its first GPU's kind;
-// with mixed widths the first prefill_gpus GPUs are the prefill workers.
+// What the simulator splits. With one width, or two under a fixed split,
+// workers (the prefill ones first); with two widths under a re-splitting
+// policy, cells of lcm(P, D) GPUs, each running prefill workers of width P
+// or decode workers of width D (a re-split drains a cell and regroups it).
 struct Cluster {
   Widths widths;
   std::vector<std::unique_ptr<planner::PerfModel>> owned;
-  std::vector<const planner::PerfModel*> models;
-  int64_t prefill_workers = 0;  // mixed widths: the first ones
-  int64_t workers() const { return static_cast<int64_t>(models.size()); }
+  std::vector<planner::Cell> cells;
+  int64_t prefill_workers = 0;  // two widths, fixed split: the first ones
+  bool two_forms = false;
+  int64_t units() const { return static_cast<int64_t>(cells.size()); }
+  const planner::PerfModel* model(const planner::ModelShape& shape, const planner::HardwareProfile& hw, int tp) {
+    owned.push_back(std::make_unique<planner::PerfModel>(shape.at_width(tp), hw));
+    return owned.back().get();
+  }
+  // A split in workers: "agg", "3P:10D".
+  std::string split_name(const planner::Split& s) const {
+    if (!two_forms || s.agg()) return s.name();
+    const int l = widths.cell();
+    return std::to_string(s.prefill * (l / widths.prefill)) + "P:" + std::to_string(s.decode * (l / widths.decode)) + "D";
+  }
+  std::string describe() const {
+    const Widths& w = widths;
+    if (two_forms)
+      return std::to_string(units()) + " cells of " + std::to_string(w.cell()) + " GPUs, each " +
+             std::to_string(w.cell() / w.prefill) + " prefill worker(s) of tp " + std::to_string(w.prefill) + " or " +
+             std::to_string(w.cell() / w.decode) + " decode worker(s) of tp " + std::to_string(w.decode);
+    if (w.mixed())
+      return std::to_string(prefill_workers) + " prefill worker(s) of tp " + std::to_string(w.prefill) + " and " +
+             std::to_string(units() - prefill_workers) + " decode worker(s) of tp " + std::to_string(w.decode);
+    return std::to_string(units()) + " worker(s) of tp " + std::to_string(w.decode);
+  }
 };
 
+// GPUs [g, g + n) of one kind: a worker's (or a cell's) GPUs must be.
+void one_kind(const std::vector<planner::HardwareProfile>& hw, std::size_t g, std::size_t n, const Widths& w) {
+  if (g + n > hw.size()) throw Error("--gpus " + std::to_string(hw.size()) + " is not whole workers of " + w.name());
+  for (std::size_t k = g; k < g + n; ++k)
+    if (hw[k].name != hw[g].name)
+      throw Error("--tp " + w.name() + ": a worker's GPUs must be of one kind; GPUs " + std::to_string(g) + ".." +
+                  std::to_string(g + n - 1) + " are not (order --hardware so)");
+}
+
+// Workers, one model each from its first GPU's kind; with two widths the
+// first prefill_gpus GPUs are the prefill workers.
 Cluster cluster_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, Widths w,
                    std::size_t prefill_gpus = 0) {
   Cluster c;
   c.widths = w;
   for (std::size_t g = 0; g < hw.size();) {
-    const int tp = w.mixed() && g < prefill_gpus ? w.prefill : w.decode;
-    const auto end = g + static_cast<std::size_t>(tp);
-    if (end > hw.size()) throw Error("--gpus " + std::to_string(hw.size()) + " is not whole workers of " + w.name());
-    for (std::size_t k = g; k < end; ++k)
-      if (hw[k].name != hw[g].name)
-        throw Error("--tp " + w.name() + ": a worker's GPUs must be of one kind; GPUs " + std::to_string(g) + ".." +
-                    std::to_string(end - 1) + " are not (order --hardware so)");
-    c.owned.push_back(std::make_unique<planner::PerfModel>(shape.at_width(tp), hw[g]));
-    c.prefill_workers += w.mixed() && g < prefill_gpus ? 1 : 0;
-    c.models.push_back(c.owned.back().get());
-    g = end;
+    const bool prefill = w.mixed() && g < prefill_gpus;
+    const int tp = prefill ? w.prefill : w.decode;
+    one_kind(hw, g, static_cast<std::size_t>(tp), w);
+    const planner::PerfModel* m = c.model(shape, hw[g], tp);
+    c.cells.push_back({{m}, {m}});
+    c.prefill_workers += prefill ? 1 : 0;
+    g += static_cast<std::size_t>(tp);
   }
   return c;
 }
 
+// Cells of two forms, for a policy that re-splits workers of two widths.
+Cluster cells_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, Widths w) {
+  Cluster c;
+  c.widths = w;
+  c.two_forms = true;
+  const auto l = static_cast<std::size_t>(w.cell());
+  if (hw.size() % l != 0)
+    throw Error("--tp " + w.name() + ": a re-split moves " + std::to_string(l) + " GPUs at a time (whole workers of " +
+                std::to_string(w.prefill) + " and of " + std::to_string(w.decode) + "), and --gpus " +
+                std::to_string(hw.size()) + " is not a multiple of " + std::to_string(l) +
+                "; give a multiple, or --policy static:P:D");
+  for (std::size_t g = 0; g < hw.size(); g += l) {
+    one_kind(hw, g, l, w);
+    planner::Cell cell;
+    for (std::size_t k = 0; k < l / static_cast<std::size_t>(w.prefill); ++k) cell.prefill.push_back(c.model(shape, hw[g], w.prefill));
+    for (std::size_t k = 0; k < l / static_cast<std::size_t>(w.decode); ++k) cell.decode.push_back(c.model(shape, hw[g], w.decode));
+    c.cells.push_back(std::move(cell));
+  }
+  return c;
+}
+
+// The cluster a policy runs on: a fixed split of two widths places its
+// workers once; a re-splitting policy with two widths splits cells.
+Cluster cluster_for(const std::string& policy, const planner::ModelShape& shape,
+                    const std::vector<planner::HardwareProfile>& hw, Widths w) {
+  if (!w.mixed()) return cluster_at(shape, hw, w);
+  if (!is_static(policy)) return cells_at(shape, hw, w);
+  int64_t p = 0, d = 0;
+  if (std::sscanf(policy.c_str(), "static:%ld:%ld", &p, &d) != 2 || p + d != static_cast<int64_t>(hw.size()))
+    throw Error("--policy " + policy + ": static:P:D counts GPUs, P + D = --gpus (" + std::to_string(hw.size()) + ")");
+  return cluster_at(shape, hw, w, static_cast<std::size_t>(p));
+}
+
+// Whether a worker of `tp` GPUs of every kind holds the model and `tokens` of KV.
+bool fits(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, int tp, double tokens) {
+  for (std::size_t g = 0; g < hw.size(); ++g)
+    if ((g == 0 || hw[g].name != hw[g - 1].name) &&
+        planner::PerfModel(shape.at_width(tp), hw[g]).kv_capacity_tokens() < tokens)
+      return false;
+  return true;
+}
+
 // Of 1, 2, 4, 8: the widths the model's heads split into, the GPUs make whole
 // workers of (and a static policy's counts), and the weights and the longest
-// request fit; the smallest, or (search) the one whose simulation is fastest.
-int choose_width(const SimulateOptions& o, const planner::ModelShape& shape,
-                 const std::vector<planner::HardwareProfile>& hw, const std::vector<planner::Request>& requests,
-                 planner::SimOptions so, double longest, bool search) {
+// request fit (a prefill worker holds the prompt, a decode worker all of
+// it); the smallest (one width for both phases), or (search) the pair of
+// prefill and decode widths whose simulation is fastest.
+Widths choose_widths(const SimulateOptions& o, const planner::ModelShape& shape,
+                     const std::vector<planner::HardwareProfile>& hw, const std::vector<planner::Request>& requests,
+                     planner::SimOptions so, double longest_prompt, double longest, bool search) {
   const std::string chooser = o.policy == "all" ? "lookahead" : o.policy;
   double best = std::numeric_limits<double>::infinity();
   std::string tried;
-  int tp = 0;
-  for (int w : {1, 2, 4, 8}) {
-    if (o.gpus % w != 0 || !shape.width_problem(w).empty()) continue;
-    if (o.policy != "all") try {
-        (void)policy_in_workers(o.policy, {w, w});
-      } catch (const Error&) {
-        continue;
-      }
-    Cluster c = cluster_at(shape, hw, {w, w});
-    if (c.models.front()->kv_capacity_tokens() < longest) {
-      tried += " tp " + std::to_string(w) + ": does not fit;";
+  Widths chosen;
+  // One width first: a pair must beat it to be chosen (a re-split between widths regroups GPUs).
+  std::vector<Widths> candidates;
+  for (int a : {1, 2, 4, 8}) candidates.push_back({a, a});
+  for (int a : {1, 2, 4, 8})
+    for (int b : {1, 2, 4, 8})
+      if (search && a != b) candidates.push_back({a, b});
+  for (const Widths& w : candidates) {
+    const int a = w.prefill, b = w.decode;
+    if (o.gpus % w.cell() != 0) continue;
+    if (!shape.width_problem(a).empty() || !shape.width_problem(b).empty()) continue;
+    std::unique_ptr<Cluster> c;
+    std::string policy;
+    try {
+      policy = policy_in_units(chooser, w);
+      c = std::make_unique<Cluster>(cluster_for(chooser, shape, hw, w));
+    } catch (const Error&) {
+      continue;  // the static policy's GPUs are not whole workers of these widths
+    }
+    if (!fits(shape, hw, a, w.mixed() ? longest_prompt : longest) || !fits(shape, hw, b, longest)) {
+      if (!w.mixed()) tried += " tp " + w.name() + ": does not fit;";  // a pair with a width that fits alone is said once
       continue;
     }
     if (!search) {
-      tp = w;
+      chosen = w;
       break;
     }
-    so.workers = c.workers();
-    planner::Simulator sim(so, c.models);
-    auto policy = planner::make_policy(policy_in_workers(chooser, {w, w}), so.workers);
-    const double makespan = sim.run(requests, *policy).makespan_s;
+    so.workers = c->units();
+    planner::Simulator sim(so, c->cells);
+    auto p = planner::make_policy(policy, so.workers);
+    const double makespan = sim.run(requests, *p).makespan_s;
     char line[96];
-    std::snprintf(line, sizeof line, " tp %d: %.2f s;", w, makespan);
+    std::snprintf(line, sizeof line, " tp %s: %.2f s;", w.name().c_str(), makespan);
     tried += line;
-    if (makespan < best) best = makespan, tp = w;
+    if (makespan < best) best = makespan, chosen = w;
   }
-  if (tp == 0)
+  if (chosen.decode == 0)
     throw Error("the model does not fit a worker of up to 8 " + o.hardware + " GPUs (" +
                 std::to_string(static_cast<int64_t>(shape.weight_bytes / 1e9)) + " GB of weights, requests of up to " +
                 std::to_string(static_cast<int64_t>(longest)) + " tokens):" + tried);
-  if (o.json) return tp;
+  if (o.json) return chosen;
   if (search)
-    std::printf("tensor-parallel width %d, chosen by simulating %s at each (makespan):%s\n", tp, chooser.c_str(),
+    std::printf("tensor-parallel width%s %s%s, chosen by simulating %s at each (makespan):%s\n", chosen.mixed() ? "s" : "",
+                chosen.name().c_str(), chosen.mixed() ? " (prefill:decode)" : "", chooser.c_str(),
                 tried.substr(0, tried.size() - 1).c_str());
   else
-    std::printf("tensor-parallel width %d, the smallest the model fits%s; --tp best simulates each\n", tp,
+    std::printf("tensor-parallel width %d, the smallest the model fits%s; --tp best simulates each\n", chosen.decode,
                 tried.empty() ? "" : (" (" + tried.substr(1, tried.size() - 2) + ")").c_str());
-  return tp;
+  return chosen;
+}
+
+nlohmann::json result_json(const std::string& policy, const planner::SimResult& r, const Cluster& c) {
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const auto& e : r.epochs) {
+    epochs.push_back({{"index", e.index},
+                      {"split", c.split_name(e.split)},
+                      {"start_s", e.start_s},
+                      {"end_s", e.end_s},
+                      {"predicted_s", e.predicted_s},
+                      {"requests", e.requests},
+                      {"mean_isl", e.mean_isl},
+                      {"mean_osl", e.mean_osl}});
+  }
+  return {{"policy", policy},
+          {"makespan_s", r.makespan_s},
+          {"requests", r.requests},
+          {"output_tokens_per_s", r.output_tokens_per_s()},
+          {"goodput_requests_per_s", r.goodput_per_s()},
+          {"good_requests", r.good_requests},
+          {"ttft_ms", {{"p50", r.ttft_p50_s * 1e3}, {"p90", r.ttft_p90_s * 1e3}, {"p99", r.ttft_p99_s * 1e3}}},
+          {"itl_ms", {{"p50", r.itl_p50_s * 1e3}, {"p90", r.itl_p90_s * 1e3}, {"p99", r.itl_p99_s * 1e3}}},
+          {"epochs", epochs}};
 }
 
 void print_result(const SimulateOptions& o, const std::string& name, const Cluster& c, const planner::SimResult& r) {
-  const Widths w = c.widths;
-  const std::string workers =
-      w.mixed() ? std::to_string(c.prefill_workers) + " prefill worker(s) of tp " + std::to_string(w.prefill) + " and " +
-                      std::to_string(c.workers() - c.prefill_workers) + " decode worker(s) of tp " + std::to_string(w.decode)
-                : std::to_string(c.workers()) + " worker(s) of tp " + std::to_string(w.decode);
   std::printf("%lld requests on %lld GPUs (%s) in %s, policy %s\n", static_cast<long long>(r.requests),
-              static_cast<long long>(o.gpus), o.hardware.c_str(), workers.c_str(), name.c_str());
+              static_cast<long long>(o.gpus), o.hardware.c_str(), c.describe().c_str(), name.c_str());
   std::printf("makespan %.2f s, %.0f output tokens/s, goodput %.2f req/s\n", r.makespan_s, r.output_tokens_per_s(),
               r.goodput_per_s());
   std::printf("TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; ITL p50/p90/p99 %.1f/%.1f/%.1f ms\n", r.ttft_p50_s * 1e3,
               r.ttft_p90_s * 1e3, r.ttft_p99_s * 1e3, r.itl_p50_s * 1e3, r.itl_p90_s * 1e3, r.itl_p99_s * 1e3);
   std::string prev;
   for (const auto& e : r.epochs) {
-    const std::string s = e.split.name();
+    const std::string s = c.split_name(e.split);
     std::printf("epoch %lld: %s%s, %lld requests (isl %.0f, osl %.0f), %.2f s (predicted %.2f s)\n",
                 static_cast<long long>(e.index), prev.empty() || prev == s ? "" : (prev + " -> ").c_str(), s.c_str(),
                 static_cast<long long>(e.requests), e.mean_isl, e.mean_osl, e.end_s - e.start_s, e.predicted_s);
     prev = s;
   }
+}
+
+// The policies `--policy all` compares: agg, fixed splits (up to 16 spread
+// over the range, in GPUs), then the planners.
+std::vector<std::string> all_policies(int64_t gpus, Widths w) {
+  std::vector<std::string> out{"agg"};
+  const int64_t step = w.mixed() ? w.cell() : w.decode, units = gpus / step;
+  for (int64_t p = 1; p < units; ++p)
+    if (units <= 16 || p % std::max<int64_t>(1, units / 8) == 0)
+      out.push_back("static:" + std::to_string(p * step) + ":" + std::to_string((units - p) * step));
+  out.insert(out.end(), {"sla", "lookahead", "oracle"});
+  return out;
 }
 
 int simulate(const SimulateOptions& o) {
@@ -285,42 +378,31 @@ int simulate(const SimulateOptions& o) {
   planner::SimOptions so = o.sim;
   so.ttft_target_s = o.ttft_ms / 1e3;
   so.itl_target_s = o.itl_ms / 1e3;
-  double longest = 0;
-  for (const auto& r : requests) longest = std::max(longest, static_cast<double>(r.isl + r.osl));
-  Widths w = parse_tp(o.tp);
-  if (w.decode == 0) {
-    const int tp = choose_width(o, shape, hw, requests, so, longest, o.tp == "best");
-    w = {tp, tp};
+  double longest = 0, longest_prompt = 0;
+  for (const auto& r : requests) {
+    longest = std::max(longest, static_cast<double>(r.isl + r.osl));
+    longest_prompt = std::max(longest_prompt, static_cast<double>(r.isl));
   }
+  Widths w = parse_tp(o.tp);
+  if (w.decode == 0) w = choose_widths(o, shape, hw, requests, so, longest_prompt, longest, o.tp == "best");
   for (int width : {w.prefill, w.decode})
     if (const std::string why = shape.width_problem(width); !why.empty()) throw Error("--tp " + o.tp + ": " + why);
-  int64_t prefill_gpus = 0, decode_gpus = 0;
-  if (w.mixed()) {  // the static split's GPUs: prefill workers first
-    if (std::sscanf(o.policy.c_str(), "static:%ld:%ld", &prefill_gpus, &decode_gpus) != 2 ||
-        prefill_gpus + decode_gpus != o.gpus)
-      throw Error("--tp " + w.name() + ": different prefill and decode widths simulate a fixed split only; give "
-                  "--policy static:P:D with P + D = --gpus");
-  }
-  Cluster c = cluster_at(shape, hw, w, static_cast<std::size_t>(prefill_gpus));
-  so.workers = c.workers();
-  planner::Simulator sim(so, c.models);
-  std::vector<std::string> policies;
-  if (o.policy == "all") {
-    policies = {"agg"};
-    const int64_t workers = so.workers;
-    for (int64_t p = 1; p < workers; ++p)
-      if (workers <= 16 || p % std::max<int64_t>(1, workers / 8) == 0)
-        policies.push_back("static:" + std::to_string(p * w.decode) + ":" + std::to_string((workers - p) * w.decode));
-    policies.insert(policies.end(), {"sla", "lookahead", "oracle"});
-  } else {
-    policies = {o.policy};
-  }
+  const std::vector<std::string> policies = o.policy == "all" ? all_policies(o.gpus, w) : std::vector{o.policy};
   if (!o.plot.empty() && policies.size() > 1) throw Error("--plot draws one policy's run; give --policy NAME, not all");
+  // One cluster for every re-splitting policy; a fixed split of two widths places its own workers.
+  std::unique_ptr<Cluster> shared;
   nlohmann::json all = nlohmann::json::array();
   for (const auto& name : policies) {
-    auto policy = planner::make_policy(policy_in_workers(name, w), so.workers);
+    const std::string in_units = policy_in_units(name, w);
+    std::unique_ptr<Cluster> own;
+    if (w.mixed() && is_static(name)) own = std::make_unique<Cluster>(cluster_for(name, shape, hw, w));
+    else if (!shared) shared = std::make_unique<Cluster>(cluster_for(name, shape, hw, w));
+    const Cluster& c = own ? *own : *shared;
+    so.workers = c.units();
+    planner::Simulator sim(so, c.cells);
+    auto policy = planner::make_policy(in_units, so.workers);
     const auto r = sim.run(requests, *policy);
-    all.push_back(result_json(name, r));
+    all.push_back(result_json(name, r, c));
     all.back()["tp"] = {{"prefill", w.prefill}, {"decode", w.decode}};
     if (!o.plot.empty())
       plot(o.plot, name + " on " + std::to_string(o.gpus) + " x " + o.hardware + ": workers by role and output tokens/s", r);
@@ -347,9 +429,9 @@ Action add_simulate_command(CLI::App& root) {
   cmd->add_option("--model-config", o->model_config, "The model's Hugging Face config.json (or its directory)")->required();
   cmd->add_option("--hardware", o->hardware, "h100, h200, b200, a profile TOML, or kinds with counts: b200:2,h100:6");
   cmd->add_option("--gpus", o->gpus, "GPUs (in workers of --tp each)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--tp", o->tp, "Tensor-parallel width of a worker: 1, 2, 4, 8; P:D (prefill and decode widths, "
-                                 "with --policy static:P:D); or best (simulate each, keep the fastest); default: the "
-                                 "smallest the model fits");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel width of a worker: 1, 2, 4, 8; P:D (prefill and decode widths: a "
+                                 "re-split moves lcm(P, D) GPUs); or best (simulate each width and pair, keep the "
+                                 "fastest); default: the smallest the model fits");
   cmd->add_option("--policy", o->policy, "static:P:D (GPUs per phase), agg, sla, lookahead, oracle, or all (a comparison table)");
   cmd->add_option("--epoch-requests", o->sim.epoch_requests, "Requests per planning epoch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--max-num-seqs", o->sim.max_num_seqs, "Sequences per worker at once")->check(CLI::Range(1, 1 << 20));

@@ -16,7 +16,7 @@ EpochPlanner::EpochPlanner(SimOptions options, const ModelShape& shape, const Ha
   if (policy == "oracle") throw Error("planner.policy = \"oracle\" needs the simulator; use it with `tandem simulate`");
   fit_.profile = base;
   ctx_.options = &o_;
-  ctx_.models.assign(static_cast<std::size_t>(o_.workers), model_.get());
+  ctx_.cells = worker_cells(std::vector<const PerfModel*>(static_cast<std::size_t>(o_.workers), model_.get()));
   current_ = {0, o_.workers};
 }
 
@@ -32,7 +32,7 @@ ProfileFit EpochPlanner::refit() {
     fitted_at_ = samples_.size();
     if (fit_.samples > 0) {
       model_ = std::make_unique<PerfModel>(shape_, fit_.profile);
-      ctx_.models.assign(static_cast<std::size_t>(o_.workers), model_.get());
+      ctx_.cells = worker_cells(std::vector<const PerfModel*>(static_cast<std::size_t>(o_.workers), model_.get()));
     }
   }
   return fit_;

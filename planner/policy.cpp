@@ -30,13 +30,12 @@ Lengths lengths(std::span<const Request> rs) {
   return l;
 }
 
-// Workers in the order roles are given: fastest first (prefill goes there).
-std::vector<const PerfModel*> by_speed(const PlanContext& ctx) {
-  auto m = ctx.models;
-  std::stable_sort(m.begin(), m.end(), [](const PerfModel* a, const PerfModel* b) {
-    return a->hardware().peak_flops > b->hardware().peak_flops;
-  });
-  return m;
+// Cells in the order roles are given: fastest first (prefill goes there).
+std::vector<const Cell*> by_speed(const PlanContext& ctx) {
+  std::vector<const Cell*> c;
+  for (const Cell& cell : ctx.cells) c.push_back(&cell);
+  std::stable_sort(c.begin(), c.end(), [](const Cell* a, const Cell* b) { return a->peak_flops() > b->peak_flops(); });
+  return c;
 }
 
 // Sequences a worker runs at once for these lengths: slots, KV, and how many there are to run.
@@ -78,7 +77,13 @@ EpochEstimate estimate_epoch(std::span<const Request> requests, const Split& spl
   if (requests.empty()) return est;
   const SimOptions& o = *ctx.options;
   const Lengths l = lengths(requests);
-  const auto models = by_speed(ctx);
+  const auto cells = by_speed(ctx);
+  // Aggregated, every cell runs its decode form; disaggregated, the first split.prefill cells their prefill form.
+  std::vector<const PerfModel*> models, prefill_models;
+  for (std::size_t k = 0; k < cells.size(); ++k) {
+    const bool prefill = !split.agg() && k < static_cast<std::size_t>(split.prefill);
+    for (const PerfModel* pm : prefill ? cells[k]->prefill : cells[k]->decode) (prefill ? prefill_models : models).push_back(pm);
+  }
   const double n_workers = static_cast<double>(models.size());
   const double B = static_cast<double>(o.max_batched_tokens);
   const double ctx_len = l.mean_isl + l.mean_osl / 2.0;
@@ -126,27 +131,24 @@ EpochEstimate estimate_epoch(std::span<const Request> requests, const Split& spl
   }
   // Disaggregated: prefill pool and decode pool work in a pipeline.
   double prefill_rate = 0, decode_rate = 0, decode_step_s = 0, first_prefill = 0;
-  const auto P = static_cast<std::size_t>(split.prefill);
-  const double D = static_cast<double>(split.decode);
-  for (std::size_t k = 0; k < models.size(); ++k) {
-    const PerfModel& pm = *models[k];
-    if (k < P) {
-      const double t = prefill_step(pm, B, l.mean_isl);
-      prefill_rate += B / t;
-      first_prefill = std::max(first_prefill, prefill_step(pm, std::min(B, l.mean_isl), l.mean_isl) +
-                                                  pm.transfer_seconds(l.mean_isl));
-    } else {
-      double b = concurrency(pm, o, l, D);
-      double t = decode_step(pm, b, ctx_len);
-      for (int it = 0; it < 8 && rate > 0; ++it) {
-        const double want = std::max(1.0, rate / D * l.mean_osl * t);
-        if (want >= b) break;
-        b = want;
-        t = decode_step(pm, b, ctx_len);
-      }
-      decode_rate += b / t;
-      decode_step_s = std::max(decode_step_s, t);
+  const double D = n_workers;
+  for (const PerfModel* pm : prefill_models) {
+    const double t = prefill_step(*pm, B, l.mean_isl);
+    prefill_rate += B / t;
+    first_prefill = std::max(first_prefill, prefill_step(*pm, std::min(B, l.mean_isl), l.mean_isl) +
+                                                pm->transfer_seconds(l.mean_isl));
+  }
+  for (const PerfModel* pm : models) {
+    double b = concurrency(*pm, o, l, D);
+    double t = decode_step(*pm, b, ctx_len);
+    for (int it = 0; it < 8 && rate > 0; ++it) {
+      const double want = std::max(1.0, rate / D * l.mean_osl * t);
+      if (want >= b) break;
+      b = want;
+      t = decode_step(*pm, b, ctx_len);
     }
+    decode_rate += b / t;
+    decode_step_s = std::max(decode_step_s, t);
   }
   const double prefill_done = l.prompt_tokens / prefill_rate;
   const double decode_done = l.output_tokens / decode_rate;
@@ -158,7 +160,7 @@ EpochEstimate estimate_epoch(std::span<const Request> requests, const Split& spl
   if (rate > 0) {
     // Prompts queue for the prefill pool: an M/D/1 wait, Wq = rho * s / (2 (1 - rho)),
     // with s one prompt's prefill on one worker.
-    const double s = l.mean_isl / (prefill_rate / static_cast<double>(split.prefill));
+    const double s = l.mean_isl / (prefill_rate / static_cast<double>(prefill_models.size()));
     const double rho = rate * l.mean_isl / prefill_rate;
     est.ttft_s += rho < 1 ? rho * s / (2 * (1 - rho)) : std::numeric_limits<double>::infinity();
   }
@@ -192,24 +194,27 @@ class Sla : public Policy {
  public:
   std::string name() const override { return "sla"; }
   Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
-    const auto n = static_cast<int64_t>(ctx.models.size());
+    const auto n = ctx.size();
     Split s{std::clamp<int64_t>(n / 2, 1, n - 1), n - std::clamp<int64_t>(n / 2, 1, n - 1)};
     if (n < 2) s = {0, n};
     if (n >= 2 && e.history && !e.history->empty()) {
       const EpochRecord& last = e.history->back();
       const SimOptions& o = *ctx.options;
-      const PerfModel& pm = *ctx.models.front();
+      // Per cell: its prefill form's workers, or its decode form's (one worker, with one width).
+      const Cell& cell = ctx.cells.front();
+      const PerfModel& ppm = *cell.prefill.front();
+      const PerfModel& pm = *cell.decode.front();
       // Prefill throughput per GPU: the biggest batch whose step meets the TTFT target.
       double tokens = static_cast<double>(o.max_batched_tokens);
       if (o.ttft_target_s > 0)
-        while (tokens > 16 && prefill_step(pm, tokens, last.mean_isl) > o.ttft_target_s) tokens /= 2;
-      const double prefill_tps = tokens / prefill_step(pm, tokens, last.mean_isl);
+        while (tokens > 16 && prefill_step(ppm, tokens, last.mean_isl) > o.ttft_target_s) tokens /= 2;
+      const double prefill_tps = tokens / prefill_step(ppm, tokens, last.mean_isl) * static_cast<double>(cell.prefill.size());
       // Decode throughput per GPU: the biggest batch whose step meets the ITL target.
       const double ctx_len = last.mean_isl + last.mean_osl / 2.0;
       double b = std::max(1.0, std::min(static_cast<double>(o.max_num_seqs), std::floor(pm.kv_capacity_tokens() / std::max(1.0, last.mean_isl + last.mean_osl))));
       if (o.itl_target_s > 0)
         while (b > 1 && decode_step(pm, b, ctx_len) > o.itl_target_s) b = std::floor(b / 2);
-      const double decode_tps = b / decode_step(pm, b, ctx_len);
+      const double decode_tps = b / decode_step(pm, b, ctx_len) * static_cast<double>(cell.decode.size());
       const double need_p = last.prompt_tokens / prefill_tps, need_d = last.output_tokens / decode_tps;
       const auto p = std::clamp<int64_t>(std::llround(static_cast<double>(n) * need_p / (need_p + need_d)), 1, n - 1);
       s = {p, n - p};
@@ -227,7 +232,7 @@ class Lookahead : public Policy {
  public:
   std::string name() const override { return "lookahead"; }
   Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
-    const auto n = static_cast<int64_t>(ctx.models.size());
+    const auto n = ctx.size();
     const SimOptions& o = *ctx.options;
     // With targets: only splits expected to meet them compete (all, if none is).
     std::vector<std::pair<Split, EpochEstimate>> est;
@@ -280,7 +285,7 @@ class Oracle : public Policy {
   std::string name() const override { return "oracle"; }
   Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
     if (!e.evaluate) throw Error("the oracle policy needs the simulator (it is for `tandem simulate` only)");
-    const auto n = static_cast<int64_t>(ctx.models.size());
+    const auto n = ctx.size();
     cost_.assign(static_cast<std::size_t>(n), kUnknown);
     eval_ = &e.evaluate;
     n_ = n;

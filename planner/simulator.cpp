@@ -16,7 +16,8 @@ std::string Split::name() const {
   return agg() ? std::string("agg") : std::to_string(prefill) + "P:" + std::to_string(decode) + "D";
 }
 
-enum class Role : uint8_t { kAgg, kPrefill, kDecode };
+// kIdle: a worker of the form its cell does not run now (its GPUs serve the other form).
+enum class Role : uint8_t { kAgg, kPrefill, kDecode, kIdle };
 
 struct ReqState {
   double dispatched = -1, first_token = -1, finished = -1;
@@ -27,6 +28,7 @@ struct ReqState {
 
 struct WorkerState {
   const PerfModel* pm = nullptr;
+  int32_t cell = 0;
   double kv_cap = 0;
   Role role = Role::kAgg, next_role = Role::kAgg;
   bool draining = false;
@@ -64,6 +66,18 @@ struct WorkerState {
   }
 };
 
+// A cell of two forms (prefill workers of one width, decode workers of
+// another) runs one form at a time; the other's workers are idle.
+struct CellState {
+  std::vector<int32_t> prefill, decode;  // its workers in each form (the same list: one form)
+  bool on_prefill = false;  // the form it runs (two forms)
+  bool switching = false;   // its workers drain, then the other form starts with role `target`
+  Role target = Role::kAgg;
+  bool one_form() const { return prefill == decode; }
+  const std::vector<int32_t>& running() const { return on_prefill ? prefill : decode; }
+  const std::vector<int32_t>& other() const { return on_prefill ? decode : prefill; }
+};
+
 namespace {
 
 // Whether a finished request met both targets (all do when there are none).
@@ -89,7 +103,8 @@ struct SimState {
   const std::vector<Request>* reqs = nullptr;
   std::vector<ReqState> rs;
   std::vector<WorkerState> w;
-  std::vector<int32_t> by_speed;  // workers, fastest (peak_flops) first: prefill roles go there
+  std::vector<CellState> cells;
+  std::vector<int32_t> by_speed;  // cells, fastest (peak_flops) first: prefill roles go there
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   uint64_t seq = 0;
   double now = 0;
@@ -123,27 +138,61 @@ struct SimState {
 
   void apply_split(const Split& s) {
     split = s;
-    const auto n = static_cast<int64_t>(w.size());
+    const auto n = static_cast<int64_t>(cells.size());
     for (int64_t k = 0; k < n; ++k) {
       const int32_t id = by_speed[static_cast<std::size_t>(k)];
-      WorkerState& ws = wk(id);
+      CellState& c = cells[static_cast<std::size_t>(id)];
       const Role r = s.agg() ? Role::kAgg : (k < s.prefill ? Role::kPrefill : Role::kDecode);
-      if (r == (ws.draining ? ws.next_role : ws.role)) continue;
-      // Only a move into or out of prefill-only drains (a decode worker must
-      // finish its sequences, a prefill worker its queue); agg <-> decode is a
-      // change of what the router sends, at once.
-      if (r == ws.role || (r != Role::kPrefill && ws.role != Role::kPrefill)) {
-        ws.role = r;
-        ws.draining = false;
-        n_decode_takers = -1;
-        touched.push_back(id);
+      if (c.one_form()) {
+        set_role(c.decode.front(), r);
         continue;
       }
-      ws.next_role = r;
-      ws.draining = true;
+      const bool want_prefill = r == Role::kPrefill;
+      if (c.switching && want_prefill != c.on_prefill) {  // on its way to that form already
+        c.target = r;
+        continue;
+      }
+      if (want_prefill == c.on_prefill) {  // the form it runs: decode <-> agg at once; a switch under way is called off
+        c.switching = false;
+        for (int32_t k2 : c.running()) {
+          WorkerState& ws = wk(k2);
+          ws.role = r;
+          ws.draining = false;
+          touched.push_back(k2);
+        }
+        n_decode_takers = -1;
+        continue;
+      }
+      // The other form: its workers finish what they hold, then the cell's GPUs regroup.
+      c.switching = true;
+      c.target = r;
+      for (int32_t k2 : c.running()) {
+        WorkerState& ws = wk(k2);
+        ws.next_role = Role::kIdle;
+        ws.draining = true;
+      }
       n_decode_takers = -1;
-      maybe_switch(id);
+      for (int32_t k2 : c.running()) maybe_switch(k2);
     }
+  }
+
+  // A one-form worker takes role r: only a move into or out of prefill-only
+  // drains (a decode worker must finish its sequences, a prefill worker its
+  // queue); agg <-> decode is a change of what the router sends, at once.
+  void set_role(int32_t id, Role r) {
+    WorkerState& ws = wk(id);
+    if (r == (ws.draining ? ws.next_role : ws.role)) return;
+    if (r == ws.role || (r != Role::kPrefill && ws.role != Role::kPrefill)) {
+      ws.role = r;
+      ws.draining = false;
+      n_decode_takers = -1;
+      touched.push_back(id);
+      return;
+    }
+    ws.next_role = r;
+    ws.draining = true;
+    n_decode_takers = -1;
+    maybe_switch(id);
   }
 
   void maybe_switch(int32_t k) {
@@ -153,9 +202,27 @@ struct SimState {
     ws.draining = false;
     n_decode_takers = -1;
     touched.push_back(k);
+    if (ws.role == Role::kIdle) regroup(ws.cell);
   }
 
-  bool takes_decode(const WorkerState& ws) const { return !ws.draining && ws.role != Role::kPrefill; }
+  // A switching cell whose workers have all drained starts its other form.
+  void regroup(int32_t cell) {
+    CellState& c = cells[static_cast<std::size_t>(cell)];
+    if (!c.switching) return;
+    for (int32_t k : c.running())
+      if (wk(k).role != Role::kIdle || wk(k).draining) return;
+    c.switching = false;
+    c.on_prefill = !c.on_prefill;
+    for (int32_t k : c.running()) {
+      wk(k).role = c.target;
+      touched.push_back(k);
+    }
+    n_decode_takers = -1;
+  }
+
+  bool takes_decode(const WorkerState& ws) const {
+    return !ws.draining && ws.role != Role::kPrefill && ws.role != Role::kIdle;
+  }
   bool takes_prefill(const WorkerState& ws) const { return !ws.draining && ws.role == Role::kPrefill; }
 
   int64_t decode_workers() {
@@ -365,7 +432,7 @@ struct SimState {
     s.t = now;
     for (const auto& ws : w) {
       const Role r = ws.role;
-      (r == Role::kPrefill ? s.prefill : r == Role::kDecode ? s.decode : s.agg) += 1;
+      if (r != Role::kIdle) (r == Role::kPrefill ? s.prefill : r == Role::kDecode ? s.decode : s.agg) += 1;
     }
     const double dt = timeline.empty() ? now : now - timeline.back().t;
     if (dt < sample_every / 4 && !timeline.empty()) {  // too short a window for a rate (a forced sample): keep the last
@@ -451,13 +518,23 @@ class Fixed : public Policy {
 
 }  // namespace
 
+std::vector<Cell> worker_cells(const std::vector<const PerfModel*>& models) {
+  std::vector<Cell> cells;
+  for (const PerfModel* m : models) cells.push_back({{m}, {m}});
+  return cells;
+}
+
 Simulator::Simulator(SimOptions options, std::vector<const PerfModel*> models)
-    : o_(options), models_(std::move(models)) {
-  if (o_.workers < 1 || static_cast<int64_t>(models_.size()) != o_.workers)
-    throw Error("simulator: need one performance model per worker (" + std::to_string(o_.workers) + ")");
+    : Simulator(options, worker_cells(models)) {}
+
+Simulator::Simulator(SimOptions options, std::vector<Cell> cells) : o_(options) {
+  if (o_.workers < 1 || static_cast<int64_t>(cells.size()) != o_.workers)
+    throw Error("simulator: need one cell (performance models) per worker (" + std::to_string(o_.workers) + ")");
+  for (const Cell& c : cells)
+    if (c.prefill.empty() || c.decode.empty()) throw Error("simulator: a cell without workers");
   if (o_.epoch_requests < 1) throw Error("simulator: epoch_requests must be at least 1");
   ctx_.options = &o_;
-  ctx_.models = models_;
+  ctx_.cells = std::move(cells);
 }
 
 // Starts, runs or continues a state until every request has finished or
@@ -537,24 +614,45 @@ SimResult Simulator::run(const std::vector<Request>& requests, Policy& policy) {
                                               ? o_.prefill_saturation_tokens
                                               : router::default_prefill_saturation(o_.max_batched_tokens);
   s.rs.resize(requests.size());
-  s.w.resize(static_cast<std::size_t>(o_.workers));
-  for (std::size_t k = 0; k < s.w.size(); ++k) {
-    s.w[k].pm = models_[k];
-    s.w[k].kv_cap = models_[k]->kv_capacity_tokens();
-    if (s.w[k].kv_cap < 1)
-      throw Error("simulator: the model's weights (" + std::to_string(models_[k]->shape().weight_bytes / 1e9) +
-                  " GB) do not fit worker " + std::to_string(k) + "'s memory (" + models_[k]->hardware().name + ")");
-    s.by_speed.push_back(static_cast<int32_t>(k));
+  // Every cell's workers; a cell of two forms starts on its decode form (aggregated).
+  auto add = [&s](const PerfModel* m, int32_t cell, Role role) {
+    WorkerState ws;
+    ws.pm = m;
+    ws.cell = cell;
+    ws.role = role;
+    ws.kv_cap = m->kv_capacity_tokens();
+    if (ws.kv_cap < 1)
+      throw Error("simulator: the model's weights (" + std::to_string(m->shape().weight_bytes / 1e9) +
+                  " GB) do not fit worker " + std::to_string(s.w.size()) + "'s memory (" + m->hardware().name + ")");
+    s.w.push_back(ws);
+    return static_cast<int32_t>(s.w.size() - 1);
+  };
+  for (std::size_t k = 0; k < ctx_.cells.size(); ++k) {
+    const Cell& cell = ctx_.cells[k];
+    const auto id = static_cast<int32_t>(k);
+    CellState cs;
+    for (const PerfModel* m : cell.decode) cs.decode.push_back(add(m, id, Role::kAgg));
+    if (cell.one_form()) cs.prefill = cs.decode;
+    else
+      for (const PerfModel* m : cell.prefill) cs.prefill.push_back(add(m, id, Role::kIdle));
+    s.cells.push_back(std::move(cs));
+    s.by_speed.push_back(id);
   }
   std::stable_sort(s.by_speed.begin(), s.by_speed.end(), [&](int32_t a, int32_t b) {
-    return models_[static_cast<std::size_t>(a)]->hardware().peak_flops > models_[static_cast<std::size_t>(b)]->hardware().peak_flops;
+    return ctx_.cells[static_cast<std::size_t>(a)].peak_flops() > ctx_.cells[static_cast<std::size_t>(b)].peak_flops();
   });
+  // A decode worker holds a whole sequence; a prefill-only worker of a cell of two forms, its prompt.
   for (const auto& r : requests) {
-    const double need = static_cast<double>(r.isl + r.osl);
-    for (const auto& ws : s.w)
-      if (need > ws.kv_cap)
-        throw Error("simulator: a request of " + std::to_string(r.isl + r.osl) +
-                    " tokens does not fit one worker's KV memory (" + std::to_string(static_cast<int64_t>(ws.kv_cap)) + " tokens)");
+    for (const CellState& c : s.cells)
+      for (bool decode : {true, false}) {
+        if (!decode && c.one_form()) continue;
+        const double need = static_cast<double>(decode ? r.isl + r.osl : r.isl);
+        for (int32_t k : decode ? c.decode : c.prefill)
+          if (need > s.wk(k).kv_cap)
+            throw Error("simulator: a request of " + std::to_string(static_cast<int64_t>(need)) +
+                        " tokens does not fit one worker's KV memory (" +
+                        std::to_string(static_cast<int64_t>(s.wk(k).kv_cap)) + " tokens)");
+      }
   }
   drive(s, policy, ctx_, this, [] { return false; });
 

@@ -16,6 +16,13 @@
 //
 // At a re-split only the workers whose role changes drain: they take no new
 // work and switch once empty; the others keep working.
+//
+// A split gives roles to cells. With one tensor-parallel width a cell is one
+// worker. With different prefill and decode widths (a and b GPUs) it is
+// lcm(a, b) GPUs that run either lcm/a prefill workers or lcm/b decode (or
+// aggregated) workers: a re-split that moves a cell between prefill and
+// decode drains its workers, then regroups its GPUs; the other cells keep
+// working.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +36,8 @@
 
 namespace tandem::planner {
 
-// A split of the workers: `prefill` prefill-only and the rest decode, or all
-// aggregated (prefill == 0).
+// A split of the cells (workers, with one width): `prefill` prefill-only and
+// the rest decode, or all aggregated (prefill == 0).
 struct Split {
   int64_t prefill = 0;
   int64_t decode = 0;
@@ -40,7 +47,7 @@ struct Split {
 };
 
 struct SimOptions {
-  int64_t workers = 8;               // GPUs, one worker each
+  int64_t workers = 8;               // cells (what a split counts): workers of one width each, or PlanContext::cells
   int64_t max_num_seqs = 256;        // per worker
   int64_t max_batched_tokens = 8192; // per step
   int64_t epoch_requests = 1024;
@@ -88,17 +95,30 @@ struct SimResult {
 class Policy;
 struct SimState;  // the state of a run between events (copyable: the oracle tries splits on copies)
 
-// The models a policy may consult: one per worker (heterogeneous clusters
-// have several kinds), in worker order.
+// What a split gives one role: its workers' models as prefill workers and as
+// decode (or aggregated) workers. One worker: both lists hold its model.
+struct Cell {
+  std::vector<const PerfModel*> prefill, decode;
+  bool one_form() const { return prefill == decode; }
+  double peak_flops() const { return decode.front()->hardware().peak_flops; }
+};
+// One cell per worker (workers of one width; heterogeneous clusters have several kinds).
+std::vector<Cell> worker_cells(const std::vector<const PerfModel*>& models);
+
+// The models a policy may consult, by cell (heterogeneous clusters have
+// several kinds), in cell order; prefill roles go to the fastest (peak_flops) first.
 struct PlanContext {
   const SimOptions* options = nullptr;
-  std::vector<const PerfModel*> models;  // per worker; prefill roles go to the fastest (peak_flops) first
+  std::vector<Cell> cells;
+  int64_t size() const { return static_cast<int64_t>(cells.size()); }
 };
 
 class Simulator {
  public:
   // models: one per worker (the same pointer for identical GPUs); must outlive the simulator.
   Simulator(SimOptions options, std::vector<const PerfModel*> models);
+  // cells: options.workers of them, what each split counts.
+  Simulator(SimOptions options, std::vector<Cell> cells);
   SimResult run(const std::vector<Request>& requests, Policy& policy);
 
   // For the oracle: the cost of the whole run when it goes on from `state`
@@ -118,7 +138,6 @@ class Simulator {
 
  private:
   SimOptions o_;
-  std::vector<const PerfModel*> models_;
   PlanContext ctx_;
 };
 

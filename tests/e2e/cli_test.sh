@@ -100,8 +100,8 @@ check "simulate 70B on H100: width 2, the smallest it fits, is said" \
   grep -q '^tensor-parallel width 2, the smallest the model fits (tp 1: does not fit)' "$tmp/sim70"
 "$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
   --tp best --epoch-requests 500 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
-check "simulate --tp best: each width that fits simulated, the fastest chosen" \
-  grep -qE '^tensor-parallel width [248], chosen by simulating lookahead at each \(makespan\): tp 1: does not fit; tp 2: [0-9.]+ s; tp 4: [0-9.]+ s; tp 8: [0-9.]+ s$' "$tmp/sim70"
+check "simulate --tp best: each width and prefill:decode pair that fits simulated, the fastest chosen" \
+  grep -qE '^tensor-parallel widths? [248](:[248])?( \(prefill:decode\))?, chosen by simulating lookahead at each \(makespan\): tp 1: does not fit; tp 2: [0-9.]+ s; tp 4: [0-9.]+ s; tp 8: [0-9.]+ s(; tp [248]:[248]: [0-9.]+ s){6}$' "$tmp/sim70"
 sim70() {  # sim70 HARDWARE: lookahead at the width chosen; prints the line that says how the GPUs were used
   "$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware "$1" --gpus 64 \
     --epoch-requests 500 2> "$tmp/err" | grep -E '^[0-9]+ requests on 64 GPUs'
@@ -117,9 +117,21 @@ check "simulate --tp 4 --policy static:16:48 (GPUs): 16 workers of 4" \
   --tp 4:2 --policy static:16:48 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
 check "simulate --tp 4:2 --policy static:16:48: prefill and decode workers of their own widths" \
   test $rc -eq 0 -a "$(grep -c 'in 4 prefill worker(s) of tp 4 and 24 decode worker(s) of tp 2, policy static:16:48' "$tmp/sim70")" -eq 1
-"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --gpus 64 --tp 4:2 > /dev/null 2> "$tmp/err"; rc=$?
-check "simulate --tp 4:2 under a re-splitting policy: one line, give static:P:D" \
-  test $rc -ne 0 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'fixed split only' "$tmp/err")" -eq 1
+# Two widths under re-splitting policies: cells of lcm(4, 2) = 4 GPUs, each one prefill worker or two decode workers.
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
+  --tp 4:2 --policy all --epoch-requests 500 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
+check "simulate --tp 4:2 --policy all: every policy runs, re-splits between widths included" \
+  test $rc -eq 0 -a "$(grep -cE '^(agg|static:[0-9]+:[0-9]+|sla|lookahead|oracle) +makespan' "$tmp/sim70")" -ge 6 \
+  -a "$(grep -c '^static:16:48 ' "$tmp/sim70")" -eq 1
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware h100 --gpus 64 \
+  --tp 4:2 --policy sla --epoch-requests 500 > "$tmp/sim70" 2> "$tmp/err"; rc=$?
+check "simulate --tp 4:2 --policy sla: 16 cells, epochs split in workers of each width (4 P GPUs + 2 D GPUs = 64)" \
+  test $rc -eq 0 -a "$(grep -c 'in 16 cells of 4 GPUs, each 1 prefill worker(s) of tp 4 or 2 decode worker(s) of tp 2, policy sla' "$tmp/sim70")" -eq 1 \
+  -a "$(grep -oE '^epoch [0-9]+: ([0-9]+P:[0-9]+D -> )?[0-9]+P:[0-9]+D,' "$tmp/sim70" | sed -E 's/.* ([0-9]+)P:([0-9]+)D,/\1 \2/' | awk '$1 * 4 + $2 * 2 != 64' | wc -l)" -eq 0 \
+  -a "$(grep -cE '^epoch [0-9]+: ' "$tmp/sim70")" -eq 6
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --gpus 62 --tp 4:2 > /dev/null 2> "$tmp/err"; rc=$?
+check "simulate --tp 4:2 on 62 GPUs under a re-splitting policy: one line, not whole cells of 4" \
+  test $rc -ne 0 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'a re-split moves 4 GPUs at a time' "$tmp/err")" -eq 1
 "$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --gpus 64 --tp 1 > /dev/null 2> "$tmp/err"; rc=$?
 check "simulate --tp 1 for 70B on H100: one line, the weights do not fit" \
   test $rc -ne 0 -a "$(wc -l < "$tmp/err")" -eq 1 -a "$(grep -c 'do not fit' "$tmp/err")" -eq 1

@@ -203,7 +203,7 @@ class ScanEverySplit : public Policy {
  public:
   std::string name() const override { return "scan"; }
   Split choose(const EpochView& e, const PlanContext& ctx, double& predicted) override {
-    const auto n = static_cast<int64_t>(ctx.models.size());
+    const auto n = ctx.size();
     Split best{0, n};
     predicted = std::numeric_limits<double>::infinity();
     for (const Split& s : all_splits(n)) {
@@ -285,7 +285,7 @@ TEST_CASE("the oracle finds a landscape's best split in a few simulations an epo
   Cluster c(n);
   SimOptions o;
   o.workers = n;
-  const PlanContext ctx{&o, c.workers};
+  const PlanContext ctx{&o, worker_cells(c.workers)};
   auto oracle = make_policy("oracle", n);
   std::vector<EpochRecord> history;
   Split current{0, n};
@@ -520,4 +520,83 @@ TEST_CASE("tensor-parallel workers: the group's roofline, its exchanges and its 
   ModelShape odd = shape;
   odd.heads = 6;
   CHECK_THAT(odd.width_problem(4), Catch::Contains("does not divide the model's 6 attention heads"));
+}
+
+namespace {
+
+// Prefill workers of width 4 and decode workers of width 2 on 16 H100s: cells
+// of 4 GPUs, each one prefill worker or two decode workers.
+struct MixedCells {
+  ModelShape shape = ModelShape::from(sim_config("llama-70b.json"));
+  PerfModel four{shape.at_width(4), HardwareProfile::named("h100")};
+  PerfModel two{shape.at_width(2), HardwareProfile::named("h100")};
+  std::vector<Cell> cells{4, Cell{{&four}, {&two, &two}}};
+};
+
+// A different split for each epoch, in cells.
+class Sequence : public Policy {
+ public:
+  explicit Sequence(std::vector<Split> splits) : splits_(std::move(splits)) {}
+  std::string name() const override { return "sequence"; }
+  Split choose(const EpochView& e, const PlanContext&, double& predicted) override {
+    predicted = 0;
+    return splits_[static_cast<std::size_t>(e.index) % splits_.size()];
+  }
+
+ private:
+  std::vector<Split> splits_;
+};
+
+}  // namespace
+
+// Issue 18: a re-split may change widths. A cell runs either form, never both:
+// its decode workers drain before its GPUs become a prefill worker, and back.
+TEST_CASE("cells of two widths: a re-split drains a cell's workers, then regroups its GPUs", "[planner][tp]") {
+  MixedCells m;
+  // The estimate of a split of cells is the estimate of the workers it makes.
+  const auto reqs = WorkloadSpec::load(TANDEM_SOURCE_DIR "/jobs/sim/shifting.toml").generate(40960);
+  const std::span<const Request> epoch(reqs.data(), 2000);
+  SimOptions o;
+  o.workers = 4;
+  const PlanContext cells{&o, m.cells};
+  SimOptions ow;
+  ow.workers = 7;
+  const PlanContext workers{&ow, worker_cells({&m.four, &m.two, &m.two, &m.two, &m.two, &m.two, &m.two})};
+  CHECK(estimate_epoch_seconds(epoch, Split{1, 3}, cells) == estimate_epoch_seconds(epoch, Split{1, 6}, workers));
+  SimOptions oa;
+  oa.workers = 8;
+  const PlanContext agg{&oa, worker_cells(std::vector<const PerfModel*>(8, &m.two))};
+  CHECK(estimate_epoch_seconds(epoch, Split{0, 4}, cells) == estimate_epoch_seconds(epoch, Split{0, 8}, agg));
+
+  // A fixed split of cells runs as the same workers placed once (the cells regroup at the start, empty).
+  std::vector<Request> some(reqs.begin(), reqs.begin() + 600);
+  for (std::size_t i = 300; i < some.size(); ++i) some[i] = reqs[4000 + i];  // then long answers
+  o.epoch_requests = ow.epoch_requests = 300;
+  Sequence fixed_cells({Split{1, 3}}), fixed_workers({Split{1, 6}});
+  const SimResult a = Simulator(o, m.cells).run(some, fixed_cells);
+  const SimResult b = Simulator(ow, workers.cells).run(some, fixed_workers);
+  CHECK(a.makespan_s == b.makespan_s);
+  CHECK(a.ttft_p99_s == b.ttft_p99_s);
+
+  // Re-split every epoch: agg, 2 prefill cells, 1, agg. At no time do a cell's
+  // two forms run at once (GPUs in use <= 16), and every request finishes once.
+  Sequence moving({Split{0, 4}, Split{2, 2}, Split{1, 3}, Split{0, 4}});
+  o.epoch_requests = 150;
+  o.max_num_seqs = 8;  // the router's window (2 x 8 x decode workers) holds less than an epoch: epochs follow in time
+  const SimResult r = Simulator(o, m.cells).run(some, moving);
+  CHECK(r.requests == 600);
+  double out = 0;
+  for (const auto& q : some) out += static_cast<double>(q.osl);
+  CHECK(r.output_tokens == out);
+  REQUIRE(r.epochs.size() == 4);
+  bool saw_two_prefill = false, saw_regrouping = false;
+  for (const auto& s : r.timeline) {
+    const int64_t gpus = 4 * s.prefill + 2 * (s.decode + s.agg);
+    CHECK(gpus <= 16);
+    saw_two_prefill = saw_two_prefill || s.prefill == 2;
+    saw_regrouping = saw_regrouping || gpus < 16;  // a drained worker's GPUs wait for the rest of its cell
+  }
+  CHECK(saw_two_prefill);
+  CHECK(saw_regrouping);
+  CHECK(r.timeline.back().agg == 8);
 }
