@@ -12,8 +12,7 @@ void check(const Status& s) {
 
 }  // namespace
 
-MpiWorkerPort::MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, Comm role)
-    : box_(box), transport_(transport), workers_(workers), role_(std::move(role)) {
+MpiWorkerPort::MpiWorkerPort(Mailbox& box, KvTransport* transport) : box_(box), transport_(transport) {
   TANDEM_MPI_OR_THROW(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
 }
 
@@ -60,24 +59,6 @@ void MpiWorkerPort::kv_arrivals(std::vector<KvArrival>& out) {
   check(transport_->progress(arrived_));
   for (auto& n : arrived_) out.push_back({n.peer + 1, n.aborted, std::move(n.bytes)});
   arrived_.clear();
-}
-
-void MpiWorkerPort::begin_resplit(bool prefill) {
-  next_prefill_ = prefill;
-  TANDEM_MPI_OR_THROW(MPI_Ibarrier(workers_, &barrier_));
-}
-
-bool MpiWorkerPort::resplit_ready() {
-  if (barrier_ == MPI_REQUEST_NULL) return true;  // tested done already
-  int done = 0;
-  TANDEM_MPI_OR_THROW(MPI_Test(&barrier_, &done, MPI_STATUS_IGNORE));
-  return done != 0;
-}
-
-void MpiWorkerPort::split_roles() {
-  // Every rank that splits has seen the new roles and holds back new KV posts (a group leader has
-  // also ended its transfers): the split cannot wait on a transfer.
-  role_ = split(workers_, next_prefill_ ? 1 : 0, world_rank_);
 }
 
 void MpiWorkerPort::flush() { check(box_.flush()); }

@@ -1,15 +1,10 @@
 // The worker service's port under MPI: the protocol's messages in the rank's
-// Mailbox (tag = MsgType), KV transfers through the job's KvTransport (its
-// ranks are the workers': world rank - 1), and the role communicator's
-// re-split (a non-blocking barrier over the workers, or the group leaders, then MPI_Comm_split,
-// which no transfer can then be waiting on). Errors throw tandem::Error.
+// Mailbox (tag = MsgType) and KV transfers through the job's KvTransport (its
+// ranks are the workers': world rank - 1). Errors throw tandem::Error.
 #pragma once
-
-#include <mpi.h>
 
 #include <vector>
 
-#include "mpi_transport/comm.h"
 #include "mpi_transport/kv_transport.h"
 #include "mpi_transport/mpi_env.h"
 #include "runtime/service/worker_port.h"
@@ -18,12 +13,8 @@ namespace tandem::mpi {
 
 class MpiWorkerPort : public service::WorkerPort {
  public:
-  // workers: the communicator re-splits happen on: every worker's (KV windows
-  // live on it), or in a job with tensor-parallel groups the group leaders'
-  // (a follower keeps its group and takes no part); role: split from it,
-  // re-split here (the port owns it from now on).
   // transport: null when the job is aggregated throughout.
-  MpiWorkerPort(Mailbox& box, KvTransport* transport, MPI_Comm workers, Comm role);
+  MpiWorkerPort(Mailbox& box, KvTransport* transport);
   MpiWorkerPort(const MpiWorkerPort&) = delete;
   MpiWorkerPort& operator=(const MpiWorkerPort&) = delete;
 
@@ -36,9 +27,6 @@ class MpiWorkerPort : public service::WorkerPort {
   KvState poll_kv(int64_t id) override;
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;
-  void begin_resplit(bool prefill) override;
-  bool resplit_ready() override;
-  void split_roles() override;
   void flush() override;
   // Moves KV transfers on (ours and those to us) between the service's calls;
   // what lands waits for kv_arrivals().
@@ -47,11 +35,7 @@ class MpiWorkerPort : public service::WorkerPort {
  private:
   Mailbox& box_;
   KvTransport* transport_;
-  MPI_Comm workers_;
-  Comm role_;
   int world_rank_ = 0;
-  MPI_Request barrier_ = MPI_REQUEST_NULL;
-  bool next_prefill_ = false;
   std::vector<Notification> arrived_;  // landed, not yet handed over
 };
 

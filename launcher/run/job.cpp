@@ -113,9 +113,10 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 // do both), each worker a tensor-parallel group whose ranks share a node
 // where the allocation allows (service::place_by_node; else in rank order).
 // The workers' communicator never changes (KV windows live on it); the role
-// communicator is split from it, and each group's from that. Re-splits move
-// whole groups: with groups, only the leaders split again (their own
-// communicator), and the groups stay.
+// communicator is split from it, and each group's from that, once. Re-splits
+// between epochs move whole groups from one role to the other: a worker's
+// new role is rank 0's word (kRoles), no communicator is split again, and
+// no worker waits for another.
 struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
@@ -123,8 +124,7 @@ struct Layout {
   bool prefill = false;  // this rank prefills
   Roles::Group group;    // this worker rank's group
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
-  mpi::Comm workers, role_comm, group_comm;
-  mpi::Comm leaders;  // with tensor-parallel groups: the group leaders, who alone re-split
+  mpi::Comm workers, group_comm;
 };
 
 // The lowest worker's leader: it speaks for all where one must (the store's warnings and index).
@@ -199,10 +199,8 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
   if (env.size() > 1) {
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
     if (l.workers) {
-      l.role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
-      l.group_comm = mpi::split(l.role_comm.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
-      if (l.roles.prefill_tp > 1 || l.roles.decode_tp > 1)
-        l.leaders = mpi::split(l.workers.get(), l.group.place == 0 ? 0 : MPI_UNDEFINED, rank);
+      const mpi::Comm role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
+      l.group_comm = mpi::split(role_comm.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
     }
   }
   if (rank == 0 && env.size() > 1) {
@@ -440,7 +438,7 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
 // followers what to run (runtime/service/group_worker.h).
 void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
   const int rank = env.rank();
-  mpi::MpiWorkerPort port(box, w.transport.get(), l.leaders ? l.leaders.get() : l.workers.get(), std::move(l.role_comm));
+  mpi::MpiWorkerPort port(box, w.transport.get());
   // A rank waiting in its group's exchange still moves KV on: no rank waits on it for ever.
   if (w.group) w.group->set_progress([&port] { port.pump(); });
   struct Unhook {

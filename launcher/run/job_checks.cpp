@@ -211,10 +211,6 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
     return "model.backend = \"" + c.model.backend + "\" does not run tensor-parallel yet (cluster.tp > 1): its group "
            "exchange over NCCL is not built; use cluster.tp = 1, or model.backend = \"cpu\"";
   const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
-  if (planned && transport_for(c.choices) == TransportKind::kMpiTwoSided)
-    return "transport.backend = \"mpi_two_sided\" with cluster.tp > 1 and job.mode = \"auto\" is not supported yet (a "
-           "re-split could wait on a two-sided transfer); use transport.backend = \"auto\" (one-sided windows), or "
-           "job.mode = \"disagg\"";
   if (planned && roles.prefill_tp != roles.decode_tp)
     return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
            std::to_string(roles.decode_tp) + " differ, and job.mode = \"auto\" re-splits workers between epochs: "

@@ -75,12 +75,6 @@ void ShardMover::release(int64_t key) {
   posts_.erase(it);
 }
 
-bool ShardMover::all_ended() {
-  for (const auto& [key, ids] : posts_)
-    if (poll(key) == WorkerPort::KvState::kPending) return false;
-  return true;
-}
-
 void ShardMover::collect() {
   scratch_.clear();
   port_.kv_arrivals(scratch_);

@@ -12,9 +12,8 @@
 //    ranks in step. Every rank's pool has the same blocks, and the leader's
 //    block numbers hold on every rank.
 //  - LeaderPort: each KV transfer the leader posts, ends or receives.
-// Re-splits between epochs move whole groups: only the leaders split (their
-// own communicator), after their own transfers have ended, so no rank waits
-// inside the blocking split for a notice that rank still owes.
+// Re-splits between epochs move whole groups: the leader takes its new role
+// at once; the followers have none.
 // A Follower runs the same passes on its shard without the LM head (only the
 // leader samples), posts its shard of each transfer to the rank at its own
 // place in the destination group, and holds its next command until its own
@@ -80,7 +79,6 @@ class ShardMover {
             std::span<const uint8_t> note);
   WorkerPort::KvState poll(int64_t key);  // every post done; aborted if any was
   void release(int64_t key);
-  bool all_ended();  // every post of ours done or aborted (polled)
   // What landed here, counted by (sending group's leader, note).
   void collect();
   // Takes a transfer from the group led by `source` whose every piece to us has landed.
@@ -150,10 +148,6 @@ class LeaderPort : public WorkerPort {
   KvState poll_kv(int64_t id) override { return mover_.poll(id); }
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;
-  void begin_resplit(bool prefill) override { inner_.begin_resplit(prefill); }
-  // Every leader has begun it, and every transfer of this rank's has ended (its notices are out).
-  bool resplit_ready() override { return inner_.resplit_ready() && mover_.all_ended(); }
-  void split_roles() override { inner_.split_roles(); }
   // The end of the job: the followers stop, then every message leaves.
   void flush() override;
 

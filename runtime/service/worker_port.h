@@ -65,14 +65,6 @@ class WorkerPort {
   // Appends the notes of transfers to us that have landed.
   virtual void kv_arrivals(std::vector<KvArrival>& out) = 0;
 
-  // The role communicator is split again: every worker starts it (with its
-  // new role) and polls resplit_ready() (meanwhile the service goes on
-  // working) until every worker has started it; then split_roles() splits
-  // (collective: every worker calls it, soon).
-  virtual void begin_resplit(bool prefill) = 0;
-  virtual bool resplit_ready() = 0;
-  virtual void split_roles() = 0;
-
   // Waits until every message sent has left (the end of the job).
   virtual void flush() = 0;
 };

@@ -26,7 +26,6 @@ bool WorkerService::tick() {
   any = reserve_for_prefill() || any;
   any = step_engine() || any;
   any = drive_transfers() || any;
-  any = drive_resplit() || any;
   report_now_and_then();
   return any;
 }
@@ -81,7 +80,17 @@ void WorkerService::on_cancel(int source, uint64_t id) {
   }
 }
 
-void WorkerService::on_roles(WireRoles r) { resplits_.push_back(std::move(r)); }
+// A re-split: this worker's role from now on. Nothing waits on the other
+// workers: rank 0 sends new work by the new roles only after this message
+// (MPI keeps one sender's messages in order), and what this worker holds
+// (sequences, prefills, transfers either way) runs on to its end.
+void WorkerService::on_roles(WireRoles r) {
+  const bool prefill = std::find(r.prefill_ranks.begin(), r.prefill_ranks.end(), port_.rank()) != r.prefill_ranks.end();
+  const Role role = role_for(!r.prefill_ranks.empty(), prefill);
+  core_.set_role(role);
+  if (on_role_) on_role_(role);
+  spdlog::debug("epoch {}: now {}", r.epoch, role_name(role));
+}
 
 void WorkerService::on_shutdown(bool abandon) {
   stopping_ = true;
@@ -143,10 +152,7 @@ bool WorkerService::step_engine() {
     }
     port_.send(0, MsgType::kResult, encode(r));
   }
-  for (auto& h : out.handoffs) {
-    if (resplitting_) held_.push_back(std::move(h));
-    else send_handoff(h);
-  }
+  for (auto& h : out.handoffs) send_handoff(h);
   return out.progress || !out.handoffs.empty();
 }
 
@@ -204,29 +210,6 @@ bool WorkerService::drive_transfers() {
   return any;
 }
 
-// Re-splits, one at a time: the port agrees with the other workers (the other group leaders), then splits.
-bool WorkerService::drive_resplit() {
-  if (resplits_.empty()) return false;
-  const WireRoles& r = resplits_.front();
-  const bool prefill = std::find(r.prefill_ranks.begin(), r.prefill_ranks.end(), port_.rank()) != r.prefill_ranks.end();
-  if (!resplitting_) {
-    port_.begin_resplit(prefill);
-    resplitting_ = true;
-    return true;
-  }
-  if (!port_.resplit_ready()) return false;
-  port_.split_roles();
-  const Role role = role_for(!r.prefill_ranks.empty(), prefill);
-  core_.set_role(role);
-  if (on_role_) on_role_(role);
-  spdlog::debug("epoch {}: now {}", r.epoch, role_name(role));
-  resplits_.pop_front();
-  resplitting_ = false;
-  for (auto& h : held_) send_handoff(h);
-  held_.clear();
-  return true;
-}
-
 void WorkerService::report_now_and_then() {
   // What the prefix cache gained and lost (for rank 0's KV-aware routing), at most every 20 ms.
   if (Clock::now() - last_cache_report_ > std::chrono::milliseconds(20)) {
@@ -243,7 +226,7 @@ void WorkerService::report_now_and_then() {
 }
 
 bool WorkerService::finished() const {
-  if (!stopping_ || resplitting_ || !resplits_.empty()) return false;
+  if (!stopping_) return false;
   return abandon_ || (!core_.has_work() && awaiting_.empty() && to_reserve_.empty() && sending_.empty());
 }
 

@@ -16,9 +16,9 @@
 //    transfer: its blocks are freed when the port reports it done.
 //
 // Re-splits (kRoles, at rank 0's epoch boundaries) change no behaviour here
-// (rank 0 routes by role), only the role communicator and the rank's name.
-// The service goes on working while the port splits the communicator;
-// prefills that finish meanwhile are posted after it.
+// (rank 0 routes by role), only the rank's role and name, at once: no worker
+// waits for another (the role communicator, split once at start-up for the
+// tensor-parallel groups, is not split again: nothing communicates on it).
 //
 // Not thread-safe: the rank's main loop drives it (tick() until finished()).
 #pragma once
@@ -105,7 +105,6 @@ class WorkerService {
   bool step_engine();
   void send_handoff(WorkerCore::Handoff& h);
   bool drive_transfers();
-  bool drive_resplit();
   void report_now_and_then();
   // Runs a port call and counts the time spent in it (the KV wait reported).
   template <class F>
@@ -120,9 +119,6 @@ class WorkerService {
   std::vector<Sending> sending_;
   InFlight sending_all_;                 // any transfer of ours
   std::map<int, InFlight> sending_to_;   // by destination rank
-  std::deque<WireRoles> resplits_;           // in the order rank 0 sent them
-  bool resplitting_ = false;                 // the port is splitting for resplits_.front()
-  std::vector<WorkerCore::Handoff> held_;    // prefills finished during a re-split: posted after it
   bool stopping_ = false, abandon_ = false;
   double kv_wait_s_ = 0;
   Clock::time_point last_cache_report_ = Clock::now(), last_stats_ = Clock::now();

@@ -4,7 +4,8 @@ two-phase input ahead (RAG-like long prompts, then reasoning-like long
 answers) and re-splits the workers between epochs. Checks, for the lookahead
 and the sla policy: at least one re-split, logged with its prediction; the
 summary lists every epoch with its split, predicted and measured seconds; and
-every output is token-for-token the one of a static disaggregated run.
+every output is token-for-token the one of a static disaggregated run, also
+with workers of two ranks whose KV moves two-sided.
 Usage: planner_test.py TANDEM SRC_DIR"""
 import json
 import random
@@ -64,6 +65,16 @@ with tempfile.TemporaryDirectory() as d:
                                        re.fullmatch(r"agg|\d+P:\d+D", e["split"]) for e in epochs), epochs)
         check(f"{policy}: outputs token-for-token those of the static run", tokens == static,
               f"{sum(tokens.get(k) != v for k, v in static.items())} differ")
+
+    # Workers of two ranks (tensor-parallel) whose KV moves two-sided: a re-split is rank 0's word, taken at
+    # once, so no worker waits for another while a transfer to it is still to be received.
+    p, tokens, summary = run("tp2 two-sided", "auto", "lookahead", "in.jsonl", "--set", "cluster.tp=2", "--set",
+                             'transport.backend="mpi_two_sided"')
+    log = p.stdout + p.stderr
+    resplits = re.findall(r"epoch \d+: \S+ -> \S+, predicted [+-]\d+%", log)
+    check("workers of tp 2, two-sided KV: re-split mid-run, outputs token-for-token those of the static run",
+          p.returncode == 0 and len(resplits) >= 1 and tokens == static and summary.get("kv_bytes_transferred", 0) > 0,
+          f"rc {p.returncode}, re-splits {resplits}, {sum(tokens.get(k) != v for k, v in static.items())} differ")
 
     # Resumed: the planner plans only what is left. A first job did lines 0-39;
     # the resumed one's epochs hold the 20 lines still to do, not 60.

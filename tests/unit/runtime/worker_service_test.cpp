@@ -32,7 +32,6 @@ struct FakeJob {
   std::map<int, std::deque<WorkerPort::Message>> inbox;  // by world rank
   std::map<int, std::deque<WorkerPort::KvArrival>> kv_inbox;
   std::map<int, kv::BlockPool*> pools;
-  int resplits_begun = 0, workers = 0;
   int64_t kv_bytes = 0;
 };
 
@@ -81,15 +80,7 @@ class FakePort : public WorkerPort {
       q.pop_front();
     }
   }
-  void begin_resplit(bool prefill) override {
-    ++job_.resplits_begun;
-    role_prefill_ = prefill;
-    resplit_target_ = (job_.resplits_begun + job_.workers - 1) / job_.workers * job_.workers;
-  }
-  bool resplit_ready() override { return job_.resplits_begun >= resplit_target_; }  // every worker has begun it
-  void split_roles() override {}
   void flush() override {}
-  bool role_prefill() const { return role_prefill_; }
 
  private:
   FakeJob& job_;
@@ -97,8 +88,6 @@ class FakePort : public WorkerPort {
   bool kv_;
   int64_t next_ = 1;
   std::map<int64_t, std::pair<int, std::vector<uint8_t>>> pending_;
-  int resplit_target_ = 0;
-  bool role_prefill_ = false;
 };
 
 // One worker: pool, threads, core, port, service.
@@ -125,7 +114,6 @@ struct Job {
 
   // blocks: each worker's pool (the last value for the rest).
   Job(testing::TinyModel& t, int workers, bool kv, std::vector<int64_t> blocks = {256}) : tiny(t) {
-    fake.workers = workers;
     w.resize(static_cast<std::size_t>(workers));
     for (int k = 0; k < workers; ++k) {
       Worker& x = w[static_cast<std::size_t>(k)];
@@ -275,7 +263,6 @@ TEST_CASE("worker service: a re-split renames the roles; requests keep running t
   }
   CHECK(dis.w[0].role_seen == Role::kDecode);
   CHECK(dis.w[1].role_seen == Role::kPrefill);
-  CHECK(dis.w[1].port->role_prefill());
   for (const auto& rep : dis.shutdown()) CHECK(rep.role == (rep.rank == 2 ? Role::kPrefill : Role::kDecode));
 }
 
