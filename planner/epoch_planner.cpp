@@ -50,14 +50,15 @@ nlohmann::json EpochPlanner::profile_json() const {
 
 std::string EpochPlanner::profile_toml() const {
   const auto& h = fit_.profile;
-  char buf[640];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
                 "# Fitted by tandem run from %zu measured engine steps (rms log error %.3f).\n"
                 "name = \"%s\"\npeak_flops = %.6g\nhbm_bytes_per_s = %.6g\nhbm_bytes = %.6g\n"
                 "link_bytes_per_s = %.6g\nlink_latency_s = %.6g\nmfu = %.6g\nmbu = %.6g\nstep_overhead_s = %.6g\n"
-                "kv_memory_fraction = %.6g\n",
+                "kv_memory_fraction = %.6g\nreload_bytes_per_s = %.6g\n",
                 fit_.samples, fit_.rms_log_error, h.name.c_str(), h.peak_flops, h.hbm_bytes_per_s, h.hbm_bytes,
-                h.link_bytes_per_s, h.link_latency_s, h.mfu, h.mbu, h.step_overhead_s, h.kv_memory_fraction);
+                h.link_bytes_per_s, h.link_latency_s, h.mfu, h.mbu, h.step_overhead_s, h.kv_memory_fraction,
+                h.reload_bytes_per_s);
   return buf;
 }
 

@@ -19,6 +19,8 @@ namespace {
 //  - step_overhead_s: 0.5 ms, derived from the same blog: vLLM/SGLang reach at most 50% of bandwidth on
 //    that model's 0.74 ms step where the fused kernel reaches 78%, leaving ~0.5 ms per step of kernel
 //    boundaries and launches (vLLM before multi-step scheduling had ~4 ms: vllm-project/vllm#6854).
+//  - reload_bytes_per_s: 32 GB/s, an assumption: half of PCIe Gen5 x16's 64 GB/s per direction (the
+//    checkpoint read from the host's page cache through pageable buffers); no published figure found.
 HardwareProfile builtin(const std::string& name, double tflops, double tbps, double gb, double link_gbps,
                         double mfu) {
   HardwareProfile h;
@@ -74,7 +76,8 @@ HardwareProfile HardwareProfile::from_toml(const std::filesystem::path& file) {
                           {"hbm_bytes", &h.hbm_bytes, true},          {"link_bytes_per_s", &h.link_bytes_per_s, true},
                           {"link_latency_s", &h.link_latency_s, false}, {"mfu", &h.mfu, false},
                           {"mbu", &h.mbu, false},                      {"step_overhead_s", &h.step_overhead_s, false},
-                          {"kv_memory_fraction", &h.kv_memory_fraction, false}};
+                          {"kv_memory_fraction", &h.kv_memory_fraction, false},
+                          {"reload_bytes_per_s", &h.reload_bytes_per_s, false}};
   for (const auto& f : fields) {
     auto node = t[f.key];
     if (!node) {
@@ -91,9 +94,10 @@ HardwareProfile HardwareProfile::from_toml(const std::filesystem::path& file) {
     for (const auto& f : fields) known = known || key == f.key;
     if (!known) throw Error(file.string() + ": unknown key '" + key + "' in a hardware profile");
   }
-  if (h.peak_flops <= 0 || h.hbm_bytes_per_s <= 0 || h.link_bytes_per_s <= 0 || h.mfu <= 0 || h.mfu > 1 || h.mbu <= 0 ||
-      h.mbu > 1)
-    throw Error(file.string() + ": peak_flops, hbm_bytes_per_s and link_bytes_per_s must be above 0, mfu and mbu in (0, 1]");
+  if (h.peak_flops <= 0 || h.hbm_bytes_per_s <= 0 || h.link_bytes_per_s <= 0 || h.reload_bytes_per_s <= 0 ||
+      h.mfu <= 0 || h.mfu > 1 || h.mbu <= 0 || h.mbu > 1)
+    throw Error(file.string() + ": peak_flops, hbm_bytes_per_s, link_bytes_per_s and reload_bytes_per_s must be above 0, "
+                "mfu and mbu in (0, 1]");
   return h;
 }
 

@@ -152,6 +152,7 @@ HardwareProfile measure_cpu_profile(int threads, double memory_bytes) {
   h.kv_memory_fraction = 1.0;
   h.link_bytes_per_s = h.hbm_bytes_per_s / 2;  // one copy between ranks' memory on a node
   h.link_latency_s = 20e-6;
+  h.reload_bytes_per_s = h.hbm_bytes_per_s / 2;  // a shard copied out of the checkpoint's mapping: one copy
   // What our kernels reach of those (perf/engine_bench on the development
   // machine): ~55% of the FMA peak in prefill, ~90% of the triad in decode.
   h.mfu = 0.55;

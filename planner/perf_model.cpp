@@ -66,10 +66,13 @@ double PerfModel::transfer_seconds(double tokens) const {
   return hw_.link_latency_s + tokens * m_.kv_bytes_per_token / (hw_.link_bytes_per_s * m_.tp);
 }
 
-double PerfModel::kv_capacity_tokens() const {
+double PerfModel::gpu_weight_bytes() const {
   const double lm_head_bytes = m_.lm_head_params * m_.bytes_per_param;
-  const double per_gpu_weights = (m_.weight_bytes - lm_head_bytes) / m_.tp + lm_head_bytes;
-  const double free = (hw_.hbm_bytes - per_gpu_weights) * hw_.kv_memory_fraction;
+  return (m_.weight_bytes - lm_head_bytes) / m_.tp + lm_head_bytes;
+}
+
+double PerfModel::kv_capacity_tokens() const {
+  const double free = (hw_.hbm_bytes - gpu_weight_bytes()) * hw_.kv_memory_fraction;
   return free > 0 ? free / (m_.kv_bytes_per_token * m_.kv_share()) : 0;
 }
 

@@ -73,6 +73,10 @@ class PerfModel {
   double transfer_seconds(double tokens) const;
   // Tokens of KV a worker can hold after its weights (0 when the weights do not fit).
   double kv_capacity_tokens() const;
+  // One GPU's weights (its shard, and the whole LM head).
+  double gpu_weight_bytes() const;
+  // A worker formed anew at this width (a re-split regrouped its GPUs): each GPU copies its weights in.
+  double reload_seconds() const { return gpu_weight_bytes() / hw_.reload_bytes_per_s; }
   const ModelShape& shape() const { return m_; }
   const HardwareProfile& hardware() const { return hw_; }
 

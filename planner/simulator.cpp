@@ -71,7 +71,9 @@ struct WorkerState {
 struct CellState {
   std::vector<int32_t> prefill, decode;  // its workers in each form (the same list: one form)
   bool on_prefill = false;  // the form it runs (two forms)
-  bool switching = false;   // its workers drain, then the other form starts with role `target`
+  // A switch: its workers drain, then (loading) the other form's workers copy
+  // their weights in and start with role `target`.
+  bool switching = false, loading = false;
   Role target = Role::kAgg;
   bool one_form() const { return prefill == decode; }
   const std::vector<int32_t>& running() const { return on_prefill ? prefill : decode; }
@@ -92,8 +94,9 @@ bool meets_targets(const SimOptions& o, const Request& q, const ReqState& r) {
 struct Event {
   double t;
   uint64_t seq;
-  int32_t worker;
-  int32_t req;  // -1: the worker's step ends; else req's KV lands on the worker
+  int32_t worker;  // a cell, for kCellReady
+  int32_t req;  // kStepEnd: the worker's step ends; kCellReady: the cell's new workers start; else req's KV lands
+  static constexpr int32_t kStepEnd = -1, kCellReady = -2;
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
@@ -136,7 +139,9 @@ struct SimState {
   WorkerState& wk(int32_t k) { return w[static_cast<std::size_t>(k)]; }
   void push(double t, int32_t worker, int32_t r) { events.push({t, seq++, worker, r}); }
 
-  void apply_split(const Split& s) {
+  // The split of an epoch; the first one (`start`) is the job's layout at
+  // start-up: every cell forms as it asks, with no drain and no reload.
+  void apply_split(const Split& s, bool start) {
     split = s;
     const auto n = static_cast<int64_t>(cells.size());
     for (int64_t k = 0; k < n; ++k) {
@@ -148,6 +153,17 @@ struct SimState {
         continue;
       }
       const bool want_prefill = r == Role::kPrefill;
+      if (start) {
+        c.on_prefill = want_prefill;
+        for (int32_t k2 : c.other()) wk(k2).role = Role::kIdle;
+        for (int32_t k2 : c.running()) wk(k2).role = r;
+        n_decode_takers = -1;
+        continue;
+      }
+      if (c.loading) {  // its new form starts first (and drains at once, if it is not the one wanted now)
+        c.target = r;
+        continue;
+      }
       if (c.switching && want_prefill != c.on_prefill) {  // on its way to that form already
         c.target = r;
         continue;
@@ -163,17 +179,22 @@ struct SimState {
         n_decode_takers = -1;
         continue;
       }
-      // The other form: its workers finish what they hold, then the cell's GPUs regroup.
-      c.switching = true;
-      c.target = r;
-      for (int32_t k2 : c.running()) {
-        WorkerState& ws = wk(k2);
-        ws.next_role = Role::kIdle;
-        ws.draining = true;
-      }
-      n_decode_takers = -1;
-      for (int32_t k2 : c.running()) maybe_switch(k2);
+      switch_form(id, r);
     }
+  }
+
+  // The other form: the cell's workers finish what they hold, then its GPUs regroup.
+  void switch_form(int32_t cell, Role r) {
+    CellState& c = cells[static_cast<std::size_t>(cell)];
+    c.switching = true;
+    c.target = r;
+    for (int32_t k : c.running()) {
+      WorkerState& ws = wk(k);
+      ws.next_role = Role::kIdle;
+      ws.draining = true;
+    }
+    n_decode_takers = -1;
+    for (int32_t k : c.running()) maybe_switch(k);
   }
 
   // A one-form worker takes role r: only a move into or out of prefill-only
@@ -205,19 +226,31 @@ struct SimState {
     if (ws.role == Role::kIdle) regroup(ws.cell);
   }
 
-  // A switching cell whose workers have all drained starts its other form.
+  // A switching cell whose workers have all drained regroups its GPUs into
+  // the other form: its workers start once they have copied their weights in.
   void regroup(int32_t cell) {
     CellState& c = cells[static_cast<std::size_t>(cell)];
-    if (!c.switching) return;
+    if (!c.switching || c.loading) return;
     for (int32_t k : c.running())
       if (wk(k).role != Role::kIdle || wk(k).draining) return;
-    c.switching = false;
     c.on_prefill = !c.on_prefill;
+    c.loading = true;
+    double load = 0;
+    for (int32_t k : c.running()) load = std::max(load, wk(k).pm->reload_seconds());
+    push(now + load, cell, Event::kCellReady);
+  }
+
+  void cell_ready(int32_t cell) {
+    CellState& c = cells[static_cast<std::size_t>(cell)];
+    c.switching = c.loading = false;
+    const Role r = c.target;
     for (int32_t k : c.running()) {
-      wk(k).role = c.target;
+      wk(k).role = (r == Role::kPrefill) == c.on_prefill ? r : (c.on_prefill ? Role::kPrefill : Role::kAgg);
       touched.push_back(k);
     }
     n_decode_takers = -1;
+    // A re-split while it loaded asked for the form it left: switch back (nothing to drain).
+    if ((r == Role::kPrefill) != c.on_prefill) switch_form(cell, r);
   }
 
   bool takes_decode(const WorkerState& ws) const {
@@ -342,7 +375,7 @@ struct SimState {
     }
     if (load.prefill_tokens == 0 && load.decode_seqs == 0) return;
     ws.busy = true;
-    push(now + ws.pm->step_seconds(load), k, -1);
+    push(now + ws.pm->step_seconds(load), k, Event::kStepEnd);
   }
 
   void sequence_ends(int32_t d, int32_t i) {
@@ -489,7 +522,8 @@ struct SimState {
       }
       events.pop();
       now = e.t;
-      if (e.req < 0) step_end(e.worker);
+      if (e.req == Event::kStepEnd) step_end(e.worker);
+      else if (e.req == Event::kCellReady) cell_ready(e.worker);
       else kv_lands(e.worker, e.req);
       sample(false);
     }
@@ -570,7 +604,7 @@ static void drive(SimState& s, Policy& policy, const PlanContext& ctx, const Sim
     rec.predicted_s = predicted;
     s.epochs.push_back(rec);
     s.epoch_left.push_back(rec.requests);
-    s.apply_split(rec.split);
+    s.apply_split(rec.split, s.epochs.size() == 1);
     s.sample(true);
   };
   s.run(on_epoch, stop);

@@ -599,4 +599,15 @@ TEST_CASE("cells of two widths: a re-split drains a cell's workers, then regroup
   CHECK(saw_two_prefill);
   CHECK(saw_regrouping);
   CHECK(r.timeline.back().agg == 8);
+
+  // Regrouped GPUs copy their new shard in first (each GPU's weights over reload_bytes_per_s): ~35 GB at width 4.
+  CHECK(m.four.reload_seconds() == Approx(m.four.gpu_weight_bytes() / 32e9));
+  CHECK(m.four.gpu_weight_bytes() / 1e9 == Approx(36.3).epsilon(0.02));
+  HardwareProfile instant = HardwareProfile::named("h100");
+  instant.reload_bytes_per_s = 1e30;
+  const PerfModel four_now(m.shape.at_width(4), instant), two_now(m.shape.at_width(2), instant);
+  const std::vector<Cell> cells_now(4, Cell{{&four_now}, {&two_now, &two_now}});
+  Sequence again({Split{0, 4}, Split{2, 2}, Split{1, 3}, Split{0, 4}});
+  const SimResult free_reload = Simulator(o, cells_now).run(some, again);
+  CHECK(free_reload.makespan_s < r.makespan_s);
 }
