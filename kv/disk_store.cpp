@@ -31,11 +31,11 @@ double now_s() {
 // The "dtype" attribute of a store of this layout's elements.
 std::string store_dtype(const KvLayout& l) { return l.elem_bytes == 2 ? "bfloat16" : "float32"; }
 // bf16 files are layout version 2: a Tandem that knows only float32 stores calls them another layout.
-int64_t store_version(const KvLayout& l) { return l.elem_bytes == 2 ? 2 : kStoreLayoutVersion; }
+int64_t store_version(const KvLayout& l) { return l.elem_bytes == 2 ? kStoreLayoutVersion + 1 : kStoreLayoutVersion; }
 
 Dims6 block_dims(const KvLayout& l, hsize_t rows) {
-  return {rows, static_cast<hsize_t>(l.layers), 2, static_cast<hsize_t>(l.block_size),
-          static_cast<hsize_t>(l.kv_heads), static_cast<hsize_t>(l.head_dim)};
+  return {rows, static_cast<hsize_t>(l.layers), 2, static_cast<hsize_t>(l.kv_heads),
+          static_cast<hsize_t>(l.block_size), static_cast<hsize_t>(l.head_dim)};
 }
 
 H5Id file_access() {
@@ -218,7 +218,10 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
                        ", fingerprint " + *fingerprint + ", block_size " + std::to_string(*bs) + ", " + dtype +
                        "; this job: " + o_.id.model + ", fingerprint " + o_.id.fingerprint + ", block_size " +
                        std::to_string(l.block_size) + ", " + store_dtype(l) + "): it is not used; " +
-                       (*fingerprint == o_.id.fingerprint && *bs == l.block_size && dtype != store_dtype(l)
+                       (*version < kStoreLayoutVersion
+                            ? "it was written by an older Tandem (token-major blocks, layout version " +
+                                  std::to_string(*version) + "); point kv.store_path elsewhere, or remove its files"
+                        : *fingerprint == o_.id.fingerprint && *bs == l.block_size && dtype != store_dtype(l)
                             ? "set kv.dtype = \"" + std::string(dtype == "bfloat16" ? "bf16" : "f32") +
                                   "\" to use it, or point kv.store_path elsewhere"
                             : std::string("point kv.store_path elsewhere")));

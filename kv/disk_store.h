@@ -8,7 +8,7 @@
 // of what it stored. A later job opens every *.h5 file read-only and indexes
 // it by its /hash dataset: the index is in the files, no separate file to
 // keep consistent. Layout of one file:
-//   /kv        float32 [n][layers][2][block_size][kv_heads][head_dim]  (block-major, as the pool)
+//   /kv        float32 [n][layers][2][kv_heads][block_size][head_dim]  (block-major, head-major inside, as the pool)
 //   /hash      uint64  [n]  chained block hash (block_hash.h) of row i
 //   /checksum  uint64  [n]  XXH3-64 of row i's bytes, checked on every read
 //   attributes: format "tandem-kv-store", layout_version, model_fingerprint,
@@ -36,7 +36,9 @@
 
 namespace tandem::kv {
 
-inline constexpr int64_t kStoreLayoutVersion = 1;
+// The block layout's version: 3 float32, 4 bf16, head-major ([layers][2][kv_heads][block_size][head_dim]);
+// 1 and 2 were token-major ([layers][2][block_size][kv_heads][head_dim]), written before 2026-12-02.
+inline constexpr int64_t kStoreLayoutVersion = 3;
 
 // What makes stored KV valid for a job: the same model and the same block layout.
 struct StoreIdentity {

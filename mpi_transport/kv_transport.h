@@ -61,9 +61,10 @@ struct Capabilities {
 
 // Part of each block, for KV between tensor-parallel groups of different
 // widths (a rank holds some of the KV heads, so its blocks are narrower):
-// every block is `rows` rows (layers x K and V x block_size tokens, the
-// same on both sides), a row holding one token's KV heads of one rank, so
-// a row is block_bytes / rows bytes on each side. The slice copies bytes
+// every block is `rows` rows (layers x K and V in the pool's head-major
+// blocks, the same on both sides), a row holding every KV head of one rank
+// (each a run of block_size tokens), so a row is block_bytes / rows bytes
+// on each side. The slice copies bytes
 // [src_offset, src_offset + bytes) of each of our rows into [dst_offset,
 // dst_offset + bytes) of the peer's row.
 struct RowSlice {

@@ -8,7 +8,10 @@
 //  3. a prompt's KV handoff across a width mismatch (one rank of a prefill
 //     group of 2 into a decode worker of 1: half of each of its rows, as row
 //     slices) against a matched one of the same bytes (whole blocks), over
-//     MPI RMA and two-sided MPI.
+//     MPI RMA and two-sided MPI; in the pool's head-major blocks (a row is
+//     one layer's K or V of every head: layers x 2 rows) and, for
+//     comparison, in the token-major blocks Tandem had before (a row per
+//     token too: 16 times as many, 16 times smaller).
 // Figures only; never fails on time.
 //   mpirun --bind-to none -np 2 tp_bench [tiny|small|bench]
 // (Open MPI binds each of two ranks to one core by default: width 1's two
@@ -214,19 +217,23 @@ int main(int argc, char** argv) {
                   two.decode, one.decode, two.decode / one.decode);
     }
     // A 2,048-token prompt's KV (bf16) as one rank of a prefill group of 2 holds it.
-    const int64_t rows = c.layers * 2 * 16;
-    const std::size_t shard = static_cast<std::size_t>(rows * runtime::cpu::shard_config(c, {0, 2}).kv_heads * c.head_dim * 2);
+    kv::KvLayout shard_layout{c.layers, runtime::cpu::shard_config(c, {0, 2}).kv_heads, c.head_dim, 16, 2};
+    const std::size_t shard = shard_layout.block_bytes();
+    const int64_t rows = shard_layout.head_rows(), token_rows = rows * shard_layout.block_size;
     const int blocks = 128;
     if (env.rank() == 0)
       std::printf("KV handoff of one prefill rank's shard, %d blocks of %.1f KiB (%.1f MiB), mismatched (width 2 -> 1: "
-                  "row slices) against matched (whole blocks):\n",
-                  blocks, static_cast<double>(shard) / 1024, static_cast<double>(shard) * blocks / (1 << 20));
+                  "row slices) against matched (whole blocks); head-major rows (%ld a block), and token-major (%ld):\n",
+                  blocks, static_cast<double>(shard) / 1024, static_cast<double>(shard) * blocks / (1 << 20),
+                  static_cast<long>(rows), static_cast<long>(token_rows));
     for (const std::string backend : {"mpi_rma", "mpi_two_sided"}) {
       const double matched = handoff(backend, shard, rows, false, blocks);
       const double mismatched = handoff(backend, shard, rows, true, blocks);
+      const double token_major = handoff(backend, shard, token_rows, true, blocks);
       if (env.rank() == 0)
-        std::printf("  %-14s %8.2f ms against %8.2f ms = %.2fx\n", backend.c_str(), 1e3 * mismatched, 1e3 * matched,
-                    mismatched / matched);
+        std::printf("  %-14s head-major %8.2f ms, token-major %8.2f ms, against %8.2f ms = %.2fx (token-major %.2fx)\n",
+                    backend.c_str(), 1e3 * mismatched, 1e3 * token_major, 1e3 * matched, mismatched / matched,
+                    token_major / matched);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "tp_bench: %s\n", e.what());

@@ -456,8 +456,7 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
   };
   const service::GroupMap& map = l.roles.map();
   const kv::KvLayout layout = w.pool->layout();
-  const service::KvShape shape{p.model.kv_heads, layout.layers * 2 * layout.block_size,
-                               static_cast<std::size_t>(layout.head_dim * layout.elem_bytes)};
+  const service::KvShape shape{p.model.kv_heads, layout.head_rows(), layout.head_run_bytes()};
   std::optional<service::GroupBlocks> blocks;
   if (w.group) blocks.emplace(*w.group, *w.pool, shape);
   if (l.group.place > 0) {

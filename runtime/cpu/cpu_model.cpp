@@ -222,8 +222,8 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
     scores.resize(sz(M * count));
     for (int64_t j = lo; j <= hi; ++j) {
       const int64_t blk = ch.block_table[sz(j / L.block_size)];
-      keys[sz(j - lo)] = kv_at(L.offset(blk, layer, 0, j % L.block_size) + g * hd);
-      values[sz(j - lo)] = kv_at(L.offset(blk, layer, 1, j % L.block_size) + g * hd);
+      keys[sz(j - lo)] = kv_at(L.offset(blk, layer, 0, g, j % L.block_size));
+      values[sz(j - lo)] = kv_at(L.offset(blk, layer, 1, g, j % L.block_size));
     }
     // Queries are hd apart within a row (heads of one KV head) or q_dim apart (one head, many rows).
     const int64_t ldq = nh > 1 ? hd : q_dim;
@@ -342,8 +342,10 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
       }
       const auto& ref = rows_[sz(r)];
       const int64_t blk = chunks[sz(ref.chunk)].block_table[sz(ref.pos / L.block_size)];
-      store_kv(kbuf_.data() + r * kv_dim, kv_dim, L.offset(blk, l, 0, ref.pos % L.block_size));
-      store_kv(vbuf_.data() + r * kv_dim, kv_dim, L.offset(blk, l, 1, ref.pos % L.block_size));
+      for (int64_t g = 0; g < c_.kv_heads; ++g) {  // each KV head's run of the block: head_dim at the token's slot
+        store_kv(kbuf_.data() + r * kv_dim + g * hd, hd, L.offset(blk, l, 0, g, ref.pos % L.block_size));
+        store_kv(vbuf_.data() + r * kv_dim + g * hd, hd, L.offset(blk, l, 1, g, ref.pos % L.block_size));
+      }
     }
     attention(l, chunks);
     row_parallel(attn_.data(), R, wo_parts_[sz(l)], xn_.data(), lw.bo.empty() ? nullptr : &lw.bo);

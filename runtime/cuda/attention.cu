@@ -49,7 +49,7 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
   float m = -FLT_MAX, l = 0.0f;
   auto key_at = [&](int64_t t) {
     const int64_t blk = table[t / s.block_size], slot = t % s.block_size;
-    return pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + slot * width + g * hd;
+    return pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + (g * s.block_size + slot) * hd;
   };
   // Two positions per step (t and t + kWarps): their loads are in flight together.
   for (int64_t t = begin + warp; t < end; t += 2 * kWarps) {

@@ -56,7 +56,7 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
       const int64_t j = e / hd, d = e % hd;
       if (j < nk) {
         const int64_t t = t0 + j, blk = table[t / s.block_size], slot = t % s.block_size;
-        const T* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + slot * width + g * hd;
+        const T* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + (g * s.block_size + slot) * hd;
         ks[j * ks_stride + d] = load_f(k + d);
         vs[e] = load_f(k + s.block_size * width + d);
       }

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_tc_kernel(const float* 
     if (threadIdx.x < kKeys) {  // where each key of the tile is, once
       const int64_t j = threadIdx.x, t = t0 + j;
       key_at[j] = j < nk ? ((table[t / s.block_size] * s.layers + layer) * 2) * s.block_size * width +
-                               (t % s.block_size) * width + g * hd
+                               (g * s.block_size + t % s.block_size) * hd
                          : -1;
     }
     __syncthreads();

@@ -3,7 +3,7 @@
 // synchronisation inside a step. Activations are float32, row-major; shapes
 // in elements. The KV pool is the block-major layout of kv/kv_layout.h in
 // device memory, of float32 or bf16 elements (PoolShape::kv):
-//   pool: [n_blocks][layers][2][block_size][kv_heads][head_dim]
+//   pool: [n_blocks][layers][2][kv_heads][block_size][head_dim]
 // A row (one token of one sequence in the step) finds its sequence's blocks
 // at tables + table_of[row], and its position at positions[row].
 #pragma once

@@ -30,9 +30,9 @@ __global__ void qkv_rope_kernel(const float* qkv, int64_t heads, const float* bi
   }
   const int64_t pos = rt.positions[r];
   const int64_t blk = rt.tables[rt.table_of[r] + pos / s.block_size], in_block = pos % s.block_size;
-  // Element offset(block, layer, kv, slot), as kv::KvLayout::offset; the pool holds s.kv elements.
+  // Element offset(block, layer, kv, head, slot), as kv::KvLayout::offset; the pool holds s.kv elements.
   auto pool_at = [&](int64_t kv, int64_t g) {
-    return ((blk * s.layers + layer) * 2 + kv) * s.block_size * kvh * hd + in_block * kvh * hd + g * hd;
+    return (((blk * s.layers + layer) * 2 + kv) * kvh + g) * s.block_size * hd + in_block * hd;
   };
   if (is_v) {  // the whole block takes this branch
     if (active) {

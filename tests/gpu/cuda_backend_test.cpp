@@ -81,7 +81,7 @@ std::vector<float> reference_attention(const std::vector<float>& q, const std::v
       for (int64_t t = first; t <= pos; ++t) {
         const int64_t blk = tables[table_of[r] + t / bs];
         double d = 0;
-        for (int64_t i = 0; i < hd; ++i) d += q[(r * heads + h) * hd + i] * pool[L.offset(blk, layer, 0, t % bs) + g * hd + i];
+        for (int64_t i = 0; i < hd; ++i) d += q[(r * heads + h) * hd + i] * pool[L.offset(blk, layer, 0, g, t % bs) + i];
         s[t] = d / std::sqrt(static_cast<double>(hd));
         mx = std::max(mx, s[t]);
       }
@@ -89,7 +89,7 @@ std::vector<float> reference_attention(const std::vector<float>& q, const std::v
       for (int64_t i = 0; i < hd; ++i) {
         double o = 0;
         for (int64_t t = first; t <= pos; ++t)
-          o += s[t] / sum * pool[L.offset(tables[table_of[r] + t / bs], layer, 1, t % bs) + g * hd + i];
+          o += s[t] / sum * pool[L.offset(tables[table_of[r] + t / bs], layer, 1, g, t % bs) + i];
         want[(r * heads + h) * hd + i] = static_cast<float>(o);
       }
     }
@@ -296,8 +296,8 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
           reference_rope(v.data(), hd, positions[r], inv_freq);
         }
         float* dst = s < heads ? q.data() + (r * heads + s) * hd
-                     : s < heads + kvh ? pool.data() + L.offset(r, layer, 0, positions[r] % bs) + (s - heads) * hd
-                                       : pool.data() + L.offset(r, layer, 1, positions[r] % bs) + (s - heads - kvh) * hd;
+                     : s < heads + kvh ? pool.data() + L.offset(r, layer, 0, s - heads, positions[r] % bs)
+                                       : pool.data() + L.offset(r, layer, 1, s - heads - kvh, positions[r] % bs);
         std::copy(v.begin(), v.end(), dst);
       }
     Dev<float> dqkv(qkv), dbias(bias), dqn(q_norm), dkn(k_norm), dinv(inv_freq), dq(std::vector<float>(q.size())),
@@ -313,7 +313,7 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
     bool v_exact = true, elsewhere_zero = true;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < kvh * hd; ++i) {
-        const auto at = static_cast<std::size_t>(L.offset(r, layer, 1, positions[r] % bs) + i);
+        const auto at = static_cast<std::size_t>(L.offset(r, layer, 1, i / hd, positions[r] % bs) + i % hd);
         v_exact = v_exact && got_pool[at] == pool[at];
       }
     for (std::size_t i = 0; i < pool.size(); ++i) elsewhere_zero = elsewhere_zero && (pool[i] != 0.0f || got_pool[i] == 0.0f);
@@ -331,7 +331,7 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
     bool v16_exact = true;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < kvh * hd; ++i) {
-        const auto at = static_cast<std::size_t>(L.offset(r, layer, 1, positions[r] % bs) + i);
+        const auto at = static_cast<std::size_t>(L.offset(r, layer, 1, i / hd, positions[r] % bs) + i % hd);
         v16_exact = v16_exact && got16[at] == f32_to_bf16(pool[at]);
       }
     CHECK(v16_exact);
@@ -373,8 +373,8 @@ TEST_CASE("attention over a paged pool matches a plain softmax (< 1e-5): by row,
   for (int64_t r = 0; r < rows; ++r) {  // the step's own K and V, as qkv_rope places them
     const int64_t blk = tables[table_of[r] + positions[r] / bs], slot = positions[r] % bs;
     for (int64_t i = 0; i < width; ++i) {
-      pool[L.offset(blk, layer, 0, slot) + i] = k[r * width + i];
-      pool[L.offset(blk, layer, 1, slot) + i] = v[r * width + i];
+      pool[L.offset(blk, layer, 0, i / hd, slot) + i % hd] = k[r * width + i];
+      pool[L.offset(blk, layer, 1, i / hd, slot) + i % hd] = v[r * width + i];
     }
   }
   Dev<float> dpool(pool), dq(q);

@@ -141,13 +141,13 @@ with tempfile.TemporaryDirectory() as d:
             rows += n
             kvset = h["kv"]
             shapes_ok &= kvset.dtype == np.float32 and h["hash"].dtype == np.uint64
-            shapes_ok &= kvset.shape[1:] == (cfg["num_hidden_layers"], 2, 16, cfg["num_key_value_heads"], cfg["head_dim"])
+            shapes_ok &= kvset.shape[1:] == (cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"])
             shapes_ok &= kvset.shape[0] >= n and h.attrs["dtype"] == "float32" and int(h.attrs["block_size"]) == 16
             shapes_ok &= bool(np.isfinite(kvset[:n]).all()) and bool(np.abs(kvset[:n]).sum() > 0)
             hashes += list(h["hash"][:n])
     check("h5py: blocks in the files = blocks the summary says were written", files and rows == written,
           f"{len(files)} files, {rows} rows, summary {written}")
-    check("h5py: float32 [n][layers][2][block][kv_heads][head_dim], uint64 hashes, finite non-zero data", shapes_ok)
+    check("h5py: float32 [n][layers][2][kv_heads][block][head_dim], uint64 hashes, finite non-zero data", shapes_ok)
     check("no unfinished .part file left", not list(store.glob("*.part")))
     dump = subprocess.run(["h5dump", "-H", "-A", str(files[0])], capture_output=True, text=True) if files else None
     check("h5dump reads the file's header and attributes",
@@ -267,12 +267,12 @@ with tempfile.TemporaryDirectory() as d:
         with h5py.File(f, "r") as h:
             n = int(h.attrs["blocks"])
             bits = h["kv"][:n]
-            ok16 &= h["kv"].dtype == np.uint16 and h.attrs["dtype"] == "bfloat16" and int(h.attrs["layout_version"]) == 2
-            ok16 &= bits.shape[1:] == (cfg["num_hidden_layers"], 2, 16, cfg["num_key_value_heads"], cfg["head_dim"])
+            ok16 &= h["kv"].dtype == np.uint16 and h.attrs["dtype"] == "bfloat16" and int(h.attrs["layout_version"]) == 4
+            ok16 &= bits.shape[1:] == (cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"])
             values = (bits.astype(np.uint32) << 16).view(np.float32)  # bf16 is float32's upper half
             ok16 &= bool(np.isfinite(values).all()) and bool(np.abs(values).sum() > 0)
     written16 = s1.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
-    check("bf16: h5py reads uint16 bits, dtype = bfloat16, layout_version 2, finite non-zero values",
+    check("bf16: h5py reads uint16 bits, dtype = bfloat16, layout_version 4, finite non-zero values",
           ok16 and written16 > 0, f"{len(files16)} files, {written16} blocks written")
     p, tokens, s, w = run("f32_on_bf16_store", f'store_path = "{store16}"\n')
     check("a float32 job ignores a bf16 store with one warning, outputs as cold",

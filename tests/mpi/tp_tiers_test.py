@@ -127,7 +127,7 @@ with tempfile.TemporaryDirectory() as d:
     rows1, shapes1 = store_rows(store1)
     rows4, shapes4 = store_rows(store41)
     common = set(rows1) & set(rows4)
-    whole = (cfg["num_hidden_layers"], 2, 16, cfg["num_key_value_heads"], cfg["head_dim"])
+    whole = (cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"])
     check("the tp 4 store has the tp 1 layout (every KV head)", shapes4 == shapes1 == {whole},
           f"tp4 {shapes4}, tp1 {shapes1}, want {whole}")
     check("the tp 1 and tp 4 stores hold the same blocks, bit for bit",
