@@ -232,20 +232,39 @@ Status LibfabricTransport::post_receive(int slot) {
 
 Status LibfabricTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
                                 std::span<const uint8_t> notification, XferId& id) {
+  return queue_transfer(peer, src, dst, nullptr, notification, id);
+}
+
+Status LibfabricTransport::post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+                                      const RowSlice& slice, std::span<const uint8_t> notification, XferId& id) {
+  return queue_transfer(peer, src, dst, &slice, notification, id);
+}
+
+Status LibfabricTransport::queue_transfer(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
+                                          const RowSlice* slice, std::span<const uint8_t> notification, XferId& id) {
   if (!ep_) return Status(StatusCode::kUnavailable, "pool not created");
   const bool known = peer >= 0 && peer < size_;
   TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_, known ? peers_[static_cast<std::size_t>(peer)].blocks : 0,
                                     notification.size(), kMaxNotification));
   const Peer& p = peers_[static_cast<std::size_t>(peer)];
-  TANDEM_RETURN_IF_ERROR(check_block_bytes(block_bytes_, p.block_bytes));
+  TANDEM_RETURN_IF_ERROR(check_block_bytes(block_bytes_, p.block_bytes, slice));
   Outgoing o;
   o.peer = peer;
   o.notification.assign(notification.begin(), notification.end());
-  for (const auto& r : coalesce(src, dst)) {
-    const std::size_t total = static_cast<std::size_t>(r.count) * block_bytes_;
-    for (std::size_t off = 0; off < total; off += kMaxWriteBytes)
-      o.unposted.push_back({static_cast<std::size_t>(r.src) * block_bytes_ + off,
-                            static_cast<std::size_t>(r.dst) * block_bytes_ + off, std::min(kMaxWriteBytes, total - off)});
+  if (slice) {  // one write per row of each block: our row's slice into the peer's row
+    const auto rows = static_cast<std::size_t>(slice->rows), theirs = static_cast<std::size_t>(p.block_bytes);
+    const std::size_t our_row = block_bytes_ / rows, their_row = theirs / rows;
+    for (std::size_t i = 0; i < src.size(); ++i)
+      for (std::size_t r = 0; r < rows; ++r)
+        o.unposted.push_back({static_cast<std::size_t>(src[i]) * block_bytes_ + r * our_row + slice->src_offset,
+                              static_cast<std::size_t>(dst[i]) * theirs + r * their_row + slice->dst_offset, slice->bytes});
+  } else {
+    for (const auto& r : coalesce(src, dst)) {
+      const std::size_t total = static_cast<std::size_t>(r.count) * block_bytes_;
+      for (std::size_t off = 0; off < total; off += kMaxWriteBytes)
+        o.unposted.push_back({static_cast<std::size_t>(r.src) * block_bytes_ + off,
+                              static_cast<std::size_t>(r.dst) * block_bytes_ + off, std::min(kMaxWriteBytes, total - off)});
+    }
   }
   id = next_id_++;
   outgoing_.emplace(id, std::move(o));

@@ -21,8 +21,10 @@
 // (providers such as tcp make progress only when it is read: the target must
 // call progress(), as every worker's loop does).
 //
-// Row slices (KV between tensor-parallel groups of different widths) are not
-// offered: each would be one small write per row.
+// Row slices (KV between tensor-parallel groups of different widths) are one
+// write per row of each block: in the pool's head-major blocks a row is a
+// layer's K or V of every head, so a rank's heads of it are one piece
+// (layers x 2 writes a block).
 #pragma once
 
 #include <mpi.h>
@@ -57,11 +59,13 @@ class LibfabricTransport : public KvTransport {
   std::string_view name() const override { return "libfabric"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Capabilities capabilities() const override { return {false, true, true, kMaxNotification, false}; }
+  Capabilities capabilities() const override { return {false, true, true, kMaxNotification, true}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
               std::span<const uint8_t> notification, XferId& id) override;
+  Status post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice& slice,
+                    std::span<const uint8_t> notification, XferId& id) override;
   Status poll(XferId id, XferState& state) override;
   Status abort(XferId id) override;
   void release(XferId id) override { outgoing_.erase(id); }
@@ -97,6 +101,9 @@ class LibfabricTransport : public KvTransport {
   };
 
   Status open(std::size_t block_bytes, int64_t n_blocks);
+  // post() and post_slice(): the transfer's writes, queued (slice: null for whole blocks).
+  Status queue_transfer(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice* slice,
+                        std::span<const uint8_t> notification, XferId& id);
   Status advance(XferId id, Outgoing& o);
   Status post_writes(XferId id, Outgoing& o);
   // Queues the notice of transfer `id` (sent as soon as a send buffer is free).

@@ -115,6 +115,10 @@ with tempfile.TemporaryDirectory() as d:
         same_as(ref, f"disagg prefill_tp {a} -> decode_tp {b}", 1 + a + b, tiny, f"cluster.prefill_tp={a}",
                 f"cluster.decode_tp={b}", f"cluster.prefill_ranks={a}", *disagg, summary_check=wire)
     same_as(ref, "disagg 1P+1D workers of tp4 (9 ranks)", 9, tiny, "cluster.tp=4", *disagg)
+    # libfabric over TCP: a rank's heads of each row (a layer's K or V) are one fi_write.
+    same_as(ref, "libfabric tcp: prefill_tp 2 -> decode_tp 1", 4, tiny, "cluster.prefill_tp=2", "cluster.decode_tp=1",
+            "cluster.prefill_ranks=2", 'transport.backend="libfabric"', 'transport.libfabric_provider="tcp;ofi_rxm"',
+            *disagg)
     # Two-sided MPI (the target's CPU places the data): 2 prefill workers of 2 ranks, 2 decode workers of 1,
     # where a rank waiting in its group's exchange must still receive and notify.
     same_as(ref, "two-sided: 2 prefill workers of tp 2 -> 2 decode workers of tp 1", 7, tiny, "cluster.prefill_tp=2",
