@@ -1,0 +1,147 @@
+// The planner with tensor-parallel workers: a group's roofline and memory,
+// and cells of two widths that a re-split drains and regroups (issue 18).
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/policy.h"
+#include "planner/simulator.h"
+
+using namespace tandem;
+using namespace tandem::planner;
+
+namespace {
+
+runtime::ModelConfig llama_70b() {
+  std::ifstream f(TANDEM_SOURCE_DIR "/jobs/sim/llama-70b.json");
+  return runtime::ModelConfig::parse(nlohmann::json::parse(f), "llama-70b.json");
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel workers: the group's roofline, its exchanges and its memory", "[planner][tp]") {
+  const auto shape = ModelShape::from(llama_70b());
+  const auto h100 = HardwareProfile::named("h100");
+  const PerfModel one(shape, h100), two(shape.at_width(2), h100), four(shape.at_width(4), h100), eight(shape.at_width(8), h100);
+  // Llama-3-70B in bf16 is ~141 GB: no H100 holds it alone; two do, four hold more than twice their KV.
+  CHECK(shape.weight_bytes / 1e9 == Approx(141).epsilon(0.02));
+  CHECK(one.kv_capacity_tokens() == 0);
+  CHECK(two.kv_capacity_tokens() > 0);
+  CHECK(four.kv_capacity_tokens() > 2.5 * two.kv_capacity_tokens());
+  // Decode of 64 sequences at 2k context: a wider group is faster, but not in proportion (its exchanges and the
+  // whole LM head on every GPU do not split).
+  StepLoad decode;
+  decode.decode_seqs = 64;
+  decode.decode_ctx = 64 * 2048.0;
+  decode.logit_rows = 64;
+  CHECK(four.step_seconds(decode) < two.step_seconds(decode));
+  CHECK(eight.step_seconds(decode) < four.step_seconds(decode));
+  CHECK(two.step_seconds(decode) / four.step_seconds(decode) < 2.0);
+  // Two exchanges per layer of the step's hidden states, as a ring all-reduce moves them.
+  CHECK(one.exchange_seconds(64) == 0);
+  const double ring = 64 * 8192 * 2 * 2.0 * 3 / 4;
+  CHECK(four.exchange_seconds(64) == Approx(2 * 80 * (h100.link_latency_s + ring / h100.link_bytes_per_s)));
+  CHECK(four.step_seconds(decode) > four.exchange_seconds(64) + h100.step_overhead_s);
+  // A group's GPUs send their KV shards at once.
+  CHECK(four.transfer_seconds(1000) ==
+        Approx(h100.link_latency_s + 1000 * shape.kv_bytes_per_token / (4 * h100.link_bytes_per_s)));
+  // Widths the heads allow: 64 heads and 8 KV heads take 1, 2, 4, 8; nothing else.
+  CHECK(shape.width_problem(8).empty());
+  CHECK_THAT(shape.width_problem(3), Catch::Contains("1, 2, 4 or 8"));
+  ModelShape odd = shape;
+  odd.heads = 6;
+  CHECK_THAT(odd.width_problem(4), Catch::Contains("does not divide the model's 6 attention heads"));
+}
+
+namespace {
+
+// Prefill workers of width 4 and decode workers of width 2 on 16 H100s: cells
+// of 4 GPUs, each one prefill worker or two decode workers.
+struct MixedCells {
+  ModelShape shape = ModelShape::from(llama_70b());
+  PerfModel four{shape.at_width(4), HardwareProfile::named("h100")};
+  PerfModel two{shape.at_width(2), HardwareProfile::named("h100")};
+  std::vector<Cell> cells{4, Cell{{&four}, {&two, &two}}};
+};
+
+// A different split for each epoch, in cells.
+class Sequence : public Policy {
+ public:
+  explicit Sequence(std::vector<Split> splits) : splits_(std::move(splits)) {}
+  std::string name() const override { return "sequence"; }
+  Split choose(const EpochView& e, const PlanContext&, double& predicted) override {
+    predicted = 0;
+    return splits_[static_cast<std::size_t>(e.index) % splits_.size()];
+  }
+
+ private:
+  std::vector<Split> splits_;
+};
+
+}  // namespace
+
+// Issue 18: a re-split may change widths. A cell runs either form, never both:
+// its decode workers drain before its GPUs become a prefill worker, and back.
+TEST_CASE("cells of two widths: a re-split drains a cell's workers, then regroups its GPUs", "[planner][tp]") {
+  MixedCells m;
+  // The estimate of a split of cells is the estimate of the workers it makes.
+  const auto reqs = WorkloadSpec::load(TANDEM_SOURCE_DIR "/jobs/sim/shifting.toml").generate(40960);
+  const std::span<const Request> epoch(reqs.data(), 2000);
+  SimOptions o;
+  o.workers = 4;
+  const PlanContext cells{&o, m.cells};
+  SimOptions ow;
+  ow.workers = 7;
+  const PlanContext workers{&ow, worker_cells({&m.four, &m.two, &m.two, &m.two, &m.two, &m.two, &m.two})};
+  CHECK(estimate_epoch_seconds(epoch, Split{1, 3}, cells) == estimate_epoch_seconds(epoch, Split{1, 6}, workers));
+  SimOptions oa;
+  oa.workers = 8;
+  const PlanContext agg{&oa, worker_cells(std::vector<const PerfModel*>(8, &m.two))};
+  CHECK(estimate_epoch_seconds(epoch, Split{0, 4}, cells) == estimate_epoch_seconds(epoch, Split{0, 8}, agg));
+
+  // A fixed split of cells runs as the same workers placed once (the cells regroup at the start, empty).
+  std::vector<Request> some(reqs.begin(), reqs.begin() + 600);
+  for (std::size_t i = 300; i < some.size(); ++i) some[i] = reqs[4000 + i];  // then long answers
+  o.epoch_requests = ow.epoch_requests = 300;
+  Sequence fixed_cells({Split{1, 3}}), fixed_workers({Split{1, 6}});
+  const SimResult a = Simulator(o, m.cells).run(some, fixed_cells);
+  const SimResult b = Simulator(ow, workers.cells).run(some, fixed_workers);
+  CHECK(a.makespan_s == b.makespan_s);
+  CHECK(a.ttft_p99_s == b.ttft_p99_s);
+
+  // Re-split every epoch: agg, 2 prefill cells, 1, agg. At no time do a cell's
+  // two forms run at once (GPUs in use <= 16), and every request finishes once.
+  Sequence moving({Split{0, 4}, Split{2, 2}, Split{1, 3}, Split{0, 4}});
+  o.epoch_requests = 150;
+  o.max_num_seqs = 8;  // the router's window (2 x 8 x decode workers) holds less than an epoch: epochs follow in time
+  const SimResult r = Simulator(o, m.cells).run(some, moving);
+  CHECK(r.requests == 600);
+  double out = 0;
+  for (const auto& q : some) out += static_cast<double>(q.osl);
+  CHECK(r.output_tokens == out);
+  REQUIRE(r.epochs.size() == 4);
+  bool saw_two_prefill = false, saw_regrouping = false;
+  for (const auto& s : r.timeline) {
+    const int64_t gpus = 4 * s.prefill + 2 * (s.decode + s.agg);
+    CHECK(gpus <= 16);
+    saw_two_prefill = saw_two_prefill || s.prefill == 2;
+    saw_regrouping = saw_regrouping || gpus < 16;  // a drained worker's GPUs wait for the rest of its cell
+  }
+  CHECK(saw_two_prefill);
+  CHECK(saw_regrouping);
+  CHECK(r.timeline.back().agg == 8);
+
+  // Regrouped GPUs copy their new shard in first (each GPU's weights over reload_bytes_per_s): ~35 GB at width 4.
+  CHECK(m.four.reload_seconds() == Approx(m.four.gpu_weight_bytes() / 32e9));
+  CHECK(m.four.gpu_weight_bytes() / 1e9 == Approx(36.3).epsilon(0.02));
+  HardwareProfile instant = HardwareProfile::named("h100");
+  instant.reload_bytes_per_s = 1e30;
+  const PerfModel four_now(m.shape.at_width(4), instant), two_now(m.shape.at_width(2), instant);
+  const std::vector<Cell> cells_now(4, Cell{{&four_now}, {&two_now, &two_now}});
+  Sequence again({Split{0, 4}, Split{2, 2}, Split{1, 3}, Split{0, 4}});
+  const SimResult free_reload = Simulator(o, cells_now).run(some, again);
+  CHECK(free_reload.makespan_s < r.makespan_s);
+}
