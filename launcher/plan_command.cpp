@@ -70,7 +70,8 @@ int plan(const PlanOptions& o) {
   // Workers of cluster.tp ranks (GPUs) each, as the job would run them.
   const int tp = cfg.cluster.decode_width();
   if (cfg.cluster.prefill_width() != tp)
-    throw Error("cluster.prefill_tp and cluster.decode_tp differ: the planner plans workers of one width; set cluster.tp");
+    throw Error("cluster.prefill_tp and cluster.decode_tp differ: a job re-splits workers of one width only; set cluster.tp "
+                "(tandem simulate --tp P:D plans re-splits between two widths)");
   if (o.workers % tp != 0)
     throw Error("--workers " + std::to_string(o.workers) + " is not whole workers of cluster.tp = " + std::to_string(tp));
   const auto shape = planner::ModelShape::from(model).at_width(tp);
