@@ -112,11 +112,11 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 // Who does what: rank 0 routes; P ranks prefill, the rest decode (agg: all
 // do both), each worker a tensor-parallel group whose ranks share a node
 // where the allocation allows (service::place_by_node; else in rank order).
-// The workers' communicator never changes (KV windows live on it); the role
-// communicator is split from it, and each group's from that, once. Re-splits
-// between epochs move whole groups from one role to the other: a worker's
-// new role is rank 0's word (kRoles), no communicator is split again, and
-// no worker waits for another.
+// The workers' communicator never changes (KV windows live on it); each
+// group's is split from it once. Roles are rank 0's word (kRoles), not
+// communicators: nothing is sent to a role as a whole, so a re-split between
+// epochs, which moves whole groups from one role to the other, splits no
+// communicator and no worker waits for another.
 struct Layout {
   Roles roles;
   bool planned = false;  // job.mode = "auto": roles change between epochs, so KV must move from the start
@@ -199,8 +199,7 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
   if (env.size() > 1) {
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
     if (l.workers) {
-      const mpi::Comm role_comm = mpi::split(l.workers.get(), l.prefill ? 1 : 0, rank);
-      l.group_comm = mpi::split(role_comm.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
+      l.group_comm = mpi::split(l.workers.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
     }
   }
   if (rank == 0 && env.size() > 1) {

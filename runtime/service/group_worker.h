@@ -128,7 +128,8 @@ class GroupBlocks {
 };
 
 // The leader's port: the inner port's, with each KV transfer and arrival
-// told to the followers (world ranks) first; re-splits are the leaders' own.
+// told to the followers (world ranks) first; a re-split is the leader's alone
+// (followers have no role).
 class LeaderPort : public WorkerPort {
  public:
   // followers: world ranks (none for a one-rank worker in a job whose other

@@ -1,6 +1,6 @@
 // How a worker service reaches the rest of the job: the protocol's messages
 // to and from rank 0 and the other workers, KV transfers into a peer's pool
-// with their notifications, and the re-split of the role communicator. The
+// with their notifications. The
 // MPI implementation is mpi_transport/mpi_worker_port.h; the unit tests use
 // an in-process one, so the service runs and is tested without mpirun.
 //

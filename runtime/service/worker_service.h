@@ -17,8 +17,7 @@
 //
 // Re-splits (kRoles, at rank 0's epoch boundaries) change no behaviour here
 // (rank 0 routes by role), only the rank's role and name, at once: no worker
-// waits for another (the role communicator, split once at start-up for the
-// tensor-parallel groups, is not split again: nothing communicates on it).
+// waits for another (roles are not communicators: nothing is sent to a role).
 //
 // Not thread-safe: the rank's main loop drives it (tick() until finished()).
 #pragma once
