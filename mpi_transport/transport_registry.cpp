@@ -1,6 +1,7 @@
 #include "mpi_transport/transport_registry.h"
 
 #ifdef TANDEM_NCCL
+#include "mpi_transport/nccl/nccl_tp_group.h"
 #include "mpi_transport/nccl/nccl_transport.h"
 #endif
 #ifdef TANDEM_LIBFABRIC
@@ -31,6 +32,15 @@ bool optional_transport_built(std::string_view name) {
 #endif
   (void)name;
   return false;
+}
+
+std::unique_ptr<runtime::DeviceGroup> make_device_group(MPI_Comm group) {
+#ifdef TANDEM_NCCL
+  return std::make_unique<NcclTpGroup>(group);
+#else
+  (void)group;
+  return nullptr;
+#endif
 }
 
 }  // namespace tandem::mpi

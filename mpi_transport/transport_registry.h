@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "mpi_transport/kv_transport.h"
+#include "runtime/engine/device_group.h"
 
 namespace tandem::mpi {
 
@@ -18,5 +19,9 @@ std::unique_ptr<KvTransport> make_optional_transport(std::string_view name, MPI_
                                                      const std::string& provider = "");
 // Whether make_optional_transport(name, ...) would make one.
 bool optional_transport_built(std::string_view name);
+
+// A tensor-parallel group's device exchange over NCCL (nccl/nccl_tp_group.h),
+// collective over `group`; null when this tandem was built without NCCL.
+std::unique_ptr<runtime::DeviceGroup> make_device_group(MPI_Comm group);
 
 }  // namespace tandem::mpi

@@ -30,6 +30,7 @@
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_router_link.h"
 #include "mpi_transport/mpi_tp_group.h"
+#include "mpi_transport/transport_registry.h"
 #include "mpi_transport/mpi_worker_port.h"
 #include "planner/policy.h"
 #include "router/loop/in_process_link.h"
@@ -305,7 +306,8 @@ struct WorkerParts {
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<kv::KvTiers> tiers;
-  std::unique_ptr<mpi::MpiTpGroup> group;  // tensor-parallel: the group's exchange
+  std::unique_ptr<mpi::MpiTpGroup> group;  // tensor-parallel: the group's exchange (host memory)
+  std::unique_ptr<runtime::DeviceGroup> device_group;  // and on the GPUs (NCCL), for a GPU backend
   std::unique_ptr<runtime::ModelBackend> model;  // this rank's shard of the model
 };
 
@@ -358,10 +360,12 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
                    "with mpirun add --bind-to none, or give each rank cores (--map-by slot:PE=N)", node_cpus);
     w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     // The tiers hold whole blocks (every KV head), on a group's leader: a store is read at any width.
-    if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles));
+    if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles), width > 1);
     if (w.tiers && width == 1) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
     if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
-    w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get());
+    if (width > 1 && !p.cfg.choices.on_cpu()) w.device_group = mpi::make_device_group(l.group_comm.get());
+    w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
+                                    w.device_group.get());
     const std::string tp = width == 1 ? std::string()
                                       : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l.group.place,
                                                     width, l.roles.map().leader_of(rank));
@@ -440,12 +444,15 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
   mpi::MpiWorkerPort port(box, w.transport.get());
   // A rank waiting in its group's exchange still moves KV on: no rank waits on it for ever.
   if (w.group) w.group->set_progress([&port] { port.pump(); });
+  if (w.device_group) w.device_group->set_progress([&port] { port.pump(); });
   struct Unhook {
     mpi::MpiTpGroup* group;
+    runtime::DeviceGroup* device_group;
     ~Unhook() {
       if (group) group->set_progress({});
+      if (device_group) device_group->set_progress({});
     }
-  } unhook{w.group.get()};
+  } unhook{w.group.get(), w.device_group.get()};
   mpi::Backoff idle;
   auto until = [&](auto&& done, auto&& tick) {
     while (!done()) {
@@ -457,7 +464,7 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
   const kv::KvLayout layout = w.pool->layout();
   const service::KvShape shape{p.model.kv_heads, layout.head_rows(), layout.head_run_bytes()};
   std::optional<service::GroupBlocks> blocks;
-  if (w.group) blocks.emplace(*w.group, *w.pool, shape);
+  if (w.group) blocks.emplace(*w.group, *w.pool, shape, runtime::pool_copy(p.cfg.model.backend));
   if (l.group.place > 0) {
     service::Follower follower(port, *w.model, l.group.place, l.group.width, map, shape, *blocks);
     until([&] { return follower.finished(); }, [&] { return follower.tick(); });

@@ -108,14 +108,20 @@ int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
       if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
-    // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.
     const auto& m = p.model;
+    if (tp > 1) {  // a rank of a group holds its shard of the layers, and the embedding and LM head whole
+      const double replicated = static_cast<double>(m.vocab * m.hidden) *
+                                static_cast<double>(runtime::dtype_size(m.dtype)) * (m.tie_embeddings ? 1 : 2);
+      weights = std::max(0.0, weights - replicated) / tp + replicated;
+    }
+    // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.
     const double rows = static_cast<double>(p.cfg.job.max_batched_tokens);
     // x, y, last; qkv, q, attn; gate/up; the rounded product input (float32 at most) — as CudaModel::launch.
     const double widths = static_cast<double>(3 * m.hidden + 3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
                                               2 * m.intermediate +
                                               std::max({m.hidden, m.heads * m.head_dim, m.intermediate}));
-    const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4;
+    const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4 +
+                        (tp > 1 ? rows * static_cast<double>(m.hidden * tp) * 4 : 0.0);  // a group's gathered sums
     const double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)) - weights - step -
                         static_cast<double>(1 << 30);
     return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(0.9 * free / block)));
@@ -207,9 +213,17 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
   }
   const int widest = std::max(roles.prefill > 0 ? roles.prefill_tp : 1, roles.decode_tp);
   if (widest == 1) return "";
-  if (!c.choices.on_cpu())
-    return "model.backend = \"" + c.model.backend + "\" does not run tensor-parallel yet (cluster.tp > 1): its group "
-           "exchange over NCCL is not built; use cluster.tp = 1, or model.backend = \"cpu\"";
+  if (!c.choices.on_cpu()) {
+    if (!mpi::optional_transport_built("nccl"))
+      return "model.backend = \"" + c.model.backend + "\" runs a tensor-parallel group (cluster.tp > 1) over NCCL, and "
+             "this tandem was built without it: rebuild with cmake -DTANDEM_NCCL=ON (NCCL beside CUDA), or set "
+             "cluster.tp = 1";
+    if (roles.prefill > 0 && roles.prefill_tp != roles.decode_tp)
+      return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
+             std::to_string(roles.decode_tp) + " differ, and model.backend = \"" + c.model.backend +
+             "\" moves KV between groups of one width only (its transports move whole device blocks, not the slices "
+             "of them that a change of width needs): set one width (cluster.tp)";
+  }
   const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
   if (planned && roles.prefill_tp != roles.decode_tp)
     return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +

@@ -116,13 +116,14 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
 // The tiers under a worker's pool (kv.host_cache_gib, kv.store_path), or
 // null. Problems with the store are warnings (the job runs colder, never
 // stops); the first worker logs them, the others at debug level.
-std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& layout, bool first_worker) {
+std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& layout, bool first_worker,
+                                        bool blocks_on_host) {
   const auto& kvc = p.cfg.kv;
   if (kvc.host_cache_gib <= 0 && kvc.store_path.empty()) return nullptr;
   kv::TierOptions t;
   t.host_bytes = static_cast<int64_t>(kvc.host_cache_gib * static_cast<double>(1 << 30));
   t.store_min_hits = kvc.store_min_hits;
-  t.pool_copy = runtime::pool_copy(p.cfg.model.backend);  // a device pool is reached by copies
+  if (!blocks_on_host) t.pool_copy = runtime::pool_copy(p.cfg.model.backend);  // a device pool is reached by copies
   if (!kvc.store_path.empty()) {
     t.store.dir = kvc.store_path;
     t.store.id = {runtime::model_fingerprint(p.cfg.model.path, p.model), p.model.architecture + " at " + p.cfg.model.path,

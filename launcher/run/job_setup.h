@@ -29,7 +29,10 @@ void prompt_and_output_contexts(const Prepared& p, std::unique_ptr<runtime::Chat
 // The batch front end's setup, and the placement both front ends use.
 router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::ChatTemplate>& chat);
 // The tiers under a worker's pool (kv.host_cache_gib, kv.store_path), or null.
-std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& layout, bool first_worker);
+// blocks_on_host: the blocks reach the tiers in host memory whatever the
+// backend (a tensor-parallel group's, gathered by its GroupTier).
+std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& layout, bool first_worker,
+                                        bool blocks_on_host = false);
 // The end of a batch job on rank 0: the summary logged; the exit code.
 int finish_run(const nlohmann::json& summary);
 // The error of the lowest rank that has one ("" when none has), on every

@@ -4,8 +4,10 @@
 #include <cstdlib>
 #include <string>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
+#include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/model/rope.h"
 
@@ -23,26 +25,30 @@ cudaDataType_t cuda_type(DType t) {
 
 }  // namespace
 
-CudaModel::DevMatrix CudaModel::upload(std::initializer_list<const Matrix*> parts, const std::string& what) {
+CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what) {
   DevMatrix d;
-  const Matrix& first = **parts.begin();
+  const Matrix& first = *parts.begin()->m;
   d.dtype = first.dtype;
-  d.cols = first.cols;
-  for (const Matrix* m : parts) {
-    if (m->panels) throw Error("internal: the CUDA backend needs row-major weights (load them with panels = false)");
-    if (m->dtype != d.dtype || m->cols != d.cols)
+  auto cols_of = [](const Part& p) { return (p.c1 < 0 ? p.m->cols : p.c1) - p.c0; };
+  auto rows_of = [](const Part& p) { return (p.r1 < 0 ? p.m->rows : p.r1) - p.r0; };
+  d.cols = cols_of(*parts.begin());
+  for (const Part& p : parts) {
+    if (p.m->panels) throw Error("internal: the CUDA backend needs row-major weights (load them with panels = false)");
+    if (p.m->dtype != d.dtype || cols_of(p) != d.cols)
       throw Error("the CUDA backend multiplies " + what + " as one product, but their weights differ in dtype or width (" +
-                  std::string(dtype_name(first.dtype)) + " vs " + std::string(dtype_name(m->dtype)) +
+                  std::string(dtype_name(first.dtype)) + " vs " + std::string(dtype_name(p.m->dtype)) +
                   "); convert the checkpoint to one dtype");
-    d.rows += m->rows;
+    d.rows += rows_of(p);
   }
-  const std::size_t row_bytes = static_cast<std::size_t>(d.cols) * dtype_size(d.dtype);
+  const std::size_t es = dtype_size(d.dtype), row_bytes = static_cast<std::size_t>(d.cols) * es;
   d.data.resize(static_cast<std::size_t>(d.rows) * row_bytes);
   std::size_t at = 0;
-  for (const Matrix* m : parts) {
-    const std::size_t bytes = static_cast<std::size_t>(m->rows) * row_bytes;
-    TANDEM_CUDA_CHECK(cudaMemcpy(d.data.get() + at, m->data, bytes, cudaMemcpyHostToDevice));
-    at += bytes;
+  for (const Part& p : parts) {  // the region, row by row out of the checkpoint's rows
+    const auto rows = static_cast<std::size_t>(rows_of(p));
+    const auto* src = static_cast<const uint8_t*>(p.m->data) + static_cast<std::size_t>(p.r0 * p.m->cols + p.c0) * es;
+    TANDEM_CUDA_CHECK(cudaMemcpy2D(d.data.get() + at, row_bytes, src, static_cast<std::size_t>(p.m->cols) * es, row_bytes,
+                                   rows, cudaMemcpyHostToDevice));
+    at += rows * row_bytes;
   }
   return d;
 }
@@ -57,13 +63,22 @@ DeviceBuffer<float> CudaModel::upload(std::initializer_list<const std::vector<fl
   return d;
 }
 
-CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool) : c_(config), pool_(pool) {
+CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool, DeviceGroup* group)
+    : group_(group && group->shard().width > 1 ? group : nullptr),
+      c_(group_ ? cpu::shard_config(config, group_->shard()) : config),
+      pool_(pool) {
   if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
     throw Error("internal: the CUDA backend keeps KV in float32 or bf16, not " +
                 std::to_string(pool.layout().elem_bytes) + "-byte elements");
   if (config.head_dim > 256 || config.head_dim % 2 != 0)
     throw Error("the CUDA backend's attention takes head_dim up to 256 (even); this model has " +
                 std::to_string(config.head_dim) + "; use model.backend = \"cpu\"");
+  if (group_) {
+    if (const std::string why = cpu::tp_problem(config, group_->shard().width); !why.empty()) throw Error(why);
+  }
+  if (pool.layout().kv_heads != c_.kv_heads)
+    throw Error("internal: the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
+                std::to_string(c_.kv_heads));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TANDEM_CUBLAS_CHECK(cublasCreate(&blas_));
   TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
@@ -76,29 +91,54 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
-  graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && (!group_ || group_->graph_safe());
   const char* draw_env = std::getenv("TANDEM_CUDA_DRAW");
   draw_enabled_ = !(draw_env && std::string(draw_env) == "0");
   // Prefill attention on the tensor cores for half-precision models (TANDEM_CUDA_TC_ATTENTION=0: the float32 kernel).
   const char* tc = std::getenv("TANDEM_CUDA_TC_ATTENTION");
   tc_attention_ = w.embed.dtype != DType::kF32 && config.head_dim % 16 == 0 && config.head_dim <= 256 &&
                   !(tc && std::string(tc) == "0");
-  embed_ = upload({&w.embed}, "the embedding");
+  embed_ = upload({{&w.embed}}, "the embedding");
   tied_ = w.lm_head.data == w.embed.data;
-  if (!tied_) lm_head_ = upload({&w.lm_head}, "the LM head");
+  if (!tied_) lm_head_ = upload({{&w.lm_head}}, "the LM head");
   final_norm_ = upload({&w.final_norm});
   const std::vector<float> inv_freq = rope_inv_freq(config);
   inv_freq_ = upload({&inv_freq});
+  upload_layers(config, w);
+  // The device holds its copy: the mapping's pages leave this process (a rank keeps its shard, not the file).
+  if (w.checkpoint) {
+    auto bytes = [](const Matrix& m) { return static_cast<std::size_t>(m.rows * m.cols) * dtype_size(m.dtype); };
+    w.checkpoint->release(w.embed.data, bytes(w.embed));
+    if (!tied_) w.checkpoint->release(w.lm_head.data, bytes(w.lm_head));
+    for (const LayerWeights& lw : w.layers)
+      for (const Matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
+        w.checkpoint->release(m->data, bytes(*m));
+  }
+}
+
+// The shard's weights (the whole model without a group): its heads' rows of
+// q, k and v, its units' rows of gate and up, its columns of o_proj and
+// down_proj; the norms and o_proj's bias whole (the bias is added once, after the group's sum).
+void CudaModel::upload_layers(const ModelConfig& full, const ModelWeights& w) {
+  const cpu::TpShard s = group_ ? group_->shard() : cpu::TpShard{};
+  const cpu::ShardOffsets o = cpu::shard_offsets(full, s);
+  const int64_t hd = full.head_dim;
+  const int64_t q0 = o.head * hd, q1 = q0 + c_.heads * hd, k0 = o.kv_head * hd, k1 = k0 + c_.kv_heads * hd;
+  const int64_t u0 = o.unit, u1 = o.unit + c_.intermediate;
+  auto slice = [](const std::vector<float>& v, int64_t a, int64_t b) {
+    return v.empty() ? v : std::vector<float>(v.begin() + a, v.begin() + b);
+  };
   for (const LayerWeights& lw : w.layers) {
     DevLayer d;
     d.attn_norm = upload({&lw.attn_norm});
     d.mlp_norm = upload({&lw.mlp_norm});
-    d.bqkv = upload({&lw.bq, &lw.bk, &lw.bv}), d.bo = upload({&lw.bo});
+    const std::vector<float> bq = slice(lw.bq, q0, q1), bk = slice(lw.bk, k0, k1), bv = slice(lw.bv, k0, k1);
+    d.bqkv = upload({&bq, &bk, &bv}), d.bo = upload({&lw.bo});
     d.q_norm = upload({&lw.q_norm}), d.k_norm = upload({&lw.k_norm});
-    d.wqkv = upload({&lw.wq, &lw.wk, &lw.wv}, "q, k and v");
-    d.wo = upload({&lw.wo}, "o_proj");
-    d.w_gate_up = upload({&lw.w_gate, &lw.w_up}, "gate and up");
-    d.w_down = upload({&lw.w_down}, "down_proj");
+    d.wqkv = upload({{&lw.wq, q0, q1}, {&lw.wk, k0, k1}, {&lw.wv, k0, k1}}, "q, k and v");
+    d.wo = upload({{&lw.wo, 0, -1, q0, q1}}, "o_proj");
+    d.w_gate_up = upload({{&lw.w_gate, u0, u1}, {&lw.w_up, u0, u1}}, "gate and up");
+    d.w_down = upload({{&lw.w_down, 0, -1, u0, u1}}, "down_proj");
     layers_.push_back(std::move(d));
   }
 }
@@ -128,6 +168,27 @@ void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) 
   const cublasComputeType_t compute = w.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
   TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data.get(), cuda_type(w.dtype), k, x,
                                    cuda_type(w.dtype), k, &beta, y, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::group_sum(float* y, int64_t n) {
+  if (!group_) return;
+  group_->all_gather(y, gathered_.get(), n, stream_);
+  sum_parts(gathered_.get(), group_->shard().width, n, y, stream_);
+}
+
+void CudaModel::wait() {
+  if (!group_) {
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  // The step holds the group's exchanges, which wait for the other ranks' steps: keep this rank's KV moving.
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream_);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) TANDEM_CUDA_CHECK(e);
+    group_->progress();
+    std::this_thread::yield();
+  }
 }
 
 // Every kernel of a step, from the embeddings to the LM head, on stream_.
@@ -167,11 +228,13 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
                   attn_.get(), stream_, d_tokens + tiles_at_ + 2 * n_tiles_, scratch);
     }
     gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, y_.get());
+    group_sum(y_.get(), R * H);
     add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, lw.w_gate_up.dtype, act_.get(),
                  stream_);
     gemm(lw.w_gate_up, act_.get(), R, gate_up_.get());
     swiglu(gate_up_.get(), R, c_.intermediate, lw.w_down.dtype, act_.get(), stream_);
     gemm(lw.w_down, act_.get(), R, y_.get());
+    group_sum(y_.get(), R * H);
   }
   add(x_.get(), y_.get(), R * H, stream_);
   if (LR == 0) return;
@@ -255,6 +318,7 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
   moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   moved |= last_.resize(sz(R * H));
+  if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));
   moved |= logits_.resize(sz(LR * c_.vocab));
   // Decode rows' attention split over positions when they are too few to fill the GPU.
   const int64_t split_rows = n_tiles_ == 0 ? R : n_decode_;
@@ -307,7 +371,7 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   const int64_t LR = launch(chunks);
   logits.resize(static_cast<std::size_t>(LR * c_.vocab));
   if (LR == 0) {
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    wait();
     return;
   }
   if (logits.size() > pinned_logits_count_) {
@@ -318,7 +382,7 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   }
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_, logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                     stream_));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its logits
+  wait();  // the step's one wait: its logits
   std::memcpy(logits.data(), pinned_logits_, logits.size() * sizeof(float));
 }
 
@@ -334,7 +398,7 @@ bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));
   }
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its tokens
+  wait();  // the step's one wait: its tokens
   return true;
 }
 
@@ -363,7 +427,7 @@ bool CudaModel::forward_draw(std::span<const SeqChunk> chunks, std::span<const D
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));
   }
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait: its tokens
+  wait();  // the step's one wait: its tokens
   return true;
 }
 

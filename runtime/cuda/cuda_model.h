@@ -22,6 +22,17 @@
 // checkpoints are the ones the tests hold to equal greedy tokens). Everything of a step is enqueued on one stream;
 // the host waits once, for the logits. The pool's memory must be device
 // memory (device_pool.h).
+//
+// In a tensor-parallel group (runtime/engine/device_group.h) the model is
+// this rank's shard, cut as the CPU's (runtime/cpu/tp_group.h): its heads'
+// rows of q, k and v and its units' rows of gate and up (column-parallel),
+// its columns of o_proj and down_proj (row-parallel); the embedding, the
+// norms and the LM head whole. Only the shard is copied to the device. After
+// each row-parallel product the group gathers the ranks' partial sums on the
+// device and every rank adds them in rank order in the fixed tree
+// (sum_parts), so every rank holds the same hidden state. Unlike the CPU's,
+// the CUDA outputs are not the same bits at every width: cuBLAS picks its
+// kernels by the product's shape, which the width changes (docs/engine.md).
 #pragma once
 
 #include <cublas_v2.h>
@@ -36,6 +47,7 @@
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/backend.h"
+#include "runtime/engine/device_group.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
 
@@ -44,8 +56,9 @@ namespace tandem::runtime::cuda {
 class CudaModel final : public ModelBackend {
  public:
   // Uses the current device. weights must be row-major (ModelWeights::load
-  // with panels = false); config and pool must outlive the model.
-  CudaModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool);
+  // with panels = false); weights, pool and group must outlive the model.
+  // With a group of width > 1 the pool holds the shard's KV heads (cpu::shard_config).
+  CudaModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, DeviceGroup* group = nullptr);
   ~CudaModel() override;
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -73,9 +86,19 @@ class CudaModel final : public ModelBackend {
     DeviceBuffer<float> attn_norm, bqkv, bo, q_norm, k_norm, mlp_norm;  // bqkv: [bq | bk | bv]
     DevMatrix wqkv, wo, w_gate_up, w_down;                               // wqkv: rows of wq, wk, wv; w_gate_up: w_gate, w_up
   };
-  // The matrices one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
-  static DevMatrix upload(std::initializer_list<const Matrix*> parts, const std::string& what);
+  // Rows [r0, r1) and columns [c0, c1) of a row-major matrix (the whole of it by default).
+  struct Part {
+    const Matrix* m = nullptr;
+    int64_t r0 = 0, r1 = -1, c0 = 0, c1 = -1;
+  };
+  // The parts one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
+  static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what);
   static DeviceBuffer<float> upload(std::initializer_list<const std::vector<float>*> parts);
+  void upload_layers(const ModelConfig& full, const ModelWeights& w);
+  // After a row-parallel product into y (rows x n floats): the group's sum of every rank's y, on every rank.
+  void group_sum(float* y, int64_t n);
+  // The host waits for the step's stream (moving the rank's KV on meanwhile, in a group).
+  void wait();
   // x as the products with w take it: itself (float32 weights) or rounded to w's type in act_.
   const void* input_for(const DevMatrix& w, const float* x, int64_t rows);
   // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
@@ -91,7 +114,8 @@ class CudaModel final : public ModelBackend {
     cudaGraphExec_t exec = nullptr;
   };
 
-  const ModelConfig& c_;
+  DeviceGroup* group_ = nullptr;  // null, or a group of width > 1
+  const ModelConfig c_;           // this rank's shard of the model (the whole model without a group)
   kv::BlockPool& pool_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
@@ -103,6 +127,7 @@ class CudaModel final : public ModelBackend {
   // Step buffers.
   DeviceBuffer<float> x_, y_, qkv_, q_, attn_, gate_up_, last_, logits_;  // y_: a product to add to x_
   DeviceBuffer<float> act_;             // a product's input: float32, or bf16/f16 in its first half
+  DeviceBuffer<float> gathered_;        // in a group: every rank's partial sums, [width][rows][hidden]
   DeviceBuffer<float> attn_partial_;    // decode attention split over positions (ops.h AttentionScratch)
   DeviceBuffer<int32_t> attn_counters_;
   int64_t attn_splits_ = 1;             // this step's

@@ -93,6 +93,12 @@ void swiglu(const float* gate_up, int64_t rows, int64_t n, DType out_type, void*
 // x[i] += y[i], n elements.
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);
 
+// out[i] = the parts' sum (parts: [count][n], count 1, 2, 4 or 8) in the
+// fixed pairwise tree, ((p0 + p1) + (p2 + p3)) + ..., as the CPU's group sum
+// (runtime/cpu/row_parallel.h sum_in_tree): a tensor-parallel group's
+// partial sums of a row-parallel product, added in rank order.
+void sum_parts(const float* parts, int count, int64_t n, float* out, cudaStream_t stream);
+
 // out[i] = x[i] rounded to bf16 or f16 (round to nearest even), n elements.
 void to_half(const float* x, int64_t n, DType dtype, void* out, cudaStream_t stream);
 

@@ -143,16 +143,18 @@ kv::PoolCopy pool_copy(std::string_view name) {
 }
 
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
-                                           kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group) {
+                                           kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group,
+                                           DeviceGroup* device_group) {
   if (const std::string why = backend_unavailable(name); !why.empty())
     throw Error("model.backend = \"" + std::string(name) + "\": " + why);
   if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads, group);
-  if (group && group->shard().width > 1)
-    throw Error("model.backend = \"" + std::string(name) + "\" does not run tensor-parallel yet; use cluster.tp = 1, or "
-                "model.backend = \"cpu\"");
+  if (group && group->shard().width > 1 && !device_group)
+    throw Error("internal: model.backend = \"" + std::string(name) + "\" in a tensor-parallel group needs the group's "
+                "device exchange (NCCL)");
 #ifdef TANDEM_CUDA
-  return std::make_unique<cuda::CudaModel>(config, weights, pool);
+  return std::make_unique<cuda::CudaModel>(config, weights, pool, device_group);
 #else
+  (void)device_group;
   throw Error("internal: backend '" + std::string(name) + "' is not built");
 #endif
 }

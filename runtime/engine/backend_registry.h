@@ -12,6 +12,7 @@
 #include "runtime/cpu/thread_pool.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend.h"
+#include "runtime/engine/device_group.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
 
@@ -45,10 +46,12 @@ std::shared_ptr<void> allocate_host_memory(std::string_view name, std::size_t by
 kv::PoolCopy pool_copy(std::string_view name);
 
 // The backend; the pool's memory must come from allocate_pool_memory (or the
-// pool's own, for cpu). With a tensor-parallel group (cpu only, for now) it
-// computes this rank's shard: the pool then holds the shard's KV heads.
-// Throws tandem::Error when it is not available.
+// pool's own, for cpu). With a tensor-parallel group it computes this rank's
+// shard, and the pool holds the shard's KV heads: cpu exchanges through
+// `group` (host memory), cuda through `device_group` (device memory; needed
+// at a width > 1). Throws tandem::Error when it is not available.
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
-                                           kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group = nullptr);
+                                           kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group = nullptr,
+                                           DeviceGroup* device_group = nullptr);
 
 }  // namespace tandem::runtime

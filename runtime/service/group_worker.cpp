@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -166,10 +167,11 @@ void LeaderBackend::forward(std::span<const runtime::SeqChunk> chunks, std::vect
   inner_->forward(chunks, logits);
 }
 
-GroupBlocks::GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape)
+GroupBlocks::GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape, kv::PoolCopy copy)
     : group_(group),
       pool_(pool),
       shape_(shape),
+      copy_(std::move(copy)),
       place_(group.shard().rank),
       width_(group.shard().width),
       shard_bytes_(static_cast<int64_t>(pool.layout().block_bytes())),
@@ -192,13 +194,18 @@ void copy_heads(const ShardRoute& r, const KvShape& shape, int64_t n_blocks, con
 
 }  // namespace
 
+void GroupBlocks::copy_block(uint8_t* host, int32_t block, bool to_pool) {
+  auto* at = reinterpret_cast<uint8_t*>(pool_.data()) + block * shard_bytes_;
+  const auto bytes = static_cast<std::size_t>(shard_bytes_);
+  if (copy_) copy_(to_pool ? at : host, to_pool ? host : at, bytes, to_pool);
+  else if (to_pool) std::memcpy(at, host, bytes);
+  else std::memcpy(host, at, bytes);
+}
+
 void GroupBlocks::gather(std::span<const int32_t> blocks, std::vector<float>* whole) {
   const auto n = static_cast<int64_t>(blocks.size());
-  const auto* pool = reinterpret_cast<const uint8_t*>(pool_.data());
   mine_.resize(static_cast<std::size_t>(n * shard_bytes_));
-  for (int64_t i = 0; i < n; ++i)
-    std::memcpy(mine_.data() + i * shard_bytes_, pool + blocks[static_cast<std::size_t>(i)] * shard_bytes_,
-                static_cast<std::size_t>(shard_bytes_));
+  for (int64_t i = 0; i < n; ++i) copy_block(mine_.data() + i * shard_bytes_, blocks[static_cast<std::size_t>(i)], false);
   if (place_ == 0) all_.resize(static_cast<std::size_t>(width_ * n * shard_bytes_));
   group_.gather(mine_.data(), mine_.size(), all_.data());
   if (place_ != 0 || !whole) return;
@@ -220,10 +227,7 @@ void GroupBlocks::scatter(std::span<const int32_t> blocks, const float* whole) {
   }
   mine_.resize(static_cast<std::size_t>(n * shard_bytes_));
   group_.scatter(all_.data(), mine_.size(), mine_.data());
-  auto* pool = reinterpret_cast<uint8_t*>(pool_.data());
-  for (int64_t i = 0; i < n; ++i)
-    std::memcpy(pool + blocks[static_cast<std::size_t>(i)] * shard_bytes_, mine_.data() + i * shard_bytes_,
-                static_cast<std::size_t>(shard_bytes_));
+  for (int64_t i = 0; i < n; ++i) copy_block(mine_.data() + i * shard_bytes_, blocks[static_cast<std::size_t>(i)], true);
 }
 
 GroupTier::GroupTier(kv::KvTiers& tiers, GroupBlocks& blocks, LeaderPort& port, const kv::BlockPool& pool)

@@ -109,8 +109,9 @@ class ShardMover {
 // from the lowest) and part whole blocks out again.
 class GroupBlocks {
  public:
-  // pool: this rank's; shape: the model's KV heads, a block's rows, one head's bytes.
-  GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape);
+  // pool: this rank's; shape: the model's KV heads, a block's rows, one head's bytes; copy: how to
+  // reach a pool in device memory (runtime::pool_copy; empty for a host pool).
+  GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape, kv::PoolCopy copy = {});
   // A whole block's floats (the pool's layout with every KV head).
   int64_t whole_floats() const { return whole_bytes_ / 4; }
   // Every rank sends its shards of `blocks`; the leader gets the whole blocks in `whole` (null elsewhere).
@@ -119,9 +120,12 @@ class GroupBlocks {
   void scatter(std::span<const int32_t> blocks, const float* whole);
 
  private:
+  // One block between the pool and host memory (to_pool: host -> pool).
+  void copy_block(uint8_t* host, int32_t block, bool to_pool);
   runtime::cpu::TpGroup& group_;
   kv::BlockPool& pool_;
   KvShape shape_;
+  kv::PoolCopy copy_;
   int place_, width_;
   int64_t shard_bytes_, whole_bytes_;
   std::vector<uint8_t> mine_, all_;

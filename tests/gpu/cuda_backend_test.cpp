@@ -21,10 +21,13 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/sampling.h"
 #include "../unit/runtime/test_model.h"
+#include "gpu_helpers.h"
 
 using namespace tandem;
 using namespace tandem::runtime;
 namespace cu = tandem::runtime::cuda;
+using tandem::testing::DevPool;
+using tandem::testing::rel_err;
 
 namespace {
 
@@ -50,18 +53,6 @@ std::vector<float> random_floats(std::size_t n, uint32_t seed, float scale = 1.0
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
-}
-
-// max |a - b| / max(1, max |b|): relative to the reference's scale; infinite
-// when a holds a NaN or an infinity (max() would pass a NaN over).
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 1;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
 }
 
 // Attention of each row over its sequence's positions [first, pos] in double
@@ -107,18 +98,6 @@ std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
   return out;
 }
-
-// A pool in device memory and its host image.
-struct DevPool {
-  kv::KvLayout layout;
-  std::shared_ptr<void> mem;
-  std::unique_ptr<kv::BlockPool> pool;
-  DevPool(const ModelConfig& c, int64_t blocks, int64_t elem_bytes = 4) : layout{c.layers, c.kv_heads, c.head_dim, 16} {
-    layout.elem_bytes = elem_bytes;
-    mem = allocate_pool_memory("cuda", static_cast<std::size_t>(blocks) * layout.block_bytes());
-    pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(mem.get()));
-  }
-};
 
 }  // namespace
 
@@ -498,22 +477,7 @@ TEST_CASE("full-model logits match the CPU engine with the same KV dtype (f32 < 
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
     // The prompt in chunks of 20 (prefill), then 3 single-token steps (decode:
     // with graphs, the first runs eagerly, the second is captured, the third replays it).
-    auto run = [&](ModelBackend& m, kv::BlockPool& pool) {
-      auto blocks = *pool.allocate(4);
-      std::vector<float> all, part;
-      for (int64_t s = 0; s < 53;) {
-        const int64_t n = s < 50 ? std::min<int64_t>(20, 50 - s) : 1;
-        SeqChunk c;
-        c.start_pos = s;
-        c.tokens = std::span<const int32_t>(prompt.data() + s, static_cast<std::size_t>(n));
-        c.block_table = blocks;
-        c.logits_all = true;
-        m.forward(std::span<const SeqChunk>(&c, 1), part);
-        all.insert(all.end(), part.begin(), part.end());
-        s += n;
-      }
-      return all;
-    };
+    auto run = [&](ModelBackend& m, kv::BlockPool& pool) { return testing::chunked_logits(m, pool, prompt); };
     cpu::ThreadPool threads(2);
     auto cpu_logits = [&](int64_t kv_bytes) {
       kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16, kv_bytes}, 8);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <deque>
@@ -330,7 +331,16 @@ TEST_CASE("a group's KV blocks join whole on the leader and part again, at every
   std::vector<float> whole(static_cast<std::size_t>(2 * whole_floats));  // blocks 3 and 1 of each pool
   for (auto& x : whole) x = std::uniform_real_distribution<float>(-1, 1)(rng);
   const std::array<int32_t, 2> ids{3, 1};
+  // A pool in device memory is reached only through its copies (a GPU group's): here plain copies, counted.
+  for (const bool device : {false, true})
   for (int width : {1, 2, 4}) {  // 4: each KV head on two ranks
+    std::atomic<int> to_pool{0}, from_pool{0};
+    kv::PoolCopy copy;
+    if (device)
+      copy = [&](void* dst, const void* src, std::size_t bytes, bool into) {
+        ++(into ? to_pool : from_pool);
+        std::memcpy(dst, src, bytes);
+      };
     tandem::testing::ThreadGroup g(width);
     std::vector<std::vector<float>> shards(static_cast<std::size_t>(width));
     std::vector<float> back;
@@ -340,7 +350,7 @@ TEST_CASE("a group's KV blocks join whole on the leader and part again, at every
         tandem::testing::ThreadGroup::Member m(g, p);
         const int64_t local = std::max<int64_t>(1, kv_heads / width);
         kv::BlockPool pool(kv::KvLayout{2, local, 4, 4, 4}, 5);  // head_dim 4 floats = 16 bytes, block_size 4
-        GroupBlocks blocks(m, pool, shape);
+        GroupBlocks blocks(m, pool, shape, copy);
         blocks.scatter(ids, p == 0 ? whole.data() : nullptr);
         const int64_t shard_floats = pool.layout().block_floats();
         auto& mine = shards[static_cast<std::size_t>(p)];
@@ -348,7 +358,9 @@ TEST_CASE("a group's KV blocks join whole on the leader and part again, at every
         blocks.gather(ids, p == 0 ? &back : nullptr);
       });
     for (auto& t : ranks) t.join();
-    INFO("width " << width);
+    INFO("width " << width << (device ? ", pool reached by copies" : ""));
+    CHECK(to_pool == (device ? 2 * width : 0));  // each rank's two blocks, in and out
+    CHECK(from_pool == (device ? 2 * width : 0));
     CHECK(back == whole);  // joined whole again
     for (int p = 0; p < width; ++p) {  // each rank got exactly its heads: place p holds heads p*2/width.. (as tp_group.h)
       const int64_t first = width <= kv_heads ? p * (kv_heads / width) : p * kv_heads / width;

@@ -1,0 +1,124 @@
+// The CUDA backend in a tensor-parallel group, on one GPU: a group of 2 or 4
+// threads, each with its own model shard, pool and stream, exchanging their
+// partial sums through device buffers (in place of NCCL, which takes one GPU
+// per rank). Every rank must end each step with the same logits, bit for bit
+// (the group's sum is added in rank order on each), and those logits must
+// match the CPU engine's as closely as one CUDA rank's do.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <barrier>
+#include <random>
+#include <thread>
+
+#include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/tp_group.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/engine/device_group.h"
+#include "../unit/runtime/test_model.h"
+#include "gpu_helpers.h"
+
+using namespace tandem;
+using namespace tandem::runtime;
+using tandem::testing::DevPool;
+using tandem::testing::rel_err;
+
+namespace {
+
+// One thread per rank on the current device; the gather through the ranks' own buffers.
+class ThreadDeviceGroup {
+ public:
+  explicit ThreadDeviceGroup(int width) : width_(width), mine_(static_cast<std::size_t>(width)), sync_(width) {}
+
+  class Member : public DeviceGroup {
+   public:
+    Member(ThreadDeviceGroup& g, int rank) : g_(g), rank_(rank) {}
+    cpu::TpShard shard() const override { return {rank_, g_.width_}; }
+    bool graph_safe() const override { return false; }  // it waits for the stream on the host
+    // Catch's checks are not for threads: a CUDA error is counted, and checked after the threads have joined.
+    void all_gather(const float* mine, float* all, int64_t n, void* stream) override {
+      auto* s = static_cast<cudaStream_t>(stream);
+      g_.note(cudaStreamSynchronize(s));  // this rank's partial sums are complete
+      g_.mine_[static_cast<std::size_t>(rank_)] = mine;
+      g_.sync_.arrive_and_wait();
+      for (int r = 0; r < g_.width_; ++r)
+        g_.note(cudaMemcpyAsync(all + r * n, g_.mine_[static_cast<std::size_t>(r)], static_cast<std::size_t>(n) * 4,
+                                cudaMemcpyDeviceToDevice, s));
+      g_.note(cudaStreamSynchronize(s));
+      g_.sync_.arrive_and_wait();  // no rank overwrites its sums before every rank has copied them
+    }
+
+   private:
+    ThreadDeviceGroup& g_;
+    int rank_;
+  };
+
+  // A rank that failed leaves: the others' exchanges go on without it (and fail, rather than wait for ever).
+  void leave() { sync_.arrive_and_drop(); }
+  int cuda_errors() const { return errors_.load(); }
+
+ private:
+  void note(cudaError_t e) {
+    if (e != cudaSuccess) ++errors_;
+  }
+  int width_;
+  std::vector<const float*> mine_;
+  std::barrier<> sync_;
+  std::atomic<int> errors_{0};
+};
+
+}  // namespace
+
+TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same logits bit for bit, as close to the CPU "
+          "engine's as one rank's",
+          "[gpu]") {
+  // Qwen3 (q/k norm), Qwen2 (q/k/v bias sliced per rank), Llama in bf16 (tensor cores); the tiny model's 2 KV heads
+  // are replicated at width 4.
+  const std::pair<const char*, const char*> models[] = {{"qwen3", "f32"}, {"qwen2", "f32"}, {"llama", "bf16"}};
+  for (const auto& [arch, dtype] : models) {
+    testing::TinyModel tiny(arch, dtype);
+    auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
+    std::mt19937 rng(5);
+    std::vector<int32_t> prompt(53);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
+    cpu::ThreadPool threads(2);
+    kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
+    cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
+    const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+    const bool f32 = std::string(dtype) == "f32";
+    for (const int width : {2, 4}) {
+      INFO(arch << " " << dtype << ", width " << width);
+      ThreadDeviceGroup group(width);
+      std::vector<std::vector<float>> got(static_cast<std::size_t>(width));
+      std::vector<std::string> errors(static_cast<std::size_t>(width));
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < width; ++r)
+        ranks.emplace_back([&, r] {
+          try {
+            ThreadDeviceGroup::Member member(group, r);
+            const ModelConfig shard = cpu::shard_config(tiny.config, member.shard());
+            DevPool dev(shard, 8);
+            cuda::CudaModel model(tiny.config, *rowmajor, *dev.pool, &member);
+            got[static_cast<std::size_t>(r)] = testing::chunked_logits(model, *dev.pool, prompt);
+          } catch (const std::exception& e) {
+            errors[static_cast<std::size_t>(r)] = e.what();
+            group.leave();
+          }
+        });
+      for (auto& t : ranks) t.join();
+      CHECK(group.cuda_errors() == 0);
+      for (int r = 0; r < width; ++r) {
+        INFO("rank " << r);
+        REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+        REQUIRE(got[static_cast<std::size_t>(r)].size() == want.size());
+        CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+      }
+      const double err = rel_err(got[0], want);
+      std::printf("cuda tp %d %s %s: largest logit difference from the CPU engine %.3g (relative)\n", width, arch, dtype,
+                  err);
+      CHECK(err < (f32 ? 1e-4 : 3e-2));
+    }
+  }
+}

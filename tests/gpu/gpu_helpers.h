@@ -1,0 +1,62 @@
+// What the GPU tests share: a relative error against a reference, and a KV
+// pool in device memory.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "runtime/engine/backend.h"
+#include "runtime/engine/backend_registry.h"
+#include "runtime/model/model_config.h"
+
+namespace tandem::testing {
+
+// max |a - b| / max(1, max |b|): relative to the reference's scale; infinite
+// when a holds a NaN or an infinity (max() would pass a NaN over).
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
+}
+
+// A pool in device memory.
+struct DevPool {
+  kv::KvLayout layout;
+  std::shared_ptr<void> mem;
+  std::unique_ptr<kv::BlockPool> pool;
+  DevPool(const runtime::ModelConfig& c, int64_t blocks, int64_t elem_bytes = 4) : layout{c.layers, c.kv_heads, c.head_dim, 16} {
+    layout.elem_bytes = elem_bytes;
+    mem = runtime::allocate_pool_memory("cuda", static_cast<std::size_t>(blocks) * layout.block_bytes());
+    pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(mem.get()));
+  }
+};
+
+// Every logit of a 53-token prompt: 50 prefilled in chunks of 20, then 3
+// single-token (decode) steps; one sequence in the pool's first 4 blocks.
+inline std::vector<float> chunked_logits(runtime::ModelBackend& m, kv::BlockPool& pool, const std::vector<int32_t>& prompt) {
+  auto blocks = *pool.allocate(4);
+  std::vector<float> all, part;
+  for (int64_t s = 0; s < 53;) {
+    const int64_t n = s < 50 ? std::min<int64_t>(20, 50 - s) : 1;
+    runtime::SeqChunk c;
+    c.start_pos = s;
+    c.tokens = std::span<const int32_t>(prompt.data() + s, static_cast<std::size_t>(n));
+    c.block_table = blocks;
+    c.logits_all = true;
+    m.forward(std::span<const runtime::SeqChunk>(&c, 1), part);
+    all.insert(all.end(), part.begin(), part.end());
+    s += n;
+  }
+  return all;
+}
+
+}  // namespace tandem::testing
