@@ -18,6 +18,10 @@ struct DevicePool {
   std::function<std::shared_ptr<void>(std::size_t bytes)> allocate;
   // Copies between the pool and host memory; to_pool: host -> pool. Complete on return.
   std::function<void(void* dst, const void* src, std::size_t bytes, bool to_pool)> copy;
+  // The same for `rows` rows of `width` bytes, `pitch` bytes apart on the pool's side and packed on the
+  // host's (a row slice of a block, cudaMemcpy2D); empty: the transport moves whole blocks only.
+  std::function<void(void* dst, const void* src, std::size_t width, std::size_t rows, std::size_t pitch, bool to_pool)>
+      copy_rows;
   // Host memory for staging (page-locked for a GPU, so copies run at full speed); empty: plain new[].
   std::function<std::shared_ptr<void>(std::size_t bytes)> allocate_host;
   explicit operator bool() const { return static_cast<bool>(allocate); }

@@ -337,7 +337,7 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
   }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
     if (l.roles.prefill > 0 || l.planned) {
       void* base = nullptr;
-      const TransportKind t = transport_for(p.cfg.choices);
+      const TransportKind t = transport_for(p.cfg.choices, l.roles.prefill > 0 && l.roles.prefill_tp != l.roles.decode_tp);
       w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), blocks, &base,
                                        t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend),
                                        p.cfg.transport.libfabric_provider)

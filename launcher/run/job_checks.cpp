@@ -64,7 +64,7 @@ void check_backend(const Prepared& p, int ranks) {
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
   const bool disaggregated = ranks > 2 && c.mode != JobMode::kAgg;
-  const TransportKind t = transport_for(c);
+  const TransportKind t = transport_for(c, p.cfg.cluster.prefill_width() != p.cfg.cluster.decode_width());
   if (!disaggregated) return;
   if (t == TransportKind::kNccl && !mpi::optional_transport_built("nccl"))
     throw Error("transport.backend = \"nccl\": this tandem was built without NCCL (cmake -DTANDEM_NCCL=ON); use "
@@ -218,11 +218,11 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
       return "model.backend = \"" + c.model.backend + "\" runs a tensor-parallel group (cluster.tp > 1) over NCCL, and "
              "this tandem was built without it: rebuild with cmake -DTANDEM_NCCL=ON (NCCL beside CUDA), or set "
              "cluster.tp = 1";
-    if (roles.prefill > 0 && roles.prefill_tp != roles.decode_tp)
+    if (roles.prefill > 0 && roles.prefill_tp != roles.decode_tp && transport_for(c.choices, true) == TransportKind::kNccl)
       return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
-             std::to_string(roles.decode_tp) + " differ, and model.backend = \"" + c.model.backend +
-             "\" moves KV between groups of one width only (its transports move whole device blocks, not the slices "
-             "of them that a change of width needs): set one width (cluster.tp)";
+             std::to_string(roles.decode_tp) + " differ, and transport.backend = \"nccl\" moves whole blocks, not "
+             "the slices of them that a change of width needs: use transport.backend = \"mpi_two_sided\" (or "
+             "\"auto\", which picks it), or set one width (cluster.tp)";
   }
   const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
   if (planned && roles.prefill_tp != roles.decode_tp)

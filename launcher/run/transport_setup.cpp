@@ -10,9 +10,9 @@
 
 namespace tandem::launcher {
 
-TransportKind transport_for(const Choices& c) {
+TransportKind transport_for(const Choices& c, bool two_widths) {
   if (c.on_cpu() || c.transport != TransportKind::kAuto) return c.transport;
-  return mpi::optional_transport_built("nccl") ? TransportKind::kNccl : TransportKind::kMpiTwoSided;
+  return mpi::optional_transport_built("nccl") && !two_widths ? TransportKind::kNccl : TransportKind::kMpiTwoSided;
 }
 
 mpi::DevicePool staging_pool(const std::string& model_backend) {
@@ -20,6 +20,7 @@ mpi::DevicePool staging_pool(const std::string& model_backend) {
   if (model_backend == "cpu") return d;
   d.allocate = [model_backend](std::size_t bytes) { return runtime::allocate_pool_memory(model_backend, bytes); };
   d.copy = runtime::pool_copy(model_backend);
+  d.copy_rows = runtime::pool_copy_rows(model_backend);
   d.allocate_host = [model_backend](std::size_t bytes) { return runtime::allocate_host_memory(model_backend, bytes); };
   return d;
 }

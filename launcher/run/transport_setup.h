@@ -16,8 +16,10 @@ namespace tandem::launcher {
 
 // The transport that moves KV for workers on model.backend: as asked, but
 // "auto" on a GPU is NCCL where built, else two-sided MPI staged through host
-// memory (one-sided windows would expose host memory, not the GPU's pool).
-TransportKind transport_for(const Choices& c);
+// memory (one-sided windows would expose host memory, not the GPU's pool);
+// also two-sided where prefill and decode run at two tensor-parallel widths
+// (`two_widths`): NCCL moves whole blocks, not the row slices that needs.
+TransportKind transport_for(const Choices& c, bool two_widths = false);
 
 // How a host-memory transport reaches a pool on model.backend's device; empty for cpu.
 mpi::DevicePool staging_pool(const std::string& model_backend);

@@ -82,6 +82,22 @@ void MpiTwoSidedTransport::copy_blocks(int32_t block, int32_t count, uint8_t* ho
   else std::memcpy(to_pool ? at : host, to_pool ? host : at, bytes);
 }
 
+void MpiTwoSidedTransport::copy_slices(std::span<const int32_t> blocks, const RowSlice& s, uint8_t* host,
+                                       bool to_pool) {
+  if (!device_) {
+    if (to_pool) unpack_slices(pool_, block_bytes_, blocks, s, host);
+    else pack_slices(pool_, block_bytes_, blocks, s, host);
+    return;
+  }
+  // One copy of the slice's rows a block (a strided copy on the device's side).
+  const std::size_t pitch = block_bytes_ / static_cast<std::size_t>(s.rows), each = static_cast<std::size_t>(s.rows) * s.bytes;
+  for (int32_t b : blocks) {
+    uint8_t* at = pool_ + static_cast<std::size_t>(b) * block_bytes_ + (to_pool ? s.dst_offset : s.src_offset);
+    device_.copy_rows(to_pool ? at : host, to_pool ? host : at, s.bytes, static_cast<std::size_t>(s.rows), pitch, to_pool);
+    host += each;
+  }
+}
+
 Status MpiTwoSidedTransport::send(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
                                   const RowSlice* slice, std::span<const uint8_t> notification, XferId& id) {
   if (!pool_ && n_blocks_ == 0 && peer_blocks_.empty()) return Status(StatusCode::kUnavailable, "pool not created");
@@ -89,7 +105,9 @@ Status MpiTwoSidedTransport::send(int peer, std::span<const int32_t> src, std::s
                                     peer >= 0 && peer < size_ ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
                                     notification.size(), capabilities().max_notification_bytes));
   TANDEM_RETURN_IF_ERROR(check_block_bytes(block_bytes_, peer_block_bytes_[static_cast<std::size_t>(peer)], slice));
-  if (slice && device_) return Status(StatusCode::kInvalidArgument, "mpi_two_sided moves slices of host pools only");
+  if (slice && !capabilities().row_slices)
+    return Status(StatusCode::kInvalidArgument, "mpi_two_sided moves slices of this device pool's blocks only with its "
+                                                "row copies (DevicePool::copy_rows)");
   id = next_id_++;
   // What one block puts in a message: all of it, or its rows' slices.
   const std::size_t each = slice ? static_cast<std::size_t>(slice->rows) * slice->bytes : block_bytes_;
@@ -114,7 +132,7 @@ Status MpiTwoSidedTransport::send(int peer, std::span<const int32_t> src, std::s
     if (slice) {
       const int64_t geometry[3] = {slice->rows, static_cast<int64_t>(slice->dst_offset), static_cast<int64_t>(slice->bytes)};
       std::memcpy(m + kDataHeader, geometry, sizeof geometry);
-      pack_slices(pool_, block_bytes_, src.subspan(first, n), *slice, m + header);
+      copy_slices(src.subspan(first, n), *slice, m + header, false);
       o.messages.push_back(std::move(msg));
       continue;
     }
@@ -240,7 +258,7 @@ Status MpiTwoSidedTransport::place(int source, const uint8_t* m, std::size_t siz
       return Status(StatusCode::kInternal, "a KV message from rank " + std::to_string(source) + " names block " +
                                                std::to_string(d) + ", outside this pool");
   if (sliced) {
-    unpack_slices(pool_, block_bytes_, dst, slice, m + header);
+    copy_slices(dst, slice, const_cast<uint8_t*>(m) + header, true);
     return Status();
   }
   for (std::size_t i = 0; i < dst.size();) {

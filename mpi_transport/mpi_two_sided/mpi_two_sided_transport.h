@@ -12,7 +12,9 @@
 //
 // With a DevicePool (a GPU's KV pool), the same messages are packed from and
 // unpacked into the device by the pool's copies, through page-locked host
-// buffers: KV crosses the network in host memory, staged at each end.
+// buffers: KV crosses the network in host memory, staged at each end. Row
+// slices (post_slice, between tensor-parallel groups of different widths)
+// take one strided copy a block at each end (DevicePool::copy_rows).
 #pragma once
 
 #include <mpi.h>
@@ -34,8 +36,10 @@ class MpiTwoSidedTransport : public KvTransport {
   std::string_view name() const override { return "mpi_two_sided"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  // Row slices from host pools only (a device pool's copies move whole blocks).
-  Capabilities capabilities() const override { return {static_cast<bool>(device_), false, true, 1 << 16, !device_}; }
+  // Row slices of a device pool where its copies move rows (DevicePool::copy_rows).
+  Capabilities capabilities() const override {
+    return {static_cast<bool>(device_), false, true, 1 << 16, !device_ || static_cast<bool>(device_.copy_rows)};
+  }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   // With a DevicePool, `base` is the device's memory, reached only through the pool's copies.
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
@@ -89,6 +93,8 @@ class MpiTwoSidedTransport : public KvTransport {
   Status place(int source, const uint8_t* m, std::size_t size);
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  // A row slice of each of `blocks` between the pool and packed host memory (to_pool: in).
+  void copy_slices(std::span<const int32_t> blocks, const RowSlice& s, uint8_t* host, bool to_pool);
   DevicePool device_;
   std::shared_ptr<void> pool_memory_;  // when allocated here
   uint8_t* pool_ = nullptr;

@@ -142,6 +142,20 @@ kv::PoolCopy pool_copy(std::string_view name) {
   return {};
 }
 
+PoolCopyRows pool_copy_rows(std::string_view name) {
+#ifdef TANDEM_CUDA
+  if (name == "cuda") {
+    return [](void* dst, const void* src, std::size_t width, std::size_t rows, std::size_t pitch, bool to_pool) {
+      TANDEM_CUDA_CHECK(cudaMemcpy2D(dst, to_pool ? pitch : width, src, to_pool ? width : pitch, width, rows,
+                                     to_pool ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // as pool_copy: complete before the model's stream reads
+    };
+  }
+#endif
+  (void)name;
+  return {};
+}
+
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
                                            kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group,
                                            DeviceGroup* device_group) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -44,6 +45,12 @@ std::shared_ptr<void> allocate_host_memory(std::string_view name, std::size_t by
 
 // How the KV tiers reach a pool of this backend (kv/tiers.h); empty for cpu.
 kv::PoolCopy pool_copy(std::string_view name);
+// Copies of `rows` rows of `width` bytes, `pitch` bytes apart in the pool
+// and packed in host memory (a row slice of KV blocks: to_pool, host ->
+// pool); empty for cpu.
+using PoolCopyRows =
+    std::function<void(void* dst, const void* src, std::size_t width, std::size_t rows, std::size_t pitch, bool to_pool)>;
+PoolCopyRows pool_copy_rows(std::string_view name);
 
 // The backend; the pool's memory must come from allocate_pool_memory (or the
 // pool's own, for cpu). With a tensor-parallel group it computes this rank's

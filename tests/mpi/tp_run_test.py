@@ -151,10 +151,11 @@ with tempfile.TemporaryDirectory() as d:
          "cluster.prefill_ranks = 3 is not a multiple of cluster.prefill_tp (or tp) = 2"),
         ("different widths under the planner", 6, ["cluster.prefill_tp=2", "cluster.decode_tp=1", "job.mode=\"auto\""],
          "a re-split that changes a worker's width is not built yet"),
-        # GPU KV moves as whole blocks (before any GPU is looked for; a tandem without NCCL says that first).
-        ("different widths on CUDA", 6, ['model.backend="cuda"', "cluster.prefill_tp=2", "cluster.decode_tp=1",
-                                         "cluster.prefill_ranks=2", *disagg],
-         ("moves KV between groups of one width only", "this tandem was built without it")),
+        # NCCL moves whole blocks (checked before any GPU is looked for; a tandem without NCCL says that first).
+        ("different widths on CUDA over NCCL", 6, ['model.backend="cuda"', 'transport.backend="nccl"',
+                                                   "cluster.prefill_tp=2", "cluster.decode_tp=1",
+                                                   "cluster.prefill_ranks=2", *disagg],
+         ("moves whole blocks, not the slices", "this tandem was built without it")),
     ]:
         out = tmp / "bad.jsonl"
         rc, log = run(np, tiny, inp, out, *sets, timeout=120)
