@@ -349,6 +349,9 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     } else {
       w.pool = std::make_unique<kv::BlockPool>(layout, blocks);
     }
+  }) && phase("out of memory setting up the tensor-parallel group's GPU exchange", [&] {
+    // Collective over the group (NCCL): in a phase of its own, so that no rank that failed before it is waited for.
+    if (width > 1 && !p.cfg.choices.on_cpu()) w.device_group = mpi::make_device_group(l.group_comm.get());
   }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
@@ -363,7 +366,6 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles), width > 1);
     if (w.tiers && width == 1) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
     if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
-    if (width > 1 && !p.cfg.choices.on_cpu()) w.device_group = mpi::make_device_group(l.group_comm.get());
     w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
                                     w.device_group.get());
     const std::string tp = width == 1 ? std::string()

@@ -110,8 +110,8 @@ int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
       if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
     const auto& m = p.model;
     if (tp > 1) {  // a rank of a group holds its shard of the layers, and the embedding and LM head whole
-      const double replicated = static_cast<double>(m.vocab * m.hidden) *
-                                static_cast<double>(runtime::dtype_size(m.dtype)) * (m.tie_embeddings ? 1 : 2);
+      // (counted as two matrices even where tied: a tied checkpoint may still ship lm_head.weight, which is loaded)
+      const double replicated = 2.0 * static_cast<double>(m.vocab * m.hidden) * static_cast<double>(runtime::dtype_size(m.dtype));
       weights = std::max(0.0, weights - replicated) / tp + replicated;
     }
     // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.

@@ -22,10 +22,28 @@ void nccl_or_throw(ncclResult_t r, const char* what) {
 NcclTpGroup::NcclTpGroup(MPI_Comm group) {
   TANDEM_MPI_OR_THROW(MPI_Comm_rank(group, &rank_));
   TANDEM_MPI_OR_THROW(MPI_Comm_size(group, &width_));
-  ncclUniqueId id{};
-  if (rank_ == 0) nccl_or_throw(ncclGetUniqueId(&id), "id");
-  TANDEM_MPI_OR_THROW(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group));
-  nccl_or_throw(ncclCommInitRank(&comm_, width_, id, rank_), "setup (ncclCommInitRank)");
+  // The id goes out with rank 0's verdict on it: a rank 0 that could not make one must not leave the others
+  // waiting in the broadcast.
+  struct {
+    ncclUniqueId id;
+    int result;
+  } boot{};
+  if (rank_ == 0) boot.result = static_cast<int>(ncclGetUniqueId(&boot.id));
+  TANDEM_MPI_OR_THROW(MPI_Bcast(&boot, sizeof boot, MPI_BYTE, 0, group));
+  nccl_or_throw(static_cast<ncclResult_t>(boot.result), "id (ncclGetUniqueId, on the group's first rank)");
+  nccl_or_throw(ncclCommInitRank(&comm_, width_, boot.id, rank_), "setup (ncclCommInitRank)");
+  // One exchange now, while the whole group is here: NCCL may connect its ranks on their first collective and
+  // hold the host meanwhile, which inside a step would stop this rank's KV from moving.
+  float* scratch = nullptr;
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * static_cast<std::size_t>(width_ + 1));
+  if (e == cudaSuccess) {
+    const ncclResult_t r = ncclAllGather(scratch + width_, scratch, 1, ncclFloat, comm_, nullptr);
+    e = cudaStreamSynchronize(nullptr);
+    cudaFree(scratch);
+    nccl_or_throw(r, "first exchange (ncclAllGather)");
+  }
+  if (e != cudaSuccess)
+    throw Error(std::string("the tensor-parallel group's first exchange: ") + cudaGetErrorString(e));
 }
 
 NcclTpGroup::~NcclTpGroup() {

@@ -18,7 +18,8 @@ namespace tandem::mpi {
 class NcclTpGroup : public runtime::DeviceGroup {
  public:
   // Collective over `group` (the communicator stays the caller's), on the
-  // current device. Throws tandem::Error when NCCL cannot set up.
+  // current device; ends with one exchange, so the ranks are connected
+  // before any step. Throws tandem::Error when NCCL cannot set up.
   explicit NcclTpGroup(MPI_Comm group);
   ~NcclTpGroup() override;
   NcclTpGroup(const NcclTpGroup&) = delete;

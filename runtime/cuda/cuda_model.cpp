@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 #include <cstring>
-#include <thread>
 
+#include "common/backoff.h"
 #include "common/error.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/ops.h"
@@ -181,13 +181,16 @@ void CudaModel::wait() {
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return;
   }
-  // The step holds the group's exchanges, which wait for the other ranks' steps: keep this rank's KV moving.
+  // The step holds the group's exchanges, which wait for the other ranks' steps: keep this rank's KV moving,
+  // looking again within 100 us (a step takes milliseconds; the host's cores are shared).
+  Backoff idle;
   for (;;) {
     const cudaError_t e = cudaStreamQuery(stream_);
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) TANDEM_CUDA_CHECK(e);
+    (void)cudaGetLastError();  // "not ready" is recorded as the last error: the next launch check would throw it
     group_->progress();
-    std::this_thread::yield();
+    idle.idle(100);
   }
 }
 

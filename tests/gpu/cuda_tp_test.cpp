@@ -43,9 +43,14 @@ class ThreadDeviceGroup {
       g_.note(cudaStreamSynchronize(s));  // this rank's partial sums are complete
       g_.mine_[static_cast<std::size_t>(rank_)] = mine;
       g_.sync_.arrive_and_wait();
-      for (int r = 0; r < g_.width_; ++r)
-        g_.note(cudaMemcpyAsync(all + r * n, g_.mine_[static_cast<std::size_t>(r)], static_cast<std::size_t>(n) * 4,
-                                cudaMemcpyDeviceToDevice, s));
+      for (int r = 0; r < g_.width_; ++r) {
+        const float* theirs = g_.mine_[static_cast<std::size_t>(r)];
+        if (!theirs) {  // a rank that failed has left
+          ++g_.errors_;
+          continue;
+        }
+        g_.note(cudaMemcpyAsync(all + r * n, theirs, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToDevice, s));
+      }
       g_.note(cudaStreamSynchronize(s));
       g_.sync_.arrive_and_wait();  // no rank overwrites its sums before every rank has copied them
     }
@@ -56,7 +61,10 @@ class ThreadDeviceGroup {
   };
 
   // A rank that failed leaves: the others' exchanges go on without it (and fail, rather than wait for ever).
-  void leave() { sync_.arrive_and_drop(); }
+  void leave(int rank) {
+    mine_[static_cast<std::size_t>(rank)] = nullptr;  // its buffers are gone
+    sync_.arrive_and_drop();
+  }
   int cuda_errors() const { return errors_.load(); }
 
  private:
@@ -104,7 +112,7 @@ TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same lo
             got[static_cast<std::size_t>(r)] = testing::chunked_logits(model, *dev.pool, prompt);
           } catch (const std::exception& e) {
             errors[static_cast<std::size_t>(r)] = e.what();
-            group.leave();
+            group.leave(r);
           }
         });
       for (auto& t : ranks) t.join();
