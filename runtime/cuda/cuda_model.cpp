@@ -147,6 +147,7 @@ CudaModel::~CudaModel() {
   drop_graphs();
   if (pinned_) cudaFreeHost(pinned_);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
+  if (pinned_tokens_) cudaFreeHost(pinned_tokens_);
   if (pinned_draws_) cudaFreeHost(pinned_draws_);
   if (blas_) cublasDestroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -389,19 +390,34 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
   std::memcpy(logits.data(), pinned_logits_, logits.size() * sizeof(float));
 }
 
+void CudaModel::reserve_tokens(std::size_t rows) {
+  argmax_out_.resize(std::max<std::size_t>(1, rows));
+  if (rows <= pinned_tokens_count_) return;
+  if (pinned_tokens_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_tokens_));
+  pinned_tokens_ = nullptr, pinned_tokens_count_ = 0;
+  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_tokens_), 2 * rows * sizeof(int32_t)));
+  pinned_tokens_count_ = 2 * rows;
+}
+
+// Through page-locked memory: a copy into pageable memory would hold the host
+// until the step is done, and a rank of a group must move its KV meanwhile (wait()).
+void CudaModel::tokens_to_host(int64_t rows, std::vector<int32_t>& tokens) {
+  tokens.resize(static_cast<std::size_t>(rows));
+  if (rows > 0)
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_tokens_, argmax_out_.get(), tokens.size() * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+  wait();  // the step's one wait: its tokens
+  if (rows > 0) std::memcpy(tokens.data(), pinned_tokens_, tokens.size() * sizeof(int32_t));
+}
+
 bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) {
   // Sized before the step's kernels: growing a buffer (cudaFree) would wait for the whole device.
   std::size_t rows = 1;
   for (const SeqChunk& ch : chunks) rows += ch.logits_all ? ch.tokens.size() : ch.logits_last && !ch.tokens.empty();
-  argmax_out_.resize(rows);
+  reserve_tokens(rows);
   const int64_t LR = launch(chunks);
-  tokens.resize(static_cast<std::size_t>(LR));
-  if (LR > 0) {
-    argmax(logits_.get(), LR, c_.vocab, argmax_out_.get(), stream_);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
-                                      cudaMemcpyDeviceToHost, stream_));
-  }
-  wait();  // the step's one wait: its tokens
+  if (LR > 0) argmax(logits_.get(), LR, c_.vocab, argmax_out_.get(), stream_);
+  tokens_to_host(LR, tokens);
   return true;
 }
 
@@ -416,21 +432,18 @@ bool CudaModel::forward_draw(std::span<const SeqChunk> chunks, std::span<const D
     pinned_draws_count_ = 2 * draws.size();
   }
   draw_params_.resize(std::max<std::size_t>(1, draws.size()));
-  argmax_out_.resize(std::max<std::size_t>(1, draws.size()));
+  reserve_tokens(draws.size());
   const int64_t LR = launch(chunks);
   if (LR != static_cast<int64_t>(draws.size()))
     throw Error("internal: " + std::to_string(draws.size()) + " draws for " + std::to_string(LR) + " logits rows");
-  tokens.resize(static_cast<std::size_t>(LR));
   if (LR > 0) {
     for (std::size_t i = 0; i < draws.size(); ++i)
       pinned_draws_[i] = DrawParams{draws[i].temperature, draws[i].min_p, draws[i].u};
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(draw_params_.get(), pinned_draws_, draws.size() * sizeof(DrawParams),
                                       cudaMemcpyHostToDevice, stream_));
     draw(logits_.get(), LR, c_.vocab, draw_params_.get(), argmax_out_.get(), stream_);
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
-                                      cudaMemcpyDeviceToHost, stream_));
   }
-  wait();  // the step's one wait: its tokens
+  tokens_to_host(LR, tokens);
   return true;
 }
 

@@ -75,6 +75,8 @@ class CudaModel final : public ModelBackend {
   // Greedy and plain-temperature rows drawn on the device (draw.cu); TANDEM_CUDA_DRAW=0 turns it off.
   bool forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
                     std::vector<int32_t>& tokens) override;
+  bool has_argmax() const override { return true; }
+  bool has_draw() const override { return draw_enabled_; }
 
  private:
   struct DevMatrix {
@@ -99,6 +101,9 @@ class CudaModel final : public ModelBackend {
   void group_sum(float* y, int64_t n);
   // The host waits for the step's stream (moving the rank's KV on meanwhile, in a group).
   void wait();
+  // Room for `rows` tokens drawn on the device (before the step's kernels); then the step's tokens to the host.
+  void reserve_tokens(std::size_t rows);
+  void tokens_to_host(int64_t rows, std::vector<int32_t>& tokens);
   // x as the products with w take it: itself (float32 weights) or rounded to w's type in act_.
   const void* input_for(const DevMatrix& w, const float* x, int64_t rows);
   // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
@@ -148,6 +153,8 @@ class CudaModel final : public ModelBackend {
   std::size_t pinned_count_ = 0;
   float* pinned_logits_ = nullptr;
   std::size_t pinned_logits_count_ = 0;
+  int32_t* pinned_tokens_ = nullptr;    // staging for argmax_out_
+  std::size_t pinned_tokens_count_ = 0;
 };
 
 }  // namespace tandem::runtime::cuda

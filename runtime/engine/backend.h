@@ -56,6 +56,10 @@ class ModelBackend {
     (void)tokens;
     return false;
   }
+  // Whether forward_argmax and forward_draw run (asked first by a wrapper
+  // that tells other ranks what runs: runtime/service/group_worker.h).
+  virtual bool has_argmax() const { return false; }
+  virtual bool has_draw() const { return false; }
 };
 
 }  // namespace tandem::runtime

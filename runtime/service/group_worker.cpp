@@ -167,6 +167,21 @@ void LeaderBackend::forward(std::span<const runtime::SeqChunk> chunks, std::vect
   inner_->forward(chunks, logits);
 }
 
+bool LeaderBackend::forward_argmax(std::span<const runtime::SeqChunk> chunks, std::vector<int32_t>& tokens) {
+  if (!inner_->has_argmax()) return false;  // nothing runs, so the followers hear of nothing
+  port_.publish(MsgType::kGroupForward, encode_forward(chunks));
+  if (!inner_->forward_argmax(chunks, tokens)) throw Error("internal: a model that has forward_argmax did not run it");
+  return true;
+}
+
+bool LeaderBackend::forward_draw(std::span<const runtime::SeqChunk> chunks, std::span<const runtime::DeviceDraw> draws,
+                                 std::vector<int32_t>& tokens) {
+  if (!inner_->has_draw()) return false;
+  port_.publish(MsgType::kGroupForward, encode_forward(chunks));
+  if (!inner_->forward_draw(chunks, draws, tokens)) throw Error("internal: a model that has forward_draw did not run it");
+  return true;
+}
+
 GroupBlocks::GroupBlocks(runtime::cpu::TpGroup& group, kv::BlockPool& pool, const KvShape& shape, kv::PoolCopy copy)
     : group_(group),
       pool_(pool),

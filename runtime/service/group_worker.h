@@ -171,6 +171,13 @@ class LeaderBackend : public runtime::ModelBackend {
   LeaderBackend(std::unique_ptr<runtime::ModelBackend> inner, LeaderPort& port);
   std::string_view name() const override { return inner_->name(); }
   void forward(std::span<const runtime::SeqChunk> chunks, std::vector<float>& logits) override;
+  // The leader's tokens drawn where its logits are (a GPU's), when its model can: the followers run the
+  // same pass, which they always run without the LM head.
+  bool forward_argmax(std::span<const runtime::SeqChunk> chunks, std::vector<int32_t>& tokens) override;
+  bool forward_draw(std::span<const runtime::SeqChunk> chunks, std::span<const runtime::DeviceDraw> draws,
+                    std::vector<int32_t>& tokens) override;
+  bool has_argmax() const override { return inner_->has_argmax(); }
+  bool has_draw() const override { return inner_->has_draw(); }
 
  private:
   std::unique_ptr<runtime::ModelBackend> inner_;

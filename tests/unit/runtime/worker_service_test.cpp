@@ -375,3 +375,67 @@ TEST_CASE("a group's KV blocks join whole on the leader and part again, at every
     }
   }
 }
+
+namespace {
+
+// A model that only counts what runs: a GPU's (it draws tokens where its logits are) or not.
+class CountingModel : public runtime::ModelBackend {
+ public:
+  explicit CountingModel(bool on_device) : on_device_(on_device) {}
+  std::string_view name() const override { return "counting"; }
+  void forward(std::span<const runtime::SeqChunk>, std::vector<float>& logits) override {
+    ++passes;
+    logits.assign(4, 0.0f);
+  }
+  bool forward_argmax(std::span<const runtime::SeqChunk>, std::vector<int32_t>& tokens) override {
+    if (!on_device_) return false;
+    ++passes;
+    tokens = {7};
+    return true;
+  }
+  bool forward_draw(std::span<const runtime::SeqChunk>, std::span<const runtime::DeviceDraw>,
+                    std::vector<int32_t>& tokens) override {
+    if (!on_device_) return false;
+    ++passes;
+    tokens = {8};
+    return true;
+  }
+  bool has_argmax() const override { return on_device_; }
+  bool has_draw() const override { return on_device_; }
+  int passes = 0;
+
+ private:
+  bool on_device_;
+};
+
+}  // namespace
+
+TEST_CASE("a group's leader draws tokens on its device when its model can, and its followers run each pass once",
+          "[service][tp]") {
+  for (const bool on_device : {false, true}) {
+    INFO((on_device ? "a model that draws on its device" : "a model that does not"));
+    FakeJob job;
+    FakePort port(job, 1, false);
+    const GroupMap map(0, 1, 2, 2);  // one decode worker of ranks 1 and 2
+    LeaderPort leader_port(port, {2}, map, KvShape{2, 4, 16});
+    auto counting = std::make_unique<CountingModel>(on_device);
+    CountingModel& inner = *counting;
+    LeaderBackend leader(std::move(counting), leader_port);
+    const std::vector<int32_t> tokens{5}, table{0};
+    runtime::SeqChunk chunk;
+    chunk.tokens = tokens;
+    chunk.block_table = table;
+    chunk.logits_last = true;
+    std::vector<int32_t> drawn;
+    std::vector<float> logits;
+    const runtime::DeviceDraw draw{};
+    // As the engine asks: argmax, else a draw on the device, else the logits.
+    if (!leader.forward_argmax({&chunk, 1}, drawn)) leader.forward({&chunk, 1}, logits);
+    if (!leader.forward_draw({&chunk, 1}, {&draw, 1}, drawn)) leader.forward({&chunk, 1}, logits);
+    CHECK(inner.passes == 2);
+    CHECK(drawn == (on_device ? std::vector<int32_t>{8} : std::vector<int32_t>{}));
+    int forwards = 0;  // what the follower (rank 2) was told: each pass once
+    for (const auto& m : job.inbox[2]) forwards += m.type == MsgType::kGroupForward;
+    CHECK(forwards == 2);
+  }
+}
