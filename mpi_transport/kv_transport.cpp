@@ -33,6 +33,21 @@ Status check_post(int peer, int size, std::span<const int32_t> src, std::span<co
   return Status();
 }
 
+std::vector<uint64_t> capacities(const std::vector<int64_t>& blocks, const std::vector<uint64_t>& block_bytes) {
+  std::vector<uint64_t> out(blocks.size());
+  for (std::size_t r = 0; r < blocks.size(); ++r) out[r] = static_cast<uint64_t>(std::max<int64_t>(0, blocks[r])) * block_bytes[r];
+  return out;
+}
+
+Status check_relayout(int peer, int size, std::size_t capacity, std::size_t block_bytes, int64_t n_blocks) {
+  if (peer < 0 || peer >= size) return Status(StatusCode::kInvalidArgument, "no peer " + std::to_string(peer));
+  if (block_bytes == 0 || n_blocks < 0 || block_bytes * static_cast<std::size_t>(n_blocks) > capacity)
+    return Status(StatusCode::kOutOfRange, std::to_string(n_blocks) + " blocks of " + std::to_string(block_bytes) +
+                                               " bytes do not fit rank " + std::to_string(peer) + "'s pool of " +
+                                               std::to_string(capacity) + " bytes");
+  return Status();
+}
+
 Status check_block_bytes(std::size_t ours, std::size_t theirs, const RowSlice* s) {
   if (!s) {
     if (ours == theirs) return Status();

@@ -107,6 +107,17 @@ class KvTransport {
     (void)peer, (void)src, (void)dst, (void)slice, (void)notification, (void)id;
     return Status(StatusCode::kInvalidArgument, std::string(name()) + " does not move parts of blocks (row slices)");
   }
+  // A pool seen anew: `peer`'s blocks (ours, where peer == rank()) are now
+  // `block_bytes` each, `n_blocks` of them, in the memory that pool was set
+  // up with (no more bytes than it had): tensor-parallel workers that change
+  // width between epochs hold other KV heads, so other block sizes. Local,
+  // not collective: every rank that moves KV to or from that pool calls it
+  // before its next transfer there, and none may be in flight to or from it
+  // then. kUnimplemented where the backend cannot.
+  [[nodiscard]] virtual Status relayout(int peer, std::size_t block_bytes, int64_t n_blocks) {
+    (void)peer, (void)block_bytes, (void)n_blocks;
+    return Status(StatusCode::kUnimplemented, std::string(name()) + " cannot change a pool's block size");
+  }
   [[nodiscard]] virtual Status poll(XferId id, XferState& state) = 0;
   [[nodiscard]] virtual Status abort(XferId id) = 0;
   virtual void release(XferId id) = 0;
@@ -157,6 +168,11 @@ std::vector<BlockRun> coalesce(std::span<const int32_t> src, std::span<const int
 [[nodiscard]] Status check_post(int peer, int size, std::span<const int32_t> src, std::span<const int32_t> dst,
                                 int64_t our_blocks, int64_t their_blocks, std::size_t notification_bytes = 0,
                                 std::size_t max_notification = 1 << 16);
+// Each rank's pool bytes (blocks x block bytes), as set up: what relayout() stays inside.
+std::vector<uint64_t> capacities(const std::vector<int64_t>& blocks, const std::vector<uint64_t>& block_bytes);
+// What relayout() checks: a peer among `size` ranks, and n_blocks blocks of
+// block_bytes within the pool's `capacity` bytes.
+[[nodiscard]] Status check_relayout(int peer, int size, std::size_t capacity, std::size_t block_bytes, int64_t n_blocks);
 // What post() checks of the two pools' block sizes (whole blocks: the same),
 // and post_slice() of a slice (rows dividing both blocks, inside both rows).
 [[nodiscard]] Status check_block_bytes(std::size_t ours, std::size_t theirs, const RowSlice* slice = nullptr);

@@ -198,6 +198,7 @@ Status LibfabricTransport::open(std::size_t block_bytes, int64_t n_blocks) {
     p.key = all[static_cast<std::size_t>(r)].key;
     p.blocks = all[static_cast<std::size_t>(r)].blocks;
     p.block_bytes = all[static_cast<std::size_t>(r)].block_bytes;
+    p.capacity = static_cast<uint64_t>(std::max<int64_t>(0, p.blocks)) * p.block_bytes;
   }
   for (int s = 0; s < kSlots; ++s) {
     TANDEM_RETURN_IF_ERROR(post_receive(s));
@@ -233,6 +234,17 @@ Status LibfabricTransport::post_receive(int slot) {
 Status LibfabricTransport::post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
                                 std::span<const uint8_t> notification, XferId& id) {
   return queue_transfer(peer, src, dst, nullptr, notification, id);
+}
+
+Status LibfabricTransport::relayout(int peer, std::size_t block_bytes, int64_t n_blocks) {
+  const bool known = peer >= 0 && peer < size_ && !peers_.empty();
+  TANDEM_RETURN_IF_ERROR(
+      check_relayout(peer, size_, known ? peers_[static_cast<std::size_t>(peer)].capacity : 0, block_bytes, n_blocks));
+  Peer& p = peers_[static_cast<std::size_t>(peer)];
+  p.blocks = n_blocks;
+  p.block_bytes = block_bytes;
+  if (peer == rank_) block_bytes_ = block_bytes, n_blocks_ = n_blocks;
+  return Status();
 }
 
 Status LibfabricTransport::post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,

@@ -62,6 +62,7 @@ class LibfabricTransport : public KvTransport {
   Capabilities capabilities() const override { return {false, true, true, kMaxNotification, true}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
+  Status relayout(int peer, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
               std::span<const uint8_t> notification, XferId& id) override;
   Status post_slice(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice& slice,
@@ -136,6 +137,7 @@ class LibfabricTransport : public KvTransport {
     uint64_t base = 0, key = 0;  // where its pool is, as its provider addresses it
     int64_t blocks = 0;
     uint64_t block_bytes = 0;
+    uint64_t capacity = 0;  // its pool's bytes as registered (relayout() stays inside them)
   };
   std::vector<Peer> peers_;
   // Notification buffers: kSlots for receiving, then kSlots for sending, in one registered slab.

@@ -13,6 +13,7 @@ Status LoopbackTransport::allocate_pool(std::size_t block_bytes, int64_t n_block
   p.memory = p.owned.get();
   p.block_bytes = block_bytes;
   p.n_blocks = n_blocks;
+  p.capacity = block_bytes * static_cast<std::size_t>(n_blocks);
   *base = p.memory;
   return Status();
 }
@@ -21,6 +22,19 @@ Status LoopbackTransport::register_pool(void* base, std::size_t block_bytes, int
   std::lock_guard lock(hub_->mutex_);
   auto& p = hub_->pools_[static_cast<std::size_t>(rank_)];
   p.memory = static_cast<uint8_t*>(base);
+  p.block_bytes = block_bytes;
+  p.n_blocks = n_blocks;
+  p.capacity = block_bytes * static_cast<std::size_t>(n_blocks);
+  return Status();
+}
+
+// The pools are the hub's, seen alike by every endpoint: the owner's call or any other's changes it for all.
+Status LoopbackTransport::relayout(int peer, std::size_t block_bytes, int64_t n_blocks) {
+  std::lock_guard lock(hub_->mutex_);
+  const bool known = peer >= 0 && peer < size();
+  TANDEM_RETURN_IF_ERROR(check_relayout(peer, size(), known ? hub_->pools_[static_cast<std::size_t>(peer)].capacity : 0,
+                                        block_bytes, n_blocks));
+  auto& p = hub_->pools_[static_cast<std::size_t>(peer)];
   p.block_bytes = block_bytes;
   p.n_blocks = n_blocks;
   return Status();

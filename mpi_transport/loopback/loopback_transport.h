@@ -29,6 +29,7 @@ class LoopbackHub {
     uint8_t* memory = nullptr;
     std::size_t block_bytes = 0;
     int64_t n_blocks = 0;
+    std::size_t capacity = 0;  // bytes as set up (relayout() stays inside them)
     std::deque<Notification> inbox;
   };
   std::mutex mutex_;
@@ -44,6 +45,7 @@ class LoopbackTransport : public KvTransport {
   Capabilities capabilities() const override { return {false, true, true, 1 << 16, true}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
+  Status relayout(int peer, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
               std::span<const uint8_t> notification, XferId& id) override {
     return copy(peer, src, dst, nullptr, notification, id);

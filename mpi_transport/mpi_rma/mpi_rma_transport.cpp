@@ -54,7 +54,18 @@ Status MpiRmaTransport::open_window(bool allocate, void* base, std::size_t block
   peer_block_bytes_.resize(static_cast<std::size_t>(size_));
   const uint64_t mine = block_bytes_;
   TANDEM_MPI(MPI_Allgather(&mine, 1, MPI_UINT64_T, peer_block_bytes_.data(), 1, MPI_UINT64_T, comm_));
+  peer_capacity_ = capacities(peer_blocks_, peer_block_bytes_);
   TANDEM_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+  return Status();
+}
+
+Status MpiRmaTransport::relayout(int peer, std::size_t block_bytes, int64_t n_blocks) {
+  TANDEM_RETURN_IF_ERROR(check_relayout(peer, size_, peer < size_ && peer >= 0 && !peer_capacity_.empty()
+                                                         ? peer_capacity_[static_cast<std::size_t>(peer)] : 0,
+                                        block_bytes, n_blocks));
+  peer_blocks_[static_cast<std::size_t>(peer)] = n_blocks;
+  peer_block_bytes_[static_cast<std::size_t>(peer)] = block_bytes;
+  if (peer == rank_) block_bytes_ = block_bytes, n_blocks_ = n_blocks;
   return Status();
 }
 

@@ -41,6 +41,7 @@ class MpiRmaTransport : public KvTransport {
   Capabilities capabilities() const override { return {false, true, true, 1 << 16, true}; }
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
+  Status relayout(int peer, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
               std::span<const uint8_t> notification, XferId& id) override {
     return put(peer, src, dst, nullptr, notification, id);
@@ -81,6 +82,7 @@ class MpiRmaTransport : public KvTransport {
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;  // every rank's pool size, to check dst ids
   std::vector<uint64_t> peer_block_bytes_;  // and block size (tensor-parallel ranks of other widths hold other heads)
+  std::vector<uint64_t> peer_capacity_;     // and window bytes (relayout() stays inside them)
   XferId next_id_ = 1;
   std::unordered_map<XferId, Outgoing> outgoing_;
   std::unique_ptr<Notices> notices_;

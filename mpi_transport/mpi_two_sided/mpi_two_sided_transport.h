@@ -43,6 +43,7 @@ class MpiTwoSidedTransport : public KvTransport {
   Status allocate_pool(std::size_t block_bytes, int64_t n_blocks, void** base) override;
   // With a DevicePool, `base` is the device's memory, reached only through the pool's copies.
   Status register_pool(void* base, std::size_t block_bytes, int64_t n_blocks) override;
+  Status relayout(int peer, std::size_t block_bytes, int64_t n_blocks) override;
   Status post(int peer, std::span<const int32_t> src, std::span<const int32_t> dst,
               std::span<const uint8_t> notification, XferId& id) override {
     return send(peer, src, dst, nullptr, notification, id);
@@ -104,6 +105,7 @@ class MpiTwoSidedTransport : public KvTransport {
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;
   std::vector<uint64_t> peer_block_bytes_;
+  std::vector<uint64_t> peer_capacity_;  // every pool's bytes as set up (relayout() stays inside them)
   XferId next_id_ = 1;
   std::unordered_map<XferId, Outgoing> outgoing_;
   std::deque<std::pair<MPI_Request, std::vector<uint8_t>>> notices_;  // notice sends in flight

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "mpi_transport/loopback/loopback_transport.h"
+#include "relayout_suite.h"
 #include "transport_suite.h"
 
 namespace {
@@ -44,5 +45,11 @@ TEST_CASE("loopback passes the transport conformance suite", "[conformance]") {
 TEST_CASE("loopback moves row slices between pools of different block sizes", "[conformance]") {
   on_three_ranks([](tandem::mpi::LoopbackTransport& t, const Barrier& barrier) {
     return tandem::conformance::run_slice_suite(t, barrier);
+  });
+}
+
+TEST_CASE("loopback cuts a pool anew into blocks of another size (relayout)", "[conformance]") {
+  on_three_ranks([](tandem::mpi::LoopbackTransport& t, const Barrier& barrier) {
+    return tandem::conformance::run_relayout_suite(t, barrier);
   });
 }

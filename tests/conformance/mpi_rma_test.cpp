@@ -20,6 +20,7 @@
 #include "mpi_transport/mpi_two_sided/mpi_two_sided_transport.h"
 #include "mpi_transport/transport_registry.h"
 #include "mpi_suite.h"
+#include "relayout_suite.h"
 
 namespace {
 
@@ -134,7 +135,9 @@ int main(int argc, char** argv) {
     failures += failed;
     checks += checked;
   }
-  {  // Pools of different block sizes, moved as row slices (two_sided_staged: through the stand-in device's row copies).
+  // Pools of different block sizes, moved as row slices; then a pool cut anew into blocks of another size
+  // (relayout). two_sided_staged: through the stand-in device's row copies.
+  for (const bool relayout : {false, true}) {
     Guarded guarded;
     std::unique_ptr<tandem::mpi::KvTransport> t;
     if (mode == "two_sided_staged") t = std::make_unique<tandem::mpi::MpiTwoSidedTransport>(env.world(), guarded_pool(guarded));
@@ -144,8 +147,10 @@ int main(int argc, char** argv) {
       access.write = [&](uint8_t* d, const void* s, std::size_t n) { guarded.copy(d, s, n, true, false); };
       access.read = [&](void* d, const uint8_t* s, std::size_t n) { guarded.copy(d, s, n, false, false); };
     }
-    auto f = tandem::conformance::run_slice_suite_mpi(env.world(), *t, access);
-    if (mode == "two_sided_staged" && (env.rank() <= 1 || env.rank() == env.size() - 1))  // the ranks that move slices
+    auto f = relayout ? tandem::conformance::run_relayout_suite(*t, tandem::conformance::mpi_barrier(env.world()), access)
+                      : tandem::conformance::run_slice_suite_mpi(env.world(), *t, access);
+    const bool moves_slices = env.rank() == 0 || env.rank() == env.size() - 1 || (!relayout && env.rank() == 1);
+    if (mode == "two_sided_staged" && moves_slices)
       f.check(guarded.row_copies > 0, "slices reached the stand-in device pool through DevicePool::copy_rows");
     const auto [failed, checked] = tandem::conformance::gather_failures(env.world(), f);
     failures += failed;
