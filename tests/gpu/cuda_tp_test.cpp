@@ -8,8 +8,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -17,6 +23,7 @@
 #include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/engine/device_group.h"
+#include "runtime/model/make_model.h"
 #include "../unit/runtime/test_model.h"
 #include "gpu_helpers.h"
 
@@ -129,4 +136,45 @@ TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same lo
       CHECK(err < (f32 ? 1e-4 : 3e-2));
     }
   }
+}
+
+// What a rank copies to its GPU: its shard of the layers, and the embedding
+// whole. A model whose layers outweigh its (tied) embedding, each rank's
+// device memory measured as the model is made (the pool and cuBLAS's
+// workspace alike at every width, so the differences are the weights').
+TEST_CASE("a rank of a CUDA group holds its shard of the layers on its GPU: its device memory falls with the width",
+          "[gpu]") {
+  MakeModelOptions o;
+  o.arch = "llama";
+  o.preset = "small";
+  o.dtype = "bf16";
+  o.hidden = 512, o.heads = 8, o.kv_heads = 4, o.head_dim = 64, o.intermediate = 4096, o.layers = 8;
+  o.tie_embeddings = true;
+  o.tokenizer_dir = testing::tokenizer_dir("qwen3");
+  o.out_dir = std::filesystem::temp_directory_path() / ("tandem-gpu-shard-" + std::to_string(::getpid()));
+  const ModelConfig config = make_model(o);
+  auto weights = ModelWeights::load(config, o.out_dir, false);
+  const double layer_bytes = 8.0 * 2 * (4.0 * 512 * 512 - 2.0 * 512 * 256 + 3.0 * 512 * 4096);  // q, o + k, v at GQA 8/4; MLP
+  std::map<int, double> used;
+  for (const int width : {1, 2, 4}) {
+    ThreadDeviceGroup group(width);
+    ThreadDeviceGroup::Member member(group, 0);
+    DevPool dev(cpu::shard_config(config, member.shard()), 8);
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
+    {
+      cuda::CudaModel model(config, *weights, *dev.pool, &member);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
+    }
+    used[width] = static_cast<double>(free_before - free_after);
+    std::printf("cuda tp %d: rank 0 holds %.1f MiB on its GPU (layers of the whole model: %.1f MiB)\n", width,
+                used[width] / (1 << 20), layer_bytes / (1 << 20));
+  }
+  std::filesystem::remove_all(o.out_dir);
+  // Each halving of the width takes half the rank's layers off its GPU (1/2, then 1/4 of them), give or take the
+  // allocator's rounding of each matrix to its pages.
+  CHECK(used[1] - used[2] > 0.35 * layer_bytes);
+  CHECK(used[2] - used[4] > 0.15 * layer_bytes);
 }
