@@ -11,52 +11,91 @@ namespace tandem::planner {
 
 EpochPlanner::EpochPlanner(SimOptions options, const ModelShape& shape, const HardwareProfile& base,
                            const std::string& policy)
-    : o_(options), shape_(shape), base_(base), model_(std::make_unique<PerfModel>(shape, base)),
-      policy_(make_policy(policy, options.workers)) {
+    : o_(options), base_(base), policy_(make_policy(policy, options.workers)) {
   if (policy == "oracle") throw Error("planner.policy = \"oracle\" needs the simulator; use it with `tandem simulate`");
-  fit_.profile = base;
+  forms_.push_back({1, shape, std::make_unique<PerfModel>(shape, base), {}, 0, {base, 0, 0}});
   ctx_.options = &o_;
-  ctx_.cells = worker_cells(std::vector<const PerfModel*>(static_cast<std::size_t>(o_.workers), model_.get()));
+  make_cells();
   current_ = {0, o_.workers};
 }
 
-void EpochPlanner::observe(std::span<const StepSample> steps) {
-  samples_.insert(samples_.end(), steps.begin(), steps.end());
+EpochPlanner::EpochPlanner(SimOptions options, const ModelShape& shape, int prefill_tp, int decode_tp,
+                           const HardwareProfile& base, const std::string& policy)
+    : EpochPlanner(options, shape.at_width(decode_tp), base, policy) {
+  forms_.front().width = decode_tp;
+  if (prefill_tp != decode_tp) {
+    const ModelShape at = shape.at_width(prefill_tp);
+    forms_.push_back({prefill_tp, at, std::make_unique<PerfModel>(at, base), {}, 0, {base, 0, 0}});
+  }
+  make_cells();
+}
+
+void EpochPlanner::make_cells() {
+  const PerfModel* decode = forms_.front().model.get();
+  if (forms_.size() == 1) {
+    ctx_.cells = worker_cells(std::vector<const PerfModel*>(static_cast<std::size_t>(o_.workers), decode));
+    return;
+  }
+  const Form& p = forms_.back();
+  ctx_.cells.assign(static_cast<std::size_t>(o_.workers),
+                    two_width_cell(p.model.get(), p.width, decode, forms_.front().width));
+}
+
+EpochPlanner::Form& EpochPlanner::form_at(int width) {
+  for (Form& f : forms_)
+    if (f.width == width) return f;
+  return forms_.front();  // 0, or a width the planner does not know: the decode width's
+}
+
+const ProfileFit& EpochPlanner::fit_at(int width) const {
+  for (const Form& f : forms_)
+    if (f.width == width) return f.fit;
+  return forms_.front().fit;
+}
+
+void EpochPlanner::observe(std::span<const StepSample> steps, int width) {
+  auto& samples = form_at(width).samples;
+  samples.insert(samples.end(), steps.begin(), steps.end());
   constexpr std::size_t kKeep = 20000;  // the most recent steps
-  if (samples_.size() > kKeep) samples_.erase(samples_.begin(), samples_.end() - static_cast<std::ptrdiff_t>(kKeep));
+  if (samples.size() > kKeep) samples.erase(samples.begin(), samples.end() - static_cast<std::ptrdiff_t>(kKeep));
 }
 
 ProfileFit EpochPlanner::refit() {
-  if (samples_.size() >= 32 && samples_.size() != fitted_at_) {
-    fit_ = fit_profile(shape_, base_, samples_);
-    fitted_at_ = samples_.size();
-    if (fit_.samples > 0) {
-      model_ = std::make_unique<PerfModel>(shape_, fit_.profile);
-      ctx_.cells = worker_cells(std::vector<const PerfModel*>(static_cast<std::size_t>(o_.workers), model_.get()));
+  bool changed = false;
+  for (Form& f : forms_) {
+    if (f.samples.size() < 32 || f.samples.size() == f.fitted_at) continue;
+    f.fit = fit_profile(f.shape, base_, f.samples);
+    f.fitted_at = f.samples.size();
+    if (f.fit.samples > 0) {
+      f.model = std::make_unique<PerfModel>(f.shape, f.fit.profile);
+      changed = true;
     }
   }
-  return fit_;
+  if (changed) make_cells();
+  return forms_.front().fit;
 }
 
 nlohmann::json EpochPlanner::profile_json() const {
-  const auto& h = fit_.profile;
+  const ProfileFit& fit = forms_.front().fit;
+  const auto& h = fit.profile;
   return {{"name", h.name},
-          {"fitted_from_steps", fit_.samples},
-          {"rms_log_error", fit_.rms_log_error},
+          {"fitted_from_steps", fit.samples},
+          {"rms_log_error", fit.rms_log_error},
           {"effective_flops", h.peak_flops * h.mfu},
           {"effective_bytes_per_s", h.hbm_bytes_per_s * h.mbu},
           {"step_overhead_s", h.step_overhead_s}};
 }
 
 std::string EpochPlanner::profile_toml() const {
-  const auto& h = fit_.profile;
+  const ProfileFit& fit = forms_.front().fit;
+  const auto& h = fit.profile;
   char buf[768];
   std::snprintf(buf, sizeof buf,
                 "# Fitted by tandem run from %zu measured engine steps (rms log error %.3f).\n"
                 "name = \"%s\"\npeak_flops = %.6g\nhbm_bytes_per_s = %.6g\nhbm_bytes = %.6g\n"
                 "link_bytes_per_s = %.6g\nlink_latency_s = %.6g\nmfu = %.6g\nmbu = %.6g\nstep_overhead_s = %.6g\n"
                 "kv_memory_fraction = %.6g\nreload_bytes_per_s = %.6g\n",
-                fit_.samples, fit_.rms_log_error, h.name.c_str(), h.peak_flops, h.hbm_bytes_per_s, h.hbm_bytes,
+                fit.samples, fit.rms_log_error, h.name.c_str(), h.peak_flops, h.hbm_bytes_per_s, h.hbm_bytes,
                 h.link_bytes_per_s, h.link_latency_s, h.mfu, h.mbu, h.step_overhead_s, h.kv_memory_fraction,
                 h.reload_bytes_per_s);
   return buf;

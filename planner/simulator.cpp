@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "common/error.h"
 #include "planner/policy.h"
@@ -39,6 +40,12 @@ std::vector<Cell> worker_cells(const std::vector<const PerfModel*>& models) {
   std::vector<Cell> cells;
   for (const PerfModel* m : models) cells.push_back({{m}, {m}});
   return cells;
+}
+
+Cell two_width_cell(const PerfModel* prefill, int prefill_tp, const PerfModel* decode, int decode_tp) {
+  const int l = std::lcm(prefill_tp, decode_tp);
+  return {std::vector<const PerfModel*>(static_cast<std::size_t>(l / prefill_tp), prefill),
+          std::vector<const PerfModel*>(static_cast<std::size_t>(l / decode_tp), decode)};
 }
 
 Simulator::Simulator(SimOptions options, std::vector<const PerfModel*> models)

@@ -104,6 +104,9 @@ struct Cell {
 };
 // One cell per worker (workers of one width; heterogeneous clusters have several kinds).
 std::vector<Cell> worker_cells(const std::vector<const PerfModel*>& models);
+// One cell of lcm(prefill_tp, decode_tp) GPUs: lcm / prefill_tp workers of
+// `prefill` in the prefill form, lcm / decode_tp of `decode` in the other.
+Cell two_width_cell(const PerfModel* prefill, int prefill_tp, const PerfModel* decode, int decode_tp);
 
 // The models a policy may consult, by cell (heterogeneous clusters have
 // several kinds), in cell order; prefill roles go to the fastest (peak_flops) first.

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "planner/epoch_planner.h"
+#include "planner/fit.h"
 #include "planner/policy.h"
 #include "planner/simulator.h"
 
@@ -64,7 +66,7 @@ struct MixedCells {
   ModelShape shape = ModelShape::from(llama_70b());
   PerfModel four{shape.at_width(4), HardwareProfile::named("h100")};
   PerfModel two{shape.at_width(2), HardwareProfile::named("h100")};
-  std::vector<Cell> cells{4, Cell{{&four}, {&two, &two}}};
+  std::vector<Cell> cells{4, two_width_cell(&four, 4, &two, 2)};
 };
 
 // A different split for each epoch, in cells.
@@ -144,4 +146,57 @@ TEST_CASE("cells of two widths: a re-split drains a cell's workers, then regroup
   Sequence again({Split{0, 4}, Split{2, 2}, Split{1, 3}, Split{0, 4}});
   const SimResult free_reload = Simulator(o, cells_now).run(some, again);
   CHECK(free_reload.makespan_s < r.makespan_s);
+}
+
+// A job's planner with two widths (a re-split that changes widths in `tandem
+// run`): the splits of cells the simulator's policies make, and each width's
+// model fitted to the steps its own workers measured.
+TEST_CASE("the epoch planner with two widths: splits of cells, each width fitted to its own workers' steps",
+          "[planner][tp]") {
+  MixedCells m;
+  REQUIRE(m.cells[0].prefill.size() == 1);  // two_width_cell: one worker of 4, or two of 2
+  REQUIRE(m.cells[0].decode.size() == 2);
+  const auto reqs = WorkloadSpec::load(TANDEM_SOURCE_DIR "/jobs/sim/shifting.toml").generate(40960);
+  const std::span<const Request> epoch(reqs.data(), 300);
+  SimOptions o;
+  o.workers = 4;  // cells
+  o.epoch_requests = 300;
+  const auto h100 = HardwareProfile::named("h100");
+  EpochPlanner two(o, m.shape, 4, 2, h100, "lookahead");
+  // Its first decision is the lookahead policy's over the same cells.
+  const std::vector<EpochRecord> none;
+  EpochView view;
+  view.requests = epoch;
+  view.history = &none;
+  view.current = {0, 4};
+  double predicted = 0;
+  const Split want = make_policy("lookahead", 4)->choose(view, PlanContext{&o, m.cells}, predicted);
+  const auto d = two.decide(epoch);
+  CHECK(d.split == want);
+  CHECK(d.predicted_s == predicted);
+  // At one width the two-width planner is the one-width planner of that width.
+  EpochPlanner same(o, m.shape, 2, 2, h100, "lookahead"), one(o, m.shape.at_width(2), h100, "lookahead");
+  const auto a = same.decide(epoch), b = one.decide(epoch);
+  CHECK(a.split == b.split);
+  CHECK(a.predicted_s == b.predicted_s);
+
+  // Steps of the prefill workers (width 4) that took twice what the model says refit that width alone.
+  std::vector<StepSample> slow;
+  for (int i = 0; i < 40; ++i) {
+    StepLoad load;
+    load.prefill_tokens = 256.0 * (1 + i % 8);
+    load.prefill_ctx = load.prefill_tokens * load.prefill_tokens / 2;
+    load.logit_rows = 1;
+    slow.push_back({load.prefill_tokens, load.prefill_ctx, 0, 0, 1, 2 * m.four.step_seconds(load)});
+  }
+  two.observe(slow, 4);
+  two.refit();
+  CHECK(two.fit_at(4).samples == 40);
+  CHECK(two.fit_at(2).samples == 0);  // the decode width keeps its profile
+  const double base_rate = h100.peak_flops * h100.mfu;
+  CHECK(two.fit_at(4).profile.peak_flops * two.fit_at(4).profile.mfu < 0.75 * base_rate);
+  // And plans with it: two prefill cells of the same epoch take longer than before the steps were seen.
+  EpochPlanner fresh(o, m.shape, 4, 2, h100, "static:2:2"), fitted(o, m.shape, 4, 2, h100, "static:2:2");
+  fitted.observe(slow, 4);
+  CHECK(fitted.decide(epoch).predicted_s > fresh.decide(epoch).predicted_s);
 }
