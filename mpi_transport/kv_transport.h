@@ -113,10 +113,10 @@ class KvTransport {
   // width between epochs hold other KV heads, so other block sizes. Local,
   // not collective: every rank that moves KV to or from that pool calls it
   // before its next transfer there, and none may be in flight to or from it
-  // then. kUnimplemented where the backend cannot.
+  // then. An error where the backend cannot (NCCL).
   [[nodiscard]] virtual Status relayout(int peer, std::size_t block_bytes, int64_t n_blocks) {
     (void)peer, (void)block_bytes, (void)n_blocks;
-    return Status(StatusCode::kUnimplemented, std::string(name()) + " cannot change a pool's block size");
+    return Status(StatusCode::kInvalidArgument, std::string(name()) + " cannot change a pool's block size");
   }
   [[nodiscard]] virtual Status poll(XferId id, XferState& state) = 0;
   [[nodiscard]] virtual Status abort(XferId id) = 0;

@@ -43,6 +43,7 @@ inline Failures run_relayout_suite(mpi::KvTransport& t, const Barrier& barrier, 
   };
   if (me == 0)
     for (int32_t b = 0; b < kBlocks; ++b) fill(a, pool, kWide, b, 0, 9);
+  barrier([&] { pump(); });  // every pool is set up (loopback's endpoints are threads)
   // Every rank sees the last rank's pool anew (the last rank its own).
   f.check(t.relayout(last, kNarrow, 2 * kBlocks).ok(), "relayout: to 32 blocks of one head a row");
   f.check(!t.relayout(last, kNarrow, 2 * kBlocks + 1).ok(), "relayout: more blocks than the pool holds: refused");
