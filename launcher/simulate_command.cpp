@@ -219,10 +219,8 @@ Cluster cells_at(const planner::ModelShape& shape, const std::vector<planner::Ha
                 "; give a multiple, or --policy static:P:D");
   for (std::size_t g = 0; g < hw.size(); g += l) {
     one_kind(hw, g, l, w);
-    planner::Cell cell;
-    for (std::size_t k = 0; k < l / static_cast<std::size_t>(w.prefill); ++k) cell.prefill.push_back(c.model(shape, hw[g], w.prefill));
-    for (std::size_t k = 0; k < l / static_cast<std::size_t>(w.decode); ++k) cell.decode.push_back(c.model(shape, hw[g], w.decode));
-    c.cells.push_back(std::move(cell));
+    c.cells.push_back(planner::two_width_cell(c.model(shape, hw[g], w.prefill), w.prefill, c.model(shape, hw[g], w.decode),
+                                              w.decode));
   }
   return c;
 }
