@@ -48,6 +48,16 @@ Status check_relayout(int peer, int size, std::size_t capacity, std::size_t bloc
   return Status();
 }
 
+Status relayout_peer(int peer, std::size_t block_bytes, int64_t n_blocks, const std::vector<uint64_t>& capacity,
+                     std::vector<int64_t>& blocks, std::vector<uint64_t>& bytes) {
+  const int size = static_cast<int>(capacity.size());
+  TANDEM_RETURN_IF_ERROR(check_relayout(peer, size, peer >= 0 && peer < size ? capacity[static_cast<std::size_t>(peer)] : 0,
+                                        block_bytes, n_blocks));
+  blocks[static_cast<std::size_t>(peer)] = n_blocks;
+  bytes[static_cast<std::size_t>(peer)] = block_bytes;
+  return Status();
+}
+
 Status check_block_bytes(std::size_t ours, std::size_t theirs, const RowSlice* s) {
   if (!s) {
     if (ours == theirs) return Status();

@@ -173,6 +173,10 @@ std::vector<uint64_t> capacities(const std::vector<int64_t>& blocks, const std::
 // What relayout() checks: a peer among `size` ranks, and n_blocks blocks of
 // block_bytes within the pool's `capacity` bytes.
 [[nodiscard]] Status check_relayout(int peer, int size, std::size_t capacity, std::size_t block_bytes, int64_t n_blocks);
+// relayout() where a backend keeps every rank's pool by rank (RMA, two-sided): checked, then `blocks` and
+// `block_bytes` updated at `peer` (capacity: capacities() as set up; empty before).
+[[nodiscard]] Status relayout_peer(int peer, std::size_t block_bytes, int64_t n_blocks, const std::vector<uint64_t>& capacity,
+                                   std::vector<int64_t>& blocks, std::vector<uint64_t>& bytes);
 // What post() checks of the two pools' block sizes (whole blocks: the same),
 // and post_slice() of a slice (rows dividing both blocks, inside both rows).
 [[nodiscard]] Status check_block_bytes(std::size_t ours, std::size_t theirs, const RowSlice* slice = nullptr);

@@ -60,11 +60,7 @@ Status MpiRmaTransport::open_window(bool allocate, void* base, std::size_t block
 }
 
 Status MpiRmaTransport::relayout(int peer, std::size_t block_bytes, int64_t n_blocks) {
-  TANDEM_RETURN_IF_ERROR(check_relayout(peer, size_, peer < size_ && peer >= 0 && !peer_capacity_.empty()
-                                                         ? peer_capacity_[static_cast<std::size_t>(peer)] : 0,
-                                        block_bytes, n_blocks));
-  peer_blocks_[static_cast<std::size_t>(peer)] = n_blocks;
-  peer_block_bytes_[static_cast<std::size_t>(peer)] = block_bytes;
+  TANDEM_RETURN_IF_ERROR(relayout_peer(peer, block_bytes, n_blocks, peer_capacity_, peer_blocks_, peer_block_bytes_));
   if (peer == rank_) block_bytes_ = block_bytes, n_blocks_ = n_blocks;
   return Status();
 }

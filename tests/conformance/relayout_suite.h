@@ -23,19 +23,10 @@ inline Failures run_relayout_suite(mpi::KvTransport& t, const Barrier& barrier, 
   void* base = nullptr;
   f.check(t.allocate_pool(kWide, kBlocks, &base).ok(), "relayout: allocate_pool");
   auto* pool = static_cast<uint8_t*>(base);
-  std::vector<mpi::Notification> inbox;
-  auto pump = [&] {
-    if (!t.progress(inbox).ok()) f.check(false, "relayout: progress() failed");
-  };
-  auto wait = [&](mpi::XferId id, const std::string& what) {
-    mpi::XferState st = mpi::XferState::kPending;
-    for (long i = 0; i < 20000000 && st == mpi::XferState::kPending; ++i) {
-      if (!t.poll(id, st).ok()) break;
-      pump();
-    }
-    f.check(st == mpi::XferState::kDone, what + ": done");
-    t.release(id);
-  };
+  Driver drive{t, f, "relayout", {}};
+  std::vector<mpi::Notification>& inbox = drive.inbox;
+  auto pump = [&] { drive.pump(); };
+  auto wait = [&](mpi::XferId id, const std::string& what) { drive.wait(id, what); };
   auto arrive = [&](std::size_t n) {
     for (long i = 0; i < 20000000 && inbox.size() < n; ++i) pump();
     f.check(inbox.size() == n, "relayout: " + std::to_string(n) + " notification(s), got " + std::to_string(inbox.size()));

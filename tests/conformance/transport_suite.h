@@ -75,6 +75,27 @@ inline bool holds(const PoolAccess& a, const uint8_t* pool, std::size_t block_by
 
 inline std::vector<uint8_t> note(const std::string& s) { return {s.begin(), s.end()}; }
 
+// A suite's hold on its transport: progress (notifications into inbox), and
+// waiting out a transfer of its own (then released).
+struct Driver {
+  mpi::KvTransport& t;
+  Failures& f;
+  std::string suite;  // names the suite in failures
+  std::vector<mpi::Notification> inbox;
+  void pump() {
+    if (!t.progress(inbox).ok()) f.check(false, suite + ": progress() failed");
+  }
+  void wait(mpi::XferId id, const std::string& what) {
+    mpi::XferState st = mpi::XferState::kPending;
+    for (long i = 0; i < 20000000 && st == mpi::XferState::kPending; ++i) {
+      if (!t.poll(id, st).ok()) break;
+      pump();
+    }
+    f.check(st == mpi::XferState::kDone, what + ": done");
+    t.release(id);
+  }
+};
+
 struct RowSliceCase {
   std::vector<int32_t> src, dst;
   mpi::RowSlice slice;
@@ -343,19 +364,10 @@ inline Failures run_slice_suite(mpi::KvTransport& t, const Barrier& barrier, con
   void* base = nullptr;
   f.check(t.allocate_pool(bb, kBlocks, &base).ok(), "slices: allocate_pool of " + std::to_string(bb) + "-byte blocks");
   auto* pool = static_cast<uint8_t*>(base);
-  std::vector<mpi::Notification> inbox;
-  auto pump = [&] {
-    if (!t.progress(inbox).ok()) f.check(false, "slices: progress() failed");
-  };
-  auto wait = [&](mpi::XferId id, const std::string& what) {
-    mpi::XferState st = mpi::XferState::kPending;
-    for (long i = 0; i < 20000000 && st == mpi::XferState::kPending; ++i) {
-      if (!t.poll(id, st).ok()) break;
-      pump();
-    }
-    f.check(st == mpi::XferState::kDone, what + ": done");
-    t.release(id);
-  };
+  Driver drive{t, f, "slices", {}};
+  std::vector<mpi::Notification>& inbox = drive.inbox;
+  auto pump = [&] { drive.pump(); };
+  auto wait = [&](mpi::XferId id, const std::string& what) { drive.wait(id, what); };
   for (int32_t b = 0; b < kBlocks; ++b) fill(a, pool, bb, b, me, 7);
   const RowSliceCase from0{{2, 3, 4, 9}, {0, 1, 2, 7}, {kRows, 1 * kHead, 0, 2 * kHead}};
   const RowSliceCase from1{{5, 6, 7, 12}, {0, 1, 2, 7}, {kRows, 0, 2 * kHead, 1 * kHead}};
