@@ -280,7 +280,8 @@ std::vector<KeySpec> build_schema() {
           .choices({"auto", "mpi_rma", "mpi_two_sided", "nccl", "libfabric"})
           .doc("How KV blocks move from prefill to decode ranks. auto: MPI one-sided RMA, or two-sided "
                "MPI where no window can be created (said in one log line); with `model.backend = \"cuda\"`, "
-               "NCCL where built, else two-sided MPI staged through page-locked host buffers (docs/gpu.md). "
+               "NCCL where built (and prefill and decode share one tensor-parallel width), else two-sided MPI "
+               "staged through page-locked host buffers (docs/gpu.md). "
                "mpi_rma is refused with cuda. libfabric: fi_write between registered pools (EFA, "
                "tcp;ofi_rxm, shm; transport.libfabric_provider), CPU pools only.")
           ,
