@@ -227,4 +227,12 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   return std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
 }
 
+// One verdict for every rank: the lowest failing rank's line, printed once by rank 0.
+bool agreed(const mpi::MpiEnv& env, const std::string& error) {
+  const std::string verdict = env.size() > 1 ? first_error(env, error) : error;
+  if (verdict.empty()) return true;
+  if (env.rank() == 0) std::fprintf(stderr, "tandem: error: %s\n", verdict.c_str());
+  return false;
+}
+
 }  // namespace tandem::launcher

@@ -38,6 +38,8 @@ int finish_run(const nlohmann::json& summary);
 // The error of the lowest rank that has one ("" when none has), on every
 // rank; another rank's is prefixed with its number. Collective.
 std::string first_error(const mpi::MpiEnv& env, const std::string& error);
+// One verdict for every rank: the lowest failing rank's line, printed once by rank 0.
+bool agreed(const mpi::MpiEnv& env, const std::string& error);
 // The planner of a job with job.mode = "auto", on rank 0.
 // tp: the workers' tensor-parallel width (one width under the planner).
 std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers,
