@@ -321,12 +321,14 @@ try:
 
     def long_job(name, extra):
         """jobs/disagg.sbatch on the three nodes over the 200-line input (the job file's [job] gets `extra`),
-        returned once 20 lines are out: (job id, output, job file)."""
+        returned once 20 lines are out: (job id, output, job file). Up to 4 minutes: beside another MPI test
+        under make test -j2 a job has taken over a minute to start and load, and a requeue or a link cut
+        before then tests nothing."""
         out, job = work / f"{name}.jsonl", work / f"{name}.toml"
         job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{long_inp}"\noutput = "{out}"\n'
                        f'flush_seconds = 0.5\n{extra}[router]\nlocal_prefill_tokens = 16\n')
         _, jid = sbatch(job, "-N", "3", "--ntasks=3", "--ntasks-per-node=1")
-        for _ in range(240):
+        for _ in range(960):
             if len(lines(out)) >= 20:
                 break
             time.sleep(0.25)
