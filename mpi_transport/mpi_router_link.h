@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "mpi_transport/mpi_env.h"
 #include "router/dispatcher.h"
 #include "router/hosts.h"
+#include "router/regroups.h"
 
 namespace tandem::mpi {
 
@@ -28,80 +30,24 @@ class MpiLink : public router::WorkerLink {
       : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
   std::vector<int> workers() const override { return workers_; }
   std::vector<int> prefill_workers() const override { return prefill_; }
-  bool set_roles(int64_t epoch, const std::vector<int>& prefill) override {
-    std::vector<int> all = workers_;
-    all.insert(all.end(), prefill_.begin(), prefill_.end());
-    std::sort(all.begin(), all.end());
-    prefill_ = prefill;
-    workers_.clear();
-    for (int w : all)
-      if (std::find(prefill.begin(), prefill.end(), w) == prefill.end()) workers_.push_back(w);
-    const auto bytes = service::encode(service::WireRoles{epoch, prefill});
-    for (int w : all) check(box_.send(w, service::tag_of(service::MsgType::kRoles), bytes));
-    return true;
-  }
+  bool set_roles(int64_t epoch, const std::vector<int>& prefill) override;
+  // Two widths under job.mode = "auto": the workers are cells that regroup
+  // between forms (router/regroups.h); set_roles() then names prefill cells by
+  // their keys (Regroups::keys()). block_bytes: a rank's KV block in each form.
+  void use_cells(std::vector<router::RegroupCell> cells, uint64_t prefill_block_bytes, uint64_t decode_block_bytes);
+  const router::Regroups* regroups() const { return regroups_ ? &*regroups_ : nullptr; }
+  bool regroup(const std::function<bool(int)>& busy) override;
   void submit(int worker, const service::WireRequest& r) override { check(box_.send(worker, service::tag_of(service::MsgType::kRequest), service::encode(r))); }
   void cancel(int worker, uint64_t id) override { check(box_.send(worker, service::tag_of(service::MsgType::kCancel), service::encode_cancel(id))); }
   // Deltas before results: a request's last tokens reach rank 0 before its end.
-  void poll(router::LinkEvents& events) override {
-    check(box_.progress());
-    bool any = false;
-    for (int tag : {service::tag_of(service::MsgType::kCacheEvents), service::tag_of(service::MsgType::kStats), service::tag_of(service::MsgType::kDeltas), service::tag_of(service::MsgType::kResult)}) {
-      for (;;) {
-        std::optional<Message> m;
-        check(box_.try_recv(m, MPI_ANY_SOURCE, tag));
-        if (!m) break;
-        switch (tag) {
-          case service::tag_of(service::MsgType::kResult): events.results.push_back(service::decode_result(m->bytes)); break;
-          case service::tag_of(service::MsgType::kCacheEvents): events.cache_events.push_back(service::decode_cache_events(m->bytes)); break;
-          case service::tag_of(service::MsgType::kStats): events.stats.push_back(service::decode_report(m->bytes)); break;
-          default: {
-            auto d = service::decode_deltas(m->bytes);
-            events.deltas.insert(events.deltas.end(), std::make_move_iterator(d.deltas.begin()),
-                                 std::make_move_iterator(d.deltas.end()));
-          }
-        }
-        any = true;
-      }
-    }
-    if (any) backoff_.reset();
-    else backoff_.idle();
-  }
+  void poll(router::LinkEvents& events) override;
   // At the end, a worker that sends nothing for this long (they report every
   // half second while they run) is lost: shutdown() throws, naming it. 0: never.
   void set_silence_limit(double seconds, std::vector<std::string> hosts) {
     silence_limit_s_ = seconds;
     hosts_ = std::move(hosts);
   }
-  std::vector<service::RankReport> shutdown(bool abandon) override {
-    const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
-    for (int w : workers_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
-    for (int w : prefill_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
-    std::vector<service::RankReport> reports{router_report(started_, cpu_started_)};
-    // Every tag, in each worker's send order: the counters, deltas and cache
-    // reports still on their way must be received too, or a worker whose
-    // larger messages wait for a matching receive would never finish sending.
-    auto heard = std::chrono::steady_clock::now();
-    while (reports.size() < workers_.size() + prefill_.size() + 1) {
-      std::optional<Message> m;
-      check(box_.try_recv(m, MPI_ANY_SOURCE, MPI_ANY_TAG));
-      if (!m) {
-        if (silence_limit_s_ > 0 &&
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - heard).count() > silence_limit_s_)
-          throw Error(silent_workers(reports));
-        backoff_.idle();
-        continue;
-      }
-      heard = std::chrono::steady_clock::now();
-      if (m->tag == service::tag_of(service::MsgType::kReport)) reports.push_back(service::decode_report(m->bytes));
-      else if (m->tag == service::tag_of(service::MsgType::kStats)) late_stats_.push_back(service::decode_report(m->bytes));
-    }
-    for (const auto& late : late_stats_)  // their measured steps still count
-      for (auto& r : reports)
-        if (r.rank == late.rank) r.step_samples.insert(r.step_samples.end(), late.step_samples.begin(), late.step_samples.end());
-    check(box_.flush());
-    return reports;
-  }
+  std::vector<service::RankReport> shutdown(bool abandon) override;
 
  private:
   // The workers that have not sent their final report, and where they ran.
@@ -127,6 +73,10 @@ class MpiLink : public router::WorkerLink {
   std::vector<service::RankReport> late_stats_;  // counters that arrived during shutdown
   double silence_limit_s_ = 0;
   std::vector<std::string> hosts_;
+  std::optional<router::Regroups> regroups_;
+  void lists_from_regroups();
+  // A regroup's messages (final reports, acknowledgements); true when any came.
+  bool take_regroup_messages();
 };
 
 }  // namespace tandem::mpi

@@ -61,6 +61,10 @@ void MpiWorkerPort::kv_arrivals(std::vector<KvArrival>& out) {
   arrived_.clear();
 }
 
+void MpiWorkerPort::relayout_kv(int peer, std::size_t block_bytes, int64_t n_blocks) {
+  if (transport_) check(transport_->relayout(peer - 1, block_bytes, n_blocks));
+}
+
 void MpiWorkerPort::flush() { check(box_.flush()); }
 
 }  // namespace tandem::mpi

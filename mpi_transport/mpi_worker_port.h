@@ -27,6 +27,7 @@ class MpiWorkerPort : public service::WorkerPort {
   KvState poll_kv(int64_t id) override;
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;
+  void relayout_kv(int peer, std::size_t block_bytes, int64_t n_blocks) override;
   void flush() override;
   // Moves KV transfers on (ours and those to us) between the service's calls;
   // what lands waits for kv_arrivals().

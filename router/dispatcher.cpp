@@ -1,5 +1,7 @@
 #include "router/dispatcher.h"
 
+#include <algorithm>
+
 #include "kv/block_hash.h"
 
 namespace tandem::router {
@@ -57,6 +59,11 @@ void Dispatcher::poll(LinkEvents& events) {
     if (p.where.prefill >= 0) prefill_queue_[p.where.prefill] -= p.prompt_tokens;
     placed_.erase(it);
   }
+}
+
+bool Dispatcher::busy(int rank) const {
+  return std::any_of(placed_.begin(), placed_.end(),
+                     [rank](const auto& p) { return p.second.where.worker == rank || p.second.where.prefill == rank; });
 }
 
 void Dispatcher::refresh() {

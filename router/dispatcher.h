@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +50,13 @@ class WorkerLink {
   // A re-split: from now on `prefill` ranks only prefill and the other
   // workers decode (none prefill: aggregated). False where roles cannot change.
   virtual bool set_roles(int64_t, const std::vector<int>&) { return false; }
+  // Moves re-splits that change workers' widths along (router/regroups.h);
+  // busy(rank): a request placed there has not come back. True when
+  // workers() or prefill_workers() changed.
+  virtual bool regroup(const std::function<bool(int)>& busy) {
+    (void)busy;
+    return false;
+  }
 };
 
 using DispatchOptions = PlacementOptions;
@@ -72,6 +80,8 @@ class Dispatcher {
   // The link's roles changed (a re-split): place on its current workers from now on.
   void refresh();
   std::size_t in_flight() const { return placed_.size(); }
+  // A request placed on `rank` (to decode or to prefill) has not come back.
+  bool busy(int rank) const;
   WorkerLink& link() { return link_; }
 
  private:

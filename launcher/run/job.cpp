@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -68,7 +69,17 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
     if (p.cfg.choices.mode == JobMode::kAuto && roles.workers() >= 2) {  // and a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
-      planner::make_policy(p.cfg.planner.policy, roles.workers());
+      if (roles.prefill_tp == roles.decode_tp) {
+        planner::make_policy(p.cfg.planner.policy, roles.workers());
+      } else {  // two widths: the planner splits cells (a split's P and D count them)
+        const int cell = std::lcm(roles.prefill_tp, roles.decode_tp), cells = (roles.prefill + roles.decode) / cell;
+        try {
+          planner::make_policy(p.cfg.planner.policy, cells);
+        } catch (const Error& e) {
+          throw Error(std::string(e.what()) + " (with two widths the planner splits cells of " + std::to_string(cell) +
+                      " ranks, each running prefill or decode workers: this job has " + std::to_string(cells) + ")");
+        }
+      }
     }
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
@@ -151,8 +162,10 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
   const int rank = env.rank();
   l.roles = plan_roles(p.cfg, env.size());
   l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2 && l.roles.workers() >= 2;
+  l.regroups = l.planned && l.roles.prefill_tp != l.roles.decode_tp;
+  if (l.regroups) l.cell = std::lcm(l.roles.prefill_tp, l.roles.decode_tp);
   bool by_node = false;
-  if (env.size() > 2) {
+  if (env.size() > 2 && !l.regroups) {  // cells keep rank order: their forms' groups are consecutive ranks
     // A heterogeneous Slurm job puts prefill and decode on the components asked for: roles keep their ranks.
     int keep_roles = std::getenv("SLURM_HET_SIZE") != nullptr || p.cfg.choices.placement == Placement::kRank ? 1 : 0;
     TANDEM_MPI_OR_THROW(MPI_Bcast(&keep_roles, 1, MPI_INT, 0, env.world()));
@@ -170,6 +183,11 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
     if (l.workers) {
       l.group_comm = mpi::split(l.workers.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
+      if (l.regroups) {  // the group of the cell's other form, split now, on every worker rank alike
+        const int width = l.prefill ? l.roles.decode_tp : l.roles.prefill_tp, key = cell_key(rank, l.cell);
+        l.other = {width, (rank - key) % width, !l.prefill};
+        l.other_comm = mpi::split(l.workers.get(), key + (rank - key) / width * width, rank);
+      }
     }
   }
   if (rank == 0 && env.size() > 1) {
@@ -178,7 +196,11 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
       return tp == 1 ? std::to_string(ranks) + " rank(s)"
                      : std::to_string(ranks / tp) + " worker(s) of " + std::to_string(tp) + " ranks (tensor-parallel)";
     };
-    if (l.planned)
+    if (l.regroups)
+      spdlog::info("job.mode = auto: the planner splits {} cells of {} ranks anew for each epoch, each running {} or {}",
+                   (r.prefill + r.decode) / l.cell, l.cell, workers(l.cell, r.prefill_tp) + " to prefill",
+                   workers(l.cell, r.decode_tp) + " to decode");
+    else if (l.planned)
       spdlog::info("job.mode = auto: the planner splits the {} anew for each epoch", workers(r.prefill + r.decode, r.decode_tp));
     else if (r.prefill > 0)
       spdlog::info("disaggregated: prefill on {}, decode on {}", workers(r.prefill, r.prefill_tp), workers(r.decode, r.decode_tp));
@@ -274,11 +296,22 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
-    epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name, l.roles.decode_tp);
-    // The planner's re-splits prefill on the first k: in rank order, or spread over the nodes.
     std::vector<int> ranks = l.roles.leaders(true), decode = l.roles.leaders(false);
-    ranks.insert(ranks.end(), decode.begin(), decode.end());
-    if (!l.keep_roles) ranks = l.roles.map().leaders_by_node(node.hosts);
+    if (l.regroups) {  // the planner splits cells; a cell that changes form regroups (router/regroups.h)
+      const Roles& r = l.roles;
+      std::vector<router::RegroupCell> cells;
+      for (int key = 1; key < 1 + r.prefill + r.decode; key += l.cell)
+        cells.push_back({cell_groups(key, l.cell, r.prefill_tp), cell_groups(key, l.cell, r.decode_tp), key <= r.prefill});
+      link.use_cells(std::move(cells), kv_layout(p, r.prefill_tp).block_bytes(), kv_layout(p, r.decode_tp).block_bytes());
+      epoch_planner = make_epoch_planner(p, (r.prefill + r.decode) / l.cell, node.local_workers, node.gpu_name,
+                                         r.decode_tp, r.prefill_tp);
+      ranks = link.regroups()->keys();
+    } else {
+      epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name, l.roles.decode_tp);
+      // The planner's re-splits prefill on the first k: in rank order, or spread over the nodes.
+      ranks.insert(ranks.end(), decode.begin(), decode.end());
+      if (!l.keep_roles) ranks = l.roles.map().leaders_by_node(node.hosts);
+    }
     setup.planner = epoch_planner.get();
     setup.epoch_requests = p.cfg.job.epoch_requests;
     setup.worker_ranks = ranks;

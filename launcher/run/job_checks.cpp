@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <tuple>
 
 #include "common/error.h"
@@ -171,9 +172,17 @@ Roles plan_roles(const Config& cfg, int world_size) {
   }
   int p = static_cast<int>(cfg.cluster.prefill_ranks);
   int d = static_cast<int>(cfg.cluster.decode_ranks);
-  if (p == 0 && d == 0) {  // the split nearest prefill_fraction in whole workers of each width
+  // Two widths under the planner: the workers are cells of lcm(a, b) ranks, each running prefill workers or decode ones.
+  const int cell = cfg.choices.mode == JobMode::kAuto && a != b ? std::lcm(a, b) : 0;
+  if (cell > 0 && workers % cell != 0)
+    throw Error("cluster.prefill_tp = " + std::to_string(a) + " and cluster.decode_tp = " + std::to_string(b) +
+                " under job.mode = \"auto\" make the workers cells of " + ranks_word(cell) + " (each runs prefill "
+                "workers or decode workers, as the planner splits them); the " + std::to_string(workers) +
+                " worker ranks of this job (ranks - 1) are not whole cells: start a multiple of " +
+                std::to_string(cell) + " worker ranks");
+  if (p == 0 && d == 0) {  // the split nearest prefill_fraction in whole workers of each width (or whole cells)
     const double want = cfg.cluster.prefill_fraction * workers;
-    for (int k = a; k <= workers - b; k += a)
+    for (int k = cell > 0 ? cell : a; k <= workers - b; k += cell > 0 ? cell : a)
       if ((workers - k) % b == 0 && (p == 0 || std::abs(k - want) < std::abs(p - want))) p = k;
     if (p == 0)
       throw Error("the " + std::to_string(workers) + " worker ranks of this job (ranks - 1) cannot be split into prefill "
@@ -198,6 +207,10 @@ Roles plan_roles(const Config& cfg, int world_size) {
                 std::to_string(cfg.cluster.decode_ranks) + " do not split the " + std::to_string(workers) +
                 " worker ranks of this job (ranks - 1); make them add up, or set only one of them");
   }
+  if (cell > 0 && p % cell != 0)
+    throw Error("cluster.prefill_ranks = " + std::to_string(p) + " is not whole cells of " + ranks_word(cell) +
+                " (lcm of cluster.prefill_tp and cluster.decode_tp: under job.mode = \"auto\" each cell runs prefill "
+                "or decode workers); make it a multiple of " + std::to_string(cell));
   check_whole("cluster.prefill_ranks", p, "cluster.prefill_tp (or tp)", a);
   check_whole("cluster.decode_ranks", d, "cluster.decode_tp (or tp)", b);
   return in_rank_order(p, d, a, b);
@@ -225,11 +238,11 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
              "\"auto\", which picks it), or set one width (cluster.tp)";
   }
   const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
-  if (planned && roles.prefill_tp != roles.decode_tp)
+  if (planned && roles.prefill_tp != roles.decode_tp && !c.choices.on_cpu())
     return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
            std::to_string(roles.decode_tp) + " differ, and job.mode = \"auto\" re-splits workers between epochs: "
-           "a re-split that changes a worker's width is not built yet; set one width (cluster.tp), or job.mode = "
-           "\"disagg\"";
+           "a re-split that changes a worker's width runs on the CPU backend only so far; set one width "
+           "(cluster.tp), or job.mode = \"disagg\"";
   return "";
 }
 

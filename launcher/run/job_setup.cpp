@@ -188,14 +188,14 @@ std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
 // of this CPU measured now (then fitted to the steps the workers report) and
 // the model's shape (weights in their dtype, KV in kv.dtype).
 std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers,
-                                                          const std::string& gpu_name, int tp) {
+                                                          const std::string& gpu_name, int tp, int prefill_tp) {
   const int threads_each = p.cfg.cluster.threads_per_rank > 0
                                ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                                : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
   // A worker of tp ranks: the planner's model of it is the group's (its exchanges included).
-  const auto shape = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)),
-                                               static_cast<double>(kv_layout(p).elem_bytes))
-                         .at_width(tp);
+  const auto whole = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)),
+                                               static_cast<double>(kv_layout(p).elem_bytes));
+  const auto shape = whole.at_width(tp);
   // With GPU workers rank 0 does not touch a GPU (it may have none): the CPU profile is only the
   // planner's first guess there, until the workers' reported steps replace it.
   const double pool_bytes = !p.cfg.choices.on_cpu() ? 0.0
@@ -224,6 +224,8 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   so.block_size = p.cfg.kv.block_size;
   so.ttft_target_s = p.cfg.planner.ttft_ms / 1e3;
   so.itl_target_s = p.cfg.planner.itl_ms / 1e3;
+  if (prefill_tp > 0 && prefill_tp != tp)  // workers counts cells of lcm(prefill_tp, tp) ranks
+    return std::make_unique<planner::EpochPlanner>(so, whole, prefill_tp, tp, hw, p.cfg.planner.policy);
   return std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
 }
 

@@ -41,9 +41,10 @@ std::string first_error(const mpi::MpiEnv& env, const std::string& error);
 // One verdict for every rank: the lowest failing rank's line, printed once by rank 0.
 bool agreed(const mpi::MpiEnv& env, const std::string& error);
 // The planner of a job with job.mode = "auto", on rank 0.
-// tp: the workers' tensor-parallel width (one width under the planner).
+// tp: the workers' tensor-parallel width; prefill_tp, where it differs (0:
+// it does not), makes `workers` count cells of lcm(prefill_tp, tp) ranks.
 std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int workers, int local_workers,
-                                                          const std::string& gpu_name, int tp = 1);
+                                                          const std::string& gpu_name, int tp = 1, int prefill_tp = 0);
 
 // What a worker's setup step threw, as one line ("" when it succeeded);
 // out_of_memory: what to say when it ran out of memory.

@@ -30,7 +30,27 @@ struct Layout {
   Roles::Group group;    // this worker rank's group
   service::Role role = service::Role::kWorker;  // a worker's (rank 0 with -np 1 too)
   mpi::Comm workers, group_comm;
+  // Two widths under job.mode = "auto" (router/regroups.h): the workers are
+  // cells of `cell` consecutive ranks, each running prefill workers or decode
+  // ones; this rank's group in its cell's other form, with that group's
+  // communicator (split with the first, at the start: a regroup splits none).
+  bool regroups = false;
+  int cell = 0;
+  Roles::Group other;
+  mpi::Comm other_comm;
+  int incarnation = 0;  // how many times this rank has regrouped
 };
+
+// A cell's lowest rank (its key), and its workers of `width` (consecutive ranks from the key).
+inline int cell_key(int rank, int cell) { return 1 + ((rank - 1) / cell) * cell; }
+inline std::vector<std::vector<int>> cell_groups(int key, int cell, int width) {
+  std::vector<std::vector<int>> out;
+  for (int leader = key; leader < key + cell; leader += width) {
+    out.emplace_back();
+    for (int r = leader; r < leader + width; ++r) out.back().push_back(r);
+  }
+  return out;
+}
 
 // The lowest worker's leader: it speaks for all where one must (the store's warnings and index).
 inline int first_leader(const Roles& r) {

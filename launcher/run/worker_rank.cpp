@@ -47,19 +47,30 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
   return phase("out of memory loading the model's weights; run fewer ranks per node (cluster.threads_per_rank gives each "
                "more cores)", [&] {
     // A tensor-parallel rank copies its shard out of the mapping: panels of the whole model would be wasted.
-    w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path, runtime::backend_wants_panels(backend) && width == 1);
+    w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path,
+                                            runtime::backend_wants_panels(backend) && width == 1 && !l.regroups);
     blocks = pool_blocks(p, node.local_workers, width);
+    if (l.regroups) {  // one pool for both forms (CPU: each within the same memory cap), registered once
+      const auto other = static_cast<uint64_t>(pool_blocks(p, node.local_workers, l.other.width)) *
+                         kv_layout(p, l.other.width).block_bytes();
+      const uint64_t bytes = std::max(static_cast<uint64_t>(blocks) * layout.block_bytes(), other);
+      blocks = static_cast<int64_t>((bytes + layout.block_bytes() - 1) / layout.block_bytes());  // whole blocks of this form
+      w.pool_capacity = static_cast<uint64_t>(blocks) * layout.block_bytes();
+    }
     if (width > 1)  // the leader's block numbers hold on every rank of the group: the same count everywhere
       TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, l.group_comm.get()));
   }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
     if (l.roles.prefill > 0 || l.planned) {
       void* base = nullptr;
       const TransportKind t = transport_for(p.cfg.choices, l.roles.prefill > 0 && l.roles.prefill_tp != l.roles.decode_tp);
-      w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), blocks, &base,
+      // A cell's rank registers all of its pool: the blocks of its other form may be more, or larger.
+      const int64_t registered = l.regroups ? static_cast<int64_t>(w.pool_capacity / layout.block_bytes()) : blocks;
+      w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), registered, &base,
                                        t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend),
                                        p.cfg.transport.libfabric_provider)
                             .release());
-      w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(base));
+      w.pool_base = static_cast<float*>(base);
+      w.pool = std::make_unique<kv::BlockPool>(layout, blocks, w.pool_base);
     } else if (!p.cfg.choices.on_cpu()) {
       w.device_pool = runtime::allocate_pool_memory(backend, static_cast<std::size_t>(blocks) * layout.block_bytes());
       w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(w.device_pool.get()));
@@ -80,8 +91,10 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
                    "with mpirun add --bind-to none, or give each rank cores (--map-by slot:PE=N)", node_cpus);
     w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     // The tiers hold whole blocks (every KV head), on a group's leader: a store is read at any width.
-    if (l.group.place == 0) w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles), width > 1);
-    if (w.tiers && width == 1) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
+    // A cell's rank that leads in either form keeps its tiers across regroups (they hold whole blocks).
+    if (l.group.place == 0 || (l.regroups && l.other.place == 0))
+      w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles), width > 1 || l.regroups);
+    if (w.tiers && width == 1 && l.group.place == 0) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
     if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
     w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
                                     w.device_group.get());
@@ -103,16 +116,17 @@ std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, cons
   options.sampling_threads = w.threads.get();  // a step's draws, in parallel
   auto core = std::make_unique<service::WorkerCore>(rank, l.role, p.model, std::move(model), *w.pool, p.tokenizer.get(),
                                                     options, w.tiers.get());
-  if (w.tiers && rank == first_leader(l.roles)) core->share_store_index();  // rank 0 learns the store's blocks once
+  if (w.tiers && rank == first_leader(l.roles) && l.incarnation == 0)
+    core->share_store_index();  // rank 0 learns the store's blocks once
   core->set_group_width(l.group.width);
   return core;
 }
 
-// A worker rank under MPI: its service, reached through the MPI port, until
-// rank 0 says stop; in a tensor-parallel group the leader's service tells the
-// followers what to run (runtime/service/group_worker.h).
-void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
-  const int rank = env.rank();
+namespace {
+
+// One worker this rank is part of, until rank 0 says stop, or (a cell's)
+// regroup: then the regroup's WireRoles, as it came; else empty.
+std::vector<uint8_t> run_incarnation(int rank, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
   mpi::MpiWorkerPort port(box, w.transport.get());
   // A rank waiting in its group's exchange still moves KV on: no rank waits on it for ever.
   if (w.group) w.group->set_progress([&port] { port.pump(); });
@@ -140,7 +154,7 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
   if (l.group.place > 0) {
     service::Follower follower(port, *w.model, l.group.place, l.group.width, map, shape, *blocks);
     until([&] { return follower.finished(); }, [&] { return follower.tick(); });
-    return;
+    return follower.stop_note();
   }
   std::vector<int> followers = map.members(rank);
   followers.erase(followers.begin());  // the leader's own
@@ -159,7 +173,7 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
     w.pool->set_lower(&*group_tier);
     unlower.pool = w.pool.get();
   }
-  const bool grouped = l.roles.prefill_tp > 1 || l.roles.decode_tp > 1;
+  const bool grouped = l.roles.prefill_tp > 1 || l.roles.decode_tp > 1 || l.regroups;
   service::WorkerPort& to_job = grouped ? static_cast<service::WorkerPort&>(group_port) : port;
   auto core = make_core(rank, p, l, w,
                         l.group.width > 1 ? std::make_unique<service::LeaderBackend>(std::move(w.model), group_port)
@@ -170,7 +184,79 @@ void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerPart
     if (worker_service.tick()) idle.reset();
     else idle.idle(worker_service.moving_kv() ? 50 : 2000);
   }
+  group_port.set_stop_note(worker_service.regroup_note());  // the followers regroup too
   worker_service.finish();
+  return worker_service.regroup_note();
+}
+
+
+// The new worker's KV blocks, the least over its group, waited for without
+// spinning: its ranks leave their old workers one by one.
+int64_t least_over(MPI_Comm group, int64_t blocks) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  TANDEM_MPI_OR_THROW(MPI_Iallreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, group, &req));
+  mpi::Backoff idle;
+  for (int done = 0;;) {
+    TANDEM_MPI_OR_THROW(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return blocks;
+    idle.idle();
+  }
+}
+
+// A cell's rank after a regroup: its place in the cell's other form, the
+// same memory laid out as that form's KV blocks, and its shard of the model
+// at that width (the mapped weights and the tiers stay; the pool's contents go).
+void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const service::WireRoles& roles) {
+  const int key = cell_key(rank, l.cell);
+  const bool prefill = l.other.prefill;
+  if (prefill != (std::find(roles.prefill_ranks.begin(), roles.prefill_ranks.end(), key) != roles.prefill_ranks.end()))
+    throw Error("rank " + std::to_string(rank) + " was told to regroup into the form it has (tandem internal error; please report it)");
+  // Its place in the map: the cell's groups of the new width, every other worker as this rank last knew it.
+  std::vector<std::vector<int>> groups[2];  // [decode, prefill]
+  for (bool side : {false, true})
+    for (auto& g : l.roles.map().groups(side))
+      if (cell_key(g.front(), l.cell) != key) groups[side ? 1 : 0].push_back(std::move(g));
+  for (auto& g : cell_groups(key, l.cell, l.other.width)) groups[prefill ? 1 : 0].push_back(std::move(g));
+  l.roles.groups = service::GroupMap(std::move(groups[1]), std::move(groups[0]));
+  std::swap(l.group, l.other);
+  std::swap(l.group_comm, l.other_comm);
+  l.prefill = prefill;
+  l.role = service::role_for(!roles.prefill_ranks.empty(), prefill);
+  ++l.incarnation;
+  log::set_identity(rank, service::role_name(l.role));
+  // The old worker's parts go first: the model reads the pool, the pool's lower tier is the tiers.
+  w.model.reset();
+  w.group.reset();
+  w.pool.reset();
+  const kv::KvLayout layout = kv_layout(p, l.group.width);
+  int64_t blocks = static_cast<int64_t>(w.pool_capacity / layout.block_bytes());
+  if (l.group.width > 1) blocks = least_over(l.group_comm.get(), blocks);
+  w.pool = std::make_unique<kv::BlockPool>(layout, blocks, w.pool_base);
+  if (Status st = w.transport->relayout(rank - 1, layout.block_bytes(), blocks); !st.ok()) throw Error(st.to_string());
+  if (w.tiers && l.group.width == 1 && l.group.place == 0) w.pool->set_lower(w.tiers.get());
+  if (l.group.width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
+  w.model = runtime::make_backend(p.cfg.model.backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(), nullptr);
+  spdlog::info("epoch {}: regrouped: {} worker of {} rank(s){}, {} KV blocks", roles.epoch,
+               l.role == service::Role::kWorker ? "an aggregated" : std::string("a ") + std::string(service::role_name(l.role)),
+               l.group.width,
+               l.group.width == 1 ? std::string()
+                                  : fmt::format(" (tensor-parallel rank {}, leader rank {})", l.group.place,
+                                                l.roles.map().leader_of(rank)),
+               blocks);
+}
+
+}  // namespace
+
+// A worker rank under MPI: its service, reached through the MPI port, until
+// rank 0 says stop; in a tensor-parallel group the leader's service tells the
+// followers what to run (runtime/service/group_worker.h). A cell's rank
+// regroups as often as rank 0 says (router/regroups.h), a worker at a time.
+void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
+  for (;;) {
+    const std::vector<uint8_t> note = run_incarnation(env.rank(), p, l, w, box);
+    if (note.empty()) return;
+    regroup(env.rank(), p, l, w, service::decode_roles(note));
+  }
 }
 
 }  // namespace tandem::launcher

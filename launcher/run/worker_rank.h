@@ -33,6 +33,8 @@ struct WorkerParts {
   std::unique_ptr<runtime::cpu::ThreadPool> threads;
   std::unique_ptr<mpi::KvTransport, TransportCloser> transport;
   std::shared_ptr<void> device_pool;  // the KV pool's device memory (non-CPU backends, no transport)
+  float* pool_base = nullptr;   // the KV pool's memory where the transport allocated it
+  uint64_t pool_capacity = 0;   // its bytes, where a regroup relays it out (Layout::regroups)
   std::unique_ptr<kv::BlockPool> pool;
   std::unique_ptr<kv::KvTiers> tiers;
   std::unique_ptr<mpi::MpiTpGroup> group;  // tensor-parallel: the group's exchange (host memory)

@@ -100,7 +100,7 @@ class BatchFrontend : public Frontend {
   void admit(RouterLoop& loop) override;
   void on_result(service::WireResult& r) override;
   void on_stats(const service::RankReport& r) override {
-    if (s_.planner) s_.planner->observe(r.step_samples);
+    if (s_.planner) s_.planner->observe(r.step_samples, r.tp);
   }
   void tick(RouterLoop& loop) override;
   bool exhausted() const override { return input_done_ && window_.empty(); }
@@ -482,7 +482,7 @@ void BatchFrontend::ended(std::vector<service::RankReport> reports, std::size_t 
   progress(true);
   for (const auto& r : reports) {
     stats_.add_rank(r);
-    if (s_.planner) s_.planner->observe(r.step_samples);
+    if (s_.planner) s_.planner->observe(r.step_samples, r.tp);
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
   summary_ = stats_.summary(elapsed);

@@ -99,7 +99,7 @@ void HttpInboxFrontend::on_result(service::WireResult& r) {
 }
 
 void HttpInboxFrontend::on_stats(const service::RankReport& r) {
-  if (s_.planner) s_.planner->observe(r.step_samples);
+  if (s_.planner) s_.planner->observe(r.step_samples, r.tp);
   metrics_.set_rank({r.rank, std::string(service::role_name(r.role)), r.kv_blocks_used, r.kv_blocks_total, r.kv_bytes_sent, r.prefix_hit_tokens,
                      r.hit_tokens_by_tier, r.tiers});
 }

@@ -28,6 +28,8 @@ bool RouterLoop::set_roles(int64_t epoch, const std::vector<int>& prefill) {
 void RouterLoop::poll(Frontend& front) {
   events_.clear();
   dispatch_.poll(events_);
+  // Cells that change width on their way (router/regroups.h): place on the workers there are now.
+  if (link_.regroup([this](int rank) { return dispatch_.busy(rank); })) dispatch_.refresh();
   bool newly_loaded = false;
   const auto now = Clock::now();
   for (const auto& r : events_.stats) {
@@ -64,7 +66,9 @@ void RouterLoop::run(Frontend& front) {
       deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.drain_seconds * 1e3));
       front.drain_started(o_.stop_signal->load(), dispatch_.in_flight());
     }
-    front.admit(*this);  // while draining too: what a front end accepted before the signal (the HTTP inbox) is placed
+    // While draining too: what a front end accepted before the signal (the HTTP inbox) is placed. Not while
+    // every worker regroups (none to place on).
+    if (!link_.workers().empty()) front.admit(*this);
     cancels.clear();
     front.take_cancels(cancels);
     for (uint64_t id : cancels) dispatch_.cancel(id);
@@ -89,7 +93,12 @@ void RouterLoop::check_alive(Frontend& front) {
   const auto now = Clock::now();
   std::string lost;  // every silent worker (one lost node can stall the ranks sending to it as well)
   double longest = 0;
+  // Only the workers placed on now: one that regrouped into a follower no longer reports.
+  const std::vector<int> decode = link_.workers(), prefill = link_.prefill_workers();
   for (const auto& [rank, heard] : heard_) {
+    if (std::find(decode.begin(), decode.end(), rank) == decode.end() &&
+        std::find(prefill.begin(), prefill.end(), rank) == prefill.end())
+      continue;
     const double silent = std::chrono::duration<double>(now - heard).count();
     // A worker reports between engine steps: never less than 4 of its longest step so far.
     const auto step = longest_step_.find(rank);

@@ -80,6 +80,11 @@ bool GroupMap::prefill_at(int rank) const {
   return rank >= 0 && r < group_of_.size() && group_of_[r] >= 0 && group_of_[r] < prefill_groups_;
 }
 
+std::vector<std::vector<int>> GroupMap::groups(bool prefill) const {
+  const auto first = groups_.begin() + (prefill ? 0 : prefill_groups_);
+  return {first, prefill ? groups_.begin() + prefill_groups_ : groups_.end()};
+}
+
 std::vector<int> GroupMap::leaders(bool prefill) const {
   std::vector<int> out;
   const std::size_t from = prefill ? 0 : static_cast<std::size_t>(prefill_groups_);

@@ -39,6 +39,8 @@ class GroupMap {
   std::vector<int> leaders_by_node(const std::vector<std::string>& hosts) const;
   // The groups whose ranks are on more than one of `hosts` (by world rank).
   std::vector<std::vector<int>> spanning(const std::vector<std::string>& hosts) const;
+  // Every prefill (or decode) worker's ranks, ascending, lowest leader first.
+  std::vector<std::vector<int>> groups(bool prefill) const;
   bool operator==(const GroupMap&) const = default;
   // "1-4" for consecutive ranks, else "1, 3, 5, 7".
   static std::string describe(const std::vector<int>& ranks);

@@ -154,8 +154,22 @@ void LeaderPort::kv_arrivals(std::vector<KvArrival>& out) {
     publish(MsgType::kGroupAwaitKv, encode(WireGroupAwait{out[i].source, out[i].note}));
 }
 
+void LeaderPort::set_group_map(const WireGroupMap& map, const std::vector<uint8_t>& bytes) {
+  publish(MsgType::kGroupMap, bytes);
+  mover_.set_map(apply_group_map(inner_, map));
+}
+
+GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m) {
+  std::vector<std::vector<int>> prefill, decode;
+  for (const auto& g : m.groups) {
+    for (int r : g.ranks) port.relayout_kv(r, static_cast<std::size_t>(g.block_bytes), g.blocks);
+    (g.prefill ? prefill : decode).push_back(g.ranks);
+  }
+  return GroupMap(std::move(prefill), std::move(decode));
+}
+
 void LeaderPort::flush() {
-  publish(MsgType::kGroupStop, {});
+  publish(MsgType::kGroupStop, stop_note_);
   inner_.flush();
 }
 
@@ -283,7 +297,8 @@ Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, in
 
 bool Follower::tick() {
   bool any = false;
-  for (WorkerPort::Message m; port_.receive(m);) {
+  for (WorkerPort::Message m; !stopped_ && port_.receive(m);) {
+    if (m.type == MsgType::kGroupStop) stopped_ = true;  // nothing after it is this group's (the next one's, a regroup's)
     commands_.push_back(std::move(m));
     any = true;
   }
@@ -323,7 +338,8 @@ bool Follower::run(const WorkerPort::Message& m) {
     }
     case MsgType::kGroupSaveBlocks: blocks_.gather(decode_blocks(m.bytes), nullptr); return true;
     case MsgType::kGroupLoadBlocks: blocks_.scatter(decode_blocks(m.bytes), nullptr); return true;
-    case MsgType::kGroupStop: stopped_ = true; return true;
+    case MsgType::kGroupStop: stop_note_ = m.bytes; return true;
+    case MsgType::kGroupMap: mover_.set_map(apply_group_map(port_, decode_group_map(m.bytes))); return true;
     default:
       spdlog::warn("a {} message from rank {} is not for a tensor-parallel follower; ignored", msg_type_name(m.type),
                    m.source);

@@ -87,6 +87,8 @@ class ShardMover {
   void take_complete(std::vector<WorkerPort::KvArrival>& out);
   // What every place's routes to the group led by `dest` move for n blocks.
   int64_t group_bytes(int dest, int64_t n_blocks) const;
+  // The workers after a regroup (no transfer in flight to or from one that changed).
+  void set_map(GroupMap map) { map_ = std::move(map); }
 
  private:
   int pieces_from(int source) const;  // the routes from the group led by `source` that end here
@@ -153,7 +155,15 @@ class LeaderPort : public WorkerPort {
   KvState poll_kv(int64_t id) override { return mover_.poll(id); }
   void release_kv(int64_t id) override;
   void kv_arrivals(std::vector<KvArrival>& out) override;
-  // The end of the job: the followers stop, then every message leaves.
+  // The workers after a regroup: to the followers first, then each changed pool relaid here.
+  void set_group_map(const WireGroupMap& map, const std::vector<uint8_t>& bytes) override;
+  void relayout_kv(int peer, std::size_t block_bytes, int64_t n_blocks) override {
+    inner_.relayout_kv(peer, block_bytes, n_blocks);
+  }
+  // What the followers' stop says (flush): empty at the end of the job; a
+  // regroup's WireRoles when the group regroups at another width.
+  void set_stop_note(std::vector<uint8_t> note) { stop_note_ = std::move(note); }
+  // The end of the job or of this group: the followers stop, then every message leaves.
   void flush() override;
 
  private:
@@ -161,7 +171,12 @@ class LeaderPort : public WorkerPort {
   std::vector<int> followers_;
   ShardMover mover_;
   int64_t next_id_ = 1;
+  std::vector<uint8_t> stop_note_;
 };
+
+// The GroupMap of a kGroupMap, with every pool it lists relaid at `port`
+// (unchanged ones to what they were).
+GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m);
 
 // The leader's model: each forward pass goes to the followers, then runs
 // here. The device-side draws (forward_argmax, forward_draw) are not offered:
@@ -217,7 +232,9 @@ class Follower {
   // One pass over what arrived and what waits; true when anything happened (else back off).
   bool tick();
   // The leader said stop.
-  bool finished() const { return stopped_; }
+  bool finished() const { return stopped_ && commands_.empty(); }
+  // What it said with it (LeaderPort::set_stop_note): empty, or the regroup's WireRoles.
+  const std::vector<uint8_t>& stop_note() const { return stop_note_; }
 
  private:
   // Runs one command; false while it must wait (it stays first in line).
@@ -230,6 +247,7 @@ class Follower {
   GroupBlocks& blocks_;
   std::deque<WorkerPort::Message> commands_;
   bool stopped_ = false;
+  std::vector<uint8_t> stop_note_;
   WireForward pass_;
   std::vector<float> logits_;  // stays empty: a follower asks for no logits
 };

@@ -28,6 +28,9 @@ std::string_view msg_type_name(MsgType t) {
     case MsgType::kGroupStop: return "group-stop";
     case MsgType::kGroupSaveBlocks: return "group-save-blocks";
     case MsgType::kGroupLoadBlocks: return "group-load-blocks";
+    case MsgType::kRegroup: return "regroup";
+    case MsgType::kGroupMap: return "group-map";
+    case MsgType::kGroupMapAck: return "group-map-ack";
   }
   return "unknown";
 }
@@ -153,6 +156,20 @@ std::vector<uint8_t> encode(const WireRoles& r) {
 WireRoles decode_roles(const std::vector<uint8_t>& bytes) {
   const json j = json::from_cbor(bytes);
   return WireRoles{j.at("epoch").get<int64_t>(), j.at("prefill").get<std::vector<int>>()};
+}
+
+std::vector<uint8_t> encode(const WireGroupMap& r) {
+  json groups = json::array();
+  for (const auto& g : r.groups) groups.push_back({g.prefill, g.ranks, g.block_bytes, g.blocks});
+  return json::to_cbor(json{{"serial", r.serial}, {"groups", groups}});
+}
+
+WireGroupMap decode_group_map(const std::vector<uint8_t>& bytes) {
+  const json j = json::from_cbor(bytes);
+  WireGroupMap m{j.at("serial").get<int64_t>(), {}};
+  for (const auto& g : j.at("groups"))
+    m.groups.push_back({g.at(0).get<bool>(), g.at(1).get<std::vector<int>>(), g.at(2).get<uint64_t>(), g.at(3).get<int64_t>()});
+  return m;
 }
 
 std::vector<uint8_t> encode_id(int64_t id) { return json::to_cbor(json(id)); }

@@ -21,7 +21,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 7;
+constexpr int kProtocolVersion = 8;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -44,6 +44,10 @@ enum class MsgType : int {
   kGroupStop = 18,       // the end of the job
   kGroupSaveBlocks = 19, // the tiers below the leader's pool take these blocks: send your shards (encode_blocks)
   kGroupLoadBlocks = 20, // the tiers below filled these blocks: take your shards (encode_blocks)
+  // Re-splits that change a worker's width (prefill_tp != decode_tp under job.mode = "auto").
+  kRegroup = 21,     // rank 0 -> a leader of a cell that changes: finish what you hold, then regroup (WireRoles)
+  kGroupMap = 22,    // rank 0 -> leaders (-> their followers): the workers as they stand now (WireGroupMap)
+  kGroupMapAck = 23, // leader -> rank 0: that map is in use here (its serial)
 };
 std::string_view msg_type_name(MsgType t);
 constexpr int tag_of(MsgType t) { return static_cast<int>(t); }
@@ -166,6 +170,21 @@ struct WireRoles {
 };
 std::vector<uint8_t> encode(const WireRoles& r);
 WireRoles decode_roles(const std::vector<uint8_t>& bytes);
+// Rank 0 -> every worker's leader after a cell regrouped: every worker that
+// moves KV now, its ranks (the lowest leads) and its pool (blocks of
+// block_bytes on each of its ranks); a rank of none of them moves none.
+struct WireGroupMap {
+  int64_t serial = 0;
+  struct Group {
+    bool prefill = false;
+    std::vector<int> ranks;
+    uint64_t block_bytes = 0;
+    int64_t blocks = 0;
+  };
+  std::vector<Group> groups;
+};
+std::vector<uint8_t> encode(const WireGroupMap& r);
+WireGroupMap decode_group_map(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WireCacheEvents& r);
 WireCacheEvents decode_cache_events(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const WirePrefill& r);

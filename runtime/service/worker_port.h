@@ -65,6 +65,16 @@ class WorkerPort {
   // Appends the notes of transfers to us that have landed.
   virtual void kv_arrivals(std::vector<KvArrival>& out) = 0;
 
+  // `peer`'s pool (a world rank's; ours where peer == rank()) is now n_blocks
+  // of block_bytes: its worker regrouped at another width. Local; no
+  // transfer to or from that pool may be in flight.
+  virtual void relayout_kv(int peer, std::size_t block_bytes, int64_t n_blocks) {
+    (void)peer, (void)block_bytes, (void)n_blocks;
+  }
+  // The workers as they stand after a regroup (kGroupMap; `bytes` as it came):
+  // a tensor-parallel leader's port routes by it and tells its followers.
+  virtual void set_group_map(const WireGroupMap& map, const std::vector<uint8_t>& bytes) { (void)map, (void)bytes; }
+
   // Waits until every message sent has left (the end of the job).
   virtual void flush() = 0;
 };

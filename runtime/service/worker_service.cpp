@@ -40,6 +40,11 @@ bool WorkerService::receive_messages() {
       case MsgType::kCancel: on_cancel(m.source, decode_cancel(m.bytes)); break;
       case MsgType::kRoles: on_roles(decode_roles(m.bytes)); break;
       case MsgType::kShutdown: on_shutdown(!m.bytes.empty() && m.bytes[0] != 0); break;
+      case MsgType::kRegroup:
+        regroup_ = std::move(m.bytes);
+        on_shutdown(false);
+        break;
+      case MsgType::kGroupMap: on_group_map(m.bytes); break;
       default:
         spdlog::warn("a {} message from rank {} is not for a worker; ignored", msg_type_name(m.type), m.source);
     }
@@ -95,6 +100,15 @@ void WorkerService::on_roles(WireRoles r) {
 void WorkerService::on_shutdown(bool abandon) {
   stopping_ = true;
   abandon_ = abandon;
+}
+
+// Other cells regrouped: KV to and from their workers follows the new map,
+// here and (a group's leader tells them) on the followers, before rank 0
+// hears that this worker is ready for it.
+void WorkerService::on_group_map(const std::vector<uint8_t>& bytes) {
+  const WireGroupMap map = decode_group_map(bytes);
+  port_.set_group_map(map, bytes);
+  port_.send(0, MsgType::kGroupMapAck, encode_id(map.serial));
 }
 
 // Decode side: a prefill's KV has landed in the blocks reserved for it (or, aborted, will not).
@@ -231,7 +245,7 @@ bool WorkerService::finished() const {
 }
 
 void WorkerService::finish() {
-  core_.close_tiers();
+  if (regroup_.empty()) core_.close_tiers();  // a regroup keeps them: the rank's next worker reads them
   auto final_report = core_.report();
   final_report.step_samples = core_.take_step_samples();
   port_.send(0, MsgType::kReport, encode(final_report));

@@ -18,6 +18,11 @@
 // Re-splits (kRoles, at rank 0's epoch boundaries) change no behaviour here
 // (rank 0 routes by role), only the rank's role and name, at once: no worker
 // waits for another (roles are not communicators: nothing is sent to a role).
+// A re-split that changes this worker's width (kRegroup) ends it as kShutdown
+// would, without abandon and with the tiers left open: the rank then
+// regroups (launcher/run/worker_rank.cpp). kGroupMap tells of the workers
+// other cells became: the port routes KV by it from then on, and rank 0 hears
+// so (kGroupMapAck) before it sends work that moves KV to them.
 //
 // Not thread-safe: the rank's main loop drives it (tick() until finished()).
 #pragma once
@@ -52,8 +57,10 @@ class WorkerService {
   // A KV transfer of ours, or to us, is under way: its transport may move
   // data only while this rank calls it (libfabric's tcp, osc/pt2pt).
   bool moving_kv() const { return !awaiting_.empty() || !sending_.empty(); }
-  // The end: the tiers closed, the final counters to rank 0, every message out.
+  // The end: the tiers closed (not for a regroup), the final counters to rank 0, every message out.
   void finish();
+  // Set once rank 0 said regroup (kRegroup): its WireRoles, as it came. Empty otherwise.
+  const std::vector<uint8_t>& regroup_note() const { return regroup_; }
 
  private:
   // A decode-side request whose prompt KV comes from a prefill rank.
@@ -97,6 +104,7 @@ class WorkerService {
   void on_cancel(int source, uint64_t id);
   void on_roles(WireRoles r);
   void on_shutdown(bool abandon);
+  void on_group_map(const std::vector<uint8_t>& bytes);
   void on_kv_arrived(const WorkerPort::KvArrival& a);
 
   bool receive_messages();
@@ -119,6 +127,7 @@ class WorkerService {
   InFlight sending_all_;                 // any transfer of ours
   std::map<int, InFlight> sending_to_;   // by destination rank
   bool stopping_ = false, abandon_ = false;
+  std::vector<uint8_t> regroup_;
   double kv_wait_s_ = 0;
   Clock::time_point last_cache_report_ = Clock::now(), last_stats_ = Clock::now();
   std::vector<WorkerPort::KvArrival> arrivals_;  // scratch

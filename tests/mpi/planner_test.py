@@ -33,12 +33,12 @@ with tempfile.TemporaryDirectory() as d:
             f.write(json.dumps({"custom_id": f"q{i}", "prompt": " ".join(rng.choices(words, k=600 if long_prompt else 8)),
                                 "max_tokens": 4 if long_prompt else 160, "temperature": 0, "ignore_eos": True}) + "\n")
 
-    def run(name, mode, policy, inp="in.jsonl", *extra):
+    def run(name, mode, policy, inp="in.jsonl", *extra, np=5):
         job = tmp / f"{name}.toml"
         job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / inp}"\nmode = "{mode}"\n'
                        f'epoch_requests = 30\nmax_num_seqs = 16\n[kv]\nmemory_gib = 0.05\n[planner]\npolicy = "{policy}"\n')
         out = tmp / f"{name}.jsonl"
-        p = subprocess.run(["mpirun", "--oversubscribe", "-np", "5", tandem, "run", "-c", job, "--output", out, *extra],
+        p = subprocess.run(["mpirun", "--oversubscribe", "-np", str(np), tandem, "run", "-c", job, "--output", out, *extra],
                            capture_output=True, text=True, env=env, timeout=300)
         if p.returncode != 0:
             print(p.stdout[-3000:], p.stderr[-3000:])
@@ -75,6 +75,18 @@ with tempfile.TemporaryDirectory() as d:
     check("workers of tp 2, two-sided KV: re-split mid-run, outputs token-for-token those of the static run",
           p.returncode == 0 and len(resplits) >= 1 and tokens == static and summary.get("kv_bytes_transferred", 0) > 0,
           f"rc {p.returncode}, re-splits {resplits}, {sum(tokens.get(k) != v for k, v in static.items())} differ")
+
+    # Two widths: 3 cells of 2 ranks, each one prefill worker of 2 ranks or two decode workers of 1. sla splits
+    # epoch 0 evenly (1 prefill cell, as the job starts) and the reasoning epoch by the RAG epoch's load, so a
+    # cell regroups while the first epoch's requests still run elsewhere; the outputs do not change.
+    p, tokens, summary = run("cells", "auto", "sla", "in.jsonl", "--set", "cluster.prefill_tp=2", "--set",
+                             "cluster.decode_tp=1", np=7)
+    log = p.stdout + p.stderr
+    regroups = re.findall(r"epoch (\d+): ranks [\d, -]+ regroup into \w+", log)
+    check("cells of prefill_tp 2 / decode_tp 1 under sla: a cell regrouped after epoch 0, outputs token-for-token "
+          "those of the static run", p.returncode == 0 and any(int(e) > 0 for e in regroups) and tokens == static,
+          f"rc {p.returncode}, regroups in epochs {regroups}, {sum(tokens.get(k) != v for k, v in static.items())} "
+          f"differ; {log[-1500:] if p.returncode else ''}")
 
     # Resumed: the planner plans only what is left. A first job did lines 0-39;
     # the resumed one's epochs hold the 20 lines still to do, not 60.

@@ -8,6 +8,7 @@ once per copy the decode group keeps; widths the model or the job cannot
 take stop before any work with one line.
 Usage: tp_run_test.py TANDEM SRC_DIR"""
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,21 @@ with tempfile.TemporaryDirectory() as d:
             "job.mode=\"auto\"", "router.local_prefill_tokens=64", "job.epoch_requests=2", "planner.policy=\"static:1:1\"",
             'transport.backend="mpi_two_sided"')
 
+    # Two widths under the planner: cells of 2 ranks, each one prefill worker of 2 ranks or two decode workers
+    # of 1. A cell whose form the planner changes regroups (its ranks alone stop work, load the other width's
+    # shards and lay their pool out anew), and the other workers learn its new workers before KV moves to them.
+    def regrouped(what):
+        def check_log(summary, log):
+            check(f"cells: {what}", re.search(r"ranks [\d, -]+ regroup into", log) is not None and "regrouped:" in log and
+                  summary["kv_bytes_transferred"] >= 0, log[-800:])
+        return check_log
+    cells = ["cluster.prefill_tp=2", "cluster.decode_tp=1", 'job.mode="auto"', "router.local_prefill_tokens=64"]
+    same_as(ref, "cells under auto: the prefill cell regroups into two aggregated workers (policy agg)", 5, tiny, *cells,
+            'planner.policy="agg"', summary_check=regrouped("a prefill worker of 2 ranks became 2 workers of 1"))
+    same_as(ref, "cells under auto: a decode cell regroups into a prefill worker (policy static:2:1, 7 ranks)", 7, tiny,
+            *cells, "cluster.prefill_ranks=2", 'planner.policy="static:2:1"',
+            summary_check=regrouped("2 decode workers of 1 rank became a prefill worker of 2"))
+
     # The odd-shaped model at widths 1, 2, 4, 8.
     rc, log = run(2, small, inp, tmp / "small_ref.jsonl")
     check("small model (head_dim 24) tp 1 runs", rc == 0, "" if rc == 0 else log[-500:])
@@ -149,8 +165,8 @@ with tempfile.TemporaryDirectory() as d:
         ("too few ranks for one worker", 2, ["cluster.tp=2"], "needs at least 3 ranks"),
         ("prefill ranks not a multiple of the width", 6, ["cluster.tp=2", "cluster.prefill_ranks=3", *disagg],
          "cluster.prefill_ranks = 3 is not a multiple of cluster.prefill_tp (or tp) = 2"),
-        ("different widths under the planner", 6, ["cluster.prefill_tp=2", "cluster.decode_tp=1", "job.mode=\"auto\""],
-         "a re-split that changes a worker's width is not built yet"),
+        ("different widths under the planner, worker ranks not whole cells", 6,
+         ["cluster.prefill_tp=2", "cluster.decode_tp=1", "job.mode=\"auto\""], "are not whole cells"),
         # NCCL moves whole blocks (checked before any GPU is looked for; a tandem without NCCL says that first).
         ("different widths on CUDA over NCCL", 6, ['model.backend="cuda"', 'transport.backend="nccl"',
                                                    "cluster.prefill_tp=2", "cluster.decode_tp=1",
