@@ -114,11 +114,14 @@ std::vector<service::RankReport> MpiLink::shutdown(bool abandon) {
     lists_from_regroups();
     auto heard = std::chrono::steady_clock::now();
     router::LinkEvents ignored;
-    while (regroups_->in_flight()) {
+    for (int64_t seen = regroups_->progress(); regroups_->in_flight();) {
       ignored.clear();
       poll(ignored);
-      if (!ignored.stats.empty()) heard = std::chrono::steady_clock::now();
       if (regroups_->step([](int) { return false; })) lists_from_regroups();
+      if (regroups_->progress() != seen) {  // the regrouping workers' own steps, not the others' counters
+        seen = regroups_->progress();
+        heard = std::chrono::steady_clock::now();
+      }
       if (silence_limit_s_ > 0 &&
           std::chrono::duration<double>(std::chrono::steady_clock::now() - heard).count() > silence_limit_s_)
         throw Error("the workers regrouping at the end of the job sent nothing for " +

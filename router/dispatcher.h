@@ -57,6 +57,8 @@ class WorkerLink {
     (void)busy;
     return false;
   }
+  // A cell is on its way (regroup() has more to do).
+  virtual bool regrouping() const { return false; }
 };
 
 using DispatchOptions = PlacementOptions;

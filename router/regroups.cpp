@@ -66,13 +66,17 @@ void Regroups::on_stats(const service::RankReport& r) {
     for (const auto& g : groups(e, e.cell.prefill)) {
       if (g.front() != r.rank || static_cast<int>(g.size()) != r.tp) continue;  // an old form's counters: not loaded yet
       if (e.state == State::kActive) blocks_[r.rank] = r.kv_blocks_total;
-      if (e.state == State::kDraining && e.loads_due.erase(r.rank) > 0) blocks_[r.rank] = r.kv_blocks_total;
+      if (e.state == State::kDraining && e.loads_due.erase(r.rank) > 0) {
+        blocks_[r.rank] = r.kv_blocks_total;
+        ++progress_;
+      }
     }
 }
 
 void Regroups::on_report(service::RankReport r) {
   for (Entry& e : cells_)
     if (e.state == State::kDraining && e.reports_due.erase(r.rank) > 0) {
+      ++progress_;
       retired_.push_back(std::move(r));
       return;
     }
@@ -80,7 +84,7 @@ void Regroups::on_report(service::RankReport r) {
 }
 
 void Regroups::on_ack(int rank, int64_t serial) {
-  if (serial == serial_) acks_due_.erase(rank);
+  if (serial == serial_ && acks_due_.erase(rank) > 0) ++progress_;
 }
 
 // Every worker that will be on the map has said how many KV blocks it has (its first counters, at load).

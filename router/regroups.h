@@ -59,6 +59,8 @@ class Regroups {
   bool step(const std::function<bool(int)>& busy);
   // A cell is on its way (the job cannot end before it is back).
   bool in_flight() const;
+  // Counts every step a cell on its way took (a report, a load, an answer): a watchdog's measure.
+  int64_t progress() const { return progress_; }
   // At the end: cells still retiring stay as they were (they were never told).
   void cancel_retiring();
   // The reports of the workers that regrouped away, for the job's summary.
@@ -82,7 +84,7 @@ class Regroups {
   uint64_t block_bytes_[2];  // [prefill form, decode form]
   Send send_;
   std::map<int, int64_t> blocks_;  // each leader's KV blocks, as it reported them
-  int64_t serial_ = 0;
+  int64_t serial_ = 0, progress_ = 0;
   std::set<int> acks_due_;
   int64_t epoch_ = 0;
   std::optional<std::pair<int64_t, std::vector<int>>> pending_;

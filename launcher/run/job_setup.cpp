@@ -224,9 +224,9 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   so.block_size = p.cfg.kv.block_size;
   so.ttft_target_s = p.cfg.planner.ttft_ms / 1e3;
   so.itl_target_s = p.cfg.planner.itl_ms / 1e3;
-  if (prefill_tp > 0 && prefill_tp != tp)  // workers counts cells of lcm(prefill_tp, tp) ranks
-    return std::make_unique<planner::EpochPlanner>(so, whole, prefill_tp, tp, hw, p.cfg.planner.policy);
-  return std::make_unique<planner::EpochPlanner>(so, shape, hw, p.cfg.planner.policy);
+  // Each width's model knows its width, so the steps a worker reports (with its width) fit the right one; with
+  // two widths `workers` counts cells of lcm(prefill_tp, tp) ranks.
+  return std::make_unique<planner::EpochPlanner>(so, whole, prefill_tp > 0 ? prefill_tp : tp, tp, hw, p.cfg.planner.policy);
 }
 
 // One verdict for every rank: the lowest failing rank's line, printed once by rank 0.

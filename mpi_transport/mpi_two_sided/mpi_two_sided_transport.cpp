@@ -96,12 +96,17 @@ void MpiTwoSidedTransport::copy_slices(std::span<const int32_t> blocks, const Ro
     else pack_slices(pool_, block_bytes_, blocks, s, host);
     return;
   }
-  // One copy of the slice's rows a block (a strided copy on the device's side).
+  // One strided copy a run of consecutive blocks: a block's rows are `pitch` apart, and so are the last row of
+  // one block and the first of the next (pitch x rows = block_bytes), so a run is rows x its length rows.
   const std::size_t pitch = block_bytes_ / static_cast<std::size_t>(s.rows), each = static_cast<std::size_t>(s.rows) * s.bytes;
-  for (int32_t b : blocks) {
-    uint8_t* at = pool_ + static_cast<std::size_t>(b) * block_bytes_ + (to_pool ? s.dst_offset : s.src_offset);
-    device_.copy_rows(to_pool ? at : host, to_pool ? host : at, s.bytes, static_cast<std::size_t>(s.rows), pitch, to_pool);
-    host += each;
+  for (std::size_t i = 0; i < blocks.size();) {
+    std::size_t n = 1;
+    while (i + n < blocks.size() && blocks[i + n] == blocks[i] + static_cast<int32_t>(n)) ++n;
+    uint8_t* at = pool_ + static_cast<std::size_t>(blocks[i]) * block_bytes_ + (to_pool ? s.dst_offset : s.src_offset);
+    device_.copy_rows(to_pool ? at : host, to_pool ? host : at, s.bytes, static_cast<std::size_t>(s.rows) * n, pitch,
+                      to_pool);
+    host += each * n;
+    i += n;
   }
 }
 

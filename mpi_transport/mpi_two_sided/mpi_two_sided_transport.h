@@ -14,7 +14,8 @@
 // unpacked into the device by the pool's copies, through page-locked host
 // buffers: KV crosses the network in host memory, staged at each end. Row
 // slices (post_slice, between tensor-parallel groups of different widths)
-// take one strided copy a block at each end (DevicePool::copy_rows).
+// take one strided copy per run of consecutive blocks at each end
+// (DevicePool::copy_rows).
 #pragma once
 
 #include <mpi.h>

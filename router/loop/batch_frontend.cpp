@@ -396,7 +396,7 @@ void BatchFrontend::admit(RouterLoop& loop) {
     while (!input_done_ && static_cast<int64_t>(window_.size()) < window_size_ &&
            !(s_.planner && !window_.empty() && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0))
       read_one(loop);
-    if (window_.empty()) break;
+    if (window_.empty() || !loop.may_place()) break;  // the epoch's split may have to regroup workers first
     std::size_t k = 0;
     if (window_size_ > 1) {
       std::vector<std::span<const uint64_t>> prefixes;

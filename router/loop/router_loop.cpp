@@ -67,8 +67,9 @@ void RouterLoop::run(Frontend& front) {
       front.drain_started(o_.stop_signal->load(), dispatch_.in_flight());
     }
     // While draining too: what a front end accepted before the signal (the HTTP inbox) is placed. Not while
-    // every worker regroups (none to place on).
-    if (!link_.workers().empty()) front.admit(*this);
+    // every worker regroups (none to place on), nor before the first epoch's regroups are done (the job's layout:
+    // its new workers would find every request placed elsewhere).
+    if (may_place()) front.admit(*this);
     cancels.clear();
     front.take_cancels(cancels);
     for (uint64_t id : cancels) dispatch_.cancel(id);

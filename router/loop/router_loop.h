@@ -73,8 +73,14 @@ class RouterLoop {
   void run(Frontend& front);
 
   // For front ends.
-  Dispatcher::Placement place(service::WireRequest r) { return dispatch_.submit(std::move(r)); }
+  Dispatcher::Placement place(service::WireRequest r) {
+    placed_any_ = true;
+    return dispatch_.submit(std::move(r));
+  }
   void cancel(uint64_t id) { dispatch_.cancel(id); }
+  // Whether a request may be placed now: there is a worker to place it on,
+  // and the first epoch's regroups (the job's layout) are done.
+  bool may_place() const { return !link_.workers().empty() && (placed_any_ || !link_.regrouping()); }
   // The planner's new split (prefill ranks; none: aggregated); false where roles cannot change.
   bool set_roles(int64_t epoch, const std::vector<int>& prefill);
   std::size_t in_flight() const { return dispatch_.in_flight(); }
@@ -96,6 +102,7 @@ class RouterLoop {
   std::map<int, double> longest_step_;                           // each worker's longest engine step, seconds
   std::size_t want_ = 0;
   bool draining_ = false, cancelled_all_ = false;
+  bool placed_any_ = false;  // a first epoch's regroups are the job's layout: nothing is placed before they are done
   std::chrono::steady_clock::time_point deadline_;
 };
 

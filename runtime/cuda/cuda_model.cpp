@@ -145,10 +145,6 @@ void CudaModel::upload_layers(const ModelConfig& full, const ModelWeights& w) {
 
 CudaModel::~CudaModel() {
   drop_graphs();
-  if (pinned_) cudaFreeHost(pinned_);
-  if (pinned_logits_) cudaFreeHost(pinned_logits_);
-  if (pinned_tokens_) cudaFreeHost(pinned_tokens_);
-  if (pinned_draws_) cudaFreeHost(pinned_draws_);
   if (blas_) cublasDestroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -302,15 +298,10 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   tiles_at_ = static_cast<int64_t>(host_ints_.size());
   if (n_tiles_ > 0)
     for (const auto* v : {&tile_first, &tile_rows, &decode_rows}) host_ints_.insert(host_ints_.end(), v->begin(), v->end());
-  if (host_ints_.size() > pinned_count_) {
-    if (pinned_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
-    pinned_ = nullptr, pinned_count_ = 0;  // nothing to free twice if the next allocation throws
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), host_ints_.size() * 2 * sizeof(int32_t)));
-    pinned_count_ = host_ints_.size() * 2;
-  }
-  std::memcpy(pinned_, host_ints_.data(), host_ints_.size() * sizeof(int32_t));
+  pinned_.resize(host_ints_.size());
+  std::memcpy(pinned_.get(), host_ints_.data(), host_ints_.size() * sizeof(int32_t));
   if (step_ints_.resize(host_ints_.size())) drop_graphs();
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_ints_.get(), pinned_, host_ints_.size() * sizeof(int32_t),
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_ints_.get(), pinned_.get(), host_ints_.size() * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, stream_));
   bool moved = false;  // a buffer at a new address: captured graphs point at the old one
   moved |= x_.resize(sz(R * H));
@@ -378,25 +369,16 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
     wait();
     return;
   }
-  if (logits.size() > pinned_logits_count_) {
-    if (pinned_logits_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_logits_));
-    pinned_logits_ = nullptr, pinned_logits_count_ = 0;
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), logits.size() * sizeof(float)));
-    pinned_logits_count_ = logits.size();
-  }
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_, logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+  pinned_logits_.resize(logits.size());
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_.get(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                     stream_));
   wait();  // the step's one wait: its logits
-  std::memcpy(logits.data(), pinned_logits_, logits.size() * sizeof(float));
+  std::memcpy(logits.data(), pinned_logits_.get(), logits.size() * sizeof(float));
 }
 
 void CudaModel::reserve_tokens(std::size_t rows) {
   argmax_out_.resize(std::max<std::size_t>(1, rows));
-  if (rows <= pinned_tokens_count_) return;
-  if (pinned_tokens_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_tokens_));
-  pinned_tokens_ = nullptr, pinned_tokens_count_ = 0;
-  TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_tokens_), 2 * rows * sizeof(int32_t)));
-  pinned_tokens_count_ = 2 * rows;
+  pinned_tokens_.resize(rows);
 }
 
 // Through page-locked memory: a copy into pageable memory would hold the host
@@ -404,10 +386,10 @@ void CudaModel::reserve_tokens(std::size_t rows) {
 void CudaModel::tokens_to_host(int64_t rows, std::vector<int32_t>& tokens) {
   tokens.resize(static_cast<std::size_t>(rows));
   if (rows > 0)
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_tokens_, argmax_out_.get(), tokens.size() * sizeof(int32_t),
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(pinned_tokens_.get(), argmax_out_.get(), tokens.size() * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));
   wait();  // the step's one wait: its tokens
-  if (rows > 0) std::memcpy(tokens.data(), pinned_tokens_, tokens.size() * sizeof(int32_t));
+  if (rows > 0) std::memcpy(tokens.data(), pinned_tokens_.get(), tokens.size() * sizeof(int32_t));
 }
 
 bool CudaModel::forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) {
@@ -425,12 +407,7 @@ bool CudaModel::forward_draw(std::span<const SeqChunk> chunks, std::span<const D
                              std::vector<int32_t>& tokens) {
   if (!draw_enabled_) return false;
   // Sized before the step's kernels: growing a buffer (cudaFree) would wait for the whole device.
-  if (draws.size() > pinned_draws_count_) {
-    if (pinned_draws_) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_draws_));
-    pinned_draws_ = nullptr, pinned_draws_count_ = 0;
-    TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_draws_), 2 * draws.size() * sizeof(DrawParams)));
-    pinned_draws_count_ = 2 * draws.size();
-  }
+  pinned_draws_.resize(draws.size());
   draw_params_.resize(std::max<std::size_t>(1, draws.size()));
   reserve_tokens(draws.size());
   const int64_t LR = launch(chunks);
@@ -438,8 +415,8 @@ bool CudaModel::forward_draw(std::span<const SeqChunk> chunks, std::span<const D
     throw Error("internal: " + std::to_string(draws.size()) + " draws for " + std::to_string(LR) + " logits rows");
   if (LR > 0) {
     for (std::size_t i = 0; i < draws.size(); ++i)
-      pinned_draws_[i] = DrawParams{draws[i].temperature, draws[i].min_p, draws[i].u};
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(draw_params_.get(), pinned_draws_, draws.size() * sizeof(DrawParams),
+      pinned_draws_.get()[i] = DrawParams{draws[i].temperature, draws[i].min_p, draws[i].u};
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(draw_params_.get(), pinned_draws_.get(), draws.size() * sizeof(DrawParams),
                                       cudaMemcpyHostToDevice, stream_));
     draw(logits_.get(), LR, c_.vocab, draw_params_.get(), argmax_out_.get(), stream_);
   }

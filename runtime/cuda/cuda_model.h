@@ -144,17 +144,13 @@ class CudaModel final : public ModelBackend {
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   DeviceBuffer<int32_t> argmax_out_;    // [logit rows]
   DeviceBuffer<DrawParams> draw_params_;  // [logit rows]
-  DrawParams* pinned_draws_ = nullptr;  // staging for draw_params_
-  std::size_t pinned_draws_count_ = 0;
+  PinnedBuffer<DrawParams> pinned_draws_;  // staging for draw_params_
   bool draw_enabled_ = true;
   std::vector<int32_t> host_ints_;
   int64_t n_tiles_ = 0, n_decode_ = 0, tiles_at_ = 0;  // this step's prefill tiles (see launch())
-  int32_t* pinned_ = nullptr;           // staging for step_ints_
-  std::size_t pinned_count_ = 0;
-  float* pinned_logits_ = nullptr;
-  std::size_t pinned_logits_count_ = 0;
-  int32_t* pinned_tokens_ = nullptr;    // staging for argmax_out_
-  std::size_t pinned_tokens_count_ = 0;
+  PinnedBuffer<int32_t> pinned_;         // staging for step_ints_
+  PinnedBuffer<float> pinned_logits_;
+  PinnedBuffer<int32_t> pinned_tokens_;  // staging for argmax_out_
 };
 
 }  // namespace tandem::runtime::cuda

@@ -1,4 +1,5 @@
-// Device memory owned by one object (cudaMalloc / cudaFree), move-only.
+// Device memory (cudaMalloc) or page-locked host memory (cudaMallocHost: the
+// staging of asynchronous copies) owned by one object, move-only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,13 +12,13 @@
 
 namespace tandem::runtime::cuda {
 
-template <class T>
-class DeviceBuffer {
+template <class T, bool Pinned>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t count) { resize(count); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t count) { resize(count); }
+  CudaBuffer(CudaBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
     if (this != &o) {
       release();
       p_ = std::exchange(o.p_, nullptr);
@@ -25,9 +26,9 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { release(); }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  ~CudaBuffer() { release(); }
 
   // At least `count` elements (growing by half as much again, so that a
   // slowly growing need moves it rarely); the contents are lost when it
@@ -36,7 +37,8 @@ class DeviceBuffer {
     if (count <= n_) return false;
     const std::size_t grown = n_ == 0 ? count : std::max(count, n_ + n_ / 2);
     release();
-    TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), grown * sizeof(T)));
+    if constexpr (Pinned) TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p_), grown * sizeof(T)));
+    else TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), grown * sizeof(T)));
     n_ = grown;
     return true;
   }
@@ -45,12 +47,20 @@ class DeviceBuffer {
 
  private:
   void release() {
-    if (p_) cudaFree(p_);
+    if (p_) {
+      if constexpr (Pinned) cudaFreeHost(p_);
+      else cudaFree(p_);
+    }
     p_ = nullptr;
     n_ = 0;
   }
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
+
+template <class T>
+using DeviceBuffer = CudaBuffer<T, false>;
+template <class T>
+using PinnedBuffer = CudaBuffer<T, true>;
 
 }  // namespace tandem::runtime::cuda

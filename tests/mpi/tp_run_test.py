@@ -136,17 +136,24 @@ with tempfile.TemporaryDirectory() as d:
     # Two widths under the planner: cells of 2 ranks, each one prefill worker of 2 ranks or two decode workers
     # of 1. A cell whose form the planner changes regroups (its ranks alone stop work, load the other width's
     # shards and lay their pool out anew), and the other workers learn its new workers before KV moves to them.
-    def regrouped(what):
+    def regrouped(what, ranks, tp, field):
         def check_log(summary, log):
-            check(f"cells: {what}", re.search(r"ranks [\d, -]+ regroup into", log) is not None and "regrouped:" in log and
-                  summary["kv_bytes_transferred"] >= 0, log[-800:])
+            new = [r for r in summary["ranks"] if r["rank"] in ranks and r["tensor_parallel_ranks"] == tp]
+            check(f"cells: {what}, and the new worker(s) worked ({field})",
+                  re.search(r"ranks [\d, -]+ regroup into", log) is not None and "regrouped:" in log and
+                  sum(r[field] for r in new) > 0, f"{new} {log[-600:]}")
         return check_log
     cells = ["cluster.prefill_tp=2", "cluster.decode_tp=1", 'job.mode="auto"', "router.local_prefill_tokens=64"]
     same_as(ref, "cells under auto: the prefill cell regroups into two aggregated workers (policy agg)", 5, tiny, *cells,
-            'planner.policy="agg"', summary_check=regrouped("a prefill worker of 2 ranks became 2 workers of 1"))
-    same_as(ref, "cells under auto: a decode cell regroups into a prefill worker (policy static:2:1, 7 ranks)", 7, tiny,
-            *cells, "cluster.prefill_ranks=2", 'planner.policy="static:2:1"',
-            summary_check=regrouped("2 decode workers of 1 rank became a prefill worker of 2"))
+            'planner.policy="agg"',
+            summary_check=regrouped("a prefill worker of 2 ranks became 2 of 1", {1, 2}, 1, "decode_tokens"))
+    # KV from a prefill worker whose map changed into decode workers of the other width it has never seen.
+    same_as(ref, "cells under auto: a prefill cell regroups into 2 decode workers (static:1:2, 7 ranks)", 7, tiny,
+            *cells, "cluster.prefill_ranks=4", 'planner.policy="static:1:2"',
+            summary_check=regrouped("a prefill worker of 2 ranks became 2 decode workers", {3, 4}, 1, "decode_tokens"))
+    same_as(ref, "cells under auto, two-sided: a decode cell regroups into a prefill worker (static:2:1, 7 ranks)", 7,
+            tiny, *cells, "cluster.prefill_ranks=2", 'planner.policy="static:2:1"', 'transport.backend="mpi_two_sided"',
+            summary_check=regrouped("2 decode workers became a prefill worker of 2 ranks", {3}, 2, "kv_bytes_sent"))
 
     # The odd-shaped model at widths 1, 2, 4, 8.
     rc, log = run(2, small, inp, tmp / "small_ref.jsonl")

@@ -40,7 +40,7 @@ std::vector<int> to(const std::vector<Sent>& sent, MsgType type) {
 
 }  // namespace
 
-TEST_CASE("a cell that changes form drains, regroups and comes back; the others keep working") {
+TEST_CASE("a cell that changes form drains, regroups and comes back while the others keep working") {
   std::vector<Sent> sent;
   // Cell {1,2} prefills (one worker of 2 ranks); cell {3,4} decodes (two workers of 1).
   std::vector<RegroupCell> cells{{{{1, 2}}, {{1}, {2}}, true}, {{{3, 4}}, {{3}, {4}}, false}};
