@@ -11,6 +11,7 @@ Checks, each against the token ids and logprobs of a tp 1 run without tiers:
    both a tp 1 and a tp 4 store hold is equal), in the one layout a tp 1 job
    writes (kv_heads = the model's);
  - disaggregated, prefill_tp 2 -> decode_tp 1, reading a tp 4 store;
+ - cells under job.mode = "auto" regrouped from width 2 to width 1, reading it;
  - a pool too small for the working set at tp 2 with host memory: blocks go
    down gathered from the group and come back scattered to it, outputs equal.
 Usage: tp_tiers_test.py TANDEM SRC_DIR"""
@@ -141,6 +142,15 @@ with tempfile.TemporaryDirectory() as d:
     check("disagg prefill_tp 2 -> decode_tp 1 reading the tp 4 store: outputs equal", rc == 0 and got == ref and not w,
           "; ".join(w))
     check("disagg 2 -> 1: hits from disk", tiers(s).get("hit_tokens", {}).get("disk", 0) > 0, json.dumps(tiers(s)))
+
+    # Cells under the planner: the prefill worker of ranks 1-2 regroups into two workers of one rank each (rank 2
+    # opened its tiers at start-up for that form), and both read the tp 4 store.
+    rc, got, s, w = run("cells regrouped read", 5, "cluster.prefill_tp=2", "cluster.decode_tp=1", 'job.mode="auto"',
+                        'planner.policy="agg"', *kv41)
+    regrouped = [r for r in s.get("ranks", []) if r["rank"] in (1, 2) and r["tensor_parallel_ranks"] == 1]
+    check("cells regrouped at another width read the tp 4 store: outputs equal, hits from disk on both new workers",
+          rc == 0 and got == ref and not w and len(regrouped) == 2 and
+          all(r["hit_tokens_by_tier"][2] > 0 for r in regrouped), f"{'; '.join(w)} {regrouped}")
 
     # Host memory under a group: a pool of 24 blocks (each rank's shard) for a working set of ~70.
     shard = cfg["num_hidden_layers"] * 2 * 16 * (cfg["num_key_value_heads"] // 2) * cfg["head_dim"] * 4
