@@ -119,6 +119,7 @@ std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, cons
   if (w.tiers && rank == first_leader(l.roles) && l.incarnation == 0)
     core->share_store_index();  // rank 0 learns the store's blocks once
   core->set_group_width(l.group.width);
+  if (l.incarnation > 0) core->count_tiers_from_now();  // the tiers outlived this rank's earlier workers
   return core;
 }
 

@@ -1,6 +1,8 @@
 #include "runtime/service/worker_core.h"
 
 #include <algorithm>
+#include <string_view>
+#include <type_traits>
 
 #include <spdlog/spdlog.h>
 
@@ -215,7 +217,16 @@ RankReport WorkerCore::report() const {
   r.kv_blocks_used = pool_.capacity() - pool_.num_free();
   r.hit_tokens_by_tier = engine_.stats().hit_tokens_by_tier;
   if (tiers_) r.tiers = tiers_->stats();
+  if (tiers_base_)  // counters only: what the store held at open, the flags and the capacity are this worker's too
+    kv::TierStats::each_field([&](std::string_view name, auto member) {
+      if constexpr (!std::is_same_v<std::remove_reference_t<decltype(r.tiers.*member)>, bool>)
+        if (!name.starts_with("store_") && name != "host_capacity_blocks") r.tiers.*member -= (*tiers_base_).*member;
+    });
   return r;
+}
+
+void WorkerCore::count_tiers_from_now() {
+  if (tiers_) tiers_base_ = tiers_->stats();
 }
 
 }  // namespace tandem::service

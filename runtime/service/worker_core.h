@@ -102,6 +102,8 @@ class WorkerCore {
   void set_role(Role role) { role_ = role; }
   // The ranks of this worker (a tensor-parallel group's leader reports for the group).
   void set_group_width(int width) { group_width_ = width; }
+  // The tiers' counters from now on: the tiers outlived an earlier worker of this rank (a regroup), which reported its own.
+  void count_tiers_from_now();
 
  private:
   struct Staged {
@@ -115,6 +117,7 @@ class WorkerCore {
 
   int rank_;
   Role role_;
+  std::optional<kv::TierStats> tiers_base_;  // count_tiers_from_now()
   kv::BlockPool& pool_;
   kv::KvTiers* tiers_;
   runtime::Engine engine_;
