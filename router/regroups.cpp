@@ -10,7 +10,7 @@ namespace tandem::router {
 
 Regroups::Regroups(std::vector<RegroupCell> cells, uint64_t prefill_block_bytes, uint64_t decode_block_bytes, Send send)
     : block_bytes_{prefill_block_bytes, decode_block_bytes}, send_(std::move(send)) {
-  for (auto& c : cells) cells_.push_back({std::move(c), State::kActive, {}, {}});
+  for (auto& c : cells) cells_.push_back({std::move(c), State::kActive, {}, {}, {}, {}});
 }
 
 std::vector<int> Regroups::keys() const {
@@ -51,6 +51,7 @@ bool Regroups::set_split(int64_t epoch, const std::vector<int>& prefill) {
     if (want == e.cell.prefill) continue;
     e.cell.prefill = want;
     e.state = State::kRetiring;
+    e.retired = Clock::now();
     changed = true;
   }
   // The cells that keep their form keep their workers; their roles may still change (agg <-> disagg).
@@ -127,6 +128,7 @@ bool Regroups::step(const std::function<bool(int)>& busy) {
     }
     for (const auto& g : groups(e, e.cell.prefill)) e.loads_due.insert(g.front());
     e.state = State::kDraining;
+    e.told = Clock::now();
     spdlog::info("epoch {}: ranks {} regroup into {} worker(s) of {} rank(s)", epoch_,
                  service::GroupMap::describe([&] {
                    std::vector<int> all;
@@ -138,8 +140,18 @@ bool Regroups::step(const std::function<bool(int)>& busy) {
   }
   const bool mapping = std::any_of(cells_.begin(), cells_.end(), [](const Entry& e) { return e.state == State::kMapping; });
   if (mapping && acks_due_.empty()) {
-    for (Entry& e : cells_)
-      if (e.state == State::kMapping) e.state = State::kActive;
+    const auto now = Clock::now();
+    auto s = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    for (Entry& e : cells_) {
+      if (e.state != State::kMapping) continue;
+      e.state = State::kActive;
+      const auto& g = groups(e, e.cell.prefill);
+      spdlog::info("epoch {}: ranks {}-{} back as {} {} worker(s) of {} rank(s), {:.2f} s after the split: {:.2f} s until "
+                   "nothing placed there was out, {:.2f} s to drain, regroup and be known to every worker",
+                   epoch_, g.front().front(), g.back().back(), g.size(),
+                   e.cell.prefill ? "prefill" : prefill_leaders().empty() ? "aggregated" : "decode", g.front().size(),
+                   s(e.retired, now), s(e.retired, e.told), s(e.told, now));
+    }
     changed = true;
   } else if (!mapping && blocks_known() && std::any_of(cells_.begin(), cells_.end(), [](const Entry& e) {
                return e.state == State::kDraining && e.reports_due.empty() && e.loads_due.empty();

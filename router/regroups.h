@@ -18,6 +18,7 @@
 // here: messages go out through `send`, and the link feeds back what arrives.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -68,10 +69,12 @@ class Regroups {
 
  private:
   enum class State { kActive, kRetiring, kDraining, kMapping };
+  using Clock = std::chrono::steady_clock;
   struct Entry {
     RegroupCell cell;
     State state = State::kActive;
     std::set<int> reports_due, loads_due;
+    Clock::time_point retired, told;  // placed on no more; told to regroup (for the log)
   };
   const std::vector<std::vector<int>>& groups(const Entry& e, bool prefill) const {
     return prefill ? e.cell.prefill_groups : e.cell.decode_groups;
