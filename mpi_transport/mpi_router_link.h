@@ -38,6 +38,7 @@ class MpiLink : public router::WorkerLink {
   const router::Regroups* regroups() const { return regroups_ ? &*regroups_ : nullptr; }
   bool regroup(const std::function<bool(int)>& busy) override;
   bool regrouping() const override { return regroups_ && regroups_->in_flight(); }
+  std::vector<int> take_emptied() override { return regroups_ ? regroups_->take_emptied() : std::vector<int>{}; }
   void submit(int worker, const service::WireRequest& r) override { check(box_.send(worker, service::tag_of(service::MsgType::kRequest), service::encode(r))); }
   void cancel(int worker, uint64_t id) override { check(box_.send(worker, service::tag_of(service::MsgType::kCancel), service::encode_cancel(id))); }
   // Deltas before results: a request's last tokens reach rank 0 before its end.

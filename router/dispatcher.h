@@ -59,6 +59,8 @@ class WorkerLink {
   }
   // A cell is on its way (regroup() has more to do).
   virtual bool regrouping() const { return false; }
+  // Ranks whose KV pools were emptied (regrouped) since the last call.
+  virtual std::vector<int> take_emptied() { return {}; }
 };
 
 using DispatchOptions = PlacementOptions;
@@ -84,6 +86,8 @@ class Dispatcher {
   std::size_t in_flight() const { return placed_.size(); }
   // A request placed on `rank` (to decode or to prefill) has not come back.
   bool busy(int rank) const;
+  // `rank`'s pool was emptied (it regrouped): what it held there is forgotten.
+  void forget(int rank) { kv_index_.forget_device(rank); }
   WorkerLink& link() { return link_; }
 
  private:

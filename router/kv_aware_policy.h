@@ -61,6 +61,10 @@ class KvIndex {
   void stored(int rank, std::span<const uint64_t> hashes, Where where = Where::kDevice);
   void removed(int rank, std::span<const uint64_t> hashes, Where where = Where::kDevice);
   void stored_on_disk(std::span<const uint64_t> hashes);
+  // Everything `rank`'s pool held (it was emptied); its host memory and the store keep theirs.
+  void forget_device(int rank) {
+    if (rank >= 0 && rank < static_cast<int>(device_.size())) device_[static_cast<std::size_t>(rank)].clear();
+  }
   // The leading hashes of `prompt` that `rank` has, each counted at the
   // fastest tier holding it (the chain stops at the first block held nowhere).
   Overlap overlap(int rank, std::span<const uint64_t> prompt) const;

@@ -91,8 +91,8 @@ void Regroups::on_ack(int rank, int64_t serial) {
 // Every worker that will be on the map has said how many KV blocks it has (its first counters, at load).
 bool Regroups::blocks_known() const {
   for (const Entry& e : cells_)
-    if (e.state == State::kActive)
-      for (const auto& g : groups(e, e.cell.prefill))
+    if (e.state == State::kActive || e.state == State::kRetiring)
+      for (const auto& g : groups(e, e.state == State::kActive ? e.cell.prefill : !e.cell.prefill))
         if (!blocks_.contains(g.front())) return false;
   return true;
 }
@@ -102,8 +102,13 @@ void Regroups::send_map() {
   m.serial = ++serial_;
   std::vector<int> to;
   for (Entry& e : cells_) {
+    if (e.state == State::kRetiring) {  // its old workers still move KV for what was placed there: on the map, as they are
+      for (const auto& g : groups(e, !e.cell.prefill))
+        m.groups.push_back({!e.cell.prefill, g, block_bytes_[e.cell.prefill ? 1 : 0], blocks_[g.front()]});
+      continue;
+    }
     const bool ready = e.state == State::kDraining && e.reports_due.empty() && e.loads_due.empty();
-    if (e.state != State::kActive && !ready) continue;  // a cell on its way moves no KV
+    if (e.state != State::kActive && !ready) continue;  // a cell draining moves no KV with the others
     if (ready) e.state = State::kMapping;
     for (const auto& g : groups(e, e.cell.prefill)) {
       m.groups.push_back({e.cell.prefill, g, block_bytes_[e.cell.prefill ? 0 : 1], blocks_[g.front()]});
@@ -145,6 +150,7 @@ bool Regroups::step(const std::function<bool(int)>& busy) {
     for (Entry& e : cells_) {
       if (e.state != State::kMapping) continue;
       e.state = State::kActive;
+      for (const auto& g : groups(e, e.cell.prefill)) emptied_.insert(emptied_.end(), g.begin(), g.end());
       const auto& g = groups(e, e.cell.prefill);
       spdlog::info("epoch {}: ranks {}-{} back as {} {} worker(s) of {} rank(s), {:.2f} s after the split: {:.2f} s until "
                    "nothing placed there was out, {:.2f} s to drain, regroup and be known to every worker",

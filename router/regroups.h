@@ -64,6 +64,8 @@ class Regroups {
   int64_t progress() const { return progress_; }
   // At the end: cells still retiring stay as they were (they were never told).
   void cancel_retiring();
+  // The ranks of cells back since the last call: their pools started empty (rank 0 forgets what they held).
+  std::vector<int> take_emptied() { return std::move(emptied_); }
   // The reports of the workers that regrouped away, for the job's summary.
   std::vector<service::RankReport> take_retired() { return std::move(retired_); }
 
@@ -92,6 +94,7 @@ class Regroups {
   int64_t epoch_ = 0;
   std::optional<std::pair<int64_t, std::vector<int>>> pending_;
   std::vector<service::RankReport> retired_;
+  std::vector<int> emptied_;
 };
 
 }  // namespace tandem::router

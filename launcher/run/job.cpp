@@ -66,7 +66,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
     const Prepared& p = s.p;
     const Roles roles = plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
     if (const std::string why = tp_problem(p, roles, env.size()); !why.empty()) throw Error(why);  // so do widths
-    if (p.cfg.choices.mode == JobMode::kAuto && roles.workers() >= 2) {  // and a policy that cannot plan these workers
+    if (planned_job(p.cfg, roles, env.size())) {  // and a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
       if (roles.prefill_tp == roles.decode_tp) {
@@ -161,7 +161,7 @@ Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std:
   Layout l;
   const int rank = env.rank();
   l.roles = plan_roles(p.cfg, env.size());
-  l.planned = p.cfg.choices.mode == JobMode::kAuto && env.size() > 2 && l.roles.workers() >= 2;
+  l.planned = planned_job(p.cfg, l.roles, env.size());
   l.regroups = l.planned && l.roles.prefill_tp != l.roles.decode_tp;
   if (l.regroups) l.cell = std::lcm(l.roles.prefill_tp, l.roles.decode_tp);
   bool by_node = false;

@@ -216,6 +216,11 @@ Roles plan_roles(const Config& cfg, int world_size) {
   return in_rank_order(p, d, a, b);
 }
 
+bool planned_job(const Config& cfg, const Roles& roles, int world_size) {
+  return cfg.choices.mode == JobMode::kAuto && world_size > 2 && roles.workers() >= 2 &&
+         (roles.prefill_tp == roles.decode_tp || roles.prefill > 0);
+}
+
 std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
   const Config& c = p.cfg;
   for (const auto& [key, width, used] : {std::tuple{"cluster.prefill_tp", roles.prefill_tp, roles.prefill > 0},
@@ -237,7 +242,7 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
              "the slices of them that a change of width needs: use transport.backend = \"mpi_two_sided\" (or "
              "\"auto\", which picks it), or set one width (cluster.tp)";
   }
-  const bool planned = c.choices.mode == JobMode::kAuto && roles.workers() >= 2 && world_size > 2;
+  const bool planned = planned_job(c, roles, world_size);
   if (planned && roles.prefill_tp != roles.decode_tp && !c.choices.on_cpu())
     return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
            std::to_string(roles.decode_tp) + " differ, and job.mode = \"auto\" re-splits workers between epochs: "

@@ -67,6 +67,9 @@ struct Roles {
 // How the workers split, from job.mode and [cluster]. Throws on a split that
 // cannot be (every rank computes the same answer).
 Roles plan_roles(const Config& cfg, int world_size);
+// job.mode = "auto" with workers to re-split: two or more, and with two
+// widths room for a prefill and a decode worker (else the job runs aggregated, unplanned).
+bool planned_job(const Config& cfg, const Roles& roles, int world_size);
 // Why the model or this job cannot run at these tensor-parallel widths ("" when it can).
 std::string tp_problem(const Prepared& p, const Roles& roles, int world_size);
 

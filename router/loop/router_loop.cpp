@@ -30,6 +30,7 @@ void RouterLoop::poll(Frontend& front) {
   dispatch_.poll(events_);
   // Cells that change width on their way (router/regroups.h): place on the workers there are now.
   if (link_.regroup([this](int rank) { return dispatch_.busy(rank); })) dispatch_.refresh();
+  for (int rank : link_.take_emptied()) dispatch_.forget(rank);
   bool newly_loaded = false;
   const auto now = Clock::now();
   for (const auto& r : events_.stats) {

@@ -299,6 +299,13 @@ bool Follower::tick() {
   bool any = false;
   for (WorkerPort::Message m; !stopped_ && port_.receive(m);) {
     if (m.type == MsgType::kGroupStop) stopped_ = true;  // nothing after it is this group's (the next one's, a regroup's)
+    if (m.type == MsgType::kGroupMap && m.source == leader_) {
+      // At once, not in its turn: pieces from the new workers may land before the commands ahead of it have run
+      // (and nothing those commands touch changed: only cells with nothing in flight regroup).
+      mover_.set_map(apply_group_map(port_, decode_group_map(m.bytes)));
+      any = true;
+      continue;
+    }
     commands_.push_back(std::move(m));
     any = true;
   }
@@ -339,7 +346,6 @@ bool Follower::run(const WorkerPort::Message& m) {
     case MsgType::kGroupSaveBlocks: blocks_.gather(decode_blocks(m.bytes), nullptr); return true;
     case MsgType::kGroupLoadBlocks: blocks_.scatter(decode_blocks(m.bytes), nullptr); return true;
     case MsgType::kGroupStop: stop_note_ = m.bytes; return true;
-    case MsgType::kGroupMap: mover_.set_map(apply_group_map(port_, decode_group_map(m.bytes))); return true;
     default:
       spdlog::warn("a {} message from rank {} is not for a tensor-parallel follower; ignored", msg_type_name(m.type),
                    m.source);

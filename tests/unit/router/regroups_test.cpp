@@ -114,3 +114,34 @@ TEST_CASE("at the end a cell still retiring stays as it was") {
   CHECK(g.leaders(true) == std::vector<int>{1});
   CHECK(g.leaders(false) == std::vector<int>{3, 4});
 }
+
+TEST_CASE("while one cell still drains its requests, the map that brings another back keeps its old workers on it") {
+  std::vector<Sent> sent;
+  // A {1,2} prefills; B {3,4} and C {5,6} decode. The split swaps A and B.
+  std::vector<RegroupCell> cells{{{{1, 2}}, {{1}, {2}}, true}, {{{3, 4}}, {{3}, {4}}, false}, {{{5, 6}}, {{5}, {6}}, false}};
+  Regroups g(cells, 512, 1024, [&](int rank, MsgType type, const std::vector<uint8_t>& b) { sent.push_back({rank, type, b}); });
+  for (auto r : {loaded(1, 2, 100), loaded(3, 1, 30), loaded(4, 1, 40), loaded(5, 1, 50), loaded(6, 1, 60)}) g.on_stats(r);
+  CHECK(g.set_split(1, {3}));
+  CHECK(g.leaders(false) == std::vector<int>{5, 6});
+  const std::set<int> busy{3};  // B's decode worker 3 still holds a request
+  g.step([&](int r) { return busy.contains(r); });
+  CHECK(to(sent, MsgType::kRegroup) == std::vector<int>{1});
+  g.on_report(loaded(1, 2, 100));
+  g.on_stats(loaded(1, 1, 200));
+  g.on_stats(loaded(2, 1, 200));
+  sent.clear();
+  g.step([&](int r) { return busy.contains(r); });
+  const auto maps = to(sent, MsgType::kGroupMap);
+  CHECK(std::set<int>(maps.begin(), maps.end()) == std::set<int>{1, 2, 5, 6});  // not B's: it is told nothing yet
+  const auto map = tandem::service::decode_group_map(sent.back().bytes);
+  std::map<int, std::pair<uint64_t, int64_t>> pools;
+  for (const auto& grp : map.groups) pools[grp.ranks.front()] = {grp.block_bytes, grp.blocks};
+  // B's old decode workers stay on it as they are: KV for its request still moves to them.
+  CHECK(pools == std::map<int, std::pair<uint64_t, int64_t>>{
+                     {1, {1024, 200}}, {2, {1024, 200}}, {3, {1024, 30}}, {4, {1024, 40}}, {5, {1024, 50}}, {6, {1024, 60}}});
+  for (int r : {1, 2, 5, 6}) g.on_ack(r, map.serial);
+  CHECK(g.step([&](int r) { return busy.contains(r); }));
+  CHECK(g.leaders(false) == std::vector<int>{1, 2, 5, 6});
+  CHECK(g.take_emptied() == std::vector<int>{1, 2});
+  CHECK(g.in_flight());  // B is still on its way
+}
