@@ -157,9 +157,6 @@ class LeaderPort : public WorkerPort {
   void kv_arrivals(std::vector<KvArrival>& out) override;
   // The workers after a regroup: to the followers first, then each changed pool relaid here.
   void set_group_map(const WireGroupMap& map, const std::vector<uint8_t>& bytes) override;
-  void relayout_kv(int peer, std::size_t block_bytes, int64_t n_blocks) override {
-    inner_.relayout_kv(peer, block_bytes, n_blocks);
-  }
   // What the followers' stop says (flush): empty at the end of the job; a
   // regroup's WireRoles when the group regroups at another width.
   void set_stop_note(std::vector<uint8_t> note) { stop_note_ = std::move(note); }
