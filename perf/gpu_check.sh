@@ -43,7 +43,9 @@ checks() {
 # Real jobs on several GPUs, on the demo's requests (the small model in
 # float32), against one worker of tp 1: with 2 GPUs one worker of tp 2 over
 # NCCL; with 3, also a prefill worker of tp 2 handing KV to a decode worker
-# of tp 1 (row slices, two-sided MPI staged through host memory). Every
+# of tp 1 (row slices, two-sided MPI staged through host memory); with 4,
+# two cells of 2 ranks that the planner regroups between prefill workers of
+# tp 2 and decode workers of tp 1 (job.mode = "auto"). Every
 # request must succeed; how many greedy outputs equal tp 1's is printed
 # (CUDA promises closeness across widths, not the same bits: docs/engine.md).
 cuda_tp_job() {
@@ -67,6 +69,16 @@ cuda_tp_job() {
       compare_outputs "$t/tp1.jsonl" "$t/p2d1.jsonl" "prefill tp 2 -> decode tp 1 (row slices, staged)" || rc=1
   else
     echo "CUDA prefill tp 2 -> decode tp 1: not run ($gpus GPUs visible; it needs three)"
+  fi
+  if [ "$gpus" -ge 4 ]; then  # two cells of 2 ranks: prefill workers of tp 2 or decode workers of tp 1, regrouped
+    timeout 300 mpirun --oversubscribe -np 5 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="auto"' \
+      --set cluster.prefill_tp=2 --set cluster.decode_tp=1 --set job.epoch_requests=12 --set 'planner.policy="sla"' \
+      --set log.level=info --set "job.output=\"$t/cells.jsonl\"" > "$t/cells.log" 2>&1 &&
+      compare_outputs "$t/tp1.jsonl" "$t/cells.jsonl" "cells of tp 2 / tp 1 under the planner" || {
+        rc=1; tail -20 "$t/cells.log"; }
+    echo "CUDA cells: $(grep -c 'regroup into' "$t/cells.log") regroup(s) logged"
+  else
+    echo "CUDA cells of tp 2 / tp 1 under the planner: not run ($gpus GPUs visible; it needs four)"
   fi
   return $rc
 }

@@ -187,7 +187,7 @@ std::vector<KeySpec> build_schema() {
           .at_least(0).at_most(8)
           .doc("Tensor-parallel width of a prefill worker; 0: tp. Under job.mode = \"auto\" a width other than "
                "decode_tp makes the workers cells of lcm(prefill_tp, decode_tp) ranks that the planner moves between "
-               "prefill and decode workers, regrouping them (CPU backend; docs/engine.md).")
+               "prefill and decode workers, regrouping them (docs/engine.md).")
           ,
       key("cluster", "decode_tp", &C::cluster, &ClusterConfig::decode_tp)
           .at_least(0).at_most(8)

@@ -65,7 +65,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
     s.p = prepare(o);
     const Prepared& p = s.p;
     const Roles roles = plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
-    if (const std::string why = tp_problem(p, roles, env.size()); !why.empty()) throw Error(why);  // so do widths
+    if (const std::string why = tp_problem(p, roles); !why.empty()) throw Error(why);  // so do widths
     if (planned_job(p.cfg, roles, env.size())) {  // and a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");

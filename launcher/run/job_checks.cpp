@@ -84,9 +84,34 @@ kv::KvLayout kv_layout(const Prepared& p, int tp) {
   return l;
 }
 
-int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
-  const kv::KvLayout layout = kv_layout(p, tp);
-  const double block = static_cast<double>(layout.block_bytes());
+double device_pool_room(const Prepared& p, double weights, double free, int tp) {
+  const auto& m = p.model;
+  if (tp > 1) {  // a rank of a group holds its shard of the layers, and the embedding and LM head whole
+    // (counted as two matrices even where tied: a tied checkpoint may still ship lm_head.weight, which is loaded)
+    const double replicated = 2.0 * static_cast<double>(m.vocab * m.hidden) * static_cast<double>(runtime::dtype_size(m.dtype));
+    weights = std::max(0.0, weights - replicated) / tp + replicated;
+  }
+  // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.
+  const double rows = static_cast<double>(p.cfg.job.max_batched_tokens);
+  // x, y, last; qkv, q, attn; gate/up; the rounded product input (float32 at most) — as CudaModel::launch.
+  const double widths = static_cast<double>(3 * m.hidden + 3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
+                                            2 * m.intermediate + std::max({m.hidden, m.heads * m.head_dim, m.intermediate}));
+  const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4 +
+                      (tp > 1 ? rows * static_cast<double>(m.hidden * tp) * 4 : 0.0);  // a group's gathered sums
+  return std::max(0.0, 0.9 * (free - weights - step - static_cast<double>(1 << 30)));
+}
+
+namespace {
+
+// A worker rank's pool at width `tp`, in bytes: what it wants (max_num_seqs
+// whole contexts) and the room it has (the node's memory share, or the GPU's
+// after the weights); kv.memory_gib sets both.
+struct PoolRoom {
+  double want = 0, room = 0;
+};
+
+PoolRoom pool_room(const Prepared& p, int local_ranks, int tp) {
+  const double block = static_cast<double>(kv_layout(p, tp).block_bytes());
   if (p.cfg.kv.memory_gib > 0) {
     if (p.cfg.choices.on_cpu()) {  // more than the node has: one line now, not an allocation failure later
       struct sysinfo si {};
@@ -101,36 +126,39 @@ int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
         throw Error(line);
       }
     }
-    return std::max<int64_t>(1, static_cast<int64_t>(p.cfg.kv.memory_gib * (1 << 30) / block));
+    const double bytes = p.cfg.kv.memory_gib * (1 << 30);
+    return {bytes, bytes};
   }
-  const int64_t want = p.cfg.job.max_num_seqs * ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size);
+  const double want = block * static_cast<double>(p.cfg.job.max_num_seqs *
+                                                  ((p.max_model_len + p.cfg.kv.block_size - 1) / p.cfg.kv.block_size));
   if (!p.cfg.choices.on_cpu()) {  // the device's free memory less the weights (not yet loaded), a step and 1 GiB; 90%
     double weights = 0;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
       if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
-    const auto& m = p.model;
-    if (tp > 1) {  // a rank of a group holds its shard of the layers, and the embedding and LM head whole
-      // (counted as two matrices even where tied: a tied checkpoint may still ship lm_head.weight, which is loaded)
-      const double replicated = 2.0 * static_cast<double>(m.vocab * m.hidden) * static_cast<double>(runtime::dtype_size(m.dtype));
-      weights = std::max(0.0, weights - replicated) / tp + replicated;
-    }
-    // Left for a step's buffers (activations, the rounded GEMM input, logits of every sequence), NCCL and cuBLAS.
-    const double rows = static_cast<double>(p.cfg.job.max_batched_tokens);
-    // x, y, last; qkv, q, attn; gate/up; the rounded product input (float32 at most) — as CudaModel::launch.
-    const double widths = static_cast<double>(3 * m.hidden + 3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
-                                              2 * m.intermediate +
-                                              std::max({m.hidden, m.heads * m.head_dim, m.intermediate}));
-    const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4 +
-                        (tp > 1 ? rows * static_cast<double>(m.hidden * tp) * 4 : 0.0);  // a group's gathered sums
-    const double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)) - weights - step -
-                        static_cast<double>(1 << 30);
-    return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(0.9 * free / block)));
+    return {want, device_pool_room(p, weights, static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)), tp)};
   }
   struct sysinfo si {};
   sysinfo(&si);
-  const double avail = static_cast<double>(si.freeram + si.bufferram) * si.mem_unit * 0.6 / std::max(1, local_ranks);
-  return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(avail / block)));
+  return {want, static_cast<double>(si.freeram + si.bufferram) * si.mem_unit * 0.6 / std::max(1, local_ranks)};
+}
+
+}  // namespace
+
+int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
+  const PoolRoom r = pool_room(p, local_ranks, tp);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::min(r.want, r.room) /
+                                                   static_cast<double>(kv_layout(p, tp).block_bytes())));
+}
+
+uint64_t cell_pool_bytes(double want_a, double room_a, double want_b, double room_b, uint64_t block_a, uint64_t block_b) {
+  const double bytes = std::min({room_a, room_b, std::max(want_a, want_b)});
+  return std::max(static_cast<uint64_t>(bytes), std::max(block_a, block_b));
+}
+
+uint64_t cell_pool_bytes(const Prepared& p, int local_ranks, int tp_a, int tp_b) {
+  const PoolRoom a = pool_room(p, local_ranks, tp_a), b = pool_room(p, local_ranks, tp_b);
+  return cell_pool_bytes(a.want, a.room, b.want, b.room, kv_layout(p, tp_a).block_bytes(), kv_layout(p, tp_b).block_bytes());
 }
 
 Roles::Group Roles::group_of(int rank) const {
@@ -221,7 +249,7 @@ bool planned_job(const Config& cfg, const Roles& roles, int world_size) {
          (roles.prefill_tp == roles.decode_tp || roles.prefill > 0);
 }
 
-std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
+std::string tp_problem(const Prepared& p, const Roles& roles) {
   const Config& c = p.cfg;
   for (const auto& [key, width, used] : {std::tuple{"cluster.prefill_tp", roles.prefill_tp, roles.prefill > 0},
                                           std::tuple{"cluster.decode_tp", roles.decode_tp, true}}) {
@@ -242,12 +270,6 @@ std::string tp_problem(const Prepared& p, const Roles& roles, int world_size) {
              "the slices of them that a change of width needs: use transport.backend = \"mpi_two_sided\" (or "
              "\"auto\", which picks it), or set one width (cluster.tp)";
   }
-  const bool planned = planned_job(c, roles, world_size);
-  if (planned && roles.prefill_tp != roles.decode_tp && !c.choices.on_cpu())
-    return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
-           std::to_string(roles.decode_tp) + " differ, and job.mode = \"auto\" re-splits workers between epochs: "
-           "a re-split that changes a worker's width runs on the CPU backend only so far; set one width "
-           "(cluster.tp), or job.mode = \"disagg\"";
   return "";
 }
 

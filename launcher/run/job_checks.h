@@ -40,6 +40,17 @@ kv::KvLayout kv_layout(const Prepared& p, int tp = 1);
 // memory this node's ranks could share. Throws tandem::Error for a
 // kv.memory_gib beyond the node's memory.
 int64_t pool_blocks(const Prepared& p, int local_ranks, int tp = 1);
+// The bytes a worker rank of a GPU backend has for its KV pool at width `tp`:
+// 90% of the device's `free` bytes less its shard of the checkpoint's
+// `weights` bytes (the embedding and LM head whole), a step's buffers and 1 GiB.
+double device_pool_room(const Prepared& p, double weights, double free, int tp);
+// A cell's pool, in bytes, where it regroups between widths a and b (its
+// memory is registered once, its blocks laid out again at each regroup):
+// within both forms' room (on a GPU, the narrower form's larger shard of the
+// weights leaves less), no more than the form that wants more wants, and at
+// least a block of each. The rule alone, then for this job and node.
+uint64_t cell_pool_bytes(double want_a, double room_a, double want_b, double room_b, uint64_t block_a, uint64_t block_b);
+uint64_t cell_pool_bytes(const Prepared& p, int local_ranks, int tp_a, int tp_b);
 
 // Who does what. World rank 0 routes; `prefill` ranks prefill, in workers
 // (tensor-parallel groups) of prefill_tp ranks; `decode` ranks decode (or,
@@ -71,6 +82,6 @@ Roles plan_roles(const Config& cfg, int world_size);
 // widths room for a prefill and a decode worker (else the job runs aggregated, unplanned).
 bool planned_job(const Config& cfg, const Roles& roles, int world_size);
 // Why the model or this job cannot run at these tensor-parallel widths ("" when it can).
-std::string tp_problem(const Prepared& p, const Roles& roles, int world_size);
+std::string tp_problem(const Prepared& p, const Roles& roles);
 
 }  // namespace tandem::launcher

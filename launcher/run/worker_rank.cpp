@@ -50,12 +50,10 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path,
                                             runtime::backend_wants_panels(backend) && width == 1 && !l.regroups);
     blocks = pool_blocks(p, node.local_workers, width);
-    if (l.regroups) {  // one pool for both forms (CPU: each within the same memory cap), registered once
-      const auto other = static_cast<uint64_t>(pool_blocks(p, node.local_workers, l.other.width)) *
-                         kv_layout(p, l.other.width).block_bytes();
-      const uint64_t bytes = std::max(static_cast<uint64_t>(blocks) * layout.block_bytes(), other);
-      blocks = static_cast<int64_t>((bytes + layout.block_bytes() - 1) / layout.block_bytes());  // whole blocks of this form
-      w.pool_capacity = static_cast<uint64_t>(blocks) * layout.block_bytes();
+    if (l.regroups) {  // one pool for both forms, registered once: this form's whole blocks of it
+      const uint64_t bytes = cell_pool_bytes(p, node.local_workers, width, l.other.width);
+      w.pool_capacity = bytes - bytes % layout.block_bytes();  // what the transport registers
+      blocks = static_cast<int64_t>(w.pool_capacity / layout.block_bytes());
     }
     if (width > 1)  // the leader's block numbers hold on every rank of the group: the same count everywhere
       TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, l.group_comm.get()));
@@ -79,7 +77,10 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     }
   }) && phase("out of memory setting up the tensor-parallel group's GPU exchange", [&] {
     // Collective over the group (NCCL): in a phase of its own, so that no rank that failed before it is waited for.
-    if (width > 1 && !p.cfg.choices.on_cpu()) w.device_group = mpi::make_device_group(l.group_comm.get());
+    // A cell's rank sets up its other form's exchange too (every rank of the cell in the same order): a regroup sets up none.
+    if (p.cfg.choices.on_cpu()) return;
+    if (width > 1) w.device_group = mpi::make_device_group(l.group_comm.get());
+    if (l.regroups && l.other.width > 1) w.other_device_group = mpi::make_device_group(l.other_comm.get());
   }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)
@@ -228,6 +229,7 @@ void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const servi
   // The old worker's parts go first: the model reads the pool, the pool's lower tier is the tiers.
   w.model.reset();
   w.group.reset();
+  std::swap(w.device_group, w.other_device_group);  // both were set up at the start (GPU backends)
   w.pool.reset();
   const kv::KvLayout layout = kv_layout(p, l.group.width);
   int64_t blocks = static_cast<int64_t>(w.pool_capacity / layout.block_bytes());
@@ -236,7 +238,8 @@ void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const servi
   if (Status st = w.transport->relayout(rank - 1, layout.block_bytes(), blocks); !st.ok()) throw Error(st.to_string());
   if (w.tiers && l.group.width == 1 && l.group.place == 0) w.pool->set_lower(w.tiers.get());
   if (l.group.width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
-  w.model = runtime::make_backend(p.cfg.model.backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(), nullptr);
+  w.model = runtime::make_backend(p.cfg.model.backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
+                                  w.device_group.get());
   spdlog::info("epoch {}: regrouped: {} worker of {} rank(s){}, {} KV blocks", roles.epoch,
                l.role == service::Role::kWorker ? "an aggregated" : std::string("a ") + std::string(service::role_name(l.role)),
                l.group.width,

@@ -39,6 +39,7 @@ struct WorkerParts {
   std::unique_ptr<kv::KvTiers> tiers;
   std::unique_ptr<mpi::MpiTpGroup> group;  // tensor-parallel: the group's exchange (host memory)
   std::unique_ptr<runtime::DeviceGroup> device_group;  // and on the GPUs (NCCL), for a GPU backend
+  std::unique_ptr<runtime::DeviceGroup> other_device_group;  // a cell's rank: its other form's (Layout::regroups)
   std::unique_ptr<runtime::ModelBackend> model;  // this rank's shard of the model
 };
 
