@@ -272,6 +272,10 @@ try:
               "3 nodes: node1: ranks 0, 1; node2: rank 2; node3: rank 3" in log and
               "roles by node: node1 (prefill 1), node2 (decode 2), node3 (decode 3)" in log,
               [l for l in log.splitlines() if "nodes:" in l or "roles by" in l or "error" in l][:4] or log[-600:] or jid)
+        if not (rc == 0 and het_out.exists() and outputs(het_out) == ref):  # seen once under make test -j2: say why
+            print(f"     job {jid}'s log:\n{log[-2500:]}\n     slurmd logs, last lines:\n" + "".join(
+                "".join((cluster / f"slurmd-{n}.log").read_text(errors="replace").splitlines(True)[-12:])
+                for n in ("node1", "node2", "node3") if (cluster / f"slurmd-{n}.log").exists()))
 
     # 6. Conformance across the nodes (before the node loss below takes one away).
     for mode, extra_env, args in (("two_sided", {"OMPI_MCA_osc": "^ucx,pt2pt"}, ["two_sided"]),
