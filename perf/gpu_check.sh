@@ -44,8 +44,8 @@ checks() {
 # float32), against one worker of tp 1: with 2 GPUs one worker of tp 2 over
 # NCCL; with 3, also a prefill worker of tp 2 handing KV to a decode worker
 # of tp 1 (row slices, two-sided MPI staged through host memory); with 4,
-# two cells of 2 ranks that the planner regroups between prefill workers of
-# tp 2 and decode workers of tp 1 (job.mode = "auto"). Every
+# cells of 2 ranks that the planner (job.mode = "auto") regroups from
+# prefill workers of one width to aggregated workers of the other. Every
 # request must succeed; how many greedy outputs equal tp 1's is printed
 # (CUDA promises closeness across widths, not the same bits: docs/engine.md).
 cuda_tp_job() {
@@ -70,13 +70,23 @@ cuda_tp_job() {
   else
     echo "CUDA prefill tp 2 -> decode tp 1: not run ($gpus GPUs visible; it needs three)"
   fi
-  if [ "$gpus" -ge 4 ]; then  # two cells of 2 ranks: prefill workers of tp 2 or decode workers of tp 1, regrouped
-    timeout 300 mpirun --oversubscribe -np 5 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="auto"' \
-      --set cluster.prefill_tp=2 --set cluster.decode_tp=1 --set job.epoch_requests=12 --set 'planner.policy="sla"' \
-      --set log.level=info --set "job.output=\"$t/cells.jsonl\"" > "$t/cells.log" 2>&1 &&
-      compare_outputs "$t/tp1.jsonl" "$t/cells.jsonl" "cells of tp 2 / tp 1 under the planner" || {
-        rc=1; tail -20 "$t/cells.log"; }
-    echo "CUDA cells: $(grep -c 'regroup into' "$t/cells.log") regroup(s) logged"
+  if [ "$gpus" -ge 4 ]; then
+    # Two cells of 2 ranks under the planner, policy agg: the prefill cell regroups into aggregated workers
+    # before any work, from tp 2 to two of tp 1 (its NCCL group left), then from two of tp 1 to one of tp 2
+    # (the NCCL group set up at the start for it). Each must log the regroup and answer every request.
+    local w log
+    for w in "2 1" "1 2"; do
+      set -- $w
+      log="$t/cells-p$1d$2.log"
+      timeout 300 mpirun --oversubscribe -np 5 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="auto"' \
+        --set 'planner.policy="agg"' --set cluster.prefill_tp="$1" --set cluster.decode_tp="$2" --set log.level=info \
+        --set "job.output=\"$t/cells-p$1d$2.jsonl\"" > "$log" 2>&1 &&
+        compare_outputs "$t/tp1.jsonl" "$t/cells-p$1d$2.jsonl" "a cell regrouped from prefill tp $1 to agg tp $2" || {
+          rc=1; tail -20 "$log"; }
+      if ! grep -q 'regroup into' "$log" || [ "$(grep -c 'regrouped:' "$log")" -ne 2 ]; then
+        echo "CUDA cells p$1 d$2: FAILED (the cell's two ranks did not both regroup)"; rc=1
+      fi
+    done
   else
     echo "CUDA cells of tp 2 / tp 1 under the planner: not run ($gpus GPUs visible; it needs four)"
   fi

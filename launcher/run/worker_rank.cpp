@@ -77,10 +77,11 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     }
   }) && phase("out of memory setting up the tensor-parallel group's GPU exchange", [&] {
     // Collective over the group (NCCL): in a phase of its own, so that no rank that failed before it is waited for.
-    // A cell's rank sets up its other form's exchange too (every rank of the cell in the same order): a regroup sets up none.
-    if (p.cfg.choices.on_cpu()) return;
-    if (width > 1) w.device_group = mpi::make_device_group(l.group_comm.get());
-    if (l.regroups && l.other.width > 1) w.other_device_group = mpi::make_device_group(l.other_comm.get());
+    if (width > 1 && !p.cfg.choices.on_cpu()) w.device_group = mpi::make_device_group(l.group_comm.get());
+  }) && phase("out of memory setting up the other width's GPU exchange", [&] {
+    // A cell's rank sets up its other form's too, in a phase of its own for the same reason: a regroup sets up none.
+    if (l.regroups && l.other.width > 1 && !p.cfg.choices.on_cpu())
+      w.other_device_group = mpi::make_device_group(l.other_comm.get());
   }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
     const int n_threads = p.cfg.cluster.threads_per_rank > 0
                               ? static_cast<int>(p.cfg.cluster.threads_per_rank)

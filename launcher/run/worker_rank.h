@@ -43,7 +43,7 @@ struct WorkerParts {
   std::unique_ptr<runtime::ModelBackend> model;  // this rank's shard of the model
 };
 
-// A worker loads in three phases, every rank learning after each whether any
+// A worker loads in phases, every rank learning after each whether any
 // worker failed: one that failed alone would otherwise leave the others in
 // the transport's collective calls and rank 0 waiting for it to report
 // loaded, a job hung without a word. False (the verdict printed once) when one did.
