@@ -4,7 +4,8 @@
 # docs/demo.md) in a disaggregated job with mpirun -np 3 (rank 0 routes, one
 # prefill rank, one decode rank) over jobs/examples/demo.jsonl (48
 # completions, half of them continuing one shared passage of Genesis, each
-# ending at its verse's end), then a few of its answers and the summary.
+# ending at its verse's end, and 8 chats whose answers end on their own),
+# then a few of its answers and the summary.
 set -euo pipefail
 build=${1:-build}
 cd "$(dirname "$0")/.."
@@ -19,17 +20,25 @@ echo "== mpirun -np 3 tandem run -c jobs/examples/demo.toml   (1 router, 1 prefi
 timeout 600 mpirun --oversubscribe -np 3 "$tandem" run -c jobs/examples/demo.toml --set log.level=warn
 echo "== first output line ($out)"
 head -n 1 "$out" | cut -c1-400
-echo "== a few answers (prompt ... completion)"
+echo "== a few answers (prompt ... completion; a chat: user > assistant)"
 /usr/bin/python3 - jobs/examples/demo.jsonl "$out" <<'PY'
 import json, sys
-prompts = {}
+asked = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    prompts[r["custom_id"]] = r["body"]["prompt"].splitlines()[-1]
-for line in list(open(sys.argv[2]))[:6]:
+    b = r["body"]
+    asked[r["custom_id"]] = b["prompt"].splitlines()[-1] if "prompt" in b else b["messages"][-1]["content"]
+shown = {"text": 0, "message": 0}
+for line in open(sys.argv[2]):
     r = json.loads(line)
-    text = r["response"]["body"]["choices"][0]["text"] if r.get("response") else "(error)"
-    print(f"  {prompts.get(r['custom_id'], '')}{text}")
+    if not r.get("response"):
+        continue
+    c = r["response"]["body"]["choices"][0]
+    kind = "message" if "message" in c else "text"
+    if shown[kind] < (4 if kind == "text" else 2):
+        shown[kind] += 1
+        q = asked.get(r["custom_id"], "")
+        print(f"  {q}{c['text']}" if kind == "text" else f"  {q} > {c['message']['content']}")
 PY
 echo "== summary ($out.summary.json)"
 /usr/bin/python3 - "$out.summary.json" <<'PY'

@@ -2,16 +2,18 @@
 """Trains the demo model: a small Qwen3-shaped model with its own byte-level
 BPE tokenizer, on the King James Version of the Bible (public domain: the
 translation is from 1611; Debian's bible-kjv-text package, read through the
-`bible` program of bible-kjv). Deterministic from --seed on one machine,
-torch on the CPU, no download.
+`bible` program of bible-kjv). Deterministic from --seed and --steps: two
+runs on one machine write the same bytes (torch on the CPU, no download).
 
 usage: /usr/bin/python3 scripts/demo_model/train.py --tandem build/launcher/tandem
-           --out demo/model [--minutes 20] [--seed 1]
+           --out demo/model [--steps 600] [--seed 1]
 
 Needs: apt install bible-kjv (the text and the program that prints it) and
 libopenblas0-pthread (Debian's torch otherwise multiplies with the reference
-BLAS: 3 GFLOP/s here instead of 100, and the run would not fit its minutes).
-Writes OUT/{config.json, model.safetensors, tokenizer.json,
+BLAS: 3 GFLOP/s here instead of 100: hours instead of 16 minutes).
+A verse in four (of the training split) is seen as a chat in the chat
+template's ChatML (its first half from the user, the second answered), so
+chat answers end on their own. Writes OUT/{config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, training.json}: the checkpoint's shape is the one
 `tandem make-model` writes (so tandem reads it as any Hugging Face
 checkpoint), its weights the trained ones, in bfloat16. training.json records
@@ -158,6 +160,30 @@ def write_safetensors(path, tensors, like):
             f.write(b)
 
 
+def training_ids(lines, enc, specials):
+    """The training verses as one token stream, in order: three in four as
+    text, a verse a line; every fourth as a chat in the ChatML of the chat
+    template (the verse's first half from the user, the second from the
+    assistant), so that a chat's answer ends on its own with <|im_end|>."""
+    start, end = specials["<|im_start|>"], specials["<|im_end|>"]
+    newline = enc.encode("\n")
+    out, text = [], []
+    for i, line in enumerate(lines):
+        words = line.split(" ")
+        if i % 4 != 1 or len(words) < 4:
+            text.append(line)
+            continue
+        if text:
+            out.extend(enc.encode("\n".join(text) + "\n"))
+            text = []
+        k = len(words) // 2  # the first half asked, the second answered: one task, as the demo's chats ask it
+        out += [start] + enc.encode("user\n" + " ".join(words[:k])) + [end] + newline
+        out += [start] + enc.encode("assistant\n" + " ".join(words[k:])) + [end] + newline
+    if text:
+        out.extend(enc.encode("\n".join(text) + "\n"))
+    return np.array(out, dtype=np.int32)
+
+
 def batches(ids, seq, batch, rng):
     starts = list(range(0, len(ids) - seq - 1, seq))
     while True:
@@ -171,7 +197,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tandem", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=20)
+    ap.add_argument("--steps", type=int, default=600, help="optimizer steps (600: about 16 minutes on 2 cores)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     t0 = time.time()
@@ -180,11 +206,12 @@ def main():
     rng = random.Random(a.seed)
     lines = kjv_text()
     # Held out: every 20th verse.
-    train_text = "\n".join(l for i, l in enumerate(lines) if i % 20) + "\n"
+    train_lines = [l for i, l in enumerate(lines) if i % 20]
     held_text = "\n".join(l for i, l in enumerate(lines) if i % 20 == 0) + "\n"
-    merges = bpe.train(train_text, VOCAB)
+    merges = bpe.train("\n".join(train_lines) + "\n", VOCAB)
     enc = bpe.Encoder(merges)
-    train_ids = np.array(enc.encode(train_text), dtype=np.int32)
+    specials = {t["content"]: t["id"] for t in bpe.tokenizer_json(merges)["added_tokens"]}
+    train_ids = training_ids(train_lines, enc, specials)
     held_ids = np.array(enc.encode(held_text), dtype=np.int32)
     print(f"{len(lines)} verses; {len(merges)} merges; {len(train_ids)} training tokens, {len(held_ids)} held out "
           f"({time.time() - t0:.0f} s)", flush=True)
@@ -192,13 +219,10 @@ def main():
     model = Qwen3(VOCAB, **{k: SHAPE[k] for k in SHAPE})
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     seq, batch = 128, 32
-    budget = a.minutes * 60
-    start, step = time.time(), 0
-    for x, y in batches(train_ids, seq, batch, rng):
-        frac = (time.time() - start) / budget
-        if frac >= 1:
-            break
-        lr = 3e-3 * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+    start = time.time()
+    for step, (x, y) in zip(range(a.steps), batches(train_ids, seq, batch, rng)):
+        # Warm-up over 50 steps, then a cosine to zero at the last step: a function of the step alone.
+        lr = 3e-3 * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / a.steps))
         for g in opt.param_groups:
             g["lr"] = lr
         loss = torch.nn.functional.cross_entropy(model(x).view(-1, VOCAB), y.reshape(-1))
@@ -208,7 +232,6 @@ def main():
         opt.step()
         if step % 50 == 0:
             print(f"step {step}: loss {loss.item():.3f}, lr {lr:.2e}, {time.time() - start:.0f} s", flush=True)
-        step += 1
 
     # Held-out perplexity, against a unigram model of the training split (add-one smoothed).
     model.eval()
@@ -219,14 +242,16 @@ def main():
             y = torch.from_numpy(held_ids[s + 1:s + seq + 1][None]).long()
             nll += torch.nn.functional.cross_entropy(model(x).view(-1, VOCAB), y.view(-1), reduction="sum").item()
             n += seq
-    counts = np.bincount(train_ids, minlength=VOCAB).astype(np.float64) + 1
+    plain = enc.encode("\n".join(train_lines) + "\n")  # the split's text as text: no chat markup in the baseline
+    counts = np.bincount(plain, minlength=VOCAB).astype(np.float64) + 1
     unigram = float(np.exp(-np.mean(np.log(counts[held_ids] / counts.sum()))))
     report = {"text": "King James Version (Debian bible-kjv-text), public domain", "verses": len(lines),
-              "vocab": VOCAB, "shape": SHAPE, "steps": step, "tokens_seen": step * seq * batch,
+              "vocab": VOCAB, "shape": SHAPE, "steps": a.steps, "tokens_seen": a.steps * seq * batch,
               "training_tokens": int(len(train_ids)), "held_out_tokens": int(len(held_ids)),
               "held_out_perplexity": math.exp(nll / max(n, 1)), "unigram_perplexity": unigram,
-              "seconds": round(time.time() - t0), "seed": a.seed, "torch": torch.__version__}
-    print(json.dumps(report), flush=True)
+              "seed": a.seed, "torch": torch.__version__}
+    # The time stays out of training.json: two runs write the same files.
+    print(json.dumps(report), f"({time.time() - t0:.0f} s)", flush=True)
 
     # The checkpoint: make-model's shape and files, our tokenizer and weights.
     with tempfile.TemporaryDirectory() as d:
