@@ -178,3 +178,71 @@ TEST_CASE("a rank of a CUDA group holds its shard of the layers on its GPU: its 
   CHECK(used[1] - used[2] > 0.35 * layer_bytes);
   CHECK(used[2] - used[4] > 0.15 * layer_bytes);
 }
+
+// What a regroup does to a CUDA rank (launcher/run/worker_rank.cpp): its
+// model at one width goes, the same device memory is laid out as the other
+// width's KV blocks, and its shard at that width is uploaded; the group's
+// exchange was made once, at the start, and serves again when the cell
+// comes back. Two ranks, as a cell of 2: a worker of 2, then two workers of
+// 1, then a worker of 2 again, each on the memory the rank registered once.
+// Each form must give the CPU engine's logits, and the same bits when it
+// comes back.
+TEST_CASE("a cell of 2 CUDA ranks regroups: width 2, two of width 1, width 2 again, on the memory each set up once",
+          "[gpu]") {
+  testing::TinyModel tiny("qwen3", "f32");
+  auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt(53);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
+  cpu::ThreadPool threads(2);
+  kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
+  cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
+  const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+
+  auto layout_at = [&](int rank, int width) {
+    const ModelConfig shard = cpu::shard_config(tiny.config, {rank, width});
+    return kv::KvLayout{shard.layers, shard.kv_heads, shard.head_dim, 16};
+  };
+  // Room for 8 blocks of the wider form's or the narrower's, whichever is more (the narrower's: all KV heads).
+  const std::size_t capacity = 8 * std::max(layout_at(0, 1).block_bytes(), layout_at(0, 2).block_bytes());
+  {
+    ThreadDeviceGroup group(2);  // as the NCCL exchange each rank sets up once
+    std::vector<std::vector<float>> got[3];
+    for (auto& g : got) g.resize(2);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          std::shared_ptr<void> memory = allocate_pool_memory("cuda", capacity);  // registered once
+          ThreadDeviceGroup::Member member(group, r);
+          for (int form = 0; form < 3; ++form) {
+            const int width = form == 1 ? 1 : 2;
+            const kv::KvLayout layout = layout_at(width == 1 ? 0 : r, width);
+            kv::BlockPool pool(layout, static_cast<int64_t>(capacity / layout.block_bytes()),
+                               static_cast<float*>(memory.get()));
+            cuda::CudaModel model(tiny.config, *rowmajor, pool, width == 1 ? nullptr : &member);
+            got[form][static_cast<std::size_t>(r)] = testing::chunked_logits(model, pool, prompt);
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+          group.leave(r);
+        }
+      });
+    for (auto& t : ranks) t.join();
+    CHECK(group.cuda_errors() == 0);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+      for (int form = 0; form < 3; ++form) {
+        INFO("form " << form << " (width " << (form == 1 ? 1 : 2) << ")");
+        REQUIRE(got[form][static_cast<std::size_t>(r)].size() == want.size());
+        CHECK(rel_err(got[form][static_cast<std::size_t>(r)], want) < 1e-4);
+      }
+      CHECK(got[2][static_cast<std::size_t>(r)] == got[0][static_cast<std::size_t>(r)]);  // back: the same bits
+      CHECK(got[1][static_cast<std::size_t>(r)] == got[1][0]);  // two workers of 1: the same model
+    }
+    std::printf("cuda regroup 2 -> 1 -> 2: largest logit difference from the CPU engine %.3g (width 2), %.3g (width 1)\n",
+                rel_err(got[0][0], want), rel_err(got[1][0], want));
+  }
+}
