@@ -49,6 +49,7 @@ Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
 import json
 import os
 import subprocess
+import re
 import sys
 import tempfile
 import time
@@ -352,14 +353,17 @@ try:
     before = int(resumed[-1].split()[0]) if len(resumed) == 2 else None  # what the first start committed
     got = [json.loads(l) for l in lines(rq_out)]
     tokens = outputs(rq_out)
+    # Slurm's TERM reaches the ranks, and the batch shell's trap hands it on as USR1: whichever comes first
+    # starts the drain and is named at its end (under make test -j2 the USR1 came first once).
+    stopped = re.search(r"stopped by signal (15|10)\b", log)
     check("Slurm requeues the running 3-node job: it drains and commits, starts again and resumes; every line "
           "exactly once, the one-node tokens",
           rc == 0 and before is not None and 0 < before < 200 and len(got) == 200 and tokens == long_ref and
-          "stopped by signal 15" in log and "DUE TO JOB REQUEUE" in log,
+          stopped is not None and "DUE TO JOB REQUEUE" in log,
           f"{before} lines at the requeue, {len(got)} after ({len(tokens)} distinct), {took:.0f} s: {said}" +
-          str([l[40:] for l in log.splitlines() if "resuming" in l or "signal 15" in l or "REQUEUE" in l]))
+          str([l[40:] for l in log.splitlines() if "resuming" in l or "signal" in l or "REQUEUE" in l]))
     print(f"     requeued after {before} of 200 lines; the job was done {took:.0f} s later")
-    if "stopped by signal 15" not in log:  # once under make test -j2 the first start logged no signal at all: say more
+    if not stopped:  # the first start's end, to say why
         print(f"     job {jid}'s log, the first start's end:\n" + log[:log.rfind("resuming")][-2500:])
 
     # 9. A node lost mid-job: its link goes down; then the same job on the nodes left.
