@@ -48,8 +48,8 @@ fail. Skips (exit 77) where namespaces or Slurm cannot run here.
 Usage: cluster_test.py TANDEM SRC_DIR CONFORMANCE_BINARY"""
 import json
 import os
-import subprocess
 import re
+import subprocess
 import sys
 import tempfile
 import time
