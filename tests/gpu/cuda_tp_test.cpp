@@ -84,6 +84,21 @@ class ThreadDeviceGroup {
   std::atomic<int> errors_{0};
 };
 
+// A 53-token prompt (ids below 1000) from `seed`, and the CPU engine's logits for it: the reference.
+std::vector<int32_t> random_prompt(unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> prompt(53);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
+  return prompt;
+}
+
+std::vector<float> cpu_logits(const testing::TinyModel& tiny, const std::vector<int32_t>& prompt) {
+  cpu::ThreadPool threads(2);
+  kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
+  cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
+  return testing::chunked_logits(cpu_model, cpu_pool, prompt);
+}
+
 }  // namespace
 
 TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same logits bit for bit, as close to the CPU "
@@ -95,13 +110,8 @@ TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same lo
   for (const auto& [arch, dtype] : models) {
     testing::TinyModel tiny(arch, dtype);
     auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
-    std::mt19937 rng(5);
-    std::vector<int32_t> prompt(53);
-    for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
-    cpu::ThreadPool threads(2);
-    kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
-    cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
-    const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+    const std::vector<int32_t> prompt = random_prompt(5);
+    const std::vector<float> want = cpu_logits(tiny, prompt);
     const bool f32 = std::string(dtype) == "f32";
     for (const int width : {2, 4}) {
       INFO(arch << " " << dtype << ", width " << width);
@@ -191,13 +201,8 @@ TEST_CASE("a cell of 2 CUDA ranks regroups: width 2, two of width 1, width 2 aga
           "[gpu]") {
   testing::TinyModel tiny("qwen3", "f32");
   auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
-  std::mt19937 rng(9);
-  std::vector<int32_t> prompt(53);
-  for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
-  cpu::ThreadPool threads(2);
-  kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
-  cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
-  const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+  const std::vector<int32_t> prompt = random_prompt(9);
+  const std::vector<float> want = cpu_logits(tiny, prompt);
 
   auto layout_at = [&](int rank, int width) {
     const ModelConfig shard = cpu::shard_config(tiny.config, {rank, width});
