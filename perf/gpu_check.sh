@@ -74,17 +74,17 @@ cuda_tp_job() {
     # Two cells of 2 ranks under the planner, policy agg: the prefill cell regroups into aggregated workers
     # before any work, from tp 2 to two of tp 1 (its NCCL group left), then from two of tp 1 to one of tp 2
     # (the NCCL group set up at the start for it). Each must log the regroup and answer every request.
-    local w log
-    for w in "2 1" "1 2"; do
-      set -- $w
-      log="$t/cells-p$1d$2.log"
+    local pt dt log
+    for pt in 2 1; do
+      dt=$((3 - pt))  # the other width: 2 -> 1, then 1 -> 2
+      log="$t/cells-p${pt}d${dt}.log"
       timeout 300 mpirun --oversubscribe -np 5 "$b/launcher/tandem" "${common[@]}" --set 'job.mode="auto"' \
-        --set 'planner.policy="agg"' --set cluster.prefill_tp="$1" --set cluster.decode_tp="$2" --set log.level=info \
-        --set "job.output=\"$t/cells-p$1d$2.jsonl\"" > "$log" 2>&1 &&
-        compare_outputs "$t/tp1.jsonl" "$t/cells-p$1d$2.jsonl" "a cell regrouped from prefill tp $1 to agg tp $2" || {
+        --set 'planner.policy="agg"' --set cluster.prefill_tp="$pt" --set cluster.decode_tp="$dt" --set log.level=info \
+        --set "job.output=\"$t/cells-p${pt}d${dt}.jsonl\"" > "$log" 2>&1 &&
+        compare_outputs "$t/tp1.jsonl" "$t/cells-p${pt}d${dt}.jsonl" "a cell regrouped from prefill tp $pt to agg tp $dt" || {
           rc=1; tail -20 "$log"; }
       if ! grep -q 'regroup into' "$log" || [ "$(grep -c 'regrouped:' "$log")" -ne 2 ]; then
-        echo "CUDA cells p$1 d$2: FAILED (the cell's two ranks did not both regroup)"; rc=1
+        echo "CUDA cells p$pt d$dt: FAILED (the cell's two ranks did not both regroup)"; rc=1
       fi
     done
   else

@@ -150,8 +150,8 @@ bool Regroups::step(const std::function<bool(int)>& busy) {
     for (Entry& e : cells_) {
       if (e.state != State::kMapping) continue;
       e.state = State::kActive;
-      for (const auto& g : groups(e, e.cell.prefill)) emptied_.insert(emptied_.end(), g.begin(), g.end());
       const auto& g = groups(e, e.cell.prefill);
+      for (const auto& ranks : g) emptied_.insert(emptied_.end(), ranks.begin(), ranks.end());
       spdlog::info("epoch {}: ranks {}-{} back as {} {} worker(s) of {} rank(s), {:.2f} s after the split: {:.2f} s until "
                    "nothing placed there was out, {:.2f} s to drain, regroup and be known to every worker",
                    epoch_, g.front().front(), g.back().back(), g.size(),

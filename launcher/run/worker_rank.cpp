@@ -49,11 +49,12 @@ bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, con
     // A tensor-parallel rank copies its shard out of the mapping: panels of the whole model would be wasted.
     w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path,
                                             runtime::backend_wants_panels(backend) && width == 1 && !l.regroups);
-    blocks = pool_blocks(p, node.local_workers, width);
     if (l.regroups) {  // one pool for both forms, registered once: this form's whole blocks of it
       const uint64_t bytes = cell_pool_bytes(p, node.local_workers, width, l.other.width);
       w.pool_capacity = bytes - bytes % layout.block_bytes();  // what the transport registers
       blocks = static_cast<int64_t>(w.pool_capacity / layout.block_bytes());
+    } else {
+      blocks = pool_blocks(p, node.local_workers, width);
     }
     if (width > 1)  // the leader's block numbers hold on every rank of the group: the same count everywhere
       TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, l.group_comm.get()));
