@@ -161,6 +161,8 @@ struct BlockRun {
   int32_t src, dst, count;
 };
 std::vector<BlockRun> coalesce(std::span<const int32_t> src, std::span<const int32_t> dst);
+// The same into `runs` (cleared first), whose capacity a backend keeps from post to post.
+void coalesce(std::span<const int32_t> src, std::span<const int32_t> dst, std::vector<BlockRun>& runs);
 
 // What every backend's post() checks first: a peer among `size` ranks, block
 // lists of equal length, every id inside our pool and the peer's, and a

@@ -7,11 +7,16 @@
 namespace tandem::mpi {
 
 std::vector<uint8_t> pack_notice(int64_t id, bool aborted, std::span<const uint8_t> bytes) {
-  std::vector<uint8_t> m(9 + bytes.size());
+  std::vector<uint8_t> m;
+  pack_notice(id, aborted, bytes, m);
+  return m;
+}
+
+void pack_notice(int64_t id, bool aborted, std::span<const uint8_t> bytes, std::vector<uint8_t>& m) {
+  m.resize(9 + bytes.size());
   std::memcpy(m.data(), &id, 8);
   m[8] = aborted ? 1 : 0;
   if (!bytes.empty()) std::memcpy(m.data() + 9, bytes.data(), bytes.size());
-  return m;
 }
 
 bool unpack_notice(int peer, const std::vector<uint8_t>& m, Notice& out) {
@@ -24,7 +29,16 @@ bool unpack_notice(int peer, const std::vector<uint8_t>& m, Notice& out) {
 }
 
 Status Notices::send(int peer, int64_t id, bool aborted, std::span<const uint8_t> bytes) {
-  sending_.emplace_back(MPI_REQUEST_NULL, pack_notice(id, aborted, bytes));
+  std::vector<uint8_t> buffer;
+  if (!spare_.empty()) buffer = std::move(spare_.back()), spare_.pop_back();
+  pack_notice(id, aborted, bytes, buffer);
+  return send_packed(peer, buffer);
+}
+
+Status Notices::send_packed(int peer, std::vector<uint8_t>& packed) {
+  sending_.emplace_back(MPI_REQUEST_NULL, std::move(packed));
+  packed.clear();
+  if (!spare_.empty()) packed = std::move(spare_.back()), spare_.pop_back();
   auto& [request, m] = sending_.back();
   TANDEM_MPI(MPI_Isend(m.data(), static_cast<int>(m.size()), MPI_BYTE, peer, tag_, comm_, &request));
   return Status();
@@ -42,6 +56,7 @@ Status Notices::poll(std::vector<Notice>& arrived) {
     int done = 0;
     TANDEM_MPI(MPI_Test(&sending_.front().first, &done, MPI_STATUS_IGNORE));
     if (!done) break;
+    if (spare_.size() < 64) spare_.push_back(std::move(sending_.front().second));
     sending_.pop_front();
   }
   return Status();

@@ -53,6 +53,8 @@ struct Notice {
 
 // [int64 id][uint8 aborted][bytes...]
 std::vector<uint8_t> pack_notice(int64_t id, bool aborted, std::span<const uint8_t> bytes);
+// The same into `m` (its capacity reused).
+void pack_notice(int64_t id, bool aborted, std::span<const uint8_t> bytes, std::vector<uint8_t>& m);
 // False when `m` is too short to be a notice.
 bool unpack_notice(int peer, const std::vector<uint8_t>& m, Notice& out);
 
@@ -61,6 +63,9 @@ class Notices {
   Notices(MPI_Comm comm, int tag) : comm_(comm), tag_(tag) {}
   // Starts sending the notice of transfer `id` to `peer`.
   [[nodiscard]] Status send(int peer, int64_t id, bool aborted, std::span<const uint8_t> bytes);
+  // Starts sending a notice already packed (pack_notice); `packed` is left
+  // holding a spare buffer (empty, its capacity kept) for the next one.
+  [[nodiscard]] Status send_packed(int peer, std::vector<uint8_t>& packed);
   // Appends the notices that arrived, and retires sends that completed.
   [[nodiscard]] Status poll(std::vector<Notice>& arrived);
   bool sending() const { return !sending_.empty(); }
@@ -69,6 +74,7 @@ class Notices {
   MPI_Comm comm_;
   int tag_;
   std::deque<std::pair<MPI_Request, std::vector<uint8_t>>> sending_;
+  std::vector<std::vector<uint8_t>> spare_;  // buffers of sends that completed, for the next ones
 };
 
 }  // namespace tandem::mpi

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <numeric>
 
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_env.h"
@@ -17,6 +18,22 @@ MpiRmaTransport::MpiRmaTransport(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_dup(comm_, &notify_comm_);
   MPI_Comm_set_errhandler(notify_comm_, MPI_ERRORS_RETURN);
   notices_ = std::make_unique<Notices>(notify_comm_, kTagNotice);
+  // Which ranks share our node (and so our memory).
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Group all = MPI_GROUP_NULL, here = MPI_GROUP_NULL;
+  MPI_Comm_group(comm_, &all);
+  MPI_Comm_group(node, &here);
+  int n_here = 0;
+  MPI_Group_size(here, &n_here);
+  std::vector<int> theirs(static_cast<std::size_t>(n_here)), ours(static_cast<std::size_t>(n_here));
+  std::iota(theirs.begin(), theirs.end(), 0);
+  MPI_Group_translate_ranks(here, n_here, theirs.data(), all, ours.data());
+  on_node_.assign(static_cast<std::size_t>(size_), 0);
+  for (int r : ours) on_node_[static_cast<std::size_t>(r)] = 1;
+  MPI_Group_free(&here);
+  MPI_Group_free(&all);
+  MPI_Comm_free(&node);
 }
 
 // Collective teardown only on the normal path: while an exception unwinds the
@@ -72,36 +89,46 @@ Status MpiRmaTransport::put(int peer, std::span<const int32_t> src, std::span<co
   TANDEM_RETURN_IF_ERROR(check_post(peer, size_, src, dst, n_blocks_, known ? peer_blocks_[static_cast<std::size_t>(peer)] : 0,
                                     notification.size(), capabilities().max_notification_bytes));
   TANDEM_RETURN_IF_ERROR(check_block_bytes(block_bytes_, peer_block_bytes_[static_cast<std::size_t>(peer)], slice));
-  Outgoing o;
+  id = next_id_++;
+  Outgoing& o = outgoing_.add(id);
   o.peer = peer;
-  o.notification.assign(notification.begin(), notification.end());
-  for (const auto& r : coalesce(src, dst)) {
-    if (Status st = put_run(peer, r, slice, o.puts); !st.ok()) {
-      // What was put lands; the peer hears of this transfer as aborted once it has.
-      o.aborted = true;
-      id = next_id_++;
-      outgoing_.emplace(id, std::move(o));
+  pack_notice(id, false, notification, o.notice);
+  coalesce(src, dst, runs_);
+  for (const auto& r : runs_) {
+    if (Status st = put_run(o, r, slice); !st.ok()) {
+      o.aborted = true;  // what was put lands; the peer hears of this transfer as aborted once it has
       return st;
     }
   }
-  id = next_id_++;
-  outgoing_.emplace(id, std::move(o));
   return Status();  // it advances in poll() and progress(): an abort() until then still tells the peer
 }
 
-Status MpiRmaTransport::put_run(int peer, const BlockRun& r, const RowSlice* slice, std::vector<MPI_Request>& puts) {
-  const std::size_t theirs = peer_block_bytes_[static_cast<std::size_t>(peer)];
+// A peer on this node: MPI_Put copies inside the call (shared memory), so no
+// request is needed and the flush in advance() returns at once. Elsewhere:
+// MPI_Rput, whose request advance() tests without blocking.
+Status MpiRmaTransport::issue(Outgoing& o, const uint8_t* from, int count, MPI_Datatype from_type, MPI_Aint at,
+                              MPI_Datatype to_type) {
+  o.flush = true;
+  if (on_node_[static_cast<std::size_t>(o.peer)]) {
+    TANDEM_MPI(MPI_Put(from, count, from_type, o.peer, at, count, to_type, win_));
+    return Status();
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  TANDEM_MPI(MPI_Rput(from, count, from_type, o.peer, at, count, to_type, win_, &req));
+  o.puts.push_back(req);
+  return Status();
+}
+
+Status MpiRmaTransport::put_run(Outgoing& o, const BlockRun& r, const RowSlice* slice) {
+  const std::size_t theirs = peer_block_bytes_[static_cast<std::size_t>(o.peer)];
   if (!slice) {
     // MPI counts are ints: split very long runs.
     const std::size_t total = static_cast<std::size_t>(r.count) * block_bytes_;
     const std::size_t chunk = std::size_t{1} << 30;
     for (std::size_t off = 0; off < total; off += chunk) {
       const int n = static_cast<int>(std::min(chunk, total - off));
-      MPI_Request req = MPI_REQUEST_NULL;
-      TANDEM_MPI(MPI_Rput(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + off, n, MPI_BYTE, peer,
-                          static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs + off), n, MPI_BYTE, win_,
-                          &req));
-      puts.push_back(req);
+      TANDEM_RETURN_IF_ERROR(issue(o, base_ + static_cast<std::size_t>(r.src) * block_bytes_ + off, n, MPI_BYTE,
+                                   static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs + off), MPI_BYTE));
     }
     return Status();
   }
@@ -119,52 +146,51 @@ Status MpiRmaTransport::put_run(int peer, const BlockRun& r, const RowSlice* sli
         if (to != MPI_DATATYPE_NULL) MPI_Type_free(&to);
       }
     } t;
-    MPI_Datatype& from = t.from;
-    MPI_Datatype& to = t.to;
-    TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(ours_row), MPI_BYTE, &from));
-    TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(theirs_row), MPI_BYTE, &to));
-    TANDEM_MPI(MPI_Type_commit(&from));
-    TANDEM_MPI(MPI_Type_commit(&to));
-    MPI_Request req = MPI_REQUEST_NULL;
-    const int rc = MPI_Rput(base_ + static_cast<std::size_t>(r.src) * block_bytes_ + static_cast<std::size_t>(first) * ours_row +
-                                slice->src_offset,
-                            1, from, peer,
-                            static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs +
-                                                  static_cast<std::size_t>(first) * theirs_row + slice->dst_offset),
-                            1, to, win_, &req);
-    if (rc != MPI_SUCCESS) return mpi_status(rc, "MPI_Rput", __FILE__, __LINE__);
-    puts.push_back(req);
+    TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(ours_row), MPI_BYTE, &t.from));
+    TANDEM_MPI(MPI_Type_create_hvector(n, static_cast<int>(slice->bytes), static_cast<MPI_Aint>(theirs_row), MPI_BYTE, &t.to));
+    TANDEM_MPI(MPI_Type_commit(&t.from));
+    TANDEM_MPI(MPI_Type_commit(&t.to));
+    TANDEM_RETURN_IF_ERROR(issue(o,
+                                 base_ + static_cast<std::size_t>(r.src) * block_bytes_ +
+                                     static_cast<std::size_t>(first) * ours_row + slice->src_offset,
+                                 1, t.from,
+                                 static_cast<MPI_Aint>(static_cast<std::size_t>(r.dst) * theirs +
+                                                       static_cast<std::size_t>(first) * theirs_row + slice->dst_offset),
+                                 t.to));
   }
   return Status();
 }
 
 // Once every put is complete here, completes them at the target and sends
 // the notification (or the notice that the transfer was given up).
-Status MpiRmaTransport::advance(XferId id, Outgoing& o) {
+Status MpiRmaTransport::advance(Outgoing& o) {
   if (o.state != XferState::kPending) return Status();
   if (!o.puts.empty()) {
     int done = 0;
     TANDEM_MPI(MPI_Testall(static_cast<int>(o.puts.size()), o.puts.data(), &done, MPI_STATUSES_IGNORE));
     if (!done) return Status();
-    TANDEM_MPI(MPI_Win_flush(o.peer, win_));
     o.puts.clear();
   }
-  TANDEM_RETURN_IF_ERROR(notices_->send(o.peer, id, o.aborted, o.notification));
-  o.notification.clear();
+  if (o.flush) {
+    TANDEM_MPI(MPI_Win_flush(o.peer, win_));
+    o.flush = false;
+  }
+  o.notice[8] = o.aborted ? 1 : 0;  // pack_notice's aborted byte
+  TANDEM_RETURN_IF_ERROR(notices_->send_packed(o.peer, o.notice));
   o.state = o.aborted ? XferState::kAborted : XferState::kDone;
   return Status();
 }
 
 Status MpiRmaTransport::poll(XferId id, XferState& state) {
-  return poll_outgoing(outgoing_, id, state, [this](XferId i, Outgoing& o) { return advance(i, o); });
+  return poll_outgoing(outgoing_, id, state, [this](XferId, Outgoing& o) { return advance(o); });
 }
 
 Status MpiRmaTransport::abort(XferId id) {
-  return abort_outgoing(outgoing_, id, [this](XferId i, Outgoing& o) { return advance(i, o); });
+  return abort_outgoing(outgoing_, id, [this](XferId, Outgoing& o) { return advance(o); });
 }
 
 Status MpiRmaTransport::progress(std::vector<Notification>& arrived) {
-  for (auto& [id, o] : outgoing_) TANDEM_RETURN_IF_ERROR(advance(id, o));
+  for (auto& [id, o] : outgoing_) TANDEM_RETURN_IF_ERROR(advance(o));
   std::vector<Notice> notices;
   TANDEM_RETURN_IF_ERROR(notices_->poll(notices));
   for (auto& n : notices) arrived.push_back({n.peer, n.aborted, std::move(n.bytes)});

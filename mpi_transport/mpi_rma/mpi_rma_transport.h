@@ -7,26 +7,30 @@
 // MPI_Win_allocate (a shared-memory window on one node: the fast path);
 // register_pool() over the caller's memory with MPI_Win_create.
 //
-// post() issues one MPI_Rput per run of consecutive blocks. The transfer
-// advances in progress() and poll(): once every put's request has completed
+// post() issues one put per run of consecutive blocks: MPI_Put to a rank on
+// this node (shared memory: the copy happens inside the call, so no request
+// is worth its cost), MPI_Rput to a rank elsewhere. The transfer advances in
+// progress() and poll(): once every MPI_Rput's request has completed
 // (MPI_Testall, never blocking), MPI_Win_flush makes the data complete at the
-// target (it returns at once under osc/rdma, where the completed request
-// means the data is there; under osc/pt2pt, TCP-only, it waits for the
-// target's acknowledgement), and only then is the notification sent, as a
-// message on a private duplicate of the communicator: it cannot overtake the
-// data. The target's CPU does nothing for the data to land under osc/rdma;
-// with osc/pt2pt its main loop, which polls MPI between engine steps,
-// provides progress.
+// target (it returns at once under osc/rdma, where the copy or the completed
+// request means the data is there; under osc/pt2pt, TCP-only, it waits for
+// the target's acknowledgement), and only then is the notification sent, as
+// a message on a private duplicate of the communicator: it cannot overtake
+// the data. The target's CPU does nothing for the data to land under
+// osc/rdma; with osc/pt2pt its main loop, which polls MPI between engine
+// steps, provides progress. Once warm, a post allocates nothing (the
+// transfer table and the notices reuse their buffers): at 64 KiB the
+// transport's bookkeeping is what separates it from a bare MPI_Put.
 #pragma once
 
 #include <mpi.h>
 
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "mpi_transport/kv_transport.h"
 #include "mpi_transport/notices.h"
+#include "mpi_transport/xfer_table.h"
 
 namespace tandem::mpi {
 
@@ -57,21 +61,31 @@ class MpiRmaTransport : public KvTransport {
   void release(XferId id) override { outgoing_.erase(id); }
   Status progress(std::vector<Notification>& arrived) override;
   Status destroy() override;
+  // The pool's window (MPI_WIN_NULL before the pool): for benches that set
+  // raw MPI against the transport on the same memory.
+  MPI_Win window() const { return win_; }
 
  private:
   struct Outgoing {
     int peer = 0;
-    std::vector<MPI_Request> puts;
-    std::vector<uint8_t> notification;
+    std::vector<MPI_Request> puts;  // MPI_Rput's, to a peer on another node
+    bool flush = false;             // any put issued: MPI_Win_flush before the notification
+    std::vector<uint8_t> notice;    // packed at post(): [id][aborted][notification]
     bool aborted = false;
     XferState state = XferState::kPending;
+    void reset() {
+      puts.clear(), notice.clear();
+      flush = false;
+      aborted = false, state = XferState::kPending;
+    }
   };
   Status open_window(bool allocate, void* base, std::size_t block_bytes, int64_t n_blocks);
   Status put(int peer, std::span<const int32_t> src, std::span<const int32_t> dst, const RowSlice* slice,
              std::span<const uint8_t> notification, XferId& id);
-  // The puts of one run of `count` blocks.
-  Status put_run(int peer, const BlockRun& r, const RowSlice* slice, std::vector<MPI_Request>& puts);
-  Status advance(XferId id, Outgoing& o);
+  // The puts of one run of blocks.
+  Status put_run(Outgoing& o, const BlockRun& r, const RowSlice* slice);
+  Status issue(Outgoing& o, const uint8_t* from, int count, MPI_Datatype from_type, MPI_Aint at, MPI_Datatype to_type);
+  Status advance(Outgoing& o);
 
   MPI_Comm comm_;
   MPI_Comm notify_comm_ = MPI_COMM_NULL;  // a private channel for the notifications
@@ -84,7 +98,9 @@ class MpiRmaTransport : public KvTransport {
   std::vector<uint64_t> peer_block_bytes_;  // and block size (tensor-parallel ranks of other widths hold other heads)
   std::vector<uint64_t> peer_capacity_;     // and window bytes (relayout() stays inside them)
   XferId next_id_ = 1;
-  std::unordered_map<XferId, Outgoing> outgoing_;
+  std::vector<char> on_node_;  // by rank: shares our node
+  XferTable<Outgoing> outgoing_;
+  std::vector<BlockRun> runs_;  // post()'s scratch
   std::unique_ptr<Notices> notices_;
 };
 
