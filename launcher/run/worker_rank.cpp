@@ -260,7 +260,16 @@ void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const servi
 void run_worker(const mpi::MpiEnv& env, const Prepared& p, Layout& l, WorkerParts& w, mpi::Mailbox& box) {
   for (;;) {
     const std::vector<uint8_t> note = run_incarnation(env.rank(), p, l, w, box);
-    if (note.empty()) return;
+    if (note.empty()) {
+      // A cell's rank whose last worker followed still holds the tiers it led with (a leader's worker closed
+      // them): their last writes, and any warning about them, now rather than silently at exit.
+      if (w.tiers) {
+        std::vector<std::string> warnings;
+        w.tiers->close(warnings);
+        for (const auto& x : warnings) spdlog::warn("{}", x);
+      }
+      return;
+    }
     regroup(env.rank(), p, l, w, service::decode_roles(note));
   }
 }
