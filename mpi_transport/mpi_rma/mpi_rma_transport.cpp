@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <exception>
-#include <numeric>
 
+#include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_env.h"
 
@@ -13,27 +13,19 @@ constexpr int kTagNotice = 1;
 }  // namespace
 
 MpiRmaTransport::MpiRmaTransport(MPI_Comm comm) : comm_(comm) {
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-  MPI_Comm_dup(comm_, &notify_comm_);
-  MPI_Comm_set_errhandler(notify_comm_, MPI_ERRORS_RETURN);
+  TANDEM_MPI_OR_THROW(MPI_Comm_rank(comm_, &rank_));
+  TANDEM_MPI_OR_THROW(MPI_Comm_size(comm_, &size_));
+  TANDEM_MPI_OR_THROW(MPI_Comm_dup(comm_, &notify_comm_));
+  TANDEM_MPI_OR_THROW(MPI_Comm_set_errhandler(notify_comm_, MPI_ERRORS_RETURN));
   notices_ = std::make_unique<Notices>(notify_comm_, kTagNotice);
   // Which ranks share our node (and so our memory).
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-  MPI_Group all = MPI_GROUP_NULL, here = MPI_GROUP_NULL;
-  MPI_Comm_group(comm_, &all);
-  MPI_Comm_group(node, &here);
+  const Comm node = split_node(comm_, rank_);
   int n_here = 0;
-  MPI_Group_size(here, &n_here);
-  std::vector<int> theirs(static_cast<std::size_t>(n_here)), ours(static_cast<std::size_t>(n_here));
-  std::iota(theirs.begin(), theirs.end(), 0);
-  MPI_Group_translate_ranks(here, n_here, theirs.data(), all, ours.data());
+  TANDEM_MPI_OR_THROW(MPI_Comm_size(node.get(), &n_here));
+  std::vector<int> here(static_cast<std::size_t>(n_here));
+  TANDEM_MPI_OR_THROW(MPI_Allgather(&rank_, 1, MPI_INT, here.data(), 1, MPI_INT, node.get()));
   on_node_.assign(static_cast<std::size_t>(size_), 0);
-  for (int r : ours) on_node_[static_cast<std::size_t>(r)] = 1;
-  MPI_Group_free(&here);
-  MPI_Group_free(&all);
-  MPI_Comm_free(&node);
+  for (int r : here) on_node_[static_cast<std::size_t>(r)] = 1;
 }
 
 // Collective teardown only on the normal path: while an exception unwinds the
