@@ -17,19 +17,30 @@ struct Entry {
 };
 }  // namespace
 
-TEST_CASE("the transfer table finds, forgets and keeps the order of its entries", "[xfer_table]") {
+TEST_CASE("the transfer table finds and forgets its entries, and reuses their slots", "[xfer_table]") {
   XferTable<Entry> t;
   for (int64_t id = 1; id <= 4; ++id) t.add(id).peer = static_cast<int>(id * 10);
   REQUIRE(t.size() == 4);
   REQUIRE(t.find(3)->second.peer == 30);
   REQUIRE(t.find(9) == t.end());
+  REQUIRE(t.find(XferTable<Entry>::kFree) == t.end());
   t.erase(2);
   t.erase(9);  // unknown: nothing
-  std::vector<int64_t> ids;
-  for (const auto& [id, e] : t) ids.push_back(id);
-  REQUIRE(ids == std::vector<int64_t>{1, 3, 4});
-  t.erase(1), t.erase(3), t.erase(4);
+  t.erase(2);  // twice: nothing
+  REQUIRE(t.size() == 3);
+  REQUIRE(t.find(2) == t.end());
+  auto ids = [&] {
+    std::vector<int64_t> out;
+    for (const auto& [id, e] : t) out.push_back(id);
+    return out;
+  };
+  REQUIRE(ids() == std::vector<int64_t>{1, 3, 4});
+  t.add(5).peer = 50;  // into 2's slot
+  REQUIRE(ids() == std::vector<int64_t>{1, 5, 3, 4});
+  REQUIRE(t.find(5)->second.peer == 50);
+  t.erase(1), t.erase(3), t.erase(4), t.erase(5);
   REQUIRE(t.empty());
+  REQUIRE(ids().empty());
 }
 
 TEST_CASE("a released entry's buffer serves the next add, cleared", "[xfer_table]") {
