@@ -1,6 +1,7 @@
 #include "mpi_transport/mpi_env.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -10,7 +11,20 @@
 
 namespace tandem::mpi {
 
-MpiEnv::MpiEnv(int* argc, char*** argv) {
+std::vector<std::string> direct_launch_defaults() {
+  // srun --mpi=pmix sets PMIX_RANK and SLURM_STEP_ID; mpirun's daemons set OMPI_COMM_WORLD_SIZE for their ranks.
+  if (!std::getenv("PMIX_RANK") || !std::getenv("SLURM_STEP_ID") || std::getenv("OMPI_COMM_WORLD_SIZE")) return {};
+  std::vector<std::string> set;
+  for (const auto& [name, value] : {std::pair{"OMPI_MCA_pmix_base_async_modex", "1"},
+                                    std::pair{"OMPI_MCA_pmix_base_collect_data", "0"}, std::pair{"PMIX_MCA_gds", "hash"}}) {
+    if (std::getenv(name)) continue;
+    setenv(name, value, 0);
+    set.push_back(std::string(name) + "=" + value);
+  }
+  return set;
+}
+
+MpiEnv::MpiEnv(int* argc, char*** argv) : launch_settings_(direct_launch_defaults()) {
   int provided = 0;
   if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
     throw Error("MPI_Init_thread failed; is this started by mpirun or srun --mpi=pmix?");

@@ -23,7 +23,8 @@ namespace tandem::mpi {
 
 class MpiEnv {
  public:
-  // MPI_Init_thread(FUNNELED); errors return rather than abort.
+  // MPI_Init_thread(FUNNELED); errors return rather than abort. Started by srun
+  // directly, it first sets direct_launch_defaults().
   MpiEnv(int* argc, char*** argv);
   ~MpiEnv();
   MpiEnv(const MpiEnv&) = delete;
@@ -32,10 +33,25 @@ class MpiEnv {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm world() const { return MPI_COMM_WORLD; }
+  // What direct_launch_defaults() set before MPI_Init ("NAME=value"), for the log.
+  const std::vector<std::string>& launch_settings() const { return launch_settings_; }
 
  private:
   int rank_ = 0, size_ = 1;
+  std::vector<std::string> launch_settings_;
 };
+
+// When srun started this process directly (Slurm's PMIx, no mpirun), the Open
+// MPI settings that make its start-up safe, each unless the environment sets it:
+// one PMIx fence in MPI_Init, after the process is ready for messages
+// (pmix_base_async_modex=1, pmix_base_collect_data=0: peers' addresses are
+// fetched when first needed), and PMIx's hash store (PMIX_MCA_gds=hash). With
+// Open MPI 4.1's two fences under Slurm 22.05's PMIx a rank sometimes left
+// MPI_Init and sent before a slower rank had passed the first one, which then
+// died on the message (SIGSEGV at address 0 inside MPI_Init; 4 of 300 3-node
+// sruns of a bare MPI program under load here, none of 600 with these set).
+// The names set, for the log; none when not launched by srun.
+std::vector<std::string> direct_launch_defaults();
 
 // Collective over `comm`: "" when every rank runs the same protocol version
 // and build as rank 0, else one line naming the first rank that does not

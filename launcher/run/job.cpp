@@ -108,6 +108,8 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
     spdlog::info("tandem run: {} rank(s); model {} ({}), input {}, output {}", env.size(), p.cfg.model.path,
                  p.model.architecture, p.cfg.job.input, p.cfg.job.output);
   log_effective_config(p.cfg);
+  if (!env.launch_settings().empty())
+    spdlog::info("started by srun: {} (a safe MPI start-up; docs/slurm.md)", fmt::join(env.launch_settings(), " "));
   try {
     spdlog::info("placement: {}", slurm::SlurmEnv::from_environment().describe());
   } catch (const Error& e) {
