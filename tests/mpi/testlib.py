@@ -12,13 +12,19 @@ def mpi_env(log_level="warn"):
 class Checks:
     def __init__(self):
         self.passed = self.failed = 0
+        self.failures = []
 
     def __call__(self, name, ok, detail=""):
         print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
         self.passed += bool(ok)
         self.failed += not ok
+        if not ok:
+            self.failures.append(f"FAIL {name}: {str(detail)[-300:]}")
 
     def exit_code(self):
+        """Prints the count, and the failed checks again last: CI shows a long output's end only."""
+        for line in self.failures:
+            print(line)
         print(f"{self.passed} passed, {self.failed} failed")
         return 1 if self.failed else 0
 
