@@ -11,18 +11,21 @@ def mpi_env(log_level="warn"):
 
 class Checks:
     def __init__(self):
-        self.passed = self.failed = 0
-        self.failures = []
+        self.passed = 0
+        self.failures = []  # "FAIL name: detail" of each failed check
 
     def __call__(self, name, ok, detail=""):
         print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
         self.passed += bool(ok)
-        self.failed += not ok
         if not ok:
             self.failures.append(f"FAIL {name}: {str(detail)[-300:]}")
 
+    @property
+    def failed(self):
+        return len(self.failures)
+
     def exit_code(self):
-        """Prints the count, and the failed checks again last: CI shows a long output's end only."""
+        """Prints the failed checks again, then the count: CI shows only a long output's ends."""
         for line in self.failures:
             print(line)
         print(f"{self.passed} passed, {self.failed} failed")
