@@ -20,6 +20,8 @@ class InputFile::Source {
  public:
   virtual ~Source() = default;
   virtual std::size_t read(char* buf, std::size_t cap) = 0;
+  // Whether the data carries checksums that reading it through verifies.
+  virtual bool checksummed() const { return false; }
 };
 
 namespace {
@@ -47,37 +49,68 @@ class PlainSource : public InputFile::Source {
   std::string path_;
 };
 
+// gzip through zlib's inflate, member after member (concatenated .gz files
+// are one input; zero bytes after the last member, as tar pads, are
+// allowed). Each member ends with the CRC-32 of its data, which inflate
+// checks: damage is found there at the latest, which is why the job reads
+// compressed input through once before any work (router/input_scan.h).
 class GzipSource : public InputFile::Source {
  public:
-  GzipSource(int fd, std::string path) : path_(std::move(path)) {
-    gz_ = gzdopen(fd, "rb");  // takes the descriptor; reads concatenated members as one stream
-    if (!gz_) {
-      ::close(fd);
+  GzipSource(int fd, std::string path) : fd_(fd), path_(std::move(path)), in_(kChunk) {
+    if (inflateInit2(&zs_, 15 + 16) != Z_OK) {  // 16: a gzip header and trailer, nothing else
+      ::close(fd_);
       throw Error(path_ + ": cannot open the gzip stream (out of memory)");
     }
-    gzbuffer(gz_, 256 * 1024);
   }
-  ~GzipSource() override { gzclose(gz_); }
+  ~GzipSource() override {
+    inflateEnd(&zs_);
+    ::close(fd_);
+  }
+  bool checksummed() const override { return true; }
   std::size_t read(char* buf, std::size_t cap) override {
-    const int n = gzread(gz_, buf, static_cast<unsigned>(std::min<std::size_t>(cap, 1u << 30)));
-    if (n > 0) {  // data before an error is returned first; the error comes with the next read
-      decoded_ += static_cast<uint64_t>(n);
-      return static_cast<std::size_t>(n);
+    cap = std::min<std::size_t>(cap, 1u << 30);
+    zs_.next_out = reinterpret_cast<Bytef*>(buf);
+    zs_.avail_out = static_cast<uInt>(cap);
+    while (zs_.avail_out == cap) {
+      if (zs_.avail_in == 0 && !input_end_) {
+        const std::size_t n = read_fd(fd_, in_.data(), in_.size(), path_);
+        zs_.next_in = reinterpret_cast<Bytef*>(in_.data());
+        zs_.avail_in = static_cast<uInt>(n);
+        read_ += n;
+        input_end_ = n == 0;
+      }
+      if (between_members_) {  // another member, zero padding, or the end
+        if (zs_.avail_in == 0) return 0;
+        while (zs_.avail_in > 0 && *zs_.next_in == 0) ++zs_.next_in, --zs_.avail_in, padded_ = true;
+        if (zs_.avail_in == 0) continue;
+        if (padded_) fail("corrupt", "data after the zero bytes that follow its last member");
+        if (inflateReset(&zs_) != Z_OK) fail("corrupt", "cannot start its next member");
+        between_members_ = false;
+      }
+      if (zs_.avail_in == 0 && input_end_) fail("truncated", "it ends inside a member", cap - zs_.avail_out);
+      const int ret = inflate(&zs_, Z_NO_FLUSH);
+      if (ret == Z_STREAM_END) between_members_ = true;
+      else if (ret != Z_OK && ret != Z_BUF_ERROR)
+        fail("corrupt", std::string("zlib: ") + (zs_.msg ? zs_.msg : "error " + std::to_string(ret)), cap - zs_.avail_out);
     }
-    int code = Z_OK;
-    const char* msg = gzerror(gz_, &code);
-    if (n < 0 || code != Z_OK) {
-      throw Error(path_ + ": the gzip data is " + (code == Z_BUF_ERROR ? "truncated" : "corrupt") + " " +
-                  bytes_read(decoded_) + " (zlib: " + (msg ? msg : "?") +
-                  "); the lines before it were read: fix the file and rerun with --resume");
-    }
-    return 0;
+    const std::size_t got = cap - zs_.avail_out;
+    decoded_ += got;
+    return got;
   }
 
  private:
+  [[noreturn]] void fail(const char* what, const std::string& why, std::size_t decoded_now = 0) const {
+    const uint64_t at = read_ - zs_.avail_in;
+    throw Error(path_ + ": the gzip data is " + what + " at byte " + std::to_string(at) + " of the file, " +
+                bytes_read(decoded_ + decoded_now) + " (" + why + "); check it with gzip -t, and restore or recompress it");
+  }
+
+  int fd_;
   std::string path_;
-  gzFile gz_ = nullptr;
-  uint64_t decoded_ = 0;
+  std::vector<char> in_;
+  z_stream zs_{};
+  uint64_t read_ = 0, decoded_ = 0;
+  bool input_end_ = false, between_members_ = false, padded_ = false;
 };
 
 class ZstdSource : public InputFile::Source {
@@ -93,13 +126,18 @@ class ZstdSource : public InputFile::Source {
     ZSTD_freeDStream(ds_);
     ::close(fd_);
   }
+  // From the first frame's header: zstd writes a checksum unless told not to (zstd --no-check).
+  bool checksummed() const override { return checksummed_; }
   std::size_t read(char* buf, std::size_t cap) override {
     ZSTD_outBuffer out{buf, cap, 0};
     while (out.pos == 0) {
       if (in_pos_ == in_len_ && !input_end_) {
         in_len_ = read_fd(fd_, in_.data(), in_.size(), path_);
+        read_ += in_len_;
         in_pos_ = 0;
         input_end_ = in_len_ == 0;
+        // The first frame's descriptor (the byte after the 4-byte magic): bit 2 is Content_Checksum_flag (RFC 8878).
+        if (read_ == in_len_) checksummed_ = in_len_ > 4 && (static_cast<unsigned char>(in_[4]) & 0x04) != 0;
       }
       if (input_end_ && !frame_open_) return 0;
       // At the input's end, the decoder may still hold output of the last frame: flush it.
@@ -107,25 +145,29 @@ class ZstdSource : public InputFile::Source {
       const std::size_t ret = ZSTD_decompressStream(ds_, &out, &in);
       in_pos_ = in.pos;
       if (ZSTD_isError(ret))
-        throw Error(path_ + ": the zstd data is corrupt " + bytes_read(decoded_) + " (zstd: " + ZSTD_getErrorName(ret) +
-                    "); the lines before it were read: fix the file and rerun with --resume");
+        fail("corrupt", std::string("zstd: ") + ZSTD_getErrorName(ret), out.pos);
       frame_open_ = ret != 0;  // 0: a frame ended here, every byte of it given out
       if (input_end_ && frame_open_ && out.pos == 0)
-        throw Error(path_ + ": the zstd data is truncated " + bytes_read(decoded_) +
-                    "; the lines before it were read: fix the file and rerun with --resume");
+        fail("truncated", "it ends inside a frame", out.pos);
     }
     decoded_ += out.pos;
     return out.pos;
   }
 
  private:
+  [[noreturn]] void fail(const char* what, const std::string& why, std::size_t decoded_now) const {
+    const uint64_t at = read_ - (in_len_ - in_pos_);
+    throw Error(path_ + ": the zstd data is " + what + " at byte " + std::to_string(at) + " of the file, " +
+                bytes_read(decoded_ + decoded_now) + " (" + why + "); check it with zstd -t, and restore or recompress it");
+  }
+
   int fd_;
   std::string path_;
   ZSTD_DStream* ds_ = nullptr;
   std::vector<char> in_;
   std::size_t in_pos_ = 0, in_len_ = 0;
-  bool frame_open_ = false, input_end_ = false;
-  uint64_t decoded_ = 0;
+  bool frame_open_ = false, input_end_ = false, checksummed_ = false;
+  uint64_t read_ = 0, decoded_ = 0;
 };
 
 bool starts_with(std::string_view data, std::string_view magic) { return data.substr(0, magic.size()) == magic; }
@@ -197,6 +239,8 @@ InputFile::InputFile(const std::string& path, int64_t max_line_bytes)
 }
 
 InputFile::~InputFile() = default;
+
+bool InputFile::checksummed() const { return source_->checksummed(); }
 
 bool InputFile::fill() {
   if (eof_) return false;

@@ -35,11 +35,15 @@ class InputFile {
   // first kKeptPrefix bytes and `length` its full length in bytes. Blocks
   // for I/O; a line over the limit is read through (at disk or
   // decompression speed) before this returns. Throws tandem::Error on a
-  // read error or on corrupt or truncated compressed data, naming how far
-  // the input was read.
+  // read error or on corrupt or truncated compressed data, naming where in
+  // the file and how far into the decoded input.
   Got next(std::string& line, uint64_t& length);
 
   Format format() const { return format_; }
+  // Whether reading the data through verifies it (gzip's CRC-32 per member,
+  // zstd's frame checksums when it was written with them): plain text and
+  // zstd written with --no-check carry nothing to verify.
+  bool checksummed() const;
   static std::string_view name(Format f);
   int64_t max_line_bytes() const { return max_line_bytes_; }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -33,32 +34,168 @@ std::optional<OutputShard> shard_of(const nlohmann::json& record) {
   return OutputShard{s.value("task", int64_t{-1}), s.value("index", int64_t{0}), s.value("count", int64_t{1})};
 }
 
-// A key record of the checkpoint, if `record` is one. Checkpoints written
-// before ids and lines were kept apart hold both as bare strings, a line as
-// "#line:N"; they are read as they were meant.
-std::optional<OutputKey> key_of(const nlohmann::json& record) {
-  if (record.is_object() && record.size() == 1) {
-    if (auto id = record.find("id"); id != record.end() && id->is_string()) return OutputKey::id(id->get<std::string>());
-    if (auto line = record.find("line"); line != record.end() && line->is_number_unsigned())
-      return OutputKey::of_line(line->get<uint64_t>());
-    return std::nullopt;
-  }
-  if (!record.is_string()) return std::nullopt;
-  const auto& legacy = record.get_ref<const std::string&>();
-  constexpr std::string_view kLegacyLine = "#line:";
-  if (legacy.size() > kLegacyLine.size() && legacy.starts_with(kLegacyLine) &&
-      legacy.find_first_not_of("0123456789", kLegacyLine.size()) == std::string::npos)
-    return OutputKey::of_line(std::stoull(legacy.substr(kLegacyLine.size())));
-  return OutputKey::id(legacy);
+// A 64-bit value as the checkpoint writes it: 16 hex digits.
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
 }
 
-nlohmann::json record_of(const OutputKey& k) {
-  return k.is_line() ? nlohmann::json{{"line", k.line}} : nlohmann::json{{"id", k.custom_id}};
+std::optional<uint64_t> parse_hex64(const nlohmann::json& v) {
+  if (!v.is_string() || v.get_ref<const std::string&>().size() != 16) return std::nullopt;
+  const auto& s = v.get_ref<const std::string&>();
+  uint64_t out = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out, 16);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return out;
+}
+
+// A key record of the checkpoint, if `record` is one: {"id"|"line", "h"}.
+// Checkpoints written before input hashes hold {"id"} or {"line"} alone,
+// and those before ids and lines were kept apart bare strings, a line as
+// "#line:N"; they are read as they were meant, by their key alone.
+std::optional<OutputKey> key_of(const nlohmann::json& record) {
+  if (record.is_object() && (record.size() == 1 || (record.size() == 2 && record.contains("h")))) {
+    std::optional<OutputKey> k;
+    if (auto id = record.find("id"); id != record.end() && id->is_string() && !id->get_ref<const std::string&>().empty())
+      k = OutputKey::id(id->get<std::string>(), 0);
+    else if (auto line = record.find("line"); line != record.end() && line->is_number_unsigned())
+      k = OutputKey::of_line(line->get<uint64_t>(), 0);
+    if (!k) return std::nullopt;
+    if (record.size() == 1) {
+      k->has_input_hash = false;
+      return k;
+    }
+    const auto h = parse_hex64(record["h"]);
+    if (!h) return std::nullopt;
+    k->input_hash = *h;
+    return k;
+  }
+  if (!record.is_string() || record.get_ref<const std::string&>().empty()) return std::nullopt;
+  const auto& legacy = record.get_ref<const std::string&>();
+  constexpr std::string_view kLegacyLine = "#line:";
+  OutputKey k = legacy.size() > kLegacyLine.size() && legacy.starts_with(kLegacyLine) &&
+                        legacy.find_first_not_of("0123456789", kLegacyLine.size()) == std::string::npos
+                    ? OutputKey::of_line(std::stoull(legacy.substr(kLegacyLine.size())), 0)
+                    : OutputKey::id(legacy, 0);
+  k.has_input_hash = false;
+  return k;
+}
+
+std::string record_of(const OutputKey& k) {
+  nlohmann::json j = k.is_line() ? nlohmann::json{{"line", k.line}} : nlohmann::json{{"id", k.custom_id}};
+  j["h"] = hex64(k.input_hash);
+  return j.dump();
+}
+
+// A commit's checksum: over its records' lines (each with its newline), then its committed length.
+class CommitSum {
+ public:
+  CommitSum() { reset(); }
+  ~CommitSum() { XXH3_freeState(state_); }
+  CommitSum(const CommitSum&) = delete;
+  CommitSum& operator=(const CommitSum&) = delete;
+  void reset() {
+    if (!state_) state_ = XXH3_createState();
+    if (!state_ || XXH3_64bits_reset(state_) != XXH_OK) throw std::bad_alloc();
+  }
+  void add_line(std::string_view line) {
+    XXH3_64bits_update(state_, line.data(), line.size());
+    XXH3_64bits_update(state_, "\n", 1);
+  }
+  // The checksum with the commit's length; reset() before the next commit's records.
+  uint64_t finish(int64_t committed_bytes) {
+    const std::string n = std::to_string(committed_bytes);
+    XXH3_64bits_update(state_, n.data(), n.size());
+    return XXH3_64bits_digest(state_);
+  }
+
+ private:
+  XXH3_state_t* state_ = nullptr;
+};
+
+std::string damaged(const std::string& ckpt, int64_t line, const std::string& what) {
+  return ckpt + ": damaged at line " + std::to_string(line) + " (" + what +
+         "): it was changed outside Tandem, and resuming from it could write lines twice or not at all; restore it "
+         "from a copy, or move the output and its .ckpt away and start again";
 }
 
 }  // namespace
 
 uint64_t custom_id_hash(std::string_view custom_id) { return XXH3_64bits(custom_id.data(), custom_id.size()); }
+
+uint64_t OutputKey::key_hash() const {
+  if (!is_line()) return custom_id_hash(custom_id);
+  return XXH3_64bits_withSeed(&line, sizeof line, 0x6c696e65);  // "line": apart from every id's hash
+}
+
+uint64_t OutputKey::done_hash() const {
+  const uint64_t k = key_hash();
+  return XXH3_64bits_withSeed(&input_hash, sizeof input_hash, k);
+}
+
+CheckpointState read_checkpoint(const std::string& output_path, const std::function<void(const OutputKey&)>& on_record) {
+  CheckpointState state;
+  const std::string ckpt = output_path + ".ckpt";
+  std::ifstream in(ckpt, std::ios::binary);
+  if (!in) return state;
+  // Records become done at the commit record that follows them, if it vouches for them.
+  std::vector<OutputKey> group;
+  bool group_damaged = false;  // a line in it that is no record
+  bool summed = false;         // a commit with a checksum was read
+  int64_t damaged_line = 0, line_no = 0, commits = 0;
+  CommitSum sum;
+  std::string line;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (in.eof()) break;  // no newline: a torn last record, never committed
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("committed_bytes")) {
+      ++commits;
+      const auto& n = j["committed_bytes"];
+      if (!n.is_number_integer() || n.get<int64_t>() < state.committed_bytes)
+        throw Error(damaged(ckpt, line_no, "committed_bytes " + n.dump() + " is not a length at least the last one's (" +
+                                               std::to_string(state.committed_bytes) + ")"));
+      const int64_t bytes = n.get<int64_t>();
+      if (group_damaged) throw Error(damaged(ckpt, damaged_line, "a line that is no checkpoint record"));
+      if (j.contains("sum")) {  // since input hashes: the commit vouches for its records and its length
+        const auto want = parse_hex64(j["sum"]);
+        const auto count = j.value("records", nlohmann::json());
+        if (!want || !count.is_number_unsigned() || count.get<uint64_t>() != group.size() || *want != sum.finish(bytes))
+          throw Error(damaged(ckpt, line_no, "the records of commit " + std::to_string(commits) +
+                                                 " do not match its checksum"));
+        summed = true;
+      } else if (summed) {  // an older checkpoint's commits come before any with a checksum, never after
+        throw Error(damaged(ckpt, line_no, "a commit without its checksum after commits with one"));
+      }
+      state.committed_bytes = bytes;
+      state.records += static_cast<int64_t>(group.size());
+      if (on_record)
+        for (const auto& k : group) on_record(k);
+      group.clear();
+      group_damaged = false;
+      sum.reset();
+      continue;
+    }
+    if (auto s = shard_of(j)) {
+      state.shard = s;
+      continue;
+    }
+    sum.add_line(line);
+    if (auto key = key_of(j)) {
+      group.push_back(std::move(*key));
+    } else if (!group_damaged) {
+      group_damaged = true;
+      damaged_line = line_no;
+    }
+  }
+  // Records after the last commit are not done (their output lines are cut
+  // away); a crash leaves them whole or torn in their last line, never a
+  // whole line that is no record.
+  if (group_damaged) throw Error(damaged(ckpt, damaged_line, "a line that is no checkpoint record"));
+  return state;
+}
 
 std::optional<OutputShard> recorded_shard(const std::string& path) {
   // An array task records its share first thing (before any line is committed): the first record or none.
@@ -86,7 +223,7 @@ std::string output_in_use(const std::string& path) {
   return held ? in_use_message(path, ckpt) : "";
 }
 
-ResumableOutput::ResumableOutput(const std::string& path, bool resume, DoneKeys& done)
+ResumableOutput::ResumableOutput(const std::string& path, bool resume)
     : path_(path), ckpt_path_(path + ".ckpt") {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -114,7 +251,7 @@ ResumableOutput::ResumableOutput(const std::string& path, bool resume, DoneKeys&
     throw Error(ckpt_path_ + ": cannot open the checkpoint for appending (" + std::strerror(errno) + ")");
   }
   try {
-    open_locked(resume, had_ckpt, has_output, done);
+    open_locked(resume, had_ckpt, has_output);
   } catch (...) {  // a constructor that throws runs no destructor: close, and leave no new checkpoint behind
     std::fclose(ckpt_);
     ckpt_ = nullptr;
@@ -123,25 +260,12 @@ ResumableOutput::ResumableOutput(const std::string& path, bool resume, DoneKeys&
   }
 }
 
-void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output, DoneKeys& done) {
+void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output) {
   namespace fs = std::filesystem;
   if (resume && had_ckpt) {
-    // Replay the checkpoint: keys become done at the commit record that follows them.
-    std::ifstream in(ckpt_path_);
-    std::vector<OutputKey> keys;
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (auto key = key_of(j)) {
-        keys.push_back(std::move(*key));
-      } else if (auto shard = shard_of(j)) {
-        shard_ = shard;
-      } else if (j.is_object() && j.contains("committed_bytes")) {
-        committed_ = j["committed_bytes"].get<int64_t>();
-        for (const auto& k : keys) done.insert(k);
-        keys.clear();
-      }  // anything else is a torn last record: ignored, like the keys before it
-    }
+    const CheckpointState state = read_checkpoint(path_);
+    committed_ = state.committed_bytes;
+    shard_ = state.shard;
     const auto size = has_output ? static_cast<int64_t>(fs::file_size(path_)) : 0;
     if (size < committed_) {
       throw Error(path_ + ": is shorter (" + std::to_string(size) + " bytes) than its checkpoint records (" +
@@ -179,8 +303,14 @@ void ResumableOutput::commit() {
   if (pending_.empty()) return;
   sync_file(out_, path_);  // the lines first: a checkpoint never promises what is not on disk
   std::string record;
-  for (const auto& k : pending_) record += record_of(k).dump() + "\n";
-  record += "{\"committed_bytes\":" + std::to_string(written_) + "}\n";
+  CommitSum sum;
+  for (const auto& k : pending_) {
+    const std::string r = record_of(k);
+    sum.add_line(r);
+    record += r + "\n";
+  }
+  record += "{\"committed_bytes\":" + std::to_string(written_) + ",\"records\":" + std::to_string(pending_.size()) +
+            ",\"sum\":\"" + hex64(sum.finish(written_)) + "\"}\n";
   if (std::fputs(record.c_str(), ckpt_) < 0) throw Error(ckpt_path_ + ": write failed (" + std::strerror(errno) + ")");
   sync_file(ckpt_, ckpt_path_);
   committed_ = written_;

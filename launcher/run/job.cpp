@@ -83,7 +83,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
     }
     log::init(p.cfg.log.level);
     log::set_identity(rank, rank == 0 ? (env.size() == 1 ? "router+worker" : "router") : "worker");
-    if (rank == 0 && !o.serve) check_files(p);
+    if (rank == 0 && !o.serve) check_files(s.p);
     // Workers compute on model.backend: it must be built and have a device here.
     if (rank != 0 || env.size() == 1) check_backend(p, env.size());
     if (rank == 0 && o.serve) {

@@ -12,6 +12,8 @@
 #include <numeric>
 #include <tuple>
 
+#include <spdlog/spdlog.h>
+
 #include "common/error.h"
 #include "router/input_file.h"
 #include "launcher/run/transport_setup.h"
@@ -24,16 +26,20 @@
 
 namespace tandem::launcher {
 
-void check_files(const Prepared& p) {
+void check_files(Prepared& p) {
   if (const std::string busy = slurm::output_in_use(p.cfg.job.output); !busy.empty()) throw Error(busy);
-  if (const auto recorded = slurm::recorded_shard(p.cfg.job.output)) {  // an array task's output: the same share
-    const auto env = slurm::SlurmEnv::from_environment();
-    (void)slurm::continue_shard(*recorded, {env.array_task_id, env.shard_index(), env.shard_count()}, p.cfg.job.output);
-  }
+  const auto env = slurm::SlurmEnv::from_environment();
+  slurm::OutputShard share{env.array_task_id, env.shard_index(), env.shard_count()};
+  if (const auto recorded = slurm::recorded_shard(p.cfg.job.output))  // an array task's output: the same share
+    share = slurm::continue_shard(*recorded, share, p.cfg.job.output);
   if (std::filesystem::is_directory(p.cfg.job.input))
     throw Error(p.cfg.job.input + ": is a directory, not a JSONL file; check job.input or --input");
   // Readable, and text (plain, gzip or zstd): anything else stops here, saying what it looks like.
-  (void)router::InputFile(p.cfg.job.input, p.max_line_bytes);
+  try {
+    (void)router::InputFile(p.cfg.job.input, p.max_line_bytes);
+  } catch (const Error& e) {  // a small damaged .gz shows it here, in its first bytes
+    throw Error(std::string(e.what()) + router::InputScan::kFoundBeforeWork);
+  }
   for (const auto& path : {p.cfg.job.output, p.cfg.job.summary}) {
     const bool existed = std::filesystem::exists(path);
     std::ofstream f(path, std::ios::app);
@@ -46,6 +52,15 @@ void check_files(const Prepared& p) {
     throw Error(p.cfg.job.output + ": the output already exists; pass --resume (or set job.resume = true) to continue "
                 "it, or choose another output");
   runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks; reads no weights
+  // Last, as the slowest: compressed input whole, and on --resume every line against the checkpoint.
+  p.input_scan = router::InputScan::run(
+      {p.cfg.job.input, p.cfg.job.output, p.max_line_bytes, p.cfg.job.resume, share.index, share.count});
+  if (const auto& s = p.input_scan) {
+    spdlog::info("input read through before any work in {:.1f} s: {} lines ({} {:.1f} MB){}", s->seconds(), s->lines(),
+                 router::InputFile::name(s->format()),
+                 static_cast<double>(s->decoded_bytes()) / 1e6,
+                 p.cfg.job.resume ? fmt::format(", {} of {} answered already", s->answered(), s->requests()) : "");
+  }
 }
 
 void check_backend(const Prepared& p, int ranks) {

@@ -10,6 +10,7 @@
 
 #include "kv/kv_layout.h"
 #include "launcher/config/config.h"
+#include "router/input_scan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/service/group_map.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -23,11 +24,16 @@ struct Prepared {
   std::unique_ptr<runtime::Tokenizer> tokenizer;
   int64_t max_model_len = 0;
   int64_t max_line_bytes = 0;  // job.max_line_bytes, or derived from max_model_len
+  // Rank 0 of `tandem run`: what check_files read of the input (null: it
+  // needed no reading through; router/input_scan.h).
+  std::shared_ptr<const router::InputScan> input_scan;
 };
 
 // Rank 0's checks of what only it touches: input, output, summary, and that
-// the weights map. Throws tandem::Error (one line).
-void check_files(const Prepared& p);
+// the weights map; the input read through where it must be (compressed, or
+// resuming: router/input_scan.h), its result kept in p.input_scan. Throws
+// tandem::Error (one line).
+void check_files(Prepared& p);
 // model.backend on a worker: built, with a device, and with what this job asks
 // of it. Throws tandem::Error (one line).
 void check_backend(const Prepared& p, int ranks);

@@ -99,6 +99,8 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
                                                       : 0;
   s.job_seed = static_cast<uint64_t>(c.job.seed);
   s.resume = c.job.resume;
+  s.scan = p.input_scan;
+  s.scanned = true;  // check_files ran it
   const auto slurm_env = slurm::SlurmEnv::from_environment();
   s.shard_index = slurm_env.shard_index();
   s.shard_count = slurm_env.shard_count();

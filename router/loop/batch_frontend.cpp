@@ -23,6 +23,7 @@
 #include "router/batch_request.h"
 #include "router/input_file.h"
 #include "router/job_stats.h"
+#include "router/line_key.h"
 #include "router/loop/router_loop.h"
 #include "router/prefix_order.h"
 #include "slurm/resumable_output.h"
@@ -88,6 +89,9 @@ struct Prepared {
   Line line;  // its text is dropped once parsed
   std::size_t bytes = 0;
   bool skip = false;  // blank, or another shard's
+  bool done = false;  // answered by an earlier run (resume): not parsed
+  std::string key_id;      // line_key_id of its text
+  uint64_t text_hash = 0;  // line_text_hash of its text
   ParsedLine parsed;
   std::optional<std::variant<std::vector<int32_t>, LineError>> prompt;
   std::vector<uint64_t> hashes;  // the prompt's full blocks, when reordering
@@ -111,6 +115,7 @@ class BatchFrontend : public Frontend {
 
  private:
   struct InFlight {
+    slurm::OutputKey key;
     BatchRequest request;
     std::vector<int32_t> prompt;
     int prefill = -1;  // prefill rank, or -1 when prefilled on its worker
@@ -134,7 +139,6 @@ class BatchFrontend : public Frontend {
   bool next_prepared(Prepared& p);
   void plan_epoch(RouterLoop& loop);
   void read_one(RouterLoop& loop);
-  slurm::OutputKey key_of(uint64_t i, const std::string& id);
   void fail(uint64_t i, slurm::OutputKey key, const LineError& e);
   void progress(bool final);
   bool in_my_shard(uint64_t i) const { return static_cast<int64_t>(i % static_cast<uint64_t>(shard_count_)) == shard_index_; }
@@ -148,7 +152,7 @@ class BatchFrontend : public Frontend {
   // read is finished and committed, then the job reports the error (the
   // summary's input_error) and fails.
   std::string input_error_;
-  slurm::DoneKeys done_;
+  std::shared_ptr<const InputScan> scan_;  // which lines are done (resume); null: none
   slurm::ResumableOutput file_;
   OutputWriter out_;
   int64_t shard_index_ = 0, shard_count_ = 1;
@@ -157,7 +161,7 @@ class BatchFrontend : public Frontend {
   Clock::time_point start_ = Clock::now(), last_progress_ = start_;
   const bool tty_ = ::isatty(STDERR_FILENO);
   bool loaded_ = false;
-  U64Set seen_ids_;  // hashes of the custom_ids read so far (see key_of)
+  LineKeys keys_;  // each line's checkpoint key, in input order
   std::unordered_map<uint64_t, InFlight> in_flight_;
   uint64_t index_ = 0;  // the next input line to admit
   bool input_done_ = false;
@@ -177,10 +181,26 @@ class BatchFrontend : public Frontend {
   std::optional<OrderedPool<Prepared>> pool_;  // last: its helpers read the members above
 };
 
+// The input's share for this job: the one its output records, when it records one.
+slurm::OutputShard share_of(const BatchSetup& s) {
+  const slurm::OutputShard now{s.array_task, s.shard_index, s.shard_count};
+  const auto recorded = s.resume ? slurm::recorded_shard(s.output) : std::nullopt;
+  return recorded ? slurm::continue_shard(*recorded, now, s.output) : now;
+}
+
+std::shared_ptr<const InputScan> scan_of(const BatchSetup& s) {
+  if (s.scanned) return s.scan;
+  const slurm::OutputShard share = share_of(s);
+  return InputScan::run({s.input, s.output, s.max_line_bytes, s.resume, share.index, share.count});
+}
+
 BatchFrontend::BatchFrontend(const BatchSetup& s)
-    : s_(s), in_(s.input, s.max_line_bytes), file_(s.output, s.resume, done_),
+    : s_(s), in_(s.input, s.max_line_bytes), scan_(scan_of(s)), file_(s.output, s.resume),
       out_(file_, s.input_order, s.flush_seconds), window_size_(std::max<int64_t>(1, s.reorder_window)) {
-  if (s.resume) spdlog::info("resuming {}: {} line(s) already done", s.output, done_.size());
+  if (scan_) {
+    if (const std::string why = scan_->changed(); !why.empty()) throw Error(why);
+    if (s.resume) spdlog::info("resuming {}: {} of {} line(s) already done", s.output, scan_->answered(), scan_->requests());
+  }
   stats_.set_hosts(s.hosts);
   // An array task's share of the input is recorded with its output. One task
   // resubmitted alone (--array=2: a one-task array) keeps the share it had;
@@ -222,19 +242,23 @@ bool BatchFrontend::next_line(Line& l) {
 }
 
 // On a helper thread: everything about a line that needs none of the main
-// thread's state. done_ is only read (an earlier run's keys), so a request
-// whose custom_id is done is not tokenized again (its key is settled on the
-// main thread, which builds the prompt itself in the rare case it must).
+// thread's state. A line an earlier run answered (scan_) is neither parsed
+// nor tokenized again; its key is still settled on the main thread, in order.
 void BatchFrontend::prepare(Prepared& p) const {
-  if ((!p.line.too_long && p.line.text.find_first_not_of(" \t\r") == std::string::npos) || !in_my_shard(p.i)) {
+  if (blank_line(p.line.text, p.line.too_long) || !in_my_shard(p.i)) {
     p.skip = true;
+    return;
+  }
+  p.key_id = line_key_id(p.line.text);
+  p.text_hash = line_text_hash(p.line.text, p.line.length);
+  if (scan_ && scan_->done(p.i)) {
+    p.done = true;
     return;
   }
   p.parsed = parse_batch_line(p.line.text);
   // (the text is freed on the main thread, which allocated it)
   auto* req = std::get_if<BatchRequest>(&p.parsed);
   if (!req || p.line.too_long) return;
-  if (!req->custom_id.empty() && done_.contains(slurm::OutputKey::id(req->custom_id))) return;
   p.prompt = build_prompt(*req, s_.prompts);
   const auto* ids = std::get_if<std::vector<int32_t>>(&*p.prompt);
   if (ids && window_size_ > 1) p.hashes = kv::full_block_hashes(*ids, s_.dispatch.block_size);
@@ -288,7 +312,7 @@ void BatchFrontend::plan_epoch(RouterLoop& loop) {
   for (const Prepared& p : ahead_) {
     // Requests with a prompt: neither bad lines nor lines an earlier run wrote (resume).
     const auto* ids = p.prompt ? std::get_if<std::vector<int32_t>>(&*p.prompt) : nullptr;
-    if (p.skip || p.line.too_long || !ids) continue;
+    if (p.skip || p.done || p.line.too_long || !ids) continue;
     reqs.push_back({static_cast<int64_t>(ids->size()), std::get<BatchRequest>(p.parsed).params.max_tokens, 0, 0, -1});
   }
   if (reqs.empty()) return;
@@ -299,17 +323,6 @@ void BatchFrontend::plan_epoch(RouterLoop& loop) {
     loop.set_roles(d.epoch, prefill);
   }
   spdlog::info("{}", d.describe());
-}
-
-// A line's key in the checkpoint: its custom_id the first time the id
-// appears, else (no usable id, or a duplicate) its line number. Ids are
-// remembered by their 64-bit hash (8-15 bytes a line): a line whose id's
-// hash an earlier line's id had is treated as a duplicate, so every id key
-// stands for one hash and the checkpoint's hashes are exact. Keys in done_
-// were written by an earlier run and are skipped now.
-slurm::OutputKey BatchFrontend::key_of(uint64_t i, const std::string& id) {
-  if (!id.empty() && seen_ids_.insert(slurm::custom_id_hash(id))) return slurm::OutputKey::id(id);
-  return slurm::OutputKey::of_line(i + 1);
 }
 
 void BatchFrontend::fail(uint64_t i, slurm::OutputKey key, const LineError& e) {
@@ -332,6 +345,12 @@ void BatchFrontend::read_one(RouterLoop& loop) {
     return;
   }
   ++lines_read_;
+  slurm::OutputKey key = keys_.key(i, p.key_id, p.text_hash);
+  if (p.done) {  // an earlier run answered it (router/input_scan.h matched its key and text)
+    ++resumed_;
+    out_.skip(i);
+    return;
+  }
   // A line past job.max_line_bytes was not kept: its error record carries the custom_id if one came first.
   ParsedLine& parsed = p.parsed;
   if (p.line.too_long) {
@@ -343,36 +362,23 @@ void BatchFrontend::read_one(RouterLoop& loop) {
                            "fits the context"};
   }
   if (auto* e = std::get_if<LineError>(&parsed)) {
-    slurm::OutputKey key = key_of(i, e->custom_id);
-    if (done_.contains(key)) {
-      ++resumed_;
-      out_.skip(i);
-      return;
-    }
     e->message = "line " + std::to_string(i + 1) + ": " + e->message;
     fail(i, std::move(key), *e);
     return;
   }
   auto& req = std::get<BatchRequest>(parsed);
-  slurm::OutputKey key = key_of(i, req.custom_id);
-  if (done_.contains(key)) {
-    ++resumed_;
-    out_.skip(i);
-    return;
-  }
   if (key.is_line()) {
     fail(i, key, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
                                           "'; every line needs its own"});
     return;
   }
-  // prepare() left the prompt out only for an id done_ holds, and key_of then found it done (skipped above).
   if (!p.prompt) throw Error("line " + std::to_string(i + 1) + ": internal: its prompt was not prepared");
   if (auto* e = std::get_if<LineError>(&*p.prompt)) {
     e->message = "line " + std::to_string(i + 1) + ": " + e->message;
     fail(i, std::move(key), *e);
     return;
   }
-  InFlight f{std::move(req), std::get<std::vector<int32_t>>(std::move(*p.prompt))};
+  InFlight f{std::move(key), std::move(req), std::get<std::vector<int32_t>>(std::move(*p.prompt))};
   service::WireRequest w;
   w.id = i;
   w.prompt = f.prompt;
@@ -424,13 +430,13 @@ void BatchFrontend::on_result(service::WireResult& r) {
     // The engine names the request by its id (the 0-based line index): the line number alone says it.
     const std::string engine_name = "request " + std::to_string(r.id) + ": ";
     const std::string why = r.error.rfind(engine_name, 0) == 0 ? r.error.substr(engine_name.size()) : r.error;
-    fail(r.id, slurm::OutputKey::id(f.request.custom_id),
+    fail(r.id, f.key,
          {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
   } else {
     RequestResult res = result_of(std::move(f.prompt), std::move(r), f.prefill);
     stats_.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
                       res.ttft_ms, res.itl_ms, res.e2e_ms);
-    out_.put(r.id, slurm::OutputKey::id(f.request.custom_id), format_result(f.request, res, s_.outputs));
+    out_.put(r.id, f.key, format_result(f.request, res, s_.outputs));
   }
   in_flight_.erase(it);
   if (s_.planner) {
@@ -441,17 +447,23 @@ void BatchFrontend::on_result(service::WireResult& r) {
   }
 }
 
+// "N/M done": M counts the lines this run has to answer (resumed ones left
+// out), known from the start when the input was read through before any work.
 void BatchFrontend::progress(bool final) {
   const double el = std::chrono::duration<double>(Clock::now() - start_).count();
   const int64_t finished = stats_.ok() + stats_.failed();
   const double rps = el > 0 ? static_cast<double>(finished) / el : 0;
   const double tps = el > 0 ? static_cast<double>(stats_.generated_tokens()) / el : 0;
-  const std::string total = input_done_ ? std::to_string(lines_read_) : std::to_string(lines_read_) + "+";
-  const double eta = input_done_ && rps > 0 ? static_cast<double>(lines_read_ - finished) / rps : -1;
-  char line[256];
-  std::snprintf(line, sizeof line, "%lld/%s done (%lld failed), %.2f req/s, %.1f output tok/s, ETA %s",
+  const bool known = input_done_ || (scan_ && scan_->requests() > 0);
+  const int64_t to_do = input_done_ || !known ? lines_read_ - resumed_
+                                              : static_cast<int64_t>(scan_->requests() - scan_->answered());
+  const std::string total = known ? std::to_string(to_do) : std::to_string(to_do) + "+";
+  const double eta = known && rps > 0 ? static_cast<double>(to_do - finished) / rps : -1;
+  char line[320];
+  std::snprintf(line, sizeof line, "%lld/%s done (%lld failed), %.2f req/s, %.1f output tok/s, ETA %s%s",
                 static_cast<long long>(finished), total.c_str(), static_cast<long long>(stats_.failed()), rps, tps,
-                eta < 0 ? "?" : (std::to_string(static_cast<long long>(eta)) + " s").c_str());
+                eta < 0 ? "?" : (std::to_string(static_cast<long long>(eta)) + " s").c_str(),
+                resumed_ > 0 ? (", " + std::to_string(resumed_) + " answered before this run").c_str() : "");
   if (tty_ && !final) std::fprintf(stderr, "\r%s\033[K", line);
   else spdlog::info("progress: {}", line);
 }

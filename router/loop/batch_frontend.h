@@ -15,6 +15,7 @@
 #include "planner/epoch_planner.h"
 #include "router/batch_output.h"
 #include "router/dispatcher.h"
+#include "router/input_scan.h"
 #include "router/prompt_builder.h"
 
 namespace tandem::router {
@@ -37,6 +38,10 @@ struct BatchSetup {
   int tokenize_threads = 0;
   uint64_t job_seed = 0;             // sampling seed for requests without one
   bool resume = false;               // continue an existing output (skip what its checkpoint says is done)
+  // What InputScan::run found before any work (scanned: it ran; its result
+  // may be null); when it did not run, the front end runs it first.
+  std::shared_ptr<const InputScan> scan;
+  bool scanned = false;
   int64_t shard_index = 0, shard_count = 1;  // a job array task takes input lines i with i % count == index
   int64_t array_task = -1;                   // SLURM_ARRAY_TASK_ID; -1 outside an array
   // job.mode = "auto": before each epoch of epoch_requests input lines, the

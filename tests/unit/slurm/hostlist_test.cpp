@@ -132,25 +132,26 @@ TEST_CASE("one job at a time on an output: a second writer is refused with one l
   fs::create_directories(dir);
   const std::string out = (dir / "out.jsonl").string();
   using tandem::slurm::OutputKey;
-  tandem::slurm::DoneKeys done;
   {
-    tandem::slurm::ResumableOutput first(out, false, done);
-    first.write(OutputKey::id("a"), "{\"custom_id\":\"a\"}");
+    tandem::slurm::ResumableOutput first(out, false);
+    first.write(OutputKey::id("a", 1), "{\"custom_id\":\"a\"}");
     first.commit();
-    CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(out, true, done),
+    CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(out, true),
                       Catch::Contains("another job is writing this output now"));
     // The refused writer changed nothing: the first one's line is still there and committed.
-    first.write(OutputKey::id("b"), "{\"custom_id\":\"b\"}");
+    first.write(OutputKey::id("b", 2), "{\"custom_id\":\"b\"}");
     first.commit();
   }
-  tandem::slurm::ResumableOutput again(out, true, done);  // the first one ended: its lock went with it
+  tandem::slurm::ResumableOutput again(out, true);  // the first one ended: its lock went with it
+  tandem::slurm::DoneKeys done;
+  tandem::slurm::read_checkpoint(out, [&](const OutputKey& k) { done.insert(k); });
   CHECK(done.size() == 2);
-  CHECK(done.contains(OutputKey::id("a")));
-  CHECK(done.contains(OutputKey::id("b")));
+  CHECK(done.contains(OutputKey::id("a", 1)));
+  CHECK(done.contains(OutputKey::id("b", 2)));
   // A refused fresh start (no checkpoint to resume from) leaves no checkpoint behind.
   const std::string other = (dir / "other.jsonl").string();
   std::ofstream(other) << "{}\n";
-  CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(other, true, done), Catch::Contains("has no checkpoint"));
+  CHECK_THROWS_WITH(tandem::slurm::ResumableOutput(other, true), Catch::Contains("has no checkpoint"));
   CHECK(!fs::exists(other + ".ckpt"));
   fs::remove_all(dir);
 }

@@ -1,6 +1,7 @@
 // The checkpoint's keys: custom_ids and line numbers never stand for each
-// other, old checkpoints read as they were meant, and the sets that hold
-// them stay small.
+// other, a record is done only with the input text it answered, old
+// checkpoints read as they were meant, damage is refused (a torn tail is
+// not damage), and the sets that hold them stay small.
 #include <unistd.h>
 
 #include <filesystem>
@@ -26,57 +27,154 @@ fs::path fresh_dir(const char* name) {
   return dir;
 }
 
+DoneKeys done_in(const std::string& out) {
+  DoneKeys done;
+  tandem::slurm::read_checkpoint(out, [&](const OutputKey& k) { done.insert(k); });
+  return done;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_all(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
 }  // namespace
 
 TEST_CASE("a custom_id that looks like a line key is not the line's key", "[slurm]") {
   const fs::path dir = fresh_dir("tandem-keys");
   const std::string out = (dir / "out.jsonl").string();
-  DoneKeys done;
   {
-    ResumableOutput first(out, false, done);
-    first.write(OutputKey::id("#line:2"), "{\"custom_id\":\"#line:2\"}");  // a real request of that name
-    first.write(OutputKey::id("{\"line\":3}"), "{}");
+    ResumableOutput first(out, false);
+    first.write(OutputKey::id("#line:2", 5), "{\"custom_id\":\"#line:2\"}");  // a real request of that name
+    first.write(OutputKey::id("{\"line\":3}", 6), "{}");
     first.commit();
   }
-  DoneKeys again;
-  ResumableOutput resumed(out, true, again);
+  ResumableOutput resumed(out, true);
+  const DoneKeys again = done_in(out);
   CHECK(again.size() == 2);
-  CHECK(again.contains(OutputKey::id("#line:2")));
-  CHECK(again.contains(OutputKey::id("{\"line\":3}")));
-  CHECK_FALSE(again.contains(OutputKey::of_line(2)));  // the unparsable line 2 is still to do
-  CHECK_FALSE(again.contains(OutputKey::of_line(3)));
+  CHECK(again.contains(OutputKey::id("#line:2", 5)));
+  CHECK(again.contains(OutputKey::id("{\"line\":3}", 6)));
+  CHECK_FALSE(again.contains(OutputKey::of_line(2, 5)));  // the unparsable line 2 is still to do
+  CHECK_FALSE(again.contains(OutputKey::of_line(3, 6)));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a record is done only with the input text it answered", "[slurm]") {
+  const fs::path dir = fresh_dir("tandem-texthash");
+  const std::string out = (dir / "out.jsonl").string();
+  {
+    ResumableOutput first(out, false);
+    first.write(OutputKey::id("q0", 0x1234), "{}");
+    first.write(OutputKey::of_line(9, 0x99), "{}");
+    first.commit();
+  }
+  const DoneKeys done = done_in(out);
+  CHECK(done.contains(OutputKey::id("q0", 0x1234)));
+  CHECK_FALSE(done.contains(OutputKey::id("q0", 0x1235)));  // the same id, other text: not this line's answer
+  CHECK(done.contains(OutputKey::of_line(9, 0x99)));
+  CHECK_FALSE(done.contains(OutputKey::of_line(9, 0x98)));
+  CHECK(done.without_input_hash() == 0);
   fs::remove_all(dir);
 }
 
 TEST_CASE("line keys round-trip through the checkpoint apart from ids", "[slurm]") {
   const fs::path dir = fresh_dir("tandem-linekeys");
   const std::string out = (dir / "out.jsonl").string();
-  DoneKeys done;
   {
-    ResumableOutput first(out, false, done);
-    first.write(OutputKey::of_line(7), "{\"error\":1}");
+    ResumableOutput first(out, false);
+    first.write(OutputKey::of_line(7, 1), "{\"error\":1}");
     first.commit();
-    first.write(OutputKey::id("7"), "{}");  // never committed: not done on resume
+    first.write(OutputKey::id("7", 1), "{}");  // never committed: not done on resume
   }
-  DoneKeys again;
-  ResumableOutput resumed(out, true, again);
-  CHECK(again.contains(OutputKey::of_line(7)));
-  CHECK_FALSE(again.contains(OutputKey::id("7")));
-  CHECK_FALSE(again.contains(OutputKey::of_line(8)));
+  ResumableOutput resumed(out, true);
+  const DoneKeys again = done_in(out);
+  CHECK(again.contains(OutputKey::of_line(7, 1)));
+  CHECK_FALSE(again.contains(OutputKey::id("7", 1)));
+  CHECK_FALSE(again.contains(OutputKey::of_line(8, 1)));
+  CHECK(resumed.committed_bytes() == 12);
+  CHECK(fs::file_size(out) == 12);  // the uncommitted line was cut away
   fs::remove_all(dir);
 }
 
-TEST_CASE("a checkpoint from before the key records is read as it was meant", "[slurm]") {
+TEST_CASE("checkpoints from before the key records and the input hashes are read as they were meant", "[slurm]") {
   const fs::path dir = fresh_dir("tandem-legacy");
   const std::string out = (dir / "out.jsonl").string();
-  std::ofstream(out) << "{\"a\":1}\n{\"b\":2}\n";
-  std::ofstream(out + ".ckpt") << "\"r1\"\n\"#line:2\"\n{\"committed_bytes\":16}\n";
-  DoneKeys done;
-  ResumableOutput resumed(out, true, done);
-  CHECK(done.contains(OutputKey::id("r1")));
-  CHECK(done.contains(OutputKey::of_line(2)));
-  CHECK_FALSE(done.contains(OutputKey::id("#line:2")));
-  CHECK(resumed.committed_bytes() == 16);
+  write_all(out, "{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n");
+  write_all(out + ".ckpt", "\"r1\"\n\"#line:2\"\n{\"committed_bytes\":16}\n{\"id\":\"r3\"}\n{\"committed_bytes\":24}\n");
+  {
+    ResumableOutput resumed(out, true);
+    CHECK(resumed.committed_bytes() == 24);
+    resumed.write(OutputKey::id("r4", 44), "{\"d\":4}");  // a new commit after old ones carries a checksum
+    resumed.commit();
+  }
+  const DoneKeys done = done_in(out);
+  CHECK(done.without_input_hash() == 3);
+  CHECK(done.contains(OutputKey::id("r1", 77)));  // by its key alone, whatever the text
+  CHECK(done.contains(OutputKey::of_line(2, 0)));
+  CHECK_FALSE(done.contains(OutputKey::id("#line:2", 0)));
+  CHECK(done.contains(OutputKey::id("r3", 1)));
+  CHECK(done.contains(OutputKey::id("r4", 44)));
+  CHECK_FALSE(done.contains(OutputKey::id("r4", 45)));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a damaged checkpoint is refused with one line, never read as fewer lines done", "[slurm]") {
+  const fs::path dir = fresh_dir("tandem-damage");
+  const std::string out = (dir / "out.jsonl").string();
+  {
+    ResumableOutput first(out, false);
+    for (int c = 0; c < 3; ++c) {
+      for (int i = 0; i < 4; ++i) first.write(OutputKey::id("q" + std::to_string(c * 4 + i), 10 + i), "{\"x\":1}");
+      first.commit();
+    }
+  }
+  const std::string good = read_all(out + ".ckpt");
+  REQUIRE(done_in(out).size() == 12);
+  // The checkpoint's lines, to damage one at a time.
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at < good.size();) {
+    const std::size_t nl = good.find('\n', at);
+    lines.push_back(good.substr(at, nl - at));
+    at = nl + 1;
+  }
+  REQUIRE(lines.size() == 15);
+  auto with = [&](std::size_t i, const std::string& line) {
+    std::string text;
+    for (std::size_t j = 0; j < lines.size(); ++j) text += (j == i ? line : lines[j]) + "\n";
+    return text;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"8 bytes inserted into a record", with(1, lines[1].substr(0, 5) + "XXXXXXXX" + lines[1].substr(5))},
+      {"a record's id changed", with(6, "{\"id\":\"qX\",\"h\":\"000000000000000b\"}")},
+      {"a record's input hash changed", with(2, lines[2].substr(0, lines[2].size() - 3) + "f\"}")},
+      {"a record removed", with(7, "")},
+      {"a committed length changed", with(9, "{\"committed_bytes\":99,\"records\":4,\"sum\":\"0000000000000000\"}")},
+      {"committed_bytes negative", with(4, "{\"committed_bytes\":-5}")},
+      {"committed_bytes not a number", with(4, "{\"committed_bytes\":\"8\"}")},
+      {"a commit's checksum dropped after checksummed ones", with(9, "{\"committed_bytes\":" +
+                                                                        std::to_string(fs::file_size(out) * 2 / 3) + "}")},
+  };
+  for (const auto& [what, text] : cases) {
+    INFO(what);
+    write_all(out + ".ckpt", text);
+    CHECK_THROWS_WITH(done_in(out), Catch::Contains("damaged at line") && Catch::Contains("changed outside Tandem"));
+    CHECK_THROWS_WITH(ResumableOutput(out, true), Catch::Contains("damaged at line"));
+  }
+  // A torn tail is what a crash leaves: the records after the last whole commit are simply not done.
+  write_all(out + ".ckpt", good.substr(0, good.size() - 10));
+  CHECK(done_in(out).size() == 8);
+  write_all(out + ".ckpt", good + "{\"id\":\"q12\",\"h\":\"00000000000000");
+  CHECK(done_in(out).size() == 12);
+  write_all(out + ".ckpt", good + "{\"id\":\"q12\",\"h\":\"000000000000000a\"}\n");  // written, not committed
+  CHECK(done_in(out).size() == 12);
+  write_all(out + ".ckpt", good + "XXXX{\"id\":\"q12\"}\n");  // a whole line, no record: damage, even last
+  CHECK_THROWS_WITH(done_in(out), Catch::Contains("damaged at line 16"));
+  write_all(out + ".ckpt", with(14, lines[14].substr(0, 8) + "XX" + lines[14].substr(8)));  // the last commit
+  CHECK_THROWS_WITH(done_in(out), Catch::Contains("damaged at line 15"));
+  write_all(out + ".ckpt", good);
+  CHECK(done_in(out).size() == 12);
   fs::remove_all(dir);
 }
 
