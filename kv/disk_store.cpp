@@ -31,6 +31,13 @@ double now_s() {
 // The "dtype" attribute of a store of this layout's elements.
 std::string store_dtype(const KvLayout& l) { return l.elem_bytes == 2 ? "bfloat16" : "float32"; }
 // bf16 files are layout version 2: a Tandem that knows only float32 stores calls them another layout.
+// A row's checksum covers its key as well as its data: a row whose /hash
+// entry was changed (rows swapped, hashes shifted) fails it, so KV is never
+// served for another prefix.
+uint64_t row_checksum(uint64_t block_hash, const void* block, const KvLayout& l) {
+  return XXH3_64bits_withSeed(block, l.block_bytes(), block_hash);
+}
+
 int64_t store_version(const KvLayout& l) { return l.elem_bytes == 2 ? kStoreLayoutVersion + 1 : kStoreLayoutVersion; }
 
 Dims6 block_dims(const KvLayout& l, hsize_t rows) {
@@ -219,8 +226,8 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
                        "; this job: " + o_.id.model + ", fingerprint " + o_.id.fingerprint + ", block_size " +
                        std::to_string(l.block_size) + ", " + store_dtype(l) + "): it is not used; " +
                        (*version < kStoreLayoutVersion
-                            ? "it was written by an older Tandem (token-major blocks, layout version " +
-                                  std::to_string(*version) + "); point kv.store_path elsewhere, or remove its files"
+                            ? "it was written by an older Tandem (layout version " + std::to_string(*version) +
+                                  "); point kv.store_path elsewhere, or remove its files"
                         : *fingerprint == o_.id.fingerprint && *bs == l.block_size && dtype != store_dtype(l)
                             ? "set kv.dtype = \"" + std::string(dtype == "bfloat16" ? "bf16" : "f32") +
                                   "\" to use it, or point kv.store_path elsewhere"
@@ -276,8 +283,8 @@ bool DiskStore::read(uint64_t hash, float* dst, std::string& warning) {
   std::string problem;
   if (H5Dread_chunk(f.kv.get(), H5P_DEFAULT, start.data(), &filters, dst) < 0 || filters != 0)
     problem = "cannot be read (" + h5_error() + ")";
-  else if (XXH3_64bits(dst, l.block_bytes()) != f.checksums[static_cast<std::size_t>(row)])
-    problem = "has a block that fails its checksum (the file is damaged)";
+  else if (row_checksum(hash, dst, l) != f.checksums[static_cast<std::size_t>(row)])
+    problem = "has a block that fails its checksum (its data or its block hash was changed: the file is damaged)";
   if (problem.empty()) {
     if (!f.writing && !f.touched) {  // used: the last to be pruned (LRU by modification time, per file)
       ::utimensat(AT_FDCWD, f.path.c_str(), nullptr, 0);
@@ -391,7 +398,7 @@ bool DiskStore::write(std::span<const uint64_t> hashes, const float* data, std::
   File& f = files_[static_cast<std::size_t>(current_)];
   std::vector<uint64_t> sums(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    sums[static_cast<std::size_t>(i)] = XXH3_64bits(data + i * l.block_floats(), l.block_bytes());
+    sums[static_cast<std::size_t>(i)] = row_checksum(hashes[static_cast<std::size_t>(i)], data + i * l.block_floats(), l);
   const Dims6 size = block_dims(l, static_cast<hsize_t>(rows_ + n));
   bool ok = H5Dset_extent(f.kv.get(), size.data()) >= 0;
   for (int64_t i = 0; ok && i < n; ++i) {  // one block is one chunk: written raw, as the pool holds it

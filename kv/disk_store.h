@@ -10,7 +10,7 @@
 // keep consistent. Layout of one file:
 //   /kv        float32 [n][layers][2][kv_heads][block_size][head_dim]  (block-major, head-major inside, as the pool)
 //   /hash      uint64  [n]  chained block hash (block_hash.h) of row i
-//   /checksum  uint64  [n]  XXH3-64 of row i's bytes, checked on every read
+//   /checksum  uint64  [n]  XXH3-64 of row i's bytes seeded with its /hash, checked on every read
 //   attributes: format "tandem-kv-store", layout_version, model_fingerprint,
 //               model, dtype "float32", block_size, layers, kv_heads,
 //               head_dim, blocks (rows written completely; later rows are ignored)
@@ -36,9 +36,10 @@
 
 namespace tandem::kv {
 
-// The block layout's version: 3 float32, 4 bf16, head-major ([layers][2][kv_heads][block_size][head_dim]);
-// 1 and 2 were token-major ([layers][2][block_size][kv_heads][head_dim]), written before 2026-12-02.
-inline constexpr int64_t kStoreLayoutVersion = 3;
+// The store's version: 5 float32, 6 bf16, head-major ([layers][2][kv_heads][block_size][head_dim]), each
+// row's checksum over its block hash and its data. 3 and 4 checksummed the data alone (before 2026-12-03);
+// 1 and 2 were token-major ([layers][2][block_size][kv_heads][head_dim]), before 2026-12-02.
+inline constexpr int64_t kStoreLayoutVersion = 5;
 
 // What makes stored KV valid for a job: the same model and the same block layout.
 struct StoreIdentity {

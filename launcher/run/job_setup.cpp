@@ -128,7 +128,11 @@ std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& l
   if (!blocks_on_host) t.pool_copy = runtime::pool_copy(p.cfg.model.backend);  // a device pool is reached by copies
   if (!kvc.store_path.empty()) {
     t.store.dir = kvc.store_path;
-    t.store.id = {runtime::model_fingerprint(p.cfg.model.path, p.model), p.model.architecture + " at " + p.cfg.model.path,
+    std::error_code ec;
+    std::filesystem::create_directories(kvc.store_path, ec);  // for the cache below; the store says what is wrong
+    // Each weight file's hash is cached in the store (read once for every later job on the same files).
+    t.store.id = {runtime::model_fingerprint(p.cfg.model.path, p.model, std::filesystem::path(kvc.store_path) / "weight-hashes.json"),
+                  p.model.architecture + " at " + p.cfg.model.path,
                   layout};
     t.store.max_bytes = static_cast<int64_t>(kvc.store_max_gib * static_cast<double>(1 << 30));
   }

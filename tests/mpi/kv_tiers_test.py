@@ -8,8 +8,9 @@ Checks, each against the tokens of a run without any tier:
  - the store read back by h5py and h5dump: block count, dtype and shapes as
    the summary and the model say; no unfinished .part file left;
  - the default store_min_hits = 2 stores only blocks used twice;
- - a truncated file, a corrupted block, another model's store and a store
-   without write permission: one warning line each, correct outputs;
+ - a truncated file, a corrupted block, rows whose hashes were swapped or
+   shifted, another model's store, a fine-tune's (two tensors changed) and a
+   store without write permission: one warning line each, correct outputs;
  - a pool holding a third of the working set: identical outputs, hits move
    to host memory, and (with the store) to disk; the reorder window groups
    requests by shared prefix, output still in input order;
@@ -191,6 +192,46 @@ with tempfile.TemporaryDirectory() as d:
     check("corrupted block: one warning line (checksum), outputs correct",
           p.returncode == 0 and tokens == cold and len(w) == 1 and "checksum" in w[0], "; ".join(w))
 
+    # A row's checksum covers its block hash: rows whose /hash entries were swapped or shifted are
+    # never served for the wrong prefix (the checksums themselves untouched).
+    for name, move in (("swapped", lambda hs: [hs[2], hs[0], hs[1]] + list(hs[3:])),
+                       ("rolled", lambda hs: list(hs[1:]) + [hs[0]])):
+        bad, f = copy_store(name)
+        with h5py.File(f, "r+") as h:
+            n = int(h.attrs["blocks"])
+            h["hash"][:n] = np.array(move(list(h["hash"][:n])), dtype=np.uint64)
+        p, tokens, s, w = run(name, f'store_path = "{bad}"\n')
+        check(f"store rows with their hashes {name} (checksums untouched): outputs as cold, one checksum warning",
+              p.returncode == 0 and tokens == cold and len(w) == 1 and "checksum" in w[0],
+              f"{sum(tokens.get(k) != v for k, v in cold.items())} of {len(cold)} outputs differ; " + "; ".join(w))
+
+    # A "fine-tune" that changes only layer 1's k_proj and v_proj: the same names, shapes and sizes.
+    tuned = tmp / "tuned"
+    shutil.copytree(model, tuned)
+    for st_file in tuned.glob("*.safetensors"):
+        raw = bytearray(st_file.read_bytes())
+        header_len = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + header_len])
+        for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight"):
+            if name in header:
+                a, b = header[name]["data_offsets"]
+                bits = np.frombuffer(bytes(raw[8 + header_len + a:8 + header_len + b]), dtype=np.uint16)
+                values = (bits.astype(np.uint32) << 16).view(np.float32) * np.float32(1.75)
+                raw[8 + header_len + a:8 + header_len + b] = (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        st_file.write_bytes(bytes(raw))
+    p_tc, tuned_cold, _, _ = run("tuned_cold", "", mdl=tuned)
+    p, tuned_warm, s, w = run("tuned_on_base_store", f'store_path = "{single}"\n', mdl=tuned)
+    check("a fine-tune of 2 tensors on the base model's store: one 'another model' warning, outputs its own",
+          p_tc.returncode == 0 and tuned_cold != cold and p.returncode == 0 and tuned_warm == tuned_cold and
+          len(w) == 1 and "another model" in w[0] and s.get("kv_tiers", {}).get("hit_tokens", {}).get("disk", 1) == 0,
+          f"{sum(tuned_warm.get(k) != v for k, v in tuned_cold.items())} of {len(tuned_cold)} outputs differ from "
+          f"its own cold run; " + "; ".join(w))
+    hashes_file = single / "weight-hashes.json"
+    cached = json.loads(hashes_file.read_text()).get("files", {}) if hashes_file.exists() else {}
+    check("the store caches each weight file's hash by path, size and modification time",
+          any(str(tuned.resolve()) in k for k in cached) and any(str(model.resolve()) in k for k in cached) and
+          all({"size", "mtime_ns", "xxh3"} <= set(v) for v in cached.values()), json.dumps(cached)[:300])
+
     before = sorted(x.name for x in single.iterdir())
     p, tokens_other, s, w = run("foreign", f'store_path = "{single}"\n', mdl=other)
     p_cold, cold_other, _, _ = run("foreign_cold", "", mdl=other)
@@ -267,12 +308,12 @@ with tempfile.TemporaryDirectory() as d:
         with h5py.File(f, "r") as h:
             n = int(h.attrs["blocks"])
             bits = h["kv"][:n]
-            ok16 &= h["kv"].dtype == np.uint16 and h.attrs["dtype"] == "bfloat16" and int(h.attrs["layout_version"]) == 4
+            ok16 &= h["kv"].dtype == np.uint16 and h.attrs["dtype"] == "bfloat16" and int(h.attrs["layout_version"]) == 6
             ok16 &= bits.shape[1:] == (cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"])
             values = (bits.astype(np.uint32) << 16).view(np.float32)  # bf16 is float32's upper half
             ok16 &= bool(np.isfinite(values).all()) and bool(np.abs(values).sum() > 0)
     written16 = s1.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
-    check("bf16: h5py reads uint16 bits, dtype = bfloat16, layout_version 4, finite non-zero values",
+    check("bf16: h5py reads uint16 bits, dtype = bfloat16, layout_version 6, finite non-zero values",
           ok16 and written16 > 0, f"{len(files16)} files, {written16} blocks written")
     p, tokens, s, w = run("f32_on_bf16_store", f'store_path = "{store16}"\n')
     check("a float32 job ignores a bf16 store with one warning, outputs as cold",

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include <hdf5.h>
 #include <unistd.h>
 
 #include "kv/block_pool.h"
@@ -196,6 +197,28 @@ TEST_CASE("disk store: another model's store, a damaged file and a bad directory
     CHECK_FALSE(s.read(1, out.data(), w));
     CHECK(w.find("checksum") != std::string::npos);
     CHECK(s.blocks() == 0);  // the file is dropped
+  }
+  SECTION("rows whose block hashes were swapped fail their checksum: never KV for another prefix") {
+    const auto f = store_files(dir.path).at(0);
+    {
+      const hid_t file = H5Fopen(f.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      REQUIRE(file >= 0);
+      const hid_t set = H5Dopen2(file, "hash", H5P_DEFAULT);
+      uint64_t hashes[2] = {0, 0};
+      REQUIRE(H5Dread(set, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, hashes) >= 0);
+      REQUIRE((hashes[0] == 1 && hashes[1] == 2));
+      std::swap(hashes[0], hashes[1]);
+      REQUIRE(H5Dwrite(set, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, hashes) >= 0);
+      H5Dclose(set);
+      H5Fclose(file);
+    }
+    DiskStore s({dir.path, identity()}, warnings);
+    REQUIRE(s.blocks() == 2);  // indexed by the swapped hashes
+    auto out = block_of(0);
+    std::string w;
+    CHECK_FALSE(s.read(1, out.data(), w));
+    CHECK(w.find("block hash") != std::string::npos);
+    CHECK(s.blocks() == 0);
   }
   SECTION("a path that cannot be a directory") {
     std::ofstream(dir.path / "file") << "x";
