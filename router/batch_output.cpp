@@ -21,16 +21,41 @@ std::string token_text(const OutputContext& ctx, int32_t id) {
   return ctx.tokenizer ? ctx.tokenizer->decode(std::vector<int32_t>{id}, false) : std::string();
 }
 
-json completion_logprobs(const std::vector<runtime::PositionLogprobs>& lps, const OutputContext& ctx) {
-  json tokens = json::array(), token_logprobs = json::array(), top = json::array();
-  for (const auto& p : lps) {
-    tokens.push_back(token_text(ctx, p.chosen.token));
-    token_logprobs.push_back(p.chosen.logprob);
+// Characters (code points) of UTF-8 text, as OpenAI's text_offset counts them.
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// A completion's logprobs in OpenAI's legacy shape. With echo, the prompt's
+// tokens come first (the first without a logprob, as nothing precedes it),
+// as the text does; text_offset is each token's offset in the choice's text.
+json completion_logprobs(const RequestResult& res, bool echo, const OutputContext& ctx) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  int64_t at = 0;
+  auto add = [&](int32_t token, const runtime::PositionLogprobs* p) {
+    const std::string text = token_text(ctx, token);
+    tokens.push_back(text);
+    offsets.push_back(at);
+    at += code_points(text);
+    if (!p) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      return;
+    }
+    token_logprobs.push_back(p->chosen.logprob);
     json t = json::object();
-    for (const auto& c : p.top) t[token_text(ctx, c.token)] = c.logprob;
+    for (const auto& c : p->top) t[token_text(ctx, c.token)] = c.logprob;
     top.push_back(t);
+  };
+  if (echo) {
+    // prompt_logprobs[i] is the logprob of prompt token i + 1 given those before it.
+    for (std::size_t i = 0; i < res.prompt_ids.size(); ++i)
+      add(res.prompt_ids[i], i > 0 && i - 1 < res.prompt_logprobs.size() ? &res.prompt_logprobs[i - 1] : nullptr);
   }
-  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", json::array()}};
+  for (const auto& p : res.logprobs) add(p.chosen.token, &p);
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
 json chat_logprobs(const std::vector<runtime::PositionLogprobs>& lps, const OutputContext& ctx) {
@@ -66,8 +91,8 @@ json response_body(const BatchRequest& req, const std::vector<RequestResult>& re
       if (req.echo) text = (req.prompt_text ? *req.prompt_text
                                             : (ctx.tokenizer ? ctx.tokenizer->decode(res.prompt_ids, false) : "")) + text;
       choice["text"] = text;
-      if (req.params.logprobs >= 0) choice["logprobs"] = completion_logprobs(res.logprobs, ctx);
-      if (req.params.prompt_logprobs >= 0) {
+      if (req.params.logprobs >= 0) choice["logprobs"] = completion_logprobs(res, req.echo, ctx);
+      if (req.prompt_logprobs_asked) {
         json pl = json::array({nullptr});
         for (const auto& p : res.prompt_logprobs) {
           json t = json::object();

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <charconv>
 #include <initializer_list>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
 #include "common/text.h"
+#include "router/line_key.h"
 
 namespace tandem::router {
 namespace {
@@ -44,6 +46,8 @@ double number(const json& body, const char* key, double lo, double hi) {
 int64_t integer(const json& body, const char* key, int64_t lo) {
   const json& v = body[key];
   if (!v.is_number_integer()) throw Bad{std::string("'") + key + "' must be an integer, got " + type_name(v)};
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw Bad{std::string("'") + key + "' must be at most " + std::to_string(INT64_MAX) + ", got " + v.dump()};
   const int64_t i = v.get<int64_t>();
   if (i < lo) throw Bad{std::string("'") + key + "' must be at least " + std::to_string(lo) + ", got " + v.dump()};
   return i;
@@ -190,6 +194,9 @@ void check_message_fields(const json& m, std::size_t i) {
   }
 }
 
+// Whether a field is there and not null (null asks for the default everywhere in OpenAI's API).
+bool given(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
 // The prompt: messages (chat), or prompt / prompt_token_ids (completions).
 void parse_prompt(const json& body, BatchRequest& r) {
   const bool chat = r.endpoint == Endpoint::kChat;
@@ -209,9 +216,11 @@ void parse_prompt(const json& body, BatchRequest& r) {
       messages.push_back(std::move(cm));
     }
     r.messages = std::move(messages);
-  } else if (body.contains("prompt_token_ids")) {
+  } else if (given(body, "prompt_token_ids") && given(body, "prompt")) {
+    throw Bad{"give 'prompt' or 'prompt_token_ids', not both (which one is the prompt?)"};
+  } else if (given(body, "prompt_token_ids")) {
     r.prompt_ids = token_ids(body["prompt_token_ids"], "prompt_token_ids");
-  } else if (body.contains("prompt")) {
+  } else if (given(body, "prompt")) {
     const json& p = body["prompt"];
     if (p.is_string()) {
       r.prompt_text = p.get<std::string>();
@@ -271,7 +280,10 @@ void parse_sampling(const json& body, BatchRequest& r) {
   if (body.contains("seed") && !body["seed"].is_null()) {
     const json& s = body["seed"];
     if (!s.is_number_integer()) throw Bad{"'seed' must be an integer, got " + type_name(s)};
-    p.seed = static_cast<uint64_t>(s.get<int64_t>());
+    if (!s.is_number_unsigned())  // a negative seed has no meaning of its own (some clients mean "random")
+      throw Bad{"'seed' must be an integer from 0 to 2^64-1, got " + s.dump() +
+                "; leave it out for the job's seed (job.seed with the custom_id)"};
+    p.seed = s.get<uint64_t>();
     r.seed_given = true;
   }
   if (body.contains("stop") && !body["stop"].is_null()) {
@@ -310,9 +322,11 @@ void parse_logprobs(const json& body, BatchRequest& r) {
       if (!body["logprobs"].is_boolean()) throw Bad{"'logprobs' must be true or false for chat completions"};
       r.chat_logprobs = body["logprobs"].get<bool>();
     }
+    const bool top = body.contains("top_logprobs") && !body["top_logprobs"].is_null();
+    if (top && !r.chat_logprobs) throw Bad{"'top_logprobs' needs 'logprobs': true (as OpenAI's API requires)"};
     if (r.chat_logprobs) {
       p.logprobs = 0;
-      if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) p.logprobs = integer(body, "top_logprobs", 0);
+      if (top) p.logprobs = integer(body, "top_logprobs", 0);
       if (p.logprobs > 20) throw Bad{"'top_logprobs' must be at most 20"};
     }
   } else {
@@ -325,8 +339,11 @@ void parse_logprobs(const json& body, BatchRequest& r) {
       r.echo = body["echo"].get<bool>();
       if (r.echo && p.logprobs >= 0) p.prompt_logprobs = p.logprobs;
     }
-    if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null())
+    if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
       p.prompt_logprobs = integer(body, "prompt_logprobs", 0);
+      if (p.prompt_logprobs > 20) throw Bad{"'prompt_logprobs' must be at most 20"};
+      r.prompt_logprobs_asked = true;
+    }
   }
 }
 
@@ -390,10 +407,51 @@ struct Salvage : nlohmann::json_sax<json> {
   }
 };
 
+// The keys of one JSON object as parsed, to find one given twice (a short
+// list while small, a set past that, so a huge object stays linear).
+class KeySet {
+ public:
+  bool insert(const std::string& k) {
+    if (big_.empty()) {
+      if (std::find(small_.begin(), small_.end(), k) != small_.end()) return false;
+      small_.push_back(k);
+      if (small_.size() > 32) big_.insert(small_.begin(), small_.end());
+      return true;
+    }
+    return big_.insert(k).second;
+  }
+
+ private:
+  std::vector<std::string> small_;
+  std::unordered_set<std::string> big_;
+};
+
+// Parses like json::parse (discarded when invalid), and names the first key
+// that an object holds twice: JSON allows it and the parser keeps the last,
+// but which one the writer meant is unknown (a prompt given twice, two
+// custom_ids), so such a line is refused.
+json parse_checked(std::string_view text, std::string& duplicate) {
+  std::vector<KeySet> open;
+  const json::parser_callback_t cb = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    else if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
+    else if (event == json::parse_event_t::key && !open.empty() && !open.back().insert(parsed.get_ref<const std::string&>()) &&
+             duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  return json::parse(text, cb, /*allow_exceptions=*/false);
+}
+
+std::string duplicate_message(const std::string& key) {
+  return "the key '" + key + "' is given twice in one object; give each field once";
+}
+
 }  // namespace
 
 ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  std::string duplicate;
+  json j = parse_checked(line, duplicate);
   if (j.is_discarded()) {
     Salvage s;
     json::sax_parse(line, &s, json::input_format_t::json, /*strict=*/true);
@@ -401,6 +459,8 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
     return LineError{s.custom_id, 400, "not valid JSON" + where + "; each line must be one JSON object"};
   }
   if (!j.is_object()) return LineError{"", 400, "each line must be a JSON object, got " + type_name(j)};
+  // The error record names the first custom_id, as the line is keyed by (router/line_key.h).
+  if (!duplicate.empty()) return LineError{line_key_id(line), 400, duplicate_message(duplicate)};
   LineError err;
   if (j.contains("custom_id") && j["custom_id"].is_string()) err.custom_id = j["custom_id"].get<std::string>();
   try {
@@ -432,9 +492,11 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
 }
 
 ParsedLine parse_request_body(Endpoint endpoint, std::string_view text, int64_t default_max_tokens) {
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  std::string duplicate;
+  json body = parse_checked(text, duplicate);
   if (body.is_discarded()) return LineError{"", 400, "the request body is not valid JSON"};
   if (!body.is_object()) return LineError{"", 400, "the request body must be a JSON object, got " + type_name(body)};
+  if (!duplicate.empty()) return LineError{"", 400, duplicate_message(duplicate)};
   try {
     BatchRequest r;
     r.endpoint = endpoint;

@@ -37,6 +37,7 @@ struct BatchRequest {
   bool echo = false;              // completions: the prompt precedes the text in the output
   bool seed_given = false;
   bool chat_logprobs = false;     // chat: "logprobs": true
+  bool prompt_logprobs_asked = false;  // completions: prompt_logprobs given (echo with logprobs sets the params alone)
   // HTTP only (a batch line refuses n > 1 and ignores stream):
   int64_t n = 1;                  // choices, each sampled on its own
   bool stream = false;            // Server-Sent Events

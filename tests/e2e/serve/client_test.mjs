@@ -138,6 +138,21 @@ for (const content of ["Say hello.", "What is 2+2?"]) {
         lp.top_logprobs.every((t, i) => Object.keys(t).length >= 1 && Object.keys(t).length <= 3 &&
           Math.max(...Object.values(t)) <= lp.token_logprobs[i] + 1e-5));
   check("completion logprobs: tokens spell the text", lp.tokens.join("") === r.choices[0].text);
+  check("completion logprobs: text_offset, one per token, where each token starts in the text",
+        lp.text_offset.length === 5 && lp.text_offset.every((o, i) =>
+          [...r.choices[0].text].slice(o, o + [...lp.tokens[i]].length).join("") === lp.tokens[i]),
+        JSON.stringify(lp.text_offset));
+  // echo with logprobs: the prompt's tokens first (the first without a logprob), as in the text.
+  const e = await client.completions.create({ model, prompt: prompts[0], max_tokens: 3, temperature: 0, logprobs: 1,
+                                              echo: true });
+  const el = e.choices[0].logprobs;
+  const n = e.usage.prompt_tokens + e.usage.completion_tokens;
+  check("echo + logprobs: the prompt's tokens and the completion's, with offsets; the first has no logprob",
+        el.tokens.length === n && el.token_logprobs.length === n && el.text_offset.length === n &&
+          el.token_logprobs[0] === null && el.top_logprobs[0] === null &&
+          el.token_logprobs.slice(1).every((x) => typeof x === "number") && el.tokens.join("") === e.choices[0].text &&
+          e.choices[0].prompt_logprobs === undefined,
+        JSON.stringify({ n, tokens: el.tokens.length, offsets: el.text_offset.length }));
   const c = await client.chat.completions.create({
     model, messages: [{ role: "user", content: "Hi" }], max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 });
   const content = c.choices[0].logprobs?.content ?? [];
@@ -163,6 +178,13 @@ async function errorOf(fn) {
         b && `${b.status} ${b.message}`);
   const t = await errorOf(() => client.completions.create({ model, prompt: "x", max_tokens: 2, temperature: "hot" }));
   check("wrong type: 400", t instanceof OpenAI.BadRequestError, t && `${t.status}`);
+  const tlp = await errorOf(() => client.chat.completions.create({
+    model, messages: [{ role: "user", content: "Hi" }], max_tokens: 2, top_logprobs: 2 }));
+  check("top_logprobs without logprobs: 400 naming both", tlp instanceof OpenAI.BadRequestError &&
+        /'top_logprobs' needs 'logprobs': true/.test(tlp.message), tlp && `${tlp.status} ${tlp.message}`);
+  const neg = await errorOf(() => client.completions.create({ model, prompt: "x", max_tokens: 2, seed: -1 }));
+  check("seed -1: 400 naming the range", neg instanceof OpenAI.BadRequestError && /'seed' must be/.test(neg.message),
+        neg && `${neg.status} ${neg.message}`);
   // What would change the result and is not honoured is refused, never ignored.
   const chat = { model, messages: [{ role: "user", content: "Hi" }], max_tokens: 4 };
   const j = await errorOf(() => client.chat.completions.create({ ...chat, response_format: { type: "json_object" } }));

@@ -127,3 +127,41 @@ TEST_CASE("logit_bias and min_tokens are read and checked", "[router][input]") {
              Catch::Contains("'min_tokens' (5) must be at most max_tokens (4)"));
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","min_tokens":-1})"), Catch::Contains("'min_tokens' must be at least 0"));
 }
+
+TEST_CASE("fields that would be ignored or misread are refused, naming the field", "[router][input]") {
+  // Two prompts: which one is meant is unknown.
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"text","prompt_token_ids":[1,2]})"),
+             Catch::Contains("give 'prompt' or 'prompt_token_ids', not both"));
+  CHECK(ok(R"({"custom_id":"a","prompt":null,"prompt_token_ids":[1,2]})").prompt_ids == std::vector<int32_t>{1, 2});
+  // A key given twice in one object: JSON keeps the last one without a word.
+  auto twice = parse_batch_line(R"({"custom_id":"first","prompt":"a","prompt":"b","custom_id":"second"})");
+  REQUIRE(std::holds_alternative<LineError>(twice));
+  CHECK_THAT(std::get<LineError>(twice).message, Catch::Contains("the key 'prompt' is given twice in one object"));
+  CHECK(std::get<LineError>(twice).custom_id == "first");  // as the line is keyed
+  CHECK_THAT(error_of(R"({"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"x","max_tokens":2,"max_tokens":3}})"),
+             Catch::Contains("the key 'max_tokens' is given twice"));
+  // The same key in two objects is no duplicate.
+  ok(R"({"custom_id":"a","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"}]})");
+  std::string many = R"({"custom_id":"a","prompt":"x","logit_bias":{)";
+  for (int i = 0; i < 200; ++i) many += (i ? "," : "") + std::string("\"") + std::to_string(i) + "\":1";
+  CHECK(ok(many + "}}").params.logit_bias.size() == 200);
+  CHECK_THAT(error_of(many + ",\"150\":2}}"), Catch::Contains("the key '150' is given twice"));
+  CHECK_THAT(std::get<LineError>(parse_request_body(Endpoint::kCompletions, R"({"prompt":"a","prompt":"b"})")).message,
+             Catch::Contains("given twice"));
+  // top_logprobs without logprobs (OpenAI answers 400).
+  CHECK_THAT(error_of(R"({"custom_id":"a","messages":[{"role":"user","content":"x"}],"top_logprobs":3})"),
+             Catch::Contains("'top_logprobs' needs 'logprobs': true"));
+  CHECK(ok(R"({"custom_id":"a","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})").params.logprobs == 3);
+  // Seeds: 0 to 2^64-1; a negative one has no meaning.
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","seed":-1})"),
+             Catch::Contains("'seed' must be an integer from 0 to 2^64-1, got -1"));
+  CHECK(ok(R"({"custom_id":"a","prompt":"x","seed":18446744073709551615})").params.seed == UINT64_MAX);
+  // Integers past int64 are named as too large, not as negative.
+  CHECK(error_of(R"({"custom_id":"a","prompt":"x","max_tokens":9223372036854775808})") ==
+        "'max_tokens' must be at most 9223372036854775807, got 9223372036854775808");
+  // echo with logprobs asks for the prompt's logprobs, but does not add the prompt_logprobs field.
+  auto echo = ok(R"({"custom_id":"c","prompt":"x","echo":true,"logprobs":2})");
+  CHECK(echo.params.prompt_logprobs == 2);
+  CHECK_FALSE(echo.prompt_logprobs_asked);
+  CHECK(ok(R"({"custom_id":"c","prompt":"x","prompt_logprobs":1})").prompt_logprobs_asked);
+}
