@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -112,30 +113,71 @@ void Checkpoint::add_file(const std::filesystem::path& path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(where + ": header is not valid JSON at byte " + std::to_string(e.byte));
   }
+  if (!header.is_object()) throw Error(where + ": header is not a JSON object");
   const uint8_t* base = file->data() + 8 + n;
   const std::size_t data_size = file->size() - 8 - n;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
-    const auto& h = it.value();
     TensorView t;
     t.name = it.key();
     t.file = where;
-    const std::string dt = h.at("dtype").get<std::string>();
-    if (!parse_dtype(dt, t.dtype))
-      throw Error(where + ": tensor '" + t.name + "' has dtype " + dt + " (supported: F32, BF16, F16)");
-    t.shape = h.at("shape").get<std::vector<int64_t>>();
-    const auto off = h.at("data_offsets").get<std::vector<uint64_t>>();
+    std::vector<uint64_t> off;
+    try {
+      const auto& h = it.value();
+      const std::string dt = h.at("dtype").get<std::string>();
+      if (!parse_dtype(dt, t.dtype))
+        throw Error(where + ": tensor '" + t.name + "' has dtype " + dt + " (supported: F32, BF16, F16)");
+      t.shape = h.at("shape").get<std::vector<int64_t>>();
+      off = h.at("data_offsets").get<std::vector<uint64_t>>();
+    } catch (const nlohmann::json::exception&) {
+      throw Error(where + ": tensor '" + t.name + "' has no dtype, shape and data_offsets of the right types in the "
+                  "header (a damaged or hand-edited file? re-download or re-save it)");
+    }
+    uint64_t numel = 1;
+    for (const int64_t d : t.shape) {
+      if (d < 0 || (d > 0 && numel > UINT64_MAX / static_cast<uint64_t>(d) / 8))
+        throw Error(where + ": tensor '" + t.name + "' has an impossible shape " + t.shape_string());
+      numel *= static_cast<uint64_t>(d);
+    }
     if (off.size() != 2 || off[1] < off[0]) throw Error(where + ": tensor '" + t.name + "' has bad data_offsets");
     if (off[1] > data_size) {
       throw Error(where + ": tensor '" + t.name + "' needs bytes up to " + std::to_string(off[1]) + " but the file has " +
                   std::to_string(data_size) + " after its header (truncated shard? re-download it)");
     }
-    if (off[1] - off[0] != static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype))
+    if (off[1] - off[0] != numel * dtype_size(t.dtype))
       throw Error(where + ": tensor '" + t.name + "' size does not match its shape " + t.shape_string());
     t.data = base + off[0];
     if (tensors_.count(t.name)) throw Error(where + ": tensor '" + t.name + "' appears in two shards");
+    spans.push_back({off[0], off[1], t.name});
     tensors_.emplace(t.name, std::move(t));
   }
+  // The format's rule: the tensors' bytes cover the data exactly, without
+  // overlaps or holes (no byte read as two tensors, none belonging to none).
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t at = 0;
+  const Span* last = nullptr;
+  auto fix = [] { return "; the file breaks the safetensors format (re-download it, or re-save it with safetensors)"; };
+  for (const Span& sp : spans) {
+    if (sp.begin < at)
+      throw Error(where + ": tensors '" + last->name + "' (bytes " + std::to_string(last->begin) + "-" +
+                  std::to_string(last->end) + ") and '" + sp.name + "' (bytes " + std::to_string(sp.begin) + "-" +
+                  std::to_string(sp.end) + ") overlap" + fix());
+    if (sp.begin > at)
+      throw Error(where + ": bytes " + std::to_string(at) + "-" + std::to_string(sp.begin) +
+                  " after the header belong to no tensor (before '" + sp.name + "')" + fix());
+    at = sp.end;
+    last = &sp;
+  }
+  if (at != data_size)
+    throw Error(where + ": the " + std::to_string(data_size - at) + " byte(s) after " +
+                (last ? "'" + last->name + "'" : std::string("the header")) + " belong to no tensor" + fix());
   files_.push_back(std::move(file));
 }
 

@@ -72,3 +72,51 @@ TEST_CASE("a bad model directory stops with one line naming the file and the pro
   fs::remove(d / "model.safetensors");
   CHECK_THAT(load_error(d), Catch::Contains("no model.safetensors or model.safetensors.index.json"));
 }
+
+namespace {
+
+// A safetensors file of the given header entries over `data_bytes` bytes.
+void write_raw(const fs::path& f, const nlohmann::json& header, std::size_t data_bytes) {
+  const std::string h = header.dump();
+  std::ofstream out(f, std::ios::binary);
+  const uint64_t n = h.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << h << std::string(data_bytes, '\0');
+}
+
+std::string open_error(const fs::path& dir) {
+  try {
+    Checkpoint::open(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a safetensors file whose tensors overlap or leave holes is refused, as the format requires", "[model][errors]") {
+  const fs::path d = fs::temp_directory_path() / ("tandem-st-" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  auto tensor = [](uint64_t a, uint64_t b) {
+    return nlohmann::json{{"dtype", "F32"}, {"shape", {(b - a) / 4}}, {"data_offsets", {a, b}}};
+  };
+  write_raw(d / "model.safetensors", {{"a", tensor(0, 16)}, {"b", tensor(16, 32)}}, 32);
+  CHECK(open_error(d).empty());
+  write_raw(d / "model.safetensors", {{"a", tensor(0, 16)}, {"b", tensor(8, 24)}}, 24);
+  CHECK_THAT(open_error(d), Catch::Contains("tensors 'a' (bytes 0-16) and 'b' (bytes 8-24) overlap") &&
+                                Catch::Contains("breaks the safetensors format"));
+  write_raw(d / "model.safetensors", {{"a", tensor(0, 16)}, {"b", tensor(0, 16)}}, 16);  // one tensor's bytes twice
+  CHECK_THAT(open_error(d), Catch::Contains("overlap"));
+  write_raw(d / "model.safetensors", {{"a", tensor(0, 16)}, {"b", tensor(24, 40)}}, 40);
+  CHECK_THAT(open_error(d), Catch::Contains("bytes 16-24 after the header belong to no tensor (before 'b')"));
+  write_raw(d / "model.safetensors", {{"a", tensor(8, 24)}}, 24);
+  CHECK_THAT(open_error(d), Catch::Contains("bytes 0-8 after the header belong to no tensor"));
+  write_raw(d / "model.safetensors", {{"a", tensor(0, 16)}}, 20);
+  CHECK_THAT(open_error(d), Catch::Contains("the 4 byte(s) after 'a' belong to no tensor"));
+  write_raw(d / "model.safetensors", {{"a", {{"dtype", "F32"}, {"shape", "x"}, {"data_offsets", {0, 4}}}}}, 4);
+  CHECK_THAT(open_error(d), Catch::Contains("tensor 'a' has no dtype, shape and data_offsets of the right types"));
+  write_raw(d / "model.safetensors", {{"a", {{"dtype", "F32"}, {"shape", {-1}}, {"data_offsets", {0, 4}}}}}, 4);
+  CHECK_THAT(open_error(d), Catch::Contains("impossible shape"));
+  fs::remove_all(d);
+}
