@@ -103,6 +103,12 @@ class HttpFrontend {
 
   void routes() {
     server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (const std::string why = bad_headers(req); !why.empty()) {  // before any body is read
+        res.set_header("Connection", "close");
+        send_error(res, 400, "bad request: " + why, "invalid_request_error");
+        metrics_.request(endpoint_label(req.path), 400);
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (api_key_.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + api_key_) return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <the value of $" + http_.api_key_env + ">'",
@@ -142,12 +148,69 @@ class HttpFrontend {
                                         {"max_model_len", s_.prompts.max_model_len}}})}});
       metrics_.request("models", 200);
     });
-    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(router::Endpoint::kCompletions, req, res);
+    // The body is read here, bounded as it comes: httplib bounds a body
+    // with a Content-Length, but reads a chunked one whole into memory.
+    server_.Post("/v1/completions",
+                 [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                   if (read_body(req, res, reader)) generate(router::Endpoint::kCompletions, req, res);
+                 });
+    server_.Post("/v1/chat/completions",
+                 [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                   if (read_body(req, res, reader)) generate(router::Endpoint::kChat, req, res);
+                 });
+  }
+
+  // Reads a request's body into req.body, at most http.max_body_bytes of it
+  // whatever its framing: past that, 413 at once (the rest is not read, and
+  // the connection closes, as its remaining bytes cannot be told from a next
+  // request). False when the answer is sent.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    auto& body = const_cast<httplib::Request&>(req).body;  // httplib's handlers take the request const
+    const auto limit = static_cast<std::size_t>(http_.max_body_bytes);
+    bool too_large = false;
+    const bool read = reader([&](const char* data, std::size_t n) {
+      if (body.size() + n > limit) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
     });
-    server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(router::Endpoint::kChat, req, res);
-    });
+    if (read && !too_large) return true;
+    body.clear();
+    body.shrink_to_fit();
+    res.set_header("Connection", "close");
+    const std::string label = endpoint_label(req.path);
+    if (too_large || res.status == 413) {
+      send_error(res, 413, "the request body is larger than http.max_body_bytes (" + std::to_string(http_.max_body_bytes) +
+                               " bytes)", "invalid_request_error", "request_too_large");
+      metrics_.request(label, 413);
+    } else {
+      send_error(res, 400, "the request body could not be read (a broken chunked encoding, or the client went away)",
+                 "invalid_request_error");
+      metrics_.request(label, 400);
+    }
+    return false;
+  }
+
+  // RFC 9112's rules for a request's framing and header values, which
+  // httplib does not apply: a CR, LF or NUL inside a field value, two
+  // different Content-Lengths, or a Content-Length beside a
+  // Transfer-Encoding is refused (each lets a proxy and this server see
+  // different requests in the same bytes). "" when the headers are fine.
+  static std::string bad_headers(const httplib::Request& req) {
+    for (const auto& [name, value] : req.headers)
+      for (const char c : value)
+        if (c == '\r' || c == '\n' || c == '\0')
+          return "the header '" + name + "' holds a " + (c == '\0' ? std::string("NUL") : c == '\r' ? "bare CR" : "LF") +
+                 " byte, which RFC 9112 forbids in a field value";
+    const auto lengths = req.headers.equal_range("Content-Length");
+    for (auto it = lengths.first; it != lengths.second; ++it)
+      if (it->second != lengths.first->second)
+        return "two different Content-Length headers ('" + lengths.first->second + "' and '" + it->second + "')";
+    if (lengths.first != lengths.second && req.has_header("Transfer-Encoding"))
+      return "both Content-Length and Transfer-Encoding are given; send one";
+    return "";
   }
 
   static std::string endpoint_label(const std::string& path) {

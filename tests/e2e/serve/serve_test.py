@@ -5,8 +5,9 @@ and 1 decode rank) answering the official `openai` npm client.
   1. client_test.mjs: completions and chat, streaming and not, n, stop, seed,
      logprobs, typed errors (401, 404 model_not_found, 400); the greedy texts
      it got equal `tandem run`'s outputs for the same requests.
-  2. Safety: no key -> 401, a body over http.max_body_bytes -> 413, malformed
-     JSON -> 400, all with OpenAI error objects; /health and /metrics.
+  2. Safety: no key -> 401, a body over http.max_body_bytes -> 413 (a chunked
+     one too, at once, memory flat), headers RFC 9112 forbids -> 400,
+     malformed JSON -> 400, all with OpenAI error objects; /health, /metrics.
   3. SIGTERM to the ranks (as Slurm sends it): the request in flight still
      completes, exit code 0.
   4. Load: 64 concurrent streaming clients x 10 requests, zero errors, every
@@ -186,6 +187,57 @@ with tempfile.TemporaryDirectory() as d:
     st, body, _ = http("POST", s.base + "/v1/completions", b'{"prompt": "' + b"x" * 70000 + b'"}', auth)
     check("body over http.max_body_bytes: 413", st == 413 and "max_body_bytes" in json.loads(body)["error"]["message"],
           f"{st} {body[:200]}")
+    # A chunked body has no Content-Length: it is bounded as it comes, 413 once past the limit, memory flat.
+    rss0 = s.rss_mib()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n".encode())
+    chunk, sent, reply, t0 = b"x" * (1 << 20), 0, b"", time.time()
+    sock.setblocking(False)
+    while sent < 200 and not reply:  # up to 200 MB, stopping once the answer comes
+        try:
+            sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            sent += 1
+        except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+            time.sleep(0.01)
+        try:
+            reply += sock.recv(65536)
+        except BlockingIOError:
+            pass
+    sock.settimeout(10)
+    try:
+        reply += sock.recv(65536)
+    except (socket.timeout, ConnectionResetError):
+        pass
+    sock.close()
+    rss1 = s.rss_mib()
+    check("a chunked body over http.max_body_bytes: 413 within the first MBs, memory flat",
+          reply.startswith(b"HTTP/1.1 413") and b"max_body_bytes" in reply and sent < 32 and rss1 - rss0 < 32,
+          f"{sent} MB sent in {time.time() - t0:.1f} s, rss {rss0:.0f} -> {rss1:.0f} MiB: {reply[:120]}")
+
+    def raw(head):
+        """A request's raw head and an empty JSON body; the status line answered."""
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                      b"\r\n" + head + b"\r\n{}")
+            got = b""
+            try:
+                while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+                    d = c.recv(65536)
+                    if not d:
+                        break
+                    got += d
+            except socket.timeout:
+                pass
+        return got
+    for name, head, word in (("a bare CR in a header value", b"X-A: a\rb\r\n", b"bare CR"),
+                             ("a NUL in a header value", b"X-A: a\x00b\r\n", b"NUL"),
+                             ("two different Content-Lengths", b"Content-Length: 2\r\nContent-Length: 3\r\n",
+                              b"two different Content-Length"),
+                             ("Content-Length beside Transfer-Encoding",
+                              b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n", b"Transfer-Encoding")):
+        got = raw(head)
+        check(f"{name}: 400 naming it (RFC 9112)", got.startswith(b"HTTP/1.1 400") and word in got, got[:300])
     st, body, _ = http("POST", s.base + "/v1/completions", b'{"prompt": "unterminated', auth)
     err = json.loads(body).get("error", {}) if body.startswith("{") else {}
     check("malformed JSON: 400 invalid_request_error", st == 400 and err.get("type") == "invalid_request_error", body)
