@@ -11,9 +11,24 @@
 #include "launcher/commands.h"
 #include "launcher/stop_signals.h"
 
+namespace {
+
+// Runs before any shared library's constructor: the executable's ELF
+// preinit array comes first in the dynamic loader's initialisation, ~1-2 ms
+// after exec. Libraries start slowly here: libinfinipath (which libfabric's
+// PSM providers bring in) calibrates its timebase for ~250 ms in its
+// constructor, after installing a SIGTERM handler of its own that ends the
+// process. So USR1 and TERM are held (blocked, pending) from here until main
+// has caught them, then delivered: none is lost, none kills the process.
+extern "C" void tandem_preinit(int, char**, char**) { tandem::launcher::hold_stop_signals(); }
+
+[[gnu::section(".preinit_array"), gnu::used]] void (*const kPreinit)(int, char**, char**) = &tandem_preinit;
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace tandem::launcher;
-  catch_stop_signals();  // Slurm's USR1/TERM may come while the ranks start: run and serve drain then
+  catch_stop_signals();  // and the held ones delivered: Slurm's USR1/TERM may come while the ranks start
   CLI::App app{
       "Tandem: batch and offline LLM inference on HPC clusters, as one MPI job.\n"
       "Rank 0 routes; the other ranks prefill or decode; KV moves by MPI one-sided RMA.",

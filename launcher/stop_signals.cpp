@@ -18,11 +18,26 @@ void set_action(int sig, void (*handler)(int)) {
   sigaction(sig, &sa, nullptr);
 }
 
+sigset_t stop_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
 }  // namespace
+
+void hold_stop_signals() {
+  const sigset_t set = stop_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
 
 void catch_stop_signals() {
   set_action(SIGUSR1, on_stop_signal);
   set_action(SIGTERM, on_stop_signal);
+  const sigset_t set = stop_set();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 void release_stop_signals() {

@@ -1,8 +1,10 @@
 // Slurm's warnings: USR1 (`--signal=B:USR1@T`) before a time limit or a
 // preemption, TERM on scancel or a requeue. They may come at any moment,
-// start-up included, so they are caught from the first instruction of main:
-// a signal that arrives before the job's loops run is remembered, and the
-// loops drain as soon as they start (rank 0 stops admitting and commits).
+// start-up included: they are held from before any shared library starts
+// (the executable's preinit array, main.cpp: ~1-2 ms after exec) and caught
+// from main's first instruction. A signal that arrives before the job's
+// loops run is remembered, and the loops drain as soon as they start
+// (rank 0 stops admitting and commits).
 #pragma once
 
 #include <atomic>
@@ -13,7 +15,12 @@ namespace tandem::launcher {
 // role loops (rank 0's router, the HTTP server).
 extern std::atomic<int> g_stop_signal;
 
-// Catches USR1 and TERM into g_stop_signal. First thing in main.
+// Blocks USR1 and TERM: one that comes stays pending until catch_stop_signals.
+// Before any library's constructor, which may install handlers of its own.
+void hold_stop_signals();
+
+// Catches USR1 and TERM into g_stop_signal, then unblocks them (a held one
+// is delivered now). First thing in main.
 void catch_stop_signals();
 
 // For commands that do not drain (all but run and serve): USR1 and TERM get

@@ -12,6 +12,7 @@
 #include <exception>
 
 #include "common/big_alloc.h"
+#include "mpi_transport/libfabric/fabric_api.h"
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/notices.h"
 
@@ -29,7 +30,7 @@ namespace {
 constexpr uint32_t kFiVersion = FI_VERSION(1, 9);
 
 Status fi_error(int rc, const char* call) {
-  return Status(StatusCode::kInternal, std::string("libfabric ") + call + ": " + fi_strerror(-rc));
+  return Status(StatusCode::kInternal, std::string("libfabric ") + call + ": " + fabric::api()->strerror(-rc));
 }
 
 #define TANDEM_FI(call)                                          \
@@ -42,7 +43,7 @@ Status fi_error(int rc, const char* call) {
 // writes into registered memory and messages, and completions that mean the
 // data is at the target. The memory-registration modes it can follow.
 fi_info* hints_for(const std::string& provider) {
-  fi_info* h = fi_allocinfo();
+  fi_info* h = fabric::api()->dupinfo(nullptr);  // fi_allocinfo()
   if (!h) return nullptr;
   h->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   h->ep_attr->type = FI_EP_RDM;
@@ -57,14 +58,15 @@ fi_info* hints_for(const std::string& provider) {
 // Providers offering it, in libfabric's order of preference, each once.
 std::vector<std::string> providers(const std::string& wanted) {
   std::vector<std::string> out;
+  if (!fabric::api()) return out;
   fi_info* h = hints_for(wanted);
   fi_info* info = nullptr;
-  if (h && fi_getinfo(kFiVersion, nullptr, nullptr, 0, h, &info) == 0) {
+  if (h && fabric::api()->getinfo(kFiVersion, nullptr, nullptr, 0, h, &info) == 0) {
     for (fi_info* i = info; i; i = i->next)
       if (std::find(out.begin(), out.end(), i->fabric_attr->prov_name) == out.end()) out.emplace_back(i->fabric_attr->prov_name);
   }
-  fi_freeinfo(info);
-  fi_freeinfo(h);
+  fabric::api()->freeinfo(info);
+  fabric::api()->freeinfo(h);
   return out;
 }
 
@@ -124,19 +126,20 @@ Status LibfabricTransport::open(std::size_t block_bytes, int64_t n_blocks) {
   provider_in_use_ = chosen;
   std::string problem;
   auto setup = [&]() -> Status {
+    if (!fabric::api()) return Status(StatusCode::kUnavailable, fabric::why());
     if (provider_in_use_.empty())
       return Status(StatusCode::kUnavailable, "no libfabric provider offers RDM endpoints with RMA here (found: " +
                                                   providers_found() + ")");
     fi_info* h = hints_for(provider_in_use_);
-    const int rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, h, &info_);
-    fi_freeinfo(h);
+    const int rc = fabric::api()->getinfo(kFiVersion, nullptr, nullptr, 0, h, &info_);
+    fabric::api()->freeinfo(h);
     if (rc != 0 || !info_)
       return Status(StatusCode::kUnavailable, "libfabric provider \"" + provider_in_use_ +
                                                   "\" is not here, or lacks RDM endpoints with RMA (found: " +
                                                   providers_found() + ")");
     virt_addr_ = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
     local_mr_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
-    TANDEM_FI(fi_fabric(info_->fabric_attr, &fabric_, nullptr));
+    TANDEM_FI(fabric::api()->fabric(info_->fabric_attr, &fabric_, nullptr));
     TANDEM_FI(fi_domain(fabric_, info_, &domain_, nullptr));
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
@@ -393,7 +396,7 @@ Status LibfabricTransport::drain_completions(std::vector<Notification>* arrived)
         free_ops_.push_back(op);
         continue;
       }
-      return Status(StatusCode::kInternal, "libfabric completion error: " + std::string(fi_strerror(err.err)) + " (" + why + ")");
+      return Status(StatusCode::kInternal, "libfabric completion error: " + std::string(fabric::api()->strerror(err.err)) + " (" + why + ")");
     }
     if (n < 0) return fi_error(static_cast<int>(n), "fi_cq_read");
     for (ssize_t i = 0; i < n; ++i) {
@@ -464,7 +467,7 @@ void LibfabricTransport::close_fabric() {
                  fabric_ ? &fabric_->fid : nullptr})
     if (f) fi_close(f);
   ep_ = nullptr, pool_mr_ = slots_mr_ = nullptr, av_ = nullptr, cq_ = nullptr, domain_ = nullptr, fabric_ = nullptr;
-  if (info_) fi_freeinfo(info_);
+  if (info_) fabric::api()->freeinfo(info_);
   info_ = nullptr;
 }
 

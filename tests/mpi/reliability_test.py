@@ -6,7 +6,8 @@ memory ran away before (issue 20):
   - a 300 MB line: one error record carrying its custom_id, the lines around
     it done, rank 0's peak memory no higher than without it (+ 64 MB);
   - USR1 to every rank while they start (MPI_Init, model loading): each rank
-    drains and exits 0, and --resume finishes the input exactly once;
+    drains and exits 0, and --resume finishes the input exactly once; one
+    process signalled (USR1, TERM) 30-300 ms after exec drains and exits 0;
   - gzip and zstd input: the same outputs as plain, --resume on them works;
     a truncated .gz stops before any work with one line (tests/mpi/
     exactly_once_test.py has the damaged ones); a bzip2 file stops before
@@ -175,6 +176,22 @@ with tempfile.TemporaryDirectory() as tmp:
         got = sorted(r["custom_id"] for r in rows_of(out))
         check(f"USR1 {delay * 1000:.0f} ms into start-up, then --resume: every line once",
               p.returncode == 0 and got == ids, f"rc {p.returncode}, {len(got)} lines: {p.stderr[-200:]}")
+
+    # 3b. One process (no mpirun), signalled soon after exec: the signals are held from before any library's
+    # constructor (~10 ms after exec here, once the dynamic loader has mapped the libraries), so each drains
+    # and exits 0 (it died of any signal in its first ~360 ms: libfabric's PSM provider calibrated a timer
+    # for ~200 ms in its constructor, and installed a SIGTERM handler of its own).
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for delay in (0.03, 0.08, 0.15, 0.3):
+            out = tmp / f"exec{sig}_{int(delay * 1000)}.jsonl"
+            proc = subprocess.Popen([tandem, "run", "-c", str(job), "--output", str(out)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(delay)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+            check(f"one process, {signal.Signals(sig).name} {delay * 1000:.0f} ms after exec: drains, exit 0",
+                  proc.returncode == 0 and summary_of(out).get("stopped_by_signal") is True,
+                  f"rc {proc.returncode}: {err[-300:]}")
 
     # 4. Compressed input, read as it streams; --resume on it.
     ref_out = tmp / "plain.out.jsonl"
