@@ -302,6 +302,7 @@ bool BatchFrontend::next_prepared(Prepared& p) {
 // epoch's split before any of it is placed.
 void BatchFrontend::plan_epoch(RouterLoop& loop) {
   while (static_cast<int64_t>(ahead_.size()) < s_.epoch_requests) {
+    if (loop.stop_requested()) return;  // the lines read stay unplaced: not written, done on --resume
     fill_pool();
     if (pool_->size() == 0) break;
     Prepared p = pool_->pop();
@@ -332,7 +333,10 @@ void BatchFrontend::fail(uint64_t i, slurm::OutputKey key, const LineError& e) {
 
 // Takes the next input line: skipped, failed (its error record written), or into the window.
 void BatchFrontend::read_one(RouterLoop& loop) {
-  if (s_.planner && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0) plan_epoch(loop);
+  if (s_.planner && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0) {
+    plan_epoch(loop);
+    if (loop.stop_requested()) return;
+  }
   Prepared p;
   if (!next_prepared(p)) {
     input_done_ = true;
@@ -394,14 +398,16 @@ void BatchFrontend::read_one(RouterLoop& loop) {
 // request placed goes next, so requests with a common prefix reach their
 // worker together and it is computed once.
 void BatchFrontend::admit(RouterLoop& loop) {
-  if (!loaded_ || loop.draining()) return;
+  if (!loaded_ || loop.stop_requested()) return;
   auto capacity = [&] { return s_.window_per_worker * static_cast<int64_t>(loop.decode_workers()); };
   const std::size_t reorder_limit = static_cast<std::size_t>(std::max<int64_t>(capacity() * 8, 1024));
   while (static_cast<int64_t>(in_flight_.size()) < capacity() && out_.buffered() < reorder_limit) {
     // An epoch starts only once the last one's requests are all placed.
     while (!input_done_ && static_cast<int64_t>(window_.size()) < window_size_ &&
-           !(s_.planner && !window_.empty() && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0))
+           !(s_.planner && !window_.empty() && index_ % static_cast<uint64_t>(s_.epoch_requests) == 0) &&
+           !loop.stop_requested())
       read_one(loop);
+    if (loop.stop_requested()) break;  // back to the loop, which starts the drain
     if (window_.empty() || !loop.may_place()) break;  // the epoch's split may have to regroup workers first
     std::size_t k = 0;
     if (window_size_ > 1) {

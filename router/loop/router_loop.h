@@ -86,6 +86,10 @@ class RouterLoop {
   std::size_t in_flight() const { return dispatch_.in_flight(); }
   std::size_t decode_workers() const { return link_.workers().size(); }
   bool draining() const { return draining_; }
+  // Draining, or a stop signal came that the loop has not seen yet: a front
+  // end's long work (reading and planning an epoch, placing a window) stops
+  // at once, so the loop sees the signal within one line's work.
+  bool stop_requested() const { return draining_ || (o_.stop_signal && o_.stop_signal->load() != 0); }
 
  private:
   void poll(Frontend& front);

@@ -5,14 +5,18 @@ answers) and re-splits the workers between epochs. Checks, for the lookahead
 and the sla policy: at least one re-split, logged with its prediction; the
 summary lists every epoch with its split, predicted and measured seconds; and
 every output is token-for-token the one of a static disaggregated run, also
-with workers of two ranks whose KV moves two-sided.
+with workers of two ranks whose KV moves two-sided. USR1 while the planner
+reads epochs ahead, and while a cell regroups, is seen within 1.5 s.
 Usage: planner_test.py TANDEM SRC_DIR"""
 import json
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -98,5 +102,40 @@ with tempfile.TemporaryDirectory() as d:
           p1.returncode == 0 and p2.returncode == 0 and tokens == static and planned == 20 and
           all(e.get("measured_s") for e in summary.get("epochs", [])),
           f"{planned} requests planned: {summary.get('epochs')}")
+
+    # A stop signal is seen within a fraction of a second whatever the planner is doing: reading and
+    # planning epoch after epoch (rank 0 read ahead, tokenized and planned several epochs in one go, and
+    # saw USR1 2-15 s late), or while a cell regroups.
+    with open(tmp / "many.jsonl", "w") as f:  # the two phases of in.jsonl, again and again
+        for i in range(3000):
+            long_prompt = i % 60 < 30
+            f.write(json.dumps({"custom_id": f"m{i}", "prompt": " ".join(rng.choices(words, k=600 if long_prompt else 8)),
+                                "max_tokens": 4 if long_prompt else 160, "ignore_eos": True}) + "\n")
+    for name, after, extra in (("epochs", r"epoch 3:", []),
+                               ("regroup", r"regroup into",
+                                ["--set", "cluster.prefill_tp=2", "--set", "cluster.decode_tp=1"])):
+        job = tmp / f"stop_{name}.toml"
+        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / "many.jsonl"}"\nmode = "auto"\n'
+                       f'epoch_requests = 30\nmax_num_seqs = 16\ndrain_seconds = 2\n[kv]\nmemory_gib = 0.05\n[planner]\npolicy = "sla"\n')
+        proc = subprocess.Popen(["mpirun", "--oversubscribe", "-np", "7", tandem, "run", "-c", job, "--output",
+                                 tmp / f"stop_{name}.jsonl", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+        lines, sent, seen = [], None, None
+        deadline = time.time() + 150
+        for line in proc.stdout:
+            lines.append(line)
+            if sent is None and re.search(after, line):
+                sent = time.time()
+                os.killpg(proc.pid, signal.SIGUSR1)  # mpirun forwards it to every rank
+            if sent is not None and seen is None and "signal 10 received" in line:
+                seen = time.time() - sent
+            if time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+        rc = proc.wait(timeout=120)
+        check(f"auto, USR1 at '{after}': rank 0 sees it within 1.5 s, drains, exit 0",
+              sent is not None and seen is not None and seen < 1.5 and rc == 0,
+              f"sent {'yes' if sent else 'never'}, seen after {seen if seen is None else round(seen, 2)} s, rc {rc}: "
+              f"{''.join(lines[-12:])}")
 
 sys.exit(check.exit_code())
