@@ -383,6 +383,18 @@ int run(mpi::MpiEnv& env, const RunOptions& o) {
   return rc;  // the transport, then the communicators, close as their owners go, on every rank in the same order
 }
 
+// Every rank has passed the job's end: rank 0 writes its exit code to
+// $TANDEM_EXIT_FILE when set, for a batch script that must tell a job step
+// whose launcher outlives its tasks from one still running (jobs/disagg.sbatch).
+void note_exit(int rc) {
+  const char* path = std::getenv("TANDEM_EXIT_FILE");
+  if (!path || !*path) return;
+  if (std::FILE* f = std::fopen(path, "w")) {
+    std::fprintf(f, "%d\n", rc);
+    std::fclose(f);
+  }
+}
+
 }  // namespace
 
 int run_job(const RunOptions& o, int argc, char** argv) {
@@ -396,7 +408,9 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   // out by the others: whatever was thrown, one line and every rank stops.
   std::string what;
   try {
-    return run(env, o);
+    const int rc = run(env, o);
+    if (env.rank() == 0) note_exit(rc);
+    return rc;
   } catch (const Error& e) {
     what = e.what();
   } catch (const std::bad_alloc&) {

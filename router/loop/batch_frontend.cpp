@@ -197,10 +197,12 @@ std::shared_ptr<const InputScan> scan_of(const BatchSetup& s) {
 BatchFrontend::BatchFrontend(const BatchSetup& s)
     : s_(s), in_(s.input, s.max_line_bytes), scan_(scan_of(s)), file_(s.output, s.resume),
       out_(file_, s.input_order, s.flush_seconds), window_size_(std::max<int64_t>(1, s.reorder_window)) {
-  if (scan_) {
+  if (scan_)
     if (const std::string why = scan_->changed(); !why.empty()) throw Error(why);
-    if (s.resume) spdlog::info("resuming {}: {} of {} line(s) already done", s.output, scan_->answered(), scan_->requests());
-  }
+  if (s.resume && scan_ && scan_->answered() > 0)
+    spdlog::info("resuming {}: {} of {} line(s) already done", s.output, scan_->answered(), scan_->requests());
+  else if (s.resume)
+    spdlog::info("resuming {}: 0 line(s) already done (nothing committed yet)", s.output);
   stats_.set_hosts(s.hosts);
   // An array task's share of the input is recorded with its output. One task
   // resubmitted alone (--array=2: a one-task array) keeps the share it had;

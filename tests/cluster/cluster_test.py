@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mpi"))
@@ -73,9 +74,15 @@ def workload(path, n=12, max_tokens=8):
             f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
 
 
+def text_of(path):
+    """A file's text, "" when it is not there (a job that never started has no log)."""
+    p = Path(path)
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
 def outputs(path):
     got = {}
-    for r in map(json.loads, Path(path).read_text().splitlines()):
+    for r in map(json.loads, text_of(path).splitlines()):
         got[r["custom_id"]] = (r["tandem"]["token_ids"], r["response"]["body"]["choices"][0].get("logprobs"))
     return got
 
@@ -141,14 +148,25 @@ try:
             time.sleep(0.25)
         return state
 
+    def end_if_left(jid, waited):
+        """A job still in the queue after the wait: cancelled, so the next jobs do not pend behind it, and the
+        state it was in returned for the check's detail ("" when it was gone)."""
+        state = job_state(jid)
+        if state:
+            sh(cluster_sh, "on", str(cluster), "node1", "scancel", jid)
+            wait_gone(jid, 60)
+            state = f"job {jid} still {state} after {waited} s: cancelled; "
+        return state
+
     def run_sbatch(job, *args, script=src / "jobs/disagg.sbatch"):
         """`script` with job file `job` to its end: (rc, job id, last state, log). (A rank once in a while died
         with SIGSEGV inside MPI_Init under srun, and such a job was submitted again; tandem now sets the Open
-        MPI settings that prevent it (docs/slurm.md), so one such death fails the checks.)"""
+        MPI settings that prevent it (docs/slurm.md), so one such death fails the checks.) A job still there
+        after 2 minutes is cancelled and its state named ("" when it ended)."""
         rc, jid = sbatch(job, *args, script=script)
-        state = wait_gone(jid)
-        log_file = work / f"tandem-{jid}.log"
-        return rc, jid, state, log_file.read_text(errors="replace") if log_file.exists() else ""
+        wait_gone(jid)
+        state = end_if_left(jid, 120)
+        return rc, jid, state, text_of(work / f"tandem-{jid}.log")
 
     def lines(path):
         """The complete lines of an output a job may be writing: a line being written has no newline yet."""
@@ -177,7 +195,7 @@ try:
               "3 nodes: node1: rank 0; node2: rank 1; node3: rank 2" in log and f"{transport} window" in log,
               [l[40:] for l in log.splitlines() if "nodes:" in l or "window" in l or "warning" in l][-4:])
         if ok:
-            s = json.loads(Path(str(out) + ".summary.json").read_text())
+            s = json.loads(text_of(str(out) + ".summary.json") or "{}")
             nodes = [(n["host"], n["ranks"]) for n in s.get("nodes", [])]
             check(f"{name}: the summary lists the nodes and their ranks",
                   nodes == [("node1", [0]), ("node2", [1]), ("node3", [2])] and
@@ -213,7 +231,7 @@ try:
         rc, log = sh(cluster_sh, "mpirun", str(cluster), "-np", "8", "--host", "node1:4,node2:4", *run_args(out),
                      "--set", "cluster.prefill_ranks=3", *sets, timeout=240)
         ok = rc == 0 and out.exists() and outputs(out) == ref
-        s = json.loads(Path(str(out) + ".summary.json").read_text()) if ok else {}
+        s = json.loads(text_of(str(out) + ".summary.json") or "{}") if ok else {}
         kv[name] = (s.get("kv_within_node", {}).get("bytes", 0), s.get("kv_between_nodes", {}).get("bytes", 0),
                     [l[l.find("roles by node"):] for l in log.splitlines() if "roles by node" in l])
         check(f"3 prefill and 4 decode workers on two nodes, {name}: the one-node outputs", ok, log[-600:])
@@ -262,16 +280,17 @@ try:
         het_job = work / f"het-{len(args)}.toml"
         het_job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{inp}"\noutput = "{het_out}"\n'
                            f'[router]\nlocal_prefill_tokens = 16\n')
-        rc, jid, _, log = run_sbatch(het_job, *args, script=script)
+        rc, jid, left, log = run_sbatch(het_job, *args, script=script)
         check(f"a heterogeneous job ({how}): router and prefill on partition first (node1), decode on others "
-              "(node2, node3), the one-node outputs",
-              rc == 0 and het_out.exists() and outputs(het_out) == ref and
+              "(node2, node3), the one-node outputs, the job ended",
+              rc == 0 and not left and het_out.exists() and outputs(het_out) == ref and
               "3 nodes: node1: ranks 0, 1; node2: rank 2; node3: rank 3" in log and
               "roles by node: node1 (prefill 1), node2 (decode 2), node3 (decode 3)" in log,
-              [l for l in log.splitlines() if "nodes:" in l or "roles by" in l or "error" in l][:4] or log[-600:] or jid)
+              left + str([l for l in log.splitlines() if "nodes:" in l or "roles by" in l or "error" in l or
+                          "srun" in l][:5] or log[-600:] or jid))
         if not (rc == 0 and het_out.exists() and outputs(het_out) == ref):  # seen once under make test -j2: say why
             print(f"     job {jid}'s log:\n{log[-2500:]}\n     slurmd logs, last lines:\n" + "".join(
-                "".join((cluster / f"slurmd-{n}.log").read_text(errors="replace").splitlines(True)[-12:])
+                "".join(text_of(cluster / f"slurmd-{n}.log").splitlines(True)[-12:])
                 for n in ("node1", "node2", "node3") if (cluster / f"slurmd-{n}.log").exists()))
 
     # 6. Conformance across the nodes (before the node loss below takes one away).
@@ -342,7 +361,8 @@ try:
     requeued_at = time.time()
     wait_gone(jid, 120)  # the first start ends (CG, then PD), the second runs to the end
     took = time.time() - requeued_at
-    log = (work / f"tandem-{jid}.log").read_text(errors="replace")
+    left = end_if_left(jid, 120)
+    log = text_of(work / f"tandem-{jid}.log")
     resumed = [l.split(": ")[-1] for l in log.splitlines() if f"resuming {rq_out}:" in l]
     before = int(resumed[-1].split()[0]) if len(resumed) == 2 else None  # what the first start committed
     got = [json.loads(l) for l in lines(rq_out)]
@@ -354,7 +374,7 @@ try:
           "exactly once, the one-node tokens",
           rc == 0 and before is not None and 0 < before < 200 and len(got) == 200 and tokens == long_ref and
           stopped is not None and "DUE TO JOB REQUEUE" in log,
-          f"{before} lines at the requeue, {len(got)} after ({len(tokens)} distinct), {took:.0f} s: {said}" +
+          f"{left}{before} lines at the requeue, {len(got)} after ({len(tokens)} distinct), {took:.0f} s: {said}" +
           str([l[40:] for l in log.splitlines() if "resuming" in l or "signal" in l or "REQUEUE" in l]))
     print(f"     requeued after {before} of 200 lines; the job was done {took:.0f} s later")
     if not stopped:  # the first start's end, to say why
@@ -367,7 +387,7 @@ try:
     log_file = work / f"tandem-{jid}.log"
     said, ended = None, None
     for _ in range(480):
-        log = log_file.read_text() if log_file.exists() else ""
+        log = text_of(log_file)
         if said is None and "not heard from" in log:
             said = time.time() - down_at
         if said is not None and job_state(jid) in ("", "CG"):  # the batch script has ended (node3 may stay completing)
@@ -380,14 +400,16 @@ try:
           "worker rank(s) 2 (on node3)" in errors[0] and "--resume" in errors[0],
           f"said after {said} s, ended after {ended} s: {errors or log[-600:]}")
     done_before = len(lines(lost_out))
+    left = end_if_left(jid, 0)  # the lost node's job, if Slurm still holds it
     _, jid2 = sbatch(job, "-N", "2", "--ntasks=3", "--exclude=node3")
     wait_gone(jid2)
+    left += end_if_left(jid2, 120)
     got = [json.loads(l) for l in lines(lost_out)]
     ids = [g["custom_id"] for g in got]
     tokens = outputs(lost_out)
     check("then --resume on the nodes left: every line exactly once, the one-node run's tokens",
           len(long_ref) == 200 and 0 < done_before < 200 and sorted(ids) == sorted(long_ref) and tokens == long_ref,
-          f"{done_before} lines before, {len(ids)} after ({len(set(ids))} distinct)")
+          f"{left}{done_before} lines before, {len(ids)} after ({len(set(ids))} distinct)")
     print(f"     node lost after {done_before} of 200 lines; rank 0 said so after {said:.1f} s, the step ended after "
           f"{ended:.1f} s" if said is not None and ended is not None else "     (no timings)")
 
@@ -415,6 +437,8 @@ try:
           "committed", job_proc.returncode != 0 and took < 30 and named and 0 < len(lines(ka_out)) < 200,
           f"rc {job_proc.returncode} after {took:.1f} s, {len(lines(ka_out))} lines: " + log[-400:])
     print(f"     mpirun ended {took:.1f} s after node3's link went down")
+except Exception:  # a failure of the test itself is a named check too, never a bare traceback
+    check("the cluster test runs to its end", False, traceback.format_exc()[-2000:])
 finally:
     rc, log = sh(cluster_sh, "down", str(cluster), timeout=60)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

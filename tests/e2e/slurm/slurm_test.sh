@@ -7,7 +7,9 @@
 #   3. a job array of 3 tasks over one input: three outputs, their union the
 #      input, once each;
 #   4. a prefill worker of 2 tensor-parallel ranks and a decode worker of 1:
-#      the same outputs as job 1.
+#      the same outputs as job 1;
+#   5. a job step whose srun outlives its tasks (a process holding its output
+#      open): the script ends it after TANDEM_STEP_GRACE, says so, exits 0.
 # Skips (exit 77, "skipped") only when the daemons cannot start here.
 # Usage: slurm_test.sh TANDEM SRC_DIR
 set -u
@@ -20,6 +22,7 @@ cleanup() {
   sleep 1
   for f in "$work/slurmd.pid" "$work/slurmctld.pid"; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
   [ -n "${munge_pid:-}" ] && kill "$munge_pid" 2>/dev/null
+  pkill -f tandem-step-linger 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -178,6 +181,28 @@ import json, sys
 ids = [{r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in map(json.loads, open(p))} for p in sys.argv[1:]]
 sys.exit(0 if ids[0] == ids[1] and len(ids[0]) == 120 else 1)
 PY
+
+# 5. A job step that outlives its tasks (Slurm 22.05 has left a heterogeneous PMIx step's srun running
+# after every task had ended): here rank 0 leaves a process holding the step's output open. The script
+# ends srun TANDEM_STEP_GRACE seconds after tandem finished, says so, and exits with tandem's code.
+cat > "$work/lingering-tandem" <<SH
+#!/bin/bash
+"$tandem" "\$@"; rc=\$?
+[ "\${SLURM_PROCID:-0}" = 0 ] && (exec -a tandem-step-linger sleep 600 &)  # holds the step's stdout open
+exit \$rc
+SH
+chmod +x "$work/lingering-tandem"
+job "$work/linger.toml" "$work/linger.jsonl"
+linger_start=$(date +%s)
+id=$(cd "$work" && sbatch --parsable --overcommit --export=ALL,TANDEM="$work/lingering-tandem",TANDEM_CONFIG="$work/linger.toml",TANDEM_STEP_GRACE=5,OMPI_ALLOW_RUN_AS_ROOT=1,OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$src/jobs/disagg.sbatch" | cut -d';' -f1)
+wait_job "$id" 300
+linger_took=$(( $(date +%s) - linger_start ))
+check "a step that outlives its tasks: the job ends (in ${linger_took} s), the input every custom_id once" exactly_once "$work/linger.jsonl"
+check "a step that outlives its tasks: the log says srun was ended after the grace" \
+  grep -q "every rank finished 5 s ago, but srun (pid [0-9]*) is still running: ending it" "$work/tandem-$id.log"
+check "a step that outlives its tasks: the job's exit code is tandem's (0), not the ended srun's" \
+  bash -c "scontrol show job $id | tr '\\n' ' ' | grep -q 'JobState=COMPLETED .*ExitCode=0:0'"
+pkill -f tandem-step-linger 2>/dev/null
 
 [ $fails -gt 0 ] && { echo "--- logs"; tail -n 20 "$work"/tandem-*.log "$work"/slurmctld.log 2>/dev/null | tail -n 80; }
 echo "$passes passed, $fails failed"
