@@ -41,6 +41,12 @@ class U64Set {
       if (slots_[i] == kEmpty) return false;
     }
   }
+  // Room for n keys in all, so that inserting them never grows the table
+  // (growing holds the old and the new array at once: 25 bytes a key then).
+  void reserve(std::size_t n) {
+    const std::size_t want = n + n / 4 + 1;  // at most 80% full
+    if (want > slots_.size()) rehash(want);
+  }
   std::size_t size() const { return size_; }
   std::size_t memory_bytes() const { return slots_.capacity() * sizeof(uint64_t); }
 
@@ -53,10 +59,11 @@ class U64Set {
     const uint64_t mixed = (key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull;
     return static_cast<std::size_t>(((mixed >> 32) * static_cast<uint64_t>(slots_.size())) >> 32);
   }
-  void grow() {
+  void grow() { rehash(slots_.empty() ? 64 : slots_.size() + slots_.size() / 2); }
+  void rehash(std::size_t n_slots) {
     std::vector<uint64_t> old;
     old.swap(slots_);
-    slots_.assign(old.empty() ? 64 : old.size() + old.size() / 2, kEmpty);
+    slots_.assign(n_slots, kEmpty);
     size_ = has_empty_key_ ? 1 : 0;
     for (uint64_t k : old)
       if (k != kEmpty) insert(k);

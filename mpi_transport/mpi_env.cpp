@@ -1,5 +1,6 @@
 #include "mpi_transport/mpi_env.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +88,9 @@ Mailbox::~Mailbox() {
     MPI_Cancel(&p.request);
     MPI_Request_free(&p.request);
   }
+  // A message still arriving (its sender lost) may be written into as long as MPI runs: its bytes stay.
+  for (auto& in : incoming_)
+    if (!in.done) (void)new std::vector<uint8_t>(std::move(in.message.bytes));
 }
 
 Status Mailbox::send(int dest, int tag, std::vector<uint8_t> bytes) {
@@ -98,18 +102,46 @@ Status Mailbox::send(int dest, int tag, std::vector<uint8_t> bytes) {
 
 Status Mailbox::try_recv(std::optional<Message>& out, int source, int tag) {
   out.reset();
-  int flag = 0;
-  MPI_Status st;
-  TANDEM_MPI(MPI_Iprobe(source, tag, comm_, &flag, &st));
-  if (!flag) return Status();
-  int count = 0;
-  TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &count));
-  Message m;
-  m.source = st.MPI_SOURCE;
-  m.tag = st.MPI_TAG;
-  m.bytes.resize(static_cast<std::size_t>(count));
-  TANDEM_MPI(MPI_Recv(m.bytes.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm_, MPI_STATUS_IGNORE));
-  out = std::move(m);
+  auto matches = [&](const Message& m) {
+    return (source == MPI_ANY_SOURCE || m.source == source) && (tag == MPI_ANY_TAG || m.tag == tag);
+  };
+  // The first received message the caller asks for that nothing matched earlier from its source holds back.
+  auto hand_over = [&]() -> bool {
+    std::vector<int> held;  // sources with an earlier message not handed over
+    for (auto it = incoming_.begin(); it != incoming_.end(); ++it) {
+      if (!it->done) {
+        int done = 0;
+        TANDEM_MPI_OR_THROW(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE));
+        it->done = done != 0;
+      }
+      const bool free_source = std::find(held.begin(), held.end(), it->message.source) == held.end();
+      if (it->done && free_source && matches(it->message)) {
+        out = std::move(it->message);
+        incoming_.erase(it);
+        return true;
+      }
+      if (free_source) held.push_back(it->message.source);
+    }
+    return false;
+  };
+  try {
+    if (hand_over()) return Status();
+    int flag = 0;
+    MPI_Message matched = MPI_MESSAGE_NULL;
+    MPI_Status st;
+    TANDEM_MPI(MPI_Improbe(source, tag, comm_, &flag, &matched, &st));
+    if (!flag) return Status();
+    int count = 0;
+    TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &count));
+    Incoming& in = incoming_.emplace_back();
+    in.message.source = st.MPI_SOURCE;
+    in.message.tag = st.MPI_TAG;
+    in.message.bytes.resize(static_cast<std::size_t>(count));
+    TANDEM_MPI(MPI_Imrecv(in.message.bytes.data(), count, MPI_BYTE, &matched, &in.request));
+    hand_over();
+  } catch (const Error& e) {
+    return Status(StatusCode::kInternal, e.what());
+  }
   return Status();
 }
 

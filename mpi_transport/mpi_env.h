@@ -74,7 +74,12 @@ class Mailbox {
 
   // Queues a send; the bytes are owned until it completes.
   Status send(int dest, int tag, std::vector<uint8_t> bytes);
-  // One pending message (any source and tag, or the given ones), if any.
+  // One message (any source and tag, or the given ones), if one has fully
+  // arrived. Never waits: a message is matched, then received in the
+  // background; a large one whose data is still coming is handed over by a
+  // later call. Messages from one source are handed over in the order they
+  // were matched (a source's message matched by one filter holds back its
+  // later ones matched by another), as a blocking receive would.
   Status try_recv(std::optional<Message>& out, int source = MPI_ANY_SOURCE, int tag = MPI_ANY_TAG);
   // Completes what it can of the queued sends; call it every loop.
   Status progress();
@@ -87,8 +92,14 @@ class Mailbox {
     MPI_Request request;
     std::vector<uint8_t> bytes;
   };
+  struct Incoming {  // matched, being received or received, not yet handed over
+    MPI_Request request = MPI_REQUEST_NULL;
+    Message message;
+    bool done = false;
+  };
   MPI_Comm comm_;
   std::deque<Pending> pending_;
+  std::deque<Incoming> incoming_;  // in match order
 };
 
 // Idle loops back off (common/backoff.h): the name mpi code has always used.

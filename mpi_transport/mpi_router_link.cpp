@@ -81,6 +81,14 @@ bool MpiLink::take_regroup_messages() {
 
 void MpiLink::poll(router::LinkEvents& events) {
   check(box_.progress());
+  if (silence_limit_s_ > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - pinged_).count() >= std::max(1.0, silence_limit_s_ / 4)) {
+      for (const auto* side : {&workers_, &prefill_})
+        for (int w : *side) check(box_.send(w, service::tag_of(service::MsgType::kPing), {}));
+      pinged_ = now;
+    }
+  }
   bool any = regroups_ && regroups_->in_flight() && take_regroup_messages();
   for (int tag : {service::tag_of(service::MsgType::kCacheEvents), service::tag_of(service::MsgType::kStats),
                   service::tag_of(service::MsgType::kDeltas), service::tag_of(service::MsgType::kResult)}) {

@@ -45,6 +45,8 @@ class MpiLink : public router::WorkerLink {
   void poll(router::LinkEvents& events) override;
   // At the end, a worker that sends nothing for this long (they report every
   // half second while they run) is lost: shutdown() throws, naming it. 0: never.
+  // While the job runs, poll() pings every worker a quarter of it apart, so a
+  // worker cut off from rank 0 hears nothing and ends itself (WorkerService).
   void set_silence_limit(double seconds, std::vector<std::string> hosts) {
     silence_limit_s_ = seconds;
     hosts_ = std::move(hosts);
@@ -74,6 +76,7 @@ class MpiLink : public router::WorkerLink {
   double cpu_started_ = process_cpu_seconds();
   std::vector<service::RankReport> late_stats_;  // counters that arrived during shutdown
   double silence_limit_s_ = 0;
+  std::chrono::steady_clock::time_point pinged_ = std::chrono::steady_clock::now();
   std::vector<std::string> hosts_;
   std::optional<router::Regroups> regroups_;
   void lists_from_regroups();

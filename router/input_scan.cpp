@@ -38,7 +38,7 @@ struct Walked {
 
 Walked walk(const InputScanOptions& o, bool keyed, const std::function<void(uint64_t, const slurm::OutputKey&)>& visit) {
   InputFile in(o.input, o.max_line_bytes);
-  LineKeys keys;
+  LineKeys keys;  // (grows as it reads: the count is what this pass finds)
   std::string text;
   uint64_t length = 0;
   Walked w;

@@ -38,6 +38,8 @@ class LineKeys {
     if (!id.empty() && seen_.insert(slurm::custom_id_hash(id))) return slurm::OutputKey::id(id, hash);
     return slurm::OutputKey::of_line(i + 1, hash);
   }
+  // For an input of n lines known ahead (router/input_scan.h): the table is sized once, never grown.
+  void reserve(std::size_t n) { seen_.reserve(n); }
   std::size_t memory_bytes() const { return seen_.memory_bytes(); }
 
  private:

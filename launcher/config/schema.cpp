@@ -132,7 +132,9 @@ std::vector<KeySpec> build_schema() {
           .doc("A worker that has loaded and then sends nothing for this many seconds (workers report twice a "
                "second while they run, between engine steps; never less than 4 of its longest step so far) is lost: "
                "a node down or unreachable, or a hang. Rank 0 commits the output and ends the job with one line naming "
-               "the rank and its node; rerun with --resume. 0: wait for ever.")
+               "the rank and its node; rerun with --resume. The other way too: rank 0 pings the workers a quarter "
+               "of it apart, and a worker that hears nothing from rank 0 for this long (its node cut off) ends "
+               "itself. 0: wait for ever.")
           ,
       key("job", "flush_seconds", &C::job, &JobConfig::flush_seconds)
           .at_least(0.01)

@@ -3,8 +3,10 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <numeric>
@@ -32,6 +34,7 @@
 #include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_router_link.h"
+#include "runtime/service/worker_service.h"
 #include "mpi_transport/mpi_tp_group.h"
 #include "mpi_transport/transport_registry.h"
 #include "mpi_transport/mpi_worker_port.h"
@@ -411,6 +414,12 @@ int run_job(const RunOptions& o, int argc, char** argv) {
     const int rc = run(env, o);
     if (env.rank() == 0) note_exit(rc);
     return rc;
+  } catch (const service::RouterLost& e) {
+    // A worker cut off from rank 0: MPI_Abort would try to reach the ranks it cannot reach, and may wait for
+    // ever; this rank ends itself now (its launcher, srun or mpirun, then ends its node's part of the job).
+    std::fprintf(stderr, "tandem: error: [rank %d] %s\n", env.rank(), e.what());
+    std::fflush(stderr);
+    std::_Exit(3);
   } catch (const Error& e) {
     what = e.what();
   } catch (const std::bad_alloc&) {
@@ -422,6 +431,11 @@ int run_job(const RunOptions& o, int argc, char** argv) {
   }
   std::fprintf(stderr, "tandem: error: [rank %d] %s\n", env.rank(), what.c_str());
   std::fflush(stderr);
+  // MPI_Abort reaches out to every rank; with one cut off it can wait for ever: this rank ends regardless.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::_Exit(3);
+  }).detach();
   MPI_Abort(env.world(), 3);  // a job that lost a rank cannot finish; stop every rank now
   return 3;
 }

@@ -183,6 +183,7 @@ std::vector<uint8_t> run_incarnation(int rank, const Prepared& p, Layout& l, Wor
                         l.group.width > 1 ? std::make_unique<service::LeaderBackend>(std::move(w.model), group_port)
                                           : std::move(w.model));
   service::WorkerService worker_service(*core, to_job, [rank](service::Role r) { log::set_identity(rank, service::role_name(r)); });
+  worker_service.set_router_timeout(p.cfg.job.worker_timeout_seconds);  // rank 0 pings (MpiLink)
   // While KV moves, look again within 50 us: some transports progress only when called.
   while (!worker_service.finished()) {
     if (worker_service.tick()) idle.reset();

@@ -29,6 +29,8 @@ MpiTwoSidedTransport::MpiTwoSidedTransport(MPI_Comm comm, DevicePool device)
 }
 
 MpiTwoSidedTransport::~MpiTwoSidedTransport() {
+  // A message still arriving (its sender lost) may write into its buffer as long as MPI runs: the buffer stays.
+  if (receiving_.request != MPI_REQUEST_NULL) (void)new std::shared_ptr<void>(incoming_.memory);  // left for MPI
   if (comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0) MPI_Comm_free(&comm_);  // not while the job aborts
 }
 
@@ -218,28 +220,41 @@ Status MpiTwoSidedTransport::progress(std::vector<Notification>& arrived) {
 
 // Messages to us, in each sender's order, one at a time into one staging
 // buffer: blocks are placed, notices handed over (after their data, which
-// came first).
+// came first). Never waits: a message is matched (MPI_Improbe) and received
+// (MPI_Imrecv), and one whose data is still on the way is finished by a
+// later call. (A blocking receive after a probe waited for ever on a large
+// message whose sender's node dropped off the network after its envelope.)
 Status MpiTwoSidedTransport::receive_waiting(std::vector<Notification>& arrived) {
   for (;;) {
-    int flag = 0, size = 0;
-    MPI_Status st;
-    TANDEM_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kTagData, comm_, &flag, &st));
-    if (!flag) return Status();
-    TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &size));
-    if (incoming_.capacity < static_cast<std::size_t>(size)) {
-      staging_.give_back(std::exchange(incoming_, {}));
-      incoming_ = staging_.take(static_cast<std::size_t>(size));
+    if (receiving_.request == MPI_REQUEST_NULL) {
+      int flag = 0, size = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status st;
+      TANDEM_MPI(MPI_Improbe(MPI_ANY_SOURCE, kTagData, comm_, &flag, &message, &st));
+      if (!flag) return Status();
+      TANDEM_MPI(MPI_Get_count(&st, MPI_BYTE, &size));
+      if (incoming_.capacity < static_cast<std::size_t>(size)) {
+        staging_.give_back(std::exchange(incoming_, {}));
+        incoming_ = staging_.take(static_cast<std::size_t>(size));
+      }
+      receiving_.source = st.MPI_SOURCE;
+      receiving_.size = static_cast<std::size_t>(size);
+      TANDEM_MPI(MPI_Imrecv(incoming_.data(), size, MPI_BYTE, &message, &receiving_.request));
     }
-    uint8_t* m = incoming_.data();
-    TANDEM_MPI(MPI_Recv(m, size, MPI_BYTE, st.MPI_SOURCE, kTagData, comm_, MPI_STATUS_IGNORE));
+    int done = 0;
+    TANDEM_MPI(MPI_Test(&receiving_.request, &done, MPI_STATUS_IGNORE));
+    if (!done) return Status();  // the rest of it comes with a later call
+    const uint8_t* m = incoming_.data();
+    const int source = receiving_.source;
+    const std::size_t size = receiving_.size;
     if (size >= 1 && m[0] == kNotice) {
       Notice n;
-      if (!unpack_notice(st.MPI_SOURCE, std::vector<uint8_t>(m + 1, m + size), n))
-        return Status(StatusCode::kInternal, "a KV notification from rank " + std::to_string(st.MPI_SOURCE) + " is malformed");
+      if (!unpack_notice(source, std::vector<uint8_t>(m + 1, m + size), n))
+        return Status(StatusCode::kInternal, "a KV notification from rank " + std::to_string(source) + " is malformed");
       arrived.push_back({n.peer, n.aborted, std::move(n.bytes)});
       continue;
     }
-    TANDEM_RETURN_IF_ERROR(place(st.MPI_SOURCE, m, static_cast<std::size_t>(size)));
+    TANDEM_RETURN_IF_ERROR(place(source, m, size));
   }
 }
 

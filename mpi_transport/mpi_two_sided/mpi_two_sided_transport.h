@@ -102,6 +102,11 @@ class MpiTwoSidedTransport : public KvTransport {
   uint8_t* pool_ = nullptr;
   StagingBuffers staging_;
   StagingBuffers::Buffer incoming_;  // one message at a time is received and placed
+  struct Receiving {
+    MPI_Request request = MPI_REQUEST_NULL;  // the message being received into incoming_, if any
+    int source = 0;
+    std::size_t size = 0;
+  } receiving_;
   std::size_t block_bytes_ = 0, max_message_bytes_ = kMaxMessageBytes;
   int64_t n_blocks_ = 0;
   std::vector<int64_t> peer_blocks_;

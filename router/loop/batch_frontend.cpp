@@ -197,8 +197,10 @@ std::shared_ptr<const InputScan> scan_of(const BatchSetup& s) {
 BatchFrontend::BatchFrontend(const BatchSetup& s)
     : s_(s), in_(s.input, s.max_line_bytes), scan_(scan_of(s)), file_(s.output, s.resume),
       out_(file_, s.input_order, s.flush_seconds), window_size_(std::max<int64_t>(1, s.reorder_window)) {
-  if (scan_)
+  if (scan_) {
     if (const std::string why = scan_->changed(); !why.empty()) throw Error(why);
+    keys_.reserve(static_cast<std::size_t>(scan_->requests()));
+  }
   if (s.resume && scan_ && scan_->answered() > 0)
     spdlog::info("resuming {}: {} of {} line(s) already done", s.output, scan_->answered(), scan_->requests());
   else if (s.resume)

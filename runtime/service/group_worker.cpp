@@ -298,6 +298,7 @@ Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, in
 bool Follower::tick() {
   bool any = false;
   for (WorkerPort::Message m; !stopped_ && port_.receive(m);) {
+    if (m.type == MsgType::kPing) continue;  // rank 0's, sent while this rank led a worker (a regroup)
     if (m.type == MsgType::kGroupStop) stopped_ = true;  // nothing after it is this group's (the next one's, a regroup's)
     if (m.type == MsgType::kGroupMap && m.source == leader_) {
       // At once, not in its turn: pieces from the new workers may land before the commands ahead of it have run

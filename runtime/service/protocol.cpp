@@ -31,6 +31,7 @@ std::string_view msg_type_name(MsgType t) {
     case MsgType::kRegroup: return "regroup";
     case MsgType::kGroupMap: return "group-map";
     case MsgType::kGroupMapAck: return "group-map-ack";
+    case MsgType::kPing: return "ping";
   }
   return "unknown";
 }

@@ -21,7 +21,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 8;
+constexpr int kProtocolVersion = 9;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -48,6 +48,8 @@ enum class MsgType : int {
   kRegroup = 21,     // rank 0 -> a leader of a cell that changes: finish what you hold, then regroup (WireRoles)
   kGroupMap = 22,    // rank 0 -> leaders (-> their followers): the workers as they stand now (WireGroupMap)
   kGroupMapAck = 23, // leader -> rank 0: that map is in use here (its serial)
+  kPing = 24,        // rank 0 -> worker: rank 0 is alive (empty); a worker that hears nothing from rank 0 for
+                     // job.worker_timeout_seconds ends itself (its node was cut off)
 };
 std::string_view msg_type_name(MsgType t);
 constexpr int tag_of(MsgType t) { return static_cast<int>(t); }

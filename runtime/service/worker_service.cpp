@@ -27,6 +27,14 @@ bool WorkerService::tick() {
   any = step_engine() || any;
   any = drive_transfers() || any;
   report_now_and_then();
+  // Only in a pass with nothing to do: after a long engine step the pings that came meanwhile are still to be read.
+  if (!any && router_timeout_s_ > 0) {
+    const double silent = std::chrono::duration<double>(Clock::now() - heard_router_).count();
+    if (silent > router_timeout_s_)
+      throw RouterLost("rank 0 (the router) not heard from for " + std::to_string(static_cast<int>(silent)) +
+                       " s (job.worker_timeout_seconds): this worker's node is cut off from it, or it hangs; this "
+                       "worker ends (the job's output is rank 0's: rerun with --resume once the job is gone)");
+  }
   return any;
 }
 
@@ -34,7 +42,9 @@ bool WorkerService::receive_messages() {
   bool any = false;
   for (WorkerPort::Message m; port_.receive(m);) {
     any = true;
+    if (m.source == 0) heard_router_ = Clock::now();
     switch (m.type) {
+      case MsgType::kPing: break;
       case MsgType::kRequest: on_request(decode_request(m.bytes)); break;
       case MsgType::kPrefill: on_prefill(decode_prefill(m.bytes)); break;
       case MsgType::kCancel: on_cancel(m.source, decode_cancel(m.bytes)); break;

@@ -36,11 +36,18 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/error.h"
 #include "runtime/service/protocol.h"
 #include "runtime/service/worker_core.h"
 #include "runtime/service/worker_port.h"
 
 namespace tandem::service {
+
+// Rank 0 went silent: this worker's node is cut off from it (or rank 0
+// hangs). Thrown by WorkerService::tick; the launcher ends the rank at once.
+struct RouterLost : Error {
+  using Error::Error;
+};
 
 class WorkerService {
  public:
@@ -50,7 +57,12 @@ class WorkerService {
 
   // One pass: messages, reservations, an engine step, transfers, re-splits,
   // reports. True when anything happened (else the caller backs off).
+  // Throws RouterLost when a pass with nothing to do finds rank 0 silent for
+  // longer than the router timeout (rank 0 pings while it has nothing else
+  // to send: MpiLink).
   bool tick();
+  // job.worker_timeout_seconds under MPI (0: never; in-process: no pings).
+  void set_router_timeout(double seconds) { router_timeout_s_ = seconds; }
   // Rank 0 said stop (kShutdown) and, unless it said abandon, every request
   // here has finished and every transfer ended.
   bool finished() const;
@@ -128,6 +140,8 @@ class WorkerService {
   std::map<int, InFlight> sending_to_;   // by destination rank
   bool stopping_ = false, abandon_ = false;
   std::vector<uint8_t> regroup_;
+  double router_timeout_s_ = 0;
+  Clock::time_point heard_router_ = Clock::now();  // the last message from rank 0
   double kv_wait_s_ = 0;
   Clock::time_point last_cache_report_ = Clock::now(), last_stats_ = Clock::now();
   std::vector<WorkerPort::KvArrival> arrivals_;  // scratch

@@ -36,7 +36,9 @@ real Slurm; tests/cluster/cluster.sh), against a one-node run of the same job.
     --resume finishes every line exactly once with the one-node tokens.
  9. A node lost mid-job under Slurm (node3's link taken down): rank 0 says
     within job.worker_timeout_seconds which rank and node went silent, the
-    output is committed and the job step ends; `sbatch --exclude=node3` of the
+    output is committed and the job step ends; the cut-off worker on node3,
+    which no one can reach, hears no ping from rank 0 and ends itself within
+    a minute; `sbatch --exclude=node3` of the
     same job (--resume) on the nodes left finishes the input: every line
     exactly once, the tokens of a one-node run.
  10. The same link lost under a bare mpirun with Open MPI's daemon keepalive
@@ -399,6 +401,29 @@ try:
           said is not None and said < 30 and ended is not None and ended < 120 and len(errors) == 1 and
           "worker rank(s) 2 (on node3)" in errors[0] and "--resume" in errors[0],
           f"said after {said} s, ended after {ended} s: {errors or log[-600:]}")
+    # The cut-off worker cannot be told to stop: it hears no ping from rank 0 for job.worker_timeout_seconds and
+    # ends itself (it ran on for minutes after the job had ended on the other nodes).
+    node3_ns = f"net:[{os.stat(f'/run/netns/{tag}-node3').st_ino}]"
+
+    def tandem_on_node3():
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and (d / "comm").read_text().strip() == "tandem" and \
+                        os.readlink(d / "ns" / "net") == node3_ns:
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+        return pids
+    gone_after = None
+    for _ in range(240):
+        if not tandem_on_node3():
+            gone_after = time.time() - down_at
+            break
+        time.sleep(0.25)
+    check("a node lost mid-job: its cut-off worker ends itself (rank 0 silent for job.worker_timeout_seconds)",
+          gone_after is not None and gone_after < 60, f"node3's tandem processes still there 60 s after the link went "
+          f"down: {tandem_on_node3()}" if gone_after is None else f"gone {gone_after:.1f} s after the link went down")
     done_before = len(lines(lost_out))
     left = end_if_left(jid, 0)  # the lost node's job, if Slurm still holds it
     _, jid2 = sbatch(job, "-N", "2", "--ntasks=3", "--exclude=node3")
@@ -411,7 +436,8 @@ try:
           len(long_ref) == 200 and 0 < done_before < 200 and sorted(ids) == sorted(long_ref) and tokens == long_ref,
           f"{left}{done_before} lines before, {len(ids)} after ({len(set(ids))} distinct)")
     print(f"     node lost after {done_before} of 200 lines; rank 0 said so after {said:.1f} s, the step ended after "
-          f"{ended:.1f} s" if said is not None and ended is not None else "     (no timings)")
+          f"{ended:.1f} s, node3's worker after {gone_after} s" if said is not None and ended is not None
+          else "     (no timings)")
 
     # 10. The same loss under a bare mpirun, with Open MPI's daemon keepalive set below
     # job.worker_timeout_seconds (as jobs/disagg.sbatch does on its mpirun path): mpirun notices the

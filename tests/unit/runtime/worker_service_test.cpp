@@ -288,6 +288,29 @@ TEST_CASE("worker service: shutdown with abandon ends at once; without, after th
   CHECK(quit.w[0].service->finished());  // abandon: the drain ran out
 }
 
+TEST_CASE("worker service: a worker that hears nothing from rank 0 for its timeout ends itself; pings keep it", "[service]") {
+  testing::TinyModel tiny;
+  Job job(tiny, 1, false);
+  WorkerService& svc = *job.w[0].service;
+  svc.set_router_timeout(0.3);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 0 pings (MpiLink, a quarter of the timeout apart): the idle worker goes on.
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(900)) {
+    job.send(1, MsgType::kPing, {});
+    CHECK_NOTHROW(svc.tick());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Then silence: the first pass with nothing to do past the timeout says so.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  CHECK_THROWS_AS(svc.tick(), RouterLost);
+  CHECK_THROWS_WITH(svc.tick(), Catch::Contains("rank 0 (the router) not heard from for") &&
+                                    Catch::Contains("job.worker_timeout_seconds"));
+  // Off (0): never.
+  Job off(tiny, 1, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  CHECK_NOTHROW(off.w[0].service->tick());
+}
+
 TEST_CASE("KV routes between tensor-parallel groups of different widths", "[service][tp]") {
   auto routes = [](int64_t kv, int from, int to) {
     std::vector<std::array<int64_t, 5>> out;

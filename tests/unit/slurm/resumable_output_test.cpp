@@ -201,3 +201,19 @@ TEST_CASE("U64Set holds every key once, 0 included, in under 16 bytes a key", "[
   CHECK(static_cast<double>(set.memory_bytes()) / static_cast<double>(set.size()) < 16.0);
   CHECK(static_cast<double>(lines.memory_bytes()) / static_cast<double>(lines.size()) < 16.0);
 }
+
+TEST_CASE("U64Set sized ahead never grows: at most 10 bytes a key, the same keys", "[slurm]") {
+  tandem::U64Set set;
+  set.reserve(100000);
+  const std::size_t bytes = set.memory_bytes();
+  std::mt19937_64 rng(3);
+  std::vector<uint64_t> keys(100000);
+  for (auto& k : keys) CHECK(set.insert(k = rng()));
+  CHECK(set.memory_bytes() == bytes);  // no growth, so no moment with two arrays
+  CHECK(static_cast<double>(bytes) / 100000.0 <= 10.0 + 1e-3);
+  bool all = true;
+  for (auto k : keys) all = all && set.contains(k);
+  CHECK(all);
+  set.reserve(10);  // smaller: nothing changes
+  CHECK(set.memory_bytes() == bytes);
+}
