@@ -16,6 +16,33 @@
 #include "common/error.h"
 
 namespace tandem::slurm {
+
+// A commit's checksum: over its records' lines (each with its newline), then its committed length.
+class CommitSum {
+ public:
+  CommitSum() { reset(); }
+  ~CommitSum() { XXH3_freeState(state_); }
+  CommitSum(const CommitSum&) = delete;
+  CommitSum& operator=(const CommitSum&) = delete;
+  void reset() {
+    if (!state_) state_ = XXH3_createState();
+    if (!state_ || XXH3_64bits_reset(state_) != XXH_OK) throw std::bad_alloc();
+  }
+  void add_line(std::string_view line) {
+    XXH3_64bits_update(state_, line.data(), line.size());
+    XXH3_64bits_update(state_, "\n", 1);
+  }
+  // The checksum with the commit's length; reset() before the next commit's records.
+  uint64_t finish(int64_t committed_bytes) {
+    const std::string n = std::to_string(committed_bytes);
+    XXH3_64bits_update(state_, n.data(), n.size());
+    return XXH3_64bits_digest(state_);
+  }
+
+ private:
+  XXH3_state_t* state_ = nullptr;
+};
+
 namespace {
 
 void sync_file(std::FILE* f, const std::string& path) {
@@ -88,32 +115,6 @@ std::string record_of(const OutputKey& k) {
   return j.dump();
 }
 
-// A commit's checksum: over its records' lines (each with its newline), then its committed length.
-class CommitSum {
- public:
-  CommitSum() { reset(); }
-  ~CommitSum() { XXH3_freeState(state_); }
-  CommitSum(const CommitSum&) = delete;
-  CommitSum& operator=(const CommitSum&) = delete;
-  void reset() {
-    if (!state_) state_ = XXH3_createState();
-    if (!state_ || XXH3_64bits_reset(state_) != XXH_OK) throw std::bad_alloc();
-  }
-  void add_line(std::string_view line) {
-    XXH3_64bits_update(state_, line.data(), line.size());
-    XXH3_64bits_update(state_, "\n", 1);
-  }
-  // The checksum with the commit's length; reset() before the next commit's records.
-  uint64_t finish(int64_t committed_bytes) {
-    const std::string n = std::to_string(committed_bytes);
-    XXH3_64bits_update(state_, n.data(), n.size());
-    return XXH3_64bits_digest(state_);
-  }
-
- private:
-  XXH3_state_t* state_ = nullptr;
-};
-
 std::string damaged(const std::string& ckpt, int64_t line, const std::string& what) {
   return ckpt + ": damaged at line " + std::to_string(line) + " (" + what +
          "): it was changed outside Tandem, and resuming from it could write lines twice or not at all; restore it "
@@ -146,9 +147,11 @@ CheckpointState read_checkpoint(const std::string& output_path, const std::funct
   int64_t damaged_line = 0, line_no = 0, commits = 0;
   CommitSum sum;
   std::string line;
+  int64_t offset = 0;  // of the line after this one
   while (std::getline(in, line)) {
     ++line_no;
     if (in.eof()) break;  // no newline: a torn last record, never committed
+    offset += static_cast<int64_t>(line.size()) + 1;
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_object() && j.contains("committed_bytes")) {
@@ -170,6 +173,7 @@ CheckpointState read_checkpoint(const std::string& output_path, const std::funct
         throw Error(damaged(ckpt, line_no, "a commit without its checksum after commits with one"));
       }
       state.committed_bytes = bytes;
+      state.valid_bytes = offset;
       state.records += static_cast<int64_t>(group.size());
       if (on_record)
         for (const auto& k : group) on_record(k);
@@ -180,6 +184,7 @@ CheckpointState read_checkpoint(const std::string& output_path, const std::funct
     }
     if (auto s = shard_of(j)) {
       state.shard = s;
+      if (group.empty() && !group_damaged) state.valid_bytes = offset;
       continue;
     }
     sum.add_line(line);
@@ -224,7 +229,7 @@ std::string output_in_use(const std::string& path) {
 }
 
 ResumableOutput::ResumableOutput(const std::string& path, bool resume)
-    : path_(path), ckpt_path_(path + ".ckpt") {
+    : path_(path), ckpt_path_(path + ".ckpt"), sum_(std::make_unique<CommitSum>()) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool has_output = fs::exists(path_) && fs::file_size(path_, ec) > 0;
@@ -266,6 +271,10 @@ void ResumableOutput::open_locked(bool resume, bool had_ckpt, bool has_output) {
     const CheckpointState state = read_checkpoint(path_);
     committed_ = state.committed_bytes;
     shard_ = state.shard;
+    // Records after the last commit are not done: cut away, as their output lines are below, so that this
+    // job's records follow the last commit (a torn one would otherwise join the next record on its line).
+    if (::ftruncate(::fileno(ckpt_), static_cast<off_t>(state.valid_bytes)) != 0)
+      throw Error(ckpt_path_ + ": cannot cut back its uncommitted records (" + std::strerror(errno) + ")");
     const auto size = has_output ? static_cast<int64_t>(fs::file_size(path_)) : 0;
     if (size < committed_) {
       throw Error(path_ + ": is shorter (" + std::to_string(size) + " bytes) than its checkpoint records (" +
@@ -296,25 +305,23 @@ void ResumableOutput::write(const OutputKey& key, const std::string& line) {
   if (std::fputs(line.c_str(), out_) < 0 || std::fputc('\n', out_) < 0)
     throw Error(path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
   written_ += static_cast<int64_t>(line.size()) + 1;
-  pending_.push_back(key);
+  const std::string r = record_of(key);
+  sum_->add_line(r);
+  if (std::fputs((r + "\n").c_str(), ckpt_) < 0)
+    throw Error(ckpt_path_ + ": write failed (" + std::strerror(errno) + "); is the disk full?");
+  ++pending_;
 }
 
 void ResumableOutput::commit() {
-  if (pending_.empty()) return;
+  if (pending_ == 0) return;
   sync_file(out_, path_);  // the lines first: a checkpoint never promises what is not on disk
-  std::string record;
-  CommitSum sum;
-  for (const auto& k : pending_) {
-    const std::string r = record_of(k);
-    sum.add_line(r);
-    record += r + "\n";
-  }
-  record += "{\"committed_bytes\":" + std::to_string(written_) + ",\"records\":" + std::to_string(pending_.size()) +
-            ",\"sum\":\"" + hex64(sum.finish(written_)) + "\"}\n";
+  const std::string record = "{\"committed_bytes\":" + std::to_string(written_) + ",\"records\":" +
+                             std::to_string(pending_) + ",\"sum\":\"" + hex64(sum_->finish(written_)) + "\"}\n";
   if (std::fputs(record.c_str(), ckpt_) < 0) throw Error(ckpt_path_ + ": write failed (" + std::strerror(errno) + ")");
   sync_file(ckpt_, ckpt_path_);
   committed_ = written_;
-  pending_.clear();
+  pending_ = 0;
+  sum_->reset();
 }
 
 }  // namespace tandem::slurm

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -100,6 +101,7 @@ OutputShard continue_shard(const OutputShard& recorded, const OutputShard& now, 
 struct CheckpointState {
   int64_t committed_bytes = 0;  // the output's committed length
   int64_t records = 0;          // committed records
+  int64_t valid_bytes = 0;      // of the checkpoint: up to its last commit (or shard) record; the rest was not committed
   std::optional<OutputShard> shard;
 };
 
@@ -140,7 +142,12 @@ class ResumableOutput {
   std::FILE* out_ = nullptr;
   std::FILE* ckpt_ = nullptr;
   int64_t written_ = 0, committed_ = 0;
-  std::vector<OutputKey> pending_;  // keys written since the last commit
+  // The records written since the last commit go to the checkpoint as
+  // their lines are written (unsynced: records after the last commit are
+  // not done), so memory does not grow with the lines between commits;
+  // their count and checksum make the commit record.
+  int64_t pending_ = 0;
+  std::unique_ptr<class CommitSum> sum_;
   std::optional<OutputShard> shard_;
 };
 
