@@ -90,6 +90,7 @@ struct HttpConfig {
   int64_t max_body_bytes = 16 << 20;     // bytes
   int64_t max_in_flight = 256;           // requests; beyond: 429
   double drain_seconds = 30.0;           // after SIGTERM
+  double head_timeout_seconds = 10.0;    // a request's head (line and headers) arrives within this, or is dropped
 };
 
 struct LogConfig {

@@ -306,7 +306,13 @@ std::vector<KeySpec> build_schema() {
           ,
       key("http", "max_body_bytes", &C::http, &HttpConfig::max_body_bytes)
           .at_least(1024)
-          .doc("Largest request body accepted, in bytes.")
+          .doc("Largest request body accepted, in bytes (a chunked body too: 413 once past it).")
+          ,
+      key("http", "head_timeout_seconds", &C::http, &HttpConfig::head_timeout_seconds)
+          .at_least(0.5)
+          .doc("A request's head (request line and headers) must arrive within this many seconds, or its "
+               "connection is closed; and only a few heads may still be arriving a tenth of a second after their "
+               "first byte (clients trickling headers cannot hold the server's threads).")
           ,
       key("http", "max_in_flight", &C::http, &HttpConfig::max_in_flight)
           .at_least(1).at_most(1000)

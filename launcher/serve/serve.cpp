@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "launcher/serve/guarded_server.h"
 #include "launcher/stop_signals.h"
 #include "router/dispatcher.h"
 #include "runtime/service/worker_core.h"
@@ -53,7 +54,8 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 
 class HttpFrontend {
  public:
-  explicit HttpFrontend(const ServeSetup& s) : s_(s), http_(s.config->http) {
+  explicit HttpFrontend(const ServeSetup& s)
+      : s_(s), http_(s.config->http), server_(http_.head_timeout_seconds, static_cast<int>(max_slow_heads(http_))) {
     const auto threads = static_cast<std::size_t>(std::clamp<int64_t>(http_.max_in_flight + 8, 8, 1024));
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server_.set_payload_max_length(static_cast<std::size_t>(http_.max_body_bytes));
@@ -399,10 +401,13 @@ class HttpFrontend {
     spdlog::warn("could not raise the HTTP listen backlog; bursts of new connections may be slow to connect");
   }
 
+  // Heads still arriving a tenth of a second after their first byte, at most: a sixteenth of the threads.
+  static int64_t max_slow_heads(const HttpConfig& h) { return std::max<int64_t>(8, (h.max_in_flight + 8) / 16); }
+
   const ServeSetup& s_;
   HttpConfig http_;
   std::string api_key_;
-  httplib::Server server_;
+  GuardedServer server_;
   std::thread thread_;
   Inbox inbox_;
   router::Metrics metrics_;

@@ -15,7 +15,8 @@ and 1 decode rank) answering the official `openai` npm client.
   5. Disconnect: 20 clients drop mid-stream; /metrics shows every rank's KV
      blocks in use back at the idle level.
   6. Burst past http.max_in_flight: 429s with Retry-After, nothing else; the
-     server still answers afterwards.
+     server still answers afterwards; 300 clients trickling their headers
+     do not stall it (http.head_timeout_seconds and the cap on slow heads).
   7. job.mode = "auto": the planner re-splits the ranks between epochs of
      job.epoch_seconds while requests flow; none fails, none changes its text.
 Usage: serve_test.py TANDEM SRC_DIR"""
@@ -348,6 +349,39 @@ with tempfile.TemporaryDirectory() as d:
     check("burst: some were turned away", res.get("rate_limited", 0) > 0 and res.get("ok", 0) >= 80, res)
     st, _, _ = http("POST", s.base + "/v1/completions", {"prompt": "still there?", "max_tokens": 4})
     check("after the burst the server still answers", st == 200)
+
+    # Clients trickling their headers (a byte every half second): they held every HTTP thread and stalled the
+    # API for ~35 s. Now a head still arriving after 0.1 s is one of a few at most, the rest closed at once.
+    slow = []
+    for _ in range(300):
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        slow.append(c)
+    t0 = time.time()
+    st, _, _ = http("POST", s.base + "/v1/completions", {"prompt": "through the crowd", "max_tokens": 4}, timeout=60)
+    took = time.time() - t0
+    closed_by_server = 0
+    for c in slow:
+        c.setblocking(False)
+    for _ in range(6):  # trickle, and count the ones the server closed
+        time.sleep(0.5)
+        for c in slow:
+            try:
+                c.send(b"a")
+            except OSError:
+                pass
+    for c in slow:  # closed: a 400 and the end, or the end alone
+        try:
+            got = c.recv(64)
+            closed_by_server += got == b"" or got.startswith(b"HTTP/1.1 400")
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed_by_server += 1
+        c.close()
+    check("300 clients trickling headers: a request still answered within 5 s; the slow ones closed but a few",
+          st == 200 and took < 5 and closed_by_server >= 280,
+          f"answered {st} after {took:.1f} s; {closed_by_server} of 300 slow connections closed by the server")
     code = s.stop(signal.SIGTERM)
     check("second server exits 0", code == 0, code)
 
