@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "common/text.h"
+#include "router/json_sax.h"
 #include "router/line_key.h"
 
 namespace tandem::router {
@@ -368,32 +369,13 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
   parse_logprobs(body, r);
 }
 
-// A line that is not valid JSON, read as far as it goes: where it breaks, and
-// the top-level custom_id if one came before that point (so the error line
-// can carry it, as a user matching errors to requests needs).
-struct Salvage : nlohmann::json_sax<json> {
-  int depth = 0;
-  bool id_next = false;
-  std::string custom_id;
+// Where a line that is not valid JSON breaks, and why (its custom_id, as
+// far as it was read, is line_key_id's: the error record carries it, as a
+// user matching errors to requests needs).
+struct Salvage : JsonSaxBase {
   std::size_t at = 0;
   std::string why;
 
-  bool value() { return id_next = false, true; }
-  bool null() override { return value(); }
-  bool boolean(bool) override { return value(); }
-  bool number_integer(number_integer_t) override { return value(); }
-  bool number_unsigned(number_unsigned_t) override { return value(); }
-  bool number_float(number_float_t, const string_t&) override { return value(); }
-  bool binary(binary_t&) override { return value(); }
-  bool string(string_t& s) override {
-    if (id_next) custom_id = s;
-    return value();
-  }
-  bool start_object(std::size_t) override { return id_next = false, ++depth, true; }
-  bool end_object() override { return --depth, true; }
-  bool start_array(std::size_t) override { return id_next = false, ++depth, true; }
-  bool end_array() override { return --depth, true; }
-  bool key(string_t& k) override { return id_next = depth == 1 && k == "custom_id", true; }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
     at = position;
     // nlohmann's text from "column" ("... parse error at line 1, column 9: syntax error ...": the line is one
@@ -456,7 +438,7 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
     Salvage s;
     json::sax_parse(line, &s, json::input_format_t::json, /*strict=*/true);
     const std::string where = !s.why.empty() ? " at " + s.why : s.at > 0 ? " at byte " + std::to_string(s.at) : "";
-    return LineError{s.custom_id, 400, "not valid JSON" + where + "; each line must be one JSON object"};
+    return LineError{line_key_id(line), 400, "not valid JSON" + where + "; each line must be one JSON object"};
   }
   if (!j.is_object()) return LineError{"", 400, "each line must be a JSON object, got " + type_name(j)};
   // The error record names the first custom_id, as the line is keyed by (router/line_key.h).

@@ -1,7 +1,5 @@
 // The input as it streams: plain, gzip and zstd read alike, lines bounded,
 // anything that is not JSONL text refused before any work.
-#include <unistd.h>
-#include <zlib.h>
 #include <zstd.h>
 
 #include <filesystem>
@@ -11,43 +9,18 @@
 
 #include "common/error.h"
 #include "router/input_file.h"
+#include "input_files.h"
 
 namespace fs = std::filesystem;
 using tandem::router::InputFile;
 
 namespace {
 
-struct TempDir {
-  fs::path dir = fs::temp_directory_path() / ("tandem-input-" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(dir); }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    std::ofstream(dir / name, std::ios::binary) << bytes;
-    return (dir / name).string();
-  }
+struct TempDir : tandem::testing::TempDir {
+  TempDir() : tandem::testing::TempDir("tandem-input") {}
 };
-
-std::string gzip(const std::string& text) {
-  z_stream z{};
-  REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  std::string out(deflateBound(&z, text.size()), '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  z.avail_in = static_cast<uInt>(text.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
-}
-
-std::string zstd(const std::string& text) {
-  std::string out(ZSTD_compressBound(text.size()), '\0');
-  const std::size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 3);
-  REQUIRE(!ZSTD_isError(n));
-  out.resize(n);
-  return out;
-}
+using tandem::testing::gzip;
+using tandem::testing::zstd;
 
 std::vector<std::string> all_lines(InputFile& in) {
   std::vector<std::string> lines;

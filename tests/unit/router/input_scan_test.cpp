@@ -1,9 +1,6 @@
 // What rank 0 reads before any work: a damaged compressed input stops the
 // job, a resume matches every answered line by key and text, and the keys
 // are the ones the job writes.
-#include <unistd.h>
-#include <zlib.h>
-
 #include <filesystem>
 #include <fstream>
 
@@ -13,6 +10,7 @@
 #include "router/input_scan.h"
 #include "router/line_key.h"
 #include "slurm/resumable_output.h"
+#include "input_files.h"
 
 namespace fs = std::filesystem;
 using tandem::router::InputScan;
@@ -23,31 +21,10 @@ using tandem::slurm::OutputKey;
 
 namespace {
 
-struct TempDir {
-  fs::path dir = fs::temp_directory_path() / ("tandem-scan-" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(dir); }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    std::ofstream(dir / name, std::ios::binary) << bytes;
-    return (dir / name).string();
-  }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
+struct TempDir : tandem::testing::TempDir {
+  TempDir() : tandem::testing::TempDir("tandem-scan") {}
 };
-
-std::string gzip(const std::string& text) {
-  uLongf n = compressBound(static_cast<uLong>(text.size())) + 64;
-  std::string out(n, '\0');
-  z_stream z{};
-  REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  z.avail_in = static_cast<uInt>(text.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
-}
+using tandem::testing::gzip;
 
 std::string lines_of(int n, const std::string& word, int from = 0) {
   std::string text;
