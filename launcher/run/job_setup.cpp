@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/backoff.h"
 #include "common/error.h"
 #include "mpi_transport/mpi_check.h"
 #include "planner/machine.h"
@@ -180,7 +181,15 @@ int finish_run(const nlohmann::json& summary) {
 // rank; another rank's is prefixed with its number.
 std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
   int mine = error.empty() ? INT_MAX : env.rank(), first = INT_MAX;
-  TANDEM_MPI_OR_THROW(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, env.world()));
+  // Waited for without spinning: rank 0's checks may read a large input through (router/input_scan.h)
+  // while the other ranks wait here, on cores they share with it.
+  MPI_Request req = MPI_REQUEST_NULL;
+  TANDEM_MPI_OR_THROW(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, env.world(), &req));
+  Backoff idle;
+  for (int done = 0; !done;) {
+    TANDEM_MPI_OR_THROW(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (!done) idle.idle(20000);
+  }
   if (first == INT_MAX) return "";
   int len = env.rank() == first ? static_cast<int>(error.size()) : 0;
   TANDEM_MPI_OR_THROW(MPI_Bcast(&len, 1, MPI_INT, first, env.world()));
