@@ -104,27 +104,35 @@ with tempfile.TemporaryDirectory() as d:
           f"{planned} requests planned: {summary.get('epochs')}")
 
     # A stop signal is seen within a fraction of a second whatever the planner is doing: reading and
-    # planning epoch after epoch (rank 0 read ahead, tokenized and planned several epochs in one go, and
-    # saw USR1 2-15 s late), or while a cell regroups.
+    # planning epoch after epoch of long prompts (rank 0 read ahead, tokenized and planned several epochs in
+    # one go, and saw USR1 13-19 s late in this very job), or while a cell regroups.
+    dictionary = Path("/usr/share/dict/words").read_text().split()  # wamerican (make setup): many tokens a word
+    with open(tmp / "long.jsonl", "w") as f:
+        for i in range(3000):
+            f.write(json.dumps({"custom_id": f"l{i}", "prompt": " ".join(rng.choices(dictionary, k=300 + i % 7 * 100)),
+                                "max_tokens": 16 + i % 32}) + "\n")
     with open(tmp / "many.jsonl", "w") as f:  # the two phases of in.jsonl, again and again
         for i in range(3000):
             long_prompt = i % 60 < 30
             f.write(json.dumps({"custom_id": f"m{i}", "prompt": " ".join(rng.choices(words, k=600 if long_prompt else 8)),
                                 "max_tokens": 4 if long_prompt else 160, "ignore_eos": True}) + "\n")
-    for name, after, extra in (("epochs", r"epoch 3:", []),
-                               ("regroup", r"regroup into",
-                                ["--set", "cluster.prefill_tp=2", "--set", "cluster.decode_tp=1"])):
+    cells = ["--set", "cluster.prefill_tp=2", "--set", "cluster.decode_tp=1"]
+    for name, inp, after, wait, epoch, policy in (("epochs", "long.jsonl", r"epoch 1:", 1.5, 100, "lookahead"),
+                                                  ("regroup", "many.jsonl", r"regroup into", 0, 30, "sla")):
         job = tmp / f"stop_{name}.toml"
-        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / "many.jsonl"}"\nmode = "auto"\n'
-                       f'epoch_requests = 30\nmax_num_seqs = 16\ndrain_seconds = 2\n[kv]\nmemory_gib = 0.05\n[planner]\npolicy = "sla"\n')
+        job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{tmp / inp}"\nmode = "auto"\n'
+                       f'epoch_requests = {epoch}\ndrain_seconds = 2\n[kv]\nmemory_gib = 0.05\n'
+                       f'[planner]\npolicy = "{policy}"\n')
         proc = subprocess.Popen(["mpirun", "--oversubscribe", "-np", "7", tandem, "run", "-c", job, "--output",
-                                 tmp / f"stop_{name}.jsonl", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 tmp / f"stop_{name}.jsonl", *cells], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)
-        lines, sent, seen = [], None, None
+        lines, sent, seen, due = [], None, None, None
         deadline = time.time() + 150
         for line in proc.stdout:
             lines.append(line)
-            if sent is None and re.search(after, line):
+            if due is None and re.search(after, line):
+                due = time.time() + wait
+            if sent is None and due is not None and time.time() >= due:
                 sent = time.time()
                 os.killpg(proc.pid, signal.SIGUSR1)  # mpirun forwards it to every rank
             if sent is not None and seen is None and "signal 10 received" in line:
@@ -133,7 +141,7 @@ with tempfile.TemporaryDirectory() as d:
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
         rc = proc.wait(timeout=120)
-        check(f"auto, USR1 at '{after}': rank 0 sees it within 1.5 s, drains, exit 0",
+        check(f"auto, USR1 {wait} s after '{after}': rank 0 sees it within 1.5 s, drains, exit 0",
               sent is not None and seen is not None and seen < 1.5 and rc == 0,
               f"sent {'yes' if sent else 'never'}, seen after {seen if seen is None else round(seen, 2)} s, rc {rc}: "
               f"{''.join(lines[-12:])}")
