@@ -23,7 +23,9 @@ build: $(BUILD)/CMakeCache.txt
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
 
-run: build
+# Only the tandem binary: a newcomer's first run need not wait for every test and benchmark.
+run: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) --target tandem -j $(JOBS)
 	bash scripts/demo.sh $(BUILD)
 
 clean:
