@@ -63,7 +63,7 @@ int plan(const PlanOptions& o) {
       ++bad;
       continue;
     }
-    reqs.push_back({static_cast<int64_t>(std::get<std::vector<int32_t>>(ids).size()), r.params.max_tokens, 0, 0, -1});
+    reqs.push_back({.isl = static_cast<int64_t>(std::get<std::vector<int32_t>>(ids).size()), .osl = r.params.max_tokens});
   }
   if (reqs.empty()) throw Error(cfg.job.input + ": no valid requests to plan");
 

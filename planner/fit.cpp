@@ -15,9 +15,9 @@ ProfileFit fit_profile(const ModelShape& shape, const HardwareProfile& base, std
   unit.mfu = unit.mbu = 1;
   const PerfModel counter(shape, unit);
   for (const auto& s : samples) {
-    if (s[5] <= 0) continue;
-    const auto [f, b] = counter.work({s[0], s[1], s[2], s[3], s[4]});
-    pts.push_back({f, b, s[5]});
+    if (s.seconds <= 0) continue;
+    const auto [f, b] = counter.work(s.shape);
+    pts.push_back({f, b, s.seconds});
   }
   if (pts.size() < 8) return fit;
   auto cost = [&](double P, double W, double o) {

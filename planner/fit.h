@@ -6,15 +6,15 @@
 // and has mfu = mbu = 1 (the fitted rates are what the steps achieved).
 #pragma once
 
-#include <array>
 #include <span>
 
 #include "planner/perf_model.h"
+#include "runtime/engine/step_shape.h"
 
 namespace tandem::planner {
 
-// A step: prefill tokens, prefill context, decode sequences, decode context, logit rows, seconds.
-using StepSample = std::array<double, 6>;
+// A step a worker measured: its load and its seconds.
+using StepSample = runtime::StepSample;
 
 struct ProfileFit {
   HardwareProfile profile;

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "planner/hardware.h"
+#include "runtime/engine/step_shape.h"
 #include "runtime/model/model_config.h"
 
 namespace tandem::planner {
@@ -53,13 +54,7 @@ struct ModelShape {
 };
 
 // One step's work.
-struct StepLoad {
-  double prefill_tokens = 0;
-  double prefill_ctx = 0;   // sum over prefill tokens of the positions each attends to
-  double decode_seqs = 0;
-  double decode_ctx = 0;    // sum over decoding sequences of their context length
-  double logit_rows = 0;    // rows that need the LM head (decode seqs + finished prompts)
-};
+using StepLoad = runtime::StepShape;  // one type for the engine's step and the model's
 
 class PerfModel {
  public:

@@ -318,7 +318,7 @@ void BatchFrontend::plan_epoch(RouterLoop& loop) {
     // Requests with a prompt: neither bad lines nor lines an earlier run wrote (resume).
     const auto* ids = p.prompt ? std::get_if<std::vector<int32_t>>(&*p.prompt) : nullptr;
     if (p.skip || p.done || p.line.too_long || !ids) continue;
-    reqs.push_back({static_cast<int64_t>(ids->size()), std::get<BatchRequest>(p.parsed).params.max_tokens, 0, 0, -1});
+    reqs.push_back({.isl = static_cast<int64_t>(ids->size()), .osl = std::get<BatchRequest>(p.parsed).params.max_tokens});
   }
   if (reqs.empty()) return;
   const auto d = s_.planner->decide(reqs);

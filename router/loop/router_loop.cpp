@@ -35,7 +35,7 @@ void RouterLoop::poll(Frontend& front) {
   const auto now = Clock::now();
   for (const auto& r : events_.stats) {
     heard_[r.rank] = now;
-    for (const auto& s : r.step_samples) longest_step_[r.rank] = std::max(longest_step_[r.rank], s[5]);
+    for (const auto& s : r.step_samples) longest_step_[r.rank] = std::max(longest_step_[r.rank], s.seconds);
     if (std::find(loaded_.begin(), loaded_.end(), r.rank) == loaded_.end()) {
       loaded_.push_back(r.rank);
       newly_loaded = true;

@@ -24,6 +24,7 @@
 #include "kv/block_pool.h"
 #include "runtime/cpu/cpu_model.h"
 #include "runtime/engine/sampling.h"
+#include "runtime/engine/step_shape.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::runtime {
@@ -77,14 +78,6 @@ struct EngineOutput {
   int64_t preemptions = 0;
 };
 
-// The work of one step, as the planner's performance model counts it.
-struct StepShape {
-  double prefill_tokens = 0;
-  double prefill_ctx = 0;   // sum over prompt tokens of the positions each attends to
-  double decode_seqs = 0;
-  double decode_ctx = 0;    // sum over decoding sequences of their context
-  double logit_rows = 0;
-};
 
 struct EngineStats {
   int64_t steps = 0;

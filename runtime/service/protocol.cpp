@@ -64,6 +64,24 @@ namespace {
 
 using json = nlohmann::json;
 
+// A step on the wire: [prefill tokens, prefill context, decode sequences, decode context, logit rows, seconds].
+json steps_json(const std::vector<runtime::StepSample>& steps) {
+  json out = json::array();
+  for (const auto& s : steps)
+    out.push_back({s.shape.prefill_tokens, s.shape.prefill_ctx, s.shape.decode_seqs, s.shape.decode_ctx,
+                   s.shape.logit_rows, s.seconds});
+  return out;
+}
+
+std::vector<runtime::StepSample> steps_from_json(const json& j) {
+  std::vector<runtime::StepSample> out;
+  for (const auto& v : j) {
+    const auto a = v.get<std::array<double, 6>>();
+    out.push_back({{a[0], a[1], a[2], a[3], a[4]}, a[5]});
+  }
+  return out;
+}
+
 json params_json(const runtime::SamplingParams& p) {
   return {{"max_tokens", p.max_tokens},   {"temperature", p.temperature},
           {"top_p", p.top_p},             {"top_k", p.top_k},
@@ -347,7 +365,7 @@ std::vector<uint8_t> encode(const RankReport& r) {
                             {"hits", r.prefix_hit_tokens}, {"kv_bytes", r.kv_bytes_sent},
                             {"kv_s", r.kv_send_seconds}, {"kv_wait_s", r.kv_wait_seconds}, {"preempt", r.preemptions},
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
-                            {"steps", r.step_samples}, {"tier_hits", r.hit_tokens_by_tier},
+                            {"steps", steps_json(r.step_samples)}, {"tier_hits", r.hit_tokens_by_tier},
                             {"tiers", tiers_json(r.tiers)}, {"kv_to", kv_to}});
 }
 
@@ -367,7 +385,7 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.preemptions = j.at("preempt");
   r.kv_blocks_used = j.at("kv_used");
   r.kv_blocks_total = j.at("kv_total");
-  r.step_samples = j.at("steps").get<std::vector<std::array<double, 6>>>();
+  r.step_samples = steps_from_json(j.at("steps"));
   r.hit_tokens_by_tier = j.at("tier_hits").get<std::array<int64_t, 3>>();
   r.tiers = tiers_from_json(j.at("tiers"));
   for (const auto& t : j.at("kv_to")) r.kv_sent_to.push_back({t.at(0).get<int>(), t.at(1).get<int64_t>(), t.at(2).get<double>()});

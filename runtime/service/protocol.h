@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/engine/step_shape.h"
+
 #include <nlohmann/json_fwd.hpp>
 
 #include "kv/tiers.h"
@@ -91,7 +93,7 @@ struct RankReport {
   kv::TierStats tiers;  // blocks and bytes moved between tiers
   // Engine steps since the last report, for the planner's fit: prefill tokens,
   // prefill context, decode sequences, decode context, logit rows, seconds.
-  std::vector<std::array<double, 6>> step_samples;
+  std::vector<runtime::StepSample> step_samples;
 };
 
 // The tier counters as JSON (summary, wire) and back.

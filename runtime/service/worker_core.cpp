@@ -98,7 +98,7 @@ WorkerCore::StepOutput WorkerCore::step() {
   busy_s_ += dt;
   const auto& shape = engine_.last_step();
   if (shape.prefill_tokens + shape.decode_seqs > 0) {
-    samples_.push_back({shape.prefill_tokens, shape.prefill_ctx, shape.decode_seqs, shape.decode_ctx, shape.logit_rows, dt});
+    samples_.push_back({shape, dt});
     if (samples_.size() > 512) samples_.pop_front();
   }
   for (auto& o : outputs) {
@@ -147,8 +147,8 @@ WorkerCore::StepOutput WorkerCore::step() {
   return out;
 }
 
-std::vector<std::array<double, 6>> WorkerCore::take_step_samples() {
-  std::vector<std::array<double, 6>> out(samples_.begin(), samples_.end());
+std::vector<runtime::StepSample> WorkerCore::take_step_samples() {
+  std::vector<runtime::StepSample> out(samples_.begin(), samples_.end());
   samples_.clear();
   return out;
 }

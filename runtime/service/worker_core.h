@@ -98,7 +98,7 @@ class WorkerCore {
   std::size_t block_bytes() const { return pool_.layout().block_bytes(); }
   RankReport report() const;
   // Engine steps since the last call (at most the last 512), for the planner.
-  std::vector<std::array<double, 6>> take_step_samples();
+  std::vector<runtime::StepSample> take_step_samples();
   void set_role(Role role) { role_ = role; }
   // The ranks of this worker (a tensor-parallel group's leader reports for the group).
   void set_group_width(int width) { group_width_ = width; }
@@ -126,7 +126,7 @@ class WorkerCore {
   std::vector<WireResult> refused_;
   std::unordered_set<uint64_t> streaming_;
   std::vector<WireDeltas::Delta> first_tokens_;
-  std::deque<std::array<double, 6>> samples_;  // prefilled elsewhere: their first token, not yet streamed
+  std::deque<runtime::StepSample> samples_;  // prefilled elsewhere: their first token, not yet streamed
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank
                                                                        // computed, KV blocks moved)
   int group_width_ = 1;

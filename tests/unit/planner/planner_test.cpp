@@ -440,7 +440,7 @@ TEST_CASE("the job and the simulator place a recorded workload identically", "[p
   // Prompt lengths as a batch file would give them: short ones (prefilled
   // locally), long ones (sent to a prefill worker until it saturates).
   std::vector<Request> reqs;
-  for (int i = 0; i < 60; ++i) reqs.push_back({i % 5 == 0 ? 40 : 200 + (i * 37) % 900, 20, 0.0, 0, -1});
+  for (int i = 0; i < 60; ++i) reqs.push_back({.isl = i % 5 == 0 ? 40 : 200 + (i * 37) % 900, .osl = 20});
   const int64_t local = 64, saturation = 4000, gpus = 4;  // 1 prefill worker, 3 decode
 
   Cluster c(gpus);

@@ -187,7 +187,7 @@ TEST_CASE("the epoch planner with two widths: splits of cells, each width fitted
     load.prefill_tokens = 256.0 * (1 + i % 8);
     load.prefill_ctx = load.prefill_tokens * load.prefill_tokens / 2;
     load.logit_rows = 1;
-    slow.push_back({load.prefill_tokens, load.prefill_ctx, 0, 0, 1, 2 * m.four.step_seconds(load)});
+    slow.push_back({load, 2 * m.four.step_seconds(load)});
   }
   two.observe(slow, 4);
   two.refit();
