@@ -1,7 +1,7 @@
 // KvTransport: moves KV blocks from this worker's pool into a peer's pool,
 // with a small notification that the peer receives only once the blocks are
 // in place (after NIXL's backend interface). One interface, backends in
-// sibling folders (loopback/, mpi_rma/, mpi_two_sided/, nccl/), all held to
+// sibling folders (loopback/, mpi_rma/, mpi_two_sided/, libfabric/, nccl/), all held to
 // one conformance suite (tests/conformance/).
 //
 // Contract:

@@ -1,5 +1,6 @@
 // One worker's engine: continuous batching over a paged KV pool with chunked
-// prefill, on the CPU model.
+// prefill, over any ModelBackend (the CPU reference, CUDA, a tensor-parallel
+// group's leader).
 //
 // Each step() schedules under two budgets — max_num_seqs running sequences
 // and max_batched_tokens tokens — oldest requests first: running sequences
