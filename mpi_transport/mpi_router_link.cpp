@@ -27,40 +27,28 @@ service::RankReport router_report(std::chrono::steady_clock::time_point started,
   return r;
 }
 
-bool MpiLink::set_roles(int64_t epoch, const std::vector<int>& prefill) {
-  if (regroups_) {
-    regroups_->set_split(epoch, prefill);
-    lists_from_regroups();
-    return true;
-  }
-  std::vector<int> all = workers_;
-  all.insert(all.end(), prefill_.begin(), prefill_.end());
-  std::sort(all.begin(), all.end());
-  prefill_ = prefill;
-  workers_.clear();
-  for (int w : all)
-    if (std::find(prefill.begin(), prefill.end(), w) == prefill.end()) workers_.push_back(w);
-  const auto bytes = service::encode(service::WireRoles{epoch, prefill});
-  for (int w : all) check(box_.send(w, service::tag_of(service::MsgType::kRoles), bytes));
-  return true;
-}
-
-void MpiLink::use_cells(std::vector<router::RegroupCell> cells, uint64_t prefill_block_bytes, uint64_t decode_block_bytes) {
-  regroups_.emplace(std::move(cells), prefill_block_bytes, decode_block_bytes,
-                    [this](int rank, service::MsgType type, const std::vector<uint8_t>& bytes) {
-                      check(box_.send(rank, service::tag_of(type), bytes));
-                    });
+MpiLink::MpiLink(Mailbox& box, std::vector<topology::Cell> cells, topology::BySide<uint64_t> block_bytes)
+    : box_(box),
+      regroups_(std::move(cells), block_bytes, [this](int rank, service::MsgType type, const std::vector<uint8_t>& bytes) {
+        check(box_.send(rank, service::tag_of(type), bytes));
+      }) {
   lists_from_regroups();
 }
 
+bool MpiLink::set_roles(int64_t epoch, const std::vector<int>& prefill) {
+  regroups_.set_split(epoch, prefill);
+  lists_from_regroups();
+  return true;
+}
+
 void MpiLink::lists_from_regroups() {
-  workers_ = regroups_->leaders(false);
-  prefill_ = regroups_->leaders(true);
+  workers_ = regroups_.leaders(topology::Side::kDecode);
+  prefill_ = regroups_.leaders(topology::Side::kPrefill);
 }
 
 bool MpiLink::regroup(const std::function<bool(int)>& busy) {
-  if (!regroups_ || !regroups_->in_flight()) return false;
-  const bool changed = regroups_->step(busy);
+  if (!regroups_.in_flight()) return false;
+  const bool changed = regroups_.step(busy);
   if (changed) lists_from_regroups();
   return changed;
 }
@@ -72,8 +60,8 @@ bool MpiLink::take_regroup_messages() {
       std::optional<Message> m;
       check(box_.try_recv(m, MPI_ANY_SOURCE, service::tag_of(type)));
       if (!m) break;
-      if (type == service::MsgType::kReport) regroups_->on_report(service::decode_report(m->bytes));
-      else regroups_->on_ack(m->source, service::decode_id(m->bytes));
+      if (type == service::MsgType::kReport) regroups_.on_report(service::decode_report(m->bytes));
+      else regroups_.on_ack(m->source, service::decode_id(m->bytes));
       any = true;
     }
   return any;
@@ -89,7 +77,7 @@ void MpiLink::poll(router::LinkEvents& events) {
       pinged_ = now;
     }
   }
-  bool any = regroups_ && regroups_->in_flight() && take_regroup_messages();
+  bool any = regroups_.in_flight() && take_regroup_messages();
   for (int tag : {service::tag_of(service::MsgType::kCacheEvents), service::tag_of(service::MsgType::kStats),
                   service::tag_of(service::MsgType::kDeltas), service::tag_of(service::MsgType::kResult)}) {
     for (;;) {
@@ -101,7 +89,7 @@ void MpiLink::poll(router::LinkEvents& events) {
         case service::tag_of(service::MsgType::kCacheEvents): events.cache_events.push_back(service::decode_cache_events(m->bytes)); break;
         case service::tag_of(service::MsgType::kStats):
           events.stats.push_back(service::decode_report(m->bytes));
-          if (regroups_) regroups_->on_stats(events.stats.back());
+          regroups_.on_stats(events.stats.back());
           break;
         default: {
           auto d = service::decode_deltas(m->bytes);
@@ -117,28 +105,13 @@ void MpiLink::poll(router::LinkEvents& events) {
 }
 
 std::vector<service::RankReport> MpiLink::shutdown(bool abandon) {
-  if (regroups_) {  // cells on their way come back first (nothing is placed on them: they finish at once)
-    regroups_->cancel_retiring();
+  router::LinkEvents ignored;
+  regroups_.finish([&] {
+    ignored.clear();
+    poll(ignored);
     lists_from_regroups();
-    auto heard = std::chrono::steady_clock::now();
-    router::LinkEvents ignored;
-    for (int64_t seen = regroups_->progress(); regroups_->in_flight();) {
-      ignored.clear();
-      poll(ignored);
-      if (regroups_->step([](int) { return false; })) lists_from_regroups();
-      if (regroups_->progress() != seen) {  // the regrouping workers' own steps, not the others' counters
-        seen = regroups_->progress();
-        heard = std::chrono::steady_clock::now();
-      }
-      if (silence_limit_s_ > 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - heard).count() > silence_limit_s_)
-        throw Error("the workers regrouping at the end of the job sent nothing for " +
-                    std::to_string(static_cast<int>(silence_limit_s_)) +
-                    " s (job.worker_timeout_seconds): a node is down or a worker hangs; the output is committed: "
-                    "rerun with --resume to finish the input");
-    }
-    lists_from_regroups();
-  }
+  }, silence_limit_s_);
+  lists_from_regroups();
   const std::vector<uint8_t> how{static_cast<uint8_t>(abandon ? 1 : 0)};
   for (int w : workers_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
   for (int w : prefill_) check(box_.send(w, service::tag_of(service::MsgType::kShutdown), how));
@@ -164,8 +137,7 @@ std::vector<service::RankReport> MpiLink::shutdown(bool abandon) {
   for (const auto& late : late_stats_)  // their measured steps still count
     for (auto& r : reports)
       if (r.rank == late.rank) r.step_samples.insert(r.step_samples.end(), late.step_samples.begin(), late.step_samples.end());
-  if (regroups_)  // the workers that regrouped away: their work counts too
-    for (auto& r : regroups_->take_retired()) reports.push_back(std::move(r));
+  for (auto& r : regroups_.take_retired()) reports.push_back(std::move(r));  // the workers that regrouped away
   check(box_.flush());
   return reports;
 }

@@ -26,19 +26,19 @@ double process_cpu_seconds();
 // Rank 0 under MPI: requests and results are messages.
 class MpiLink : public router::WorkerLink {
  public:
-  MpiLink(Mailbox& box, std::vector<int> decode, std::vector<int> prefill)
-      : box_(box), workers_(std::move(decode)), prefill_(std::move(prefill)) {}
+  // The job's workers as cells (topology::job_cells: one per worker, or
+  // under job.mode = "auto" with two widths cells that regroup between
+  // forms); every change of roles goes through them (router/regroups.h),
+  // and set_roles() names prefill cells by their keys (Regroups::keys()).
+  // block_bytes: a rank's KV block in each form.
+  MpiLink(Mailbox& box, std::vector<topology::Cell> cells, topology::BySide<uint64_t> block_bytes);
   std::vector<int> workers() const override { return workers_; }
   std::vector<int> prefill_workers() const override { return prefill_; }
   bool set_roles(int64_t epoch, const std::vector<int>& prefill) override;
-  // Two widths under job.mode = "auto": the workers are cells that regroup
-  // between forms (router/regroups.h); set_roles() then names prefill cells by
-  // their keys (Regroups::keys()). block_bytes: a rank's KV block in each form.
-  void use_cells(std::vector<router::RegroupCell> cells, uint64_t prefill_block_bytes, uint64_t decode_block_bytes);
-  const router::Regroups* regroups() const { return regroups_ ? &*regroups_ : nullptr; }
+  const router::Regroups& regroups() const { return regroups_; }
   bool regroup(const std::function<bool(int)>& busy) override;
-  bool regrouping() const override { return regroups_ && regroups_->in_flight(); }
-  std::vector<int> take_emptied() override { return regroups_ ? regroups_->take_emptied() : std::vector<int>{}; }
+  bool regrouping() const override { return regroups_.in_flight(); }
+  std::vector<int> take_emptied() override { return regroups_.take_emptied(); }
   void submit(int worker, const service::WireRequest& r) override { check(box_.send(worker, service::tag_of(service::MsgType::kRequest), service::encode(r))); }
   void cancel(int worker, uint64_t id) override { check(box_.send(worker, service::tag_of(service::MsgType::kCancel), service::encode_cancel(id))); }
   // Deltas before results: a request's last tokens reach rank 0 before its end.
@@ -78,7 +78,7 @@ class MpiLink : public router::WorkerLink {
   double silence_limit_s_ = 0;
   std::chrono::steady_clock::time_point pinged_ = std::chrono::steady_clock::now();
   std::vector<std::string> hosts_;
-  std::optional<router::Regroups> regroups_;
+  router::Regroups regroups_;
   void lists_from_regroups();
   // A regroup's messages (final reports, acknowledgements); true when any came.
   bool take_regroup_messages();

@@ -14,7 +14,9 @@
 //  3. mapping: every worker that moves KV, the new ones included, is told
 //     the workers' map and pools (kGroupMap) and answers (kGroupMapAck);
 //  4. active: rank 0 places on the new workers.
-// A split asked for while a cell is on its way waits until none is. No MPI
+// A split asked for while a cell is on its way waits until none is. A cell
+// of one form (one width: a cell is a worker) changes side at once and only
+// hears its role. The cells are topology::Cell (topology/cells.h). No MPI
 // here: messages go out through `send`, and the link feeds back what arrives.
 #pragma once
 
@@ -27,25 +29,21 @@
 #include <vector>
 
 #include "runtime/service/protocol.h"
+#include "topology/cells.h"
 
 namespace tandem::router {
-
-struct RegroupCell {
-  std::vector<std::vector<int>> prefill_groups, decode_groups;  // its workers in each form (world ranks, ascending)
-  bool prefill = false;  // its form now (or the one it is regrouping into)
-  int key() const { return decode_groups.front().front(); }  // its lowest rank
-};
 
 class Regroups {
  public:
   using Send = std::function<void(int rank, service::MsgType type, const std::vector<uint8_t>& bytes)>;
+  using Side = topology::Side;
   // block_bytes: a rank's KV block in a prefill worker and in a decode worker.
-  Regroups(std::vector<RegroupCell> cells, uint64_t prefill_block_bytes, uint64_t decode_block_bytes, Send send);
+  Regroups(std::vector<topology::Cell> cells, topology::BySide<uint64_t> block_bytes, Send send);
 
   // The cells' keys (lowest ranks) in rank order: a split names its prefill cells by them.
   std::vector<int> keys() const;
-  // The leaders rank 0 may place on now.
-  std::vector<int> leaders(bool prefill) const;
+  // The leaders rank 0 may place on now (prefill's in the order the last split named them).
+  std::vector<int> leaders(Side side) const;
   // A re-split: the cells keyed in `prefill` prefill from now on, the rest
   // decode. Cells that change start retiring; the others hear their roles
   // (kRoles). While any cell is on its way it is kept for later. True when
@@ -64,6 +62,10 @@ class Regroups {
   int64_t progress() const { return progress_; }
   // At the end: cells still retiring stay as they were (they were never told).
   void cancel_retiring();
+  // At the end: cancel_retiring(), then every cell on its way is brought
+  // back, `pump` feeding back what arrives. Throws tandem::Error when they
+  // take no step for `silence_s` (job.worker_timeout_seconds; 0: never).
+  void finish(const std::function<void()>& pump, double silence_s);
   // The ranks of cells back since the last call: their pools started empty (rank 0 forgets what they held).
   std::vector<int> take_emptied() { return std::move(emptied_); }
   // The reports of the workers that regrouped away, for the job's summary.
@@ -73,26 +75,24 @@ class Regroups {
   enum class State { kActive, kRetiring, kDraining, kMapping };
   using Clock = std::chrono::steady_clock;
   struct Entry {
-    RegroupCell cell;
+    topology::Cell cell;
     State state = State::kActive;
     std::set<int> reports_due, loads_due;
     Clock::time_point retired, told;  // placed on no more; told to regroup (for the log)
   };
-  const std::vector<std::vector<int>>& groups(const Entry& e, bool prefill) const {
-    return prefill ? e.cell.prefill_groups : e.cell.decode_groups;
-  }
   std::vector<int> prefill_leaders() const;  // every cell's, in its form to be
   bool blocks_known() const;
   void send_map();
 
   std::vector<Entry> cells_;
-  uint64_t block_bytes_[2];  // [prefill form, decode form]
+  topology::BySide<uint64_t> block_bytes_;
   Send send_;
   std::map<int, int64_t> blocks_;  // each leader's KV blocks, as it reported them
   int64_t serial_ = 0, progress_ = 0;
   std::set<int> acks_due_;
   int64_t epoch_ = 0;
   std::optional<std::pair<int64_t, std::vector<int>>> pending_;
+  std::vector<int> split_order_;  // the last split's prefill keys, as named
   std::vector<service::RankReport> retired_;
   std::vector<int> emptied_;
 };

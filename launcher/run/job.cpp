@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -38,6 +37,7 @@
 #include "mpi_transport/mpi_tp_group.h"
 #include "mpi_transport/transport_registry.h"
 #include "mpi_transport/mpi_worker_port.h"
+#include "mpi_transport/quiesce.h"
 #include "planner/policy.h"
 #include "router/loop/in_process_link.h"
 #include "runtime/cpu/thread_pool.h"
@@ -67,15 +67,16 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
   try {
     s.p = prepare(o);
     const Prepared& p = s.p;
-    const Roles roles = plan_roles(p.cfg, env.size());  // an impossible split stops every rank before work
+    const topology::Ask ask = split_ask(p.cfg);
+    const topology::Roles roles = topology::plan_roles(ask, env.size());  // an impossible split stops every rank before work
     if (const std::string why = tp_problem(p, roles); !why.empty()) throw Error(why);  // so do widths
-    if (planned_job(p.cfg, roles, env.size())) {  // and a policy that cannot plan these workers
+    if (topology::planned_job(ask, roles, env.size())) {  // and a policy that cannot plan these workers
       if (p.cfg.planner.policy == "oracle")
         throw Error("planner.policy = \"oracle\" needs the simulator (tandem simulate); use lookahead, sla, agg or static:P:D");
-      if (roles.prefill_tp == roles.decode_tp) {
+      if (const int cell = topology::cell_ranks(ask, roles, env.size()); cell == 0) {
         planner::make_policy(p.cfg.planner.policy, roles.workers());
       } else {  // two widths: the planner splits cells (a split's P and D count them)
-        const int cell = std::lcm(roles.prefill_tp, roles.decode_tp), cells = (roles.prefill + roles.decode) / cell;
+        const int cells = (roles.ranks.prefill + roles.ranks.decode) / cell;
         try {
           planner::make_policy(p.cfg.planner.policy, cells);
         } catch (const Error& e) {
@@ -122,24 +123,26 @@ void log_start(const mpi::MpiEnv& env, const RunOptions& o, const Started& s) {
 
 // Rank 0's word on which node prefills and decodes where, and where the
 // tensor-parallel workers sit, when there are several nodes.
-void log_groups(const Roles& r, const std::vector<std::string>& hosts, bool by_node) {
-  const service::GroupMap& m = r.map();
+void log_groups(const topology::Roles& r, const std::vector<std::string>& hosts, bool by_node) {
+  using topology::Side;
+  const topology::GroupMap& m = r.map();
+  const bool one_rank_workers = r.width(Side::kPrefill) == 1 && r.width(Side::kDecode) == 1;
   const auto nodes = router::ranks_by_host(hosts);
-  if (r.prefill > 0 && nodes.size() > 1) {
+  if (r.disaggregated() && nodes.size() > 1) {
     std::string line;
     for (const auto& [host, ranks] : nodes) {
       std::vector<int> pre, dec;
       for (int rank : ranks)
-        if (rank > 0) (m.prefill_at(rank) ? pre : dec).push_back(rank);
+        if (rank > 0) (m.side_at(rank) == Side::kPrefill ? pre : dec).push_back(rank);
       if (pre.empty() && dec.empty()) continue;
       line += fmt::format("{}{} (", line.empty() ? "" : ", ", host);
-      if (!pre.empty()) line += "prefill " + service::GroupMap::describe(pre) + (dec.empty() ? "" : "; ");
-      if (!dec.empty()) line += "decode " + service::GroupMap::describe(dec);
+      if (!pre.empty()) line += "prefill " + topology::GroupMap::describe(pre) + (dec.empty() ? "" : "; ");
+      if (!dec.empty()) line += "decode " + topology::GroupMap::describe(dec);
       line += ")";
     }
-    spdlog::info("roles by node{}: {}", by_node && r.prefill_tp == 1 && r.decode_tp == 1 ? " (placed by node)" : "", line);
+    spdlog::info("roles by node{}: {}", by_node && one_rank_workers ? " (placed by node)" : "", line);
   }
-  if (r.prefill_tp == 1 && r.decode_tp == 1) return;
+  if (one_rank_workers) return;
   auto nodes_of = [&hosts](const std::vector<int>& group) {
     std::vector<std::string> on;
     for (int rank : group)
@@ -149,67 +152,65 @@ void log_groups(const Roles& r, const std::vector<std::string>& hosts, bool by_n
   };
   if (by_node) {
     std::string line;
-    for (bool prefill : {true, false})
-      for (int leader : m.leaders(prefill))
-        line += fmt::format("{}{} ranks {} ({})", line.empty() ? "" : "; ", prefill ? "prefill" : r.prefill ? "decode" : "worker",
-                            service::GroupMap::describe(m.members(leader)), nodes_of(m.members(leader)));
+    for (Side side : topology::kSides)
+      for (int leader : m.leaders(side))
+        line += fmt::format("{}{} ranks {} ({})", line.empty() ? "" : "; ",
+                            side == Side::kPrefill ? "prefill" : r.disaggregated() ? "decode" : "worker",
+                            topology::GroupMap::describe(m.members(leader)), nodes_of(m.members(leader)));
     spdlog::info("tensor-parallel workers placed by node: {}", line);
   }
   for (const auto& g : m.spanning(hosts))
     spdlog::warn("the tensor-parallel worker of ranks {} spans nodes ({}): its exchanges (two per layer) cross the "
                  "network, as no node has {} of this job's ranks left for it; give each node a multiple of {} tasks "
                  "(rank 0's node one more)",
-                 service::GroupMap::describe(g), nodes_of(g), g.size(), g.size());
+                 topology::GroupMap::describe(g), nodes_of(g), g.size(), g.size());
 }
 
 Layout lay_out(const mpi::MpiEnv& env, const Prepared& p, const std::vector<std::string>& hosts) {
-  Layout l;
+  using topology::Side;
   const int rank = env.rank();
-  l.roles = plan_roles(p.cfg, env.size());
-  l.planned = planned_job(p.cfg, l.roles, env.size());
-  l.regroups = l.planned && l.roles.prefill_tp != l.roles.decode_tp;
-  if (l.regroups) l.cell = std::lcm(l.roles.prefill_tp, l.roles.decode_tp);
-  bool by_node = false;
-  if (env.size() > 2 && !l.regroups) {  // cells keep rank order: their forms' groups are consecutive ranks
+  const topology::Ask ask = split_ask(p.cfg);
+  topology::Roles roles = topology::plan_roles(ask, env.size());
+  const bool planned = topology::planned_job(ask, roles, env.size());
+  const int cell = topology::cell_ranks(ask, roles, env.size());
+  bool by_node = false, keep_roles = true;
+  if (env.size() > 2 && cell == 0) {  // cells keep rank order: their forms' groups are consecutive ranks
     // A heterogeneous Slurm job puts prefill and decode on the components asked for: roles keep their ranks.
-    int keep_roles = std::getenv("SLURM_HET_SIZE") != nullptr || p.cfg.choices.placement == Placement::kRank ? 1 : 0;
-    TANDEM_MPI_OR_THROW(MPI_Bcast(&keep_roles, 1, MPI_INT, 0, env.world()));
-    const Roles& r = l.roles;
-    l.keep_roles = keep_roles != 0;
-    service::GroupMap placed = service::place_by_node(hosts, r.prefill, r.prefill_tp, r.decode, r.decode_tp, keep_roles != 0);
-    by_node = !(placed == r.groups);
-    l.roles.groups = std::move(placed);
+    int keep = std::getenv("SLURM_HET_SIZE") != nullptr || p.cfg.choices.placement == Placement::kRank ? 1 : 0;
+    TANDEM_MPI_OR_THROW(MPI_Bcast(&keep, 1, MPI_INT, 0, env.world()));
+    keep_roles = keep != 0;
+    topology::GroupMap placed = topology::place_by_node(hosts, roles.ranks.prefill, roles.width(Side::kPrefill),
+                                                        roles.ranks.decode, roles.width(Side::kDecode), keep_roles);
+    by_node = !(placed == roles.groups);
+    roles.groups = std::move(placed);
   }
-  if (rank >= 1) l.group = l.roles.group_of(rank);
-  l.prefill = rank >= 1 && l.group.prefill;
-  l.role = service::role_for(l.roles.prefill > 0, l.prefill);
-  log::set_identity(rank, env.size() == 1 ? "router+worker" : rank == 0 ? "router" : service::role_name(l.role));
+  Layout l;
+  static_cast<topology::Place&>(l) = topology::place_of(rank, std::move(roles), planned, keep_roles, cell);
+  log::set_identity(rank, env.size() == 1 ? "router+worker" : rank == 0 ? "router" : service::role_name(l.role()));
   if (env.size() > 1) {
     l.workers = mpi::split(env.world(), rank == 0 ? MPI_UNDEFINED : 0, rank);
     if (l.workers) {
       l.group_comm = mpi::split(l.workers.get(), l.roles.map().leader_of(rank), rank);  // its place: rank order
-      if (l.regroups) {  // the group of the cell's other form, split now, on every worker rank alike
-        const int width = l.prefill ? l.roles.decode_tp : l.roles.prefill_tp, key = cell_key(rank, l.cell);
-        l.other = {width, (rank - key) % width, !l.prefill};
-        l.other_comm = mpi::split(l.workers.get(), key + (rank - key) / width * width, rank);
-      }
+      if (l.regroups())  // the group of the cell's other form, split now, on every worker rank alike
+        l.other_comm = mpi::split(l.workers.get(), l.other_leader(), rank);
     }
   }
   if (rank == 0 && env.size() > 1) {
-    const Roles& r = l.roles;
+    const topology::Roles& r = l.roles;
     auto workers = [](int ranks, int tp) {
       return tp == 1 ? std::to_string(ranks) + " rank(s)"
                      : std::to_string(ranks / tp) + " worker(s) of " + std::to_string(tp) + " ranks (tensor-parallel)";
     };
-    if (l.regroups)
+    const int pre = r.width(Side::kPrefill), dec = r.width(Side::kDecode);
+    if (l.regroups())
       spdlog::info("job.mode = auto: the planner splits {} cells of {} ranks anew for each epoch, each running {} or {}",
-                   (r.prefill + r.decode) / l.cell, l.cell, workers(l.cell, r.prefill_tp) + " to prefill",
-                   workers(l.cell, r.decode_tp) + " to decode");
+                   (r.ranks.prefill + r.ranks.decode) / l.cell, l.cell, workers(l.cell, pre) + " to prefill",
+                   workers(l.cell, dec) + " to decode");
     else if (l.planned)
-      spdlog::info("job.mode = auto: the planner splits the {} anew for each epoch", workers(r.prefill + r.decode, r.decode_tp));
-    else if (r.prefill > 0)
-      spdlog::info("disaggregated: prefill on {}, decode on {}", workers(r.prefill, r.prefill_tp), workers(r.decode, r.decode_tp));
-    else spdlog::info("aggregated: {} prefill and decode", workers(r.decode, r.decode_tp));
+      spdlog::info("job.mode = auto: the planner splits the {} anew for each epoch", workers(r.ranks.prefill + r.ranks.decode, dec));
+    else if (r.disaggregated())
+      spdlog::info("disaggregated: prefill on {}, decode on {}", workers(r.ranks.prefill, pre), workers(r.ranks.decode, dec));
+    else spdlog::info("aggregated: {} prefill and decode", workers(r.ranks.decode, dec));
     log_groups(r, hosts, by_node);
   }
   return l;
@@ -292,7 +293,11 @@ int run_single(const RunOptions& o, Started& s, const Layout& l, WorkerParts& w)
 int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node, mpi::Mailbox& box) {
   const Prepared& p = s.p;
   std::unique_ptr<runtime::ChatTemplate> chat;
-  mpi::MpiLink link(box, l.roles.leaders(false), l.roles.leaders(true));
+  using topology::Side;
+  const topology::Roles& r = l.roles;
+  // Every change of roles goes through the cells: one per worker, or cells that regroup between widths.
+  mpi::MpiLink link(box, topology::job_cells(r, l.cell),
+                    {kv_layout(p, r.width(Side::kPrefill)).block_bytes(), kv_layout(p, r.width(Side::kDecode)).block_bytes()});
   auto setup = router_setup(p, chat);
   setup.hosts = node.hosts;
   setup.dispatch.node_of = router::node_numbers(node.hosts);  // a prefill prefers its decode worker's node
@@ -301,21 +306,18 @@ int run_rank0(const RunOptions& o, Started& s, const Layout& l, const Node& node
   // job.mode = "auto": the planner re-splits the workers between epochs.
   std::unique_ptr<planner::EpochPlanner> epoch_planner;
   if (l.planned) {
-    std::vector<int> ranks = l.roles.leaders(true), decode = l.roles.leaders(false);
-    if (l.regroups) {  // the planner splits cells; a cell that changes form regroups (router/regroups.h)
-      const Roles& r = l.roles;
-      std::vector<router::RegroupCell> cells;
-      for (int key = 1; key < 1 + r.prefill + r.decode; key += l.cell)
-        cells.push_back({cell_groups(key, l.cell, r.prefill_tp), cell_groups(key, l.cell, r.decode_tp), key <= r.prefill});
-      link.use_cells(std::move(cells), kv_layout(p, r.prefill_tp).block_bytes(), kv_layout(p, r.decode_tp).block_bytes());
-      epoch_planner = make_epoch_planner(p, (r.prefill + r.decode) / l.cell, node.local_workers, node.gpu_name,
-                                         r.decode_tp, r.prefill_tp);
-      ranks = link.regroups()->keys();
+    std::vector<int> ranks;
+    if (l.regroups()) {  // the planner splits cells; a cell that changes form regroups (router/regroups.h)
+      epoch_planner = make_epoch_planner(p, (r.ranks.prefill + r.ranks.decode) / l.cell, node.local_workers,
+                                         node.gpu_name, r.width(Side::kDecode), r.width(Side::kPrefill));
+      ranks = link.regroups().keys();
     } else {
-      epoch_planner = make_epoch_planner(p, l.roles.workers(), node.local_workers, node.gpu_name, l.roles.decode_tp);
+      epoch_planner = make_epoch_planner(p, r.workers(), node.local_workers, node.gpu_name, r.width(Side::kDecode));
       // The planner's re-splits prefill on the first k: in rank order, or spread over the nodes.
+      ranks = r.leaders(Side::kPrefill);
+      const std::vector<int> decode = r.leaders(Side::kDecode);
       ranks.insert(ranks.end(), decode.begin(), decode.end());
-      if (!l.keep_roles) ranks = l.roles.map().leaders_by_node(node.hosts);
+      if (!l.keep_roles) ranks = r.map().leaders_by_node(node.hosts);
     }
     setup.planner = epoch_planner.get();
     setup.epoch_requests = p.cfg.job.epoch_requests;
@@ -356,33 +358,7 @@ int run(mpi::MpiEnv& env, const RunOptions& o) {
     if (env.rank() == 0) rc = run_rank0(o, s, l, node, box);
     else run_worker(env, s.p, l, w, box);
   }
-  // Every rank here before the transport closes; meanwhile KV still moves and
-  // late messages are taken (and dropped), so a rank that left with a
-  // transfer or a large message in flight (an abandoned job) cannot keep
-  // another waiting for it.
-  MPI_Request all_here = MPI_REQUEST_NULL;
-  TANDEM_MPI_OR_THROW(MPI_Ibarrier(env.world(), &all_here));
-  mpi::Backoff idle;
-  std::vector<mpi::Notification> late;
-  std::vector<char> stray;
-  for (int done = 0;;) {
-    TANDEM_MPI_OR_THROW(MPI_Test(&all_here, &done, MPI_STATUS_IGNORE));
-    if (done) break;
-    if (w.transport) {
-      late.clear();
-      if (Status st = w.transport->progress(late); !st.ok()) throw Error(st.to_string());
-    }
-    int waiting = 0, bytes = 0;
-    MPI_Status st;
-    TANDEM_MPI_OR_THROW(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, env.world(), &waiting, &st));
-    if (waiting) {
-      TANDEM_MPI_OR_THROW(MPI_Get_count(&st, MPI_BYTE, &bytes));
-      stray.resize(static_cast<std::size_t>(std::max(bytes, 1)));
-      TANDEM_MPI_OR_THROW(MPI_Recv(stray.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, env.world(), MPI_STATUS_IGNORE));
-      continue;
-    }
-    idle.idle();
-  }
+  mpi::quiesce(env.world(), w.transport.get());  // every rank here before the transport closes
   return rc;  // the transport, then the communicators, close as their owners go, on every rank in the same order
 }
 

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 #include <tuple>
 
 #include <spdlog/spdlog.h>
@@ -23,6 +22,7 @@
 #include "runtime/model/weights.h"
 #include "slurm/resumable_output.h"
 #include "slurm/slurm_env.h"
+#include "topology/cells.h"
 
 namespace tandem::launcher {
 
@@ -166,122 +166,39 @@ int64_t pool_blocks(const Prepared& p, int local_ranks, int tp) {
                                                    static_cast<double>(kv_layout(p, tp).block_bytes())));
 }
 
-uint64_t cell_pool_bytes(double want_a, double room_a, double want_b, double room_b, uint64_t block_a, uint64_t block_b) {
-  const double bytes = std::min({room_a, room_b, std::max(want_a, want_b)});
-  return std::max(static_cast<uint64_t>(bytes), std::max(block_a, block_b));
-}
-
 uint64_t cell_pool_bytes(const Prepared& p, int local_ranks, int tp_a, int tp_b) {
   const PoolRoom a = pool_room(p, local_ranks, tp_a), b = pool_room(p, local_ranks, tp_b);
-  return cell_pool_bytes(a.want, a.room, b.want, b.room, kv_layout(p, tp_a).block_bytes(), kv_layout(p, tp_b).block_bytes());
+  return topology::cell_pool_bytes(a.want, a.room, b.want, b.room, kv_layout(p, tp_a).block_bytes(), kv_layout(p, tp_b).block_bytes());
 }
 
-Roles::Group Roles::group_of(int rank) const {
-  if (rank < 1) return {1, 0, false};  // rank 0 routes (or, alone, is a one-rank worker)
-  return {groups.width_at(rank), groups.place_of(rank), groups.prefill_at(rank)};
+topology::Ask split_ask(const Config& cfg) {
+  const JobMode m = cfg.choices.mode;
+  return {m == JobMode::kAgg ? topology::Mode::kAgg : m == JobMode::kAuto ? topology::Mode::kAuto : topology::Mode::kDisagg,
+          {cfg.cluster.prefill_width(), cfg.cluster.decode_width()},
+          {cfg.cluster.prefill_ranks, cfg.cluster.decode_ranks},
+          cfg.cluster.prefill_fraction};
 }
 
-namespace {
-
-std::string ranks_word(int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
-
-// ranks must be whole workers of `tp` ranks each.
-void check_whole(const char* key, int ranks, const char* tp_key, int tp) {
-  if (ranks % tp != 0)
-    throw Error(std::string(key) + " = " + std::to_string(ranks) + " is not a multiple of " + tp_key + " = " +
-                std::to_string(tp) + " (a worker is " + ranks_word(tp) + "); make it one");
-}
-
-Roles in_rank_order(int prefill, int decode, int prefill_tp, int decode_tp) {
-  return {prefill, decode, prefill_tp, decode_tp, service::GroupMap(prefill, prefill_tp, decode, decode_tp)};
-}
-
-}  // namespace
-
-Roles plan_roles(const Config& cfg, int world_size) {
-  const int workers = std::max(1, world_size - 1);
-  const int a = cfg.cluster.prefill_width(), b = cfg.cluster.decode_width();
-  if (b > 1 && world_size - 1 < b)
-    throw Error("cluster.decode_tp (or tp) = " + std::to_string(b) + ": a worker of " + ranks_word(b) + " needs at least " +
-                std::to_string(b + 1) + " ranks (rank 0 routes); this job has " + std::to_string(world_size) +
-                "; start more, or lower the width");
-  // Aggregated: every worker does both, at the decode width. So is a job with room for one worker only.
-  if (cfg.choices.mode == JobMode::kAgg || world_size <= 2 || workers < a + b) {
-    if (workers % b != 0)
-      throw Error("the " + std::to_string(workers) + " worker ranks of this job (ranks - 1) are not whole workers of " +
-                  ranks_word(b) + " (cluster.decode_tp, or tp); start a multiple of " + std::to_string(b) +
-                  " worker ranks");
-    return in_rank_order(0, workers, a, b);
-  }
-  int p = static_cast<int>(cfg.cluster.prefill_ranks);
-  int d = static_cast<int>(cfg.cluster.decode_ranks);
-  // Two widths under the planner: the workers are cells of lcm(a, b) ranks, each running prefill workers or decode ones.
-  const int cell = cfg.choices.mode == JobMode::kAuto && a != b ? std::lcm(a, b) : 0;
-  if (cell > 0 && workers % cell != 0)
-    throw Error("cluster.prefill_tp = " + std::to_string(a) + " and cluster.decode_tp = " + std::to_string(b) +
-                " under job.mode = \"auto\" make the workers cells of " + ranks_word(cell) + " (each runs prefill "
-                "workers or decode workers, as the planner splits them); the " + std::to_string(workers) +
-                " worker ranks of this job (ranks - 1) are not whole cells: start a multiple of " +
-                std::to_string(cell) + " worker ranks");
-  if (p == 0 && d == 0) {  // the split nearest prefill_fraction in whole workers of each width (or whole cells)
-    const double want = cfg.cluster.prefill_fraction * workers;
-    for (int k = cell > 0 ? cell : a; k <= workers - b; k += cell > 0 ? cell : a)
-      if ((workers - k) % b == 0 && (p == 0 || std::abs(k - want) < std::abs(p - want))) p = k;
-    if (p == 0)
-      throw Error("the " + std::to_string(workers) + " worker ranks of this job (ranks - 1) cannot be split into prefill "
-                  "workers of " + ranks_word(a) + " and decode workers of " + ranks_word(b) +
-                  "; start a number of ranks that can, or set job.mode = \"agg\"");
-  } else if (p == 0) {
-    p = workers - d;
-  } else if (d == 0) {
-    d = workers - p;
-  }
-  if (d == 0) d = workers - p;
-  const bool one_set = (cfg.cluster.prefill_ranks > 0) != (cfg.cluster.decode_ranks > 0);
-  if (one_set && (p < 1 || d < 1)) {
-    const bool pre = cfg.cluster.prefill_ranks > 0;
-    throw Error(std::string(pre ? "cluster.prefill_ranks" : "cluster.decode_ranks") + " = " +
-                std::to_string(pre ? cfg.cluster.prefill_ranks : cfg.cluster.decode_ranks) + " leaves no " +
-                (pre ? "decode" : "prefill") + " rank among the " + std::to_string(workers) +
-                " worker ranks of this job (ranks - 1); lower it, or start more ranks");
-  }
-  if (p < 1 || d < 1 || p + d != workers) {
-    throw Error("cluster.prefill_ranks = " + std::to_string(cfg.cluster.prefill_ranks) + " and cluster.decode_ranks = " +
-                std::to_string(cfg.cluster.decode_ranks) + " do not split the " + std::to_string(workers) +
-                " worker ranks of this job (ranks - 1); make them add up, or set only one of them");
-  }
-  if (cell > 0 && p % cell != 0)
-    throw Error("cluster.prefill_ranks = " + std::to_string(p) + " is not whole cells of " + ranks_word(cell) +
-                " (lcm of cluster.prefill_tp and cluster.decode_tp: under job.mode = \"auto\" each cell runs prefill "
-                "or decode workers); make it a multiple of " + std::to_string(cell));
-  check_whole("cluster.prefill_ranks", p, "cluster.prefill_tp (or tp)", a);
-  check_whole("cluster.decode_ranks", d, "cluster.decode_tp (or tp)", b);
-  return in_rank_order(p, d, a, b);
-}
-
-bool planned_job(const Config& cfg, const Roles& roles, int world_size) {
-  return cfg.choices.mode == JobMode::kAuto && world_size > 2 && roles.workers() >= 2 &&
-         (roles.prefill_tp == roles.decode_tp || roles.prefill > 0);
-}
-
-std::string tp_problem(const Prepared& p, const Roles& roles) {
+std::string tp_problem(const Prepared& p, const topology::Roles& roles) {
+  using topology::Side;
   const Config& c = p.cfg;
-  for (const auto& [key, width, used] : {std::tuple{"cluster.prefill_tp", roles.prefill_tp, roles.prefill > 0},
-                                          std::tuple{"cluster.decode_tp", roles.decode_tp, true}}) {
+  const int prefill_tp = roles.width(Side::kPrefill), decode_tp = roles.width(Side::kDecode);
+  for (const auto& [key, width, used] : {std::tuple{"cluster.prefill_tp", prefill_tp, roles.disaggregated()},
+                                          std::tuple{"cluster.decode_tp", decode_tp, true}}) {
     if (!used || width == 1) continue;
     if (const std::string why = runtime::cpu::tp_problem(p.model, width); !why.empty())
       return std::string(key) + " (or tp) = " + std::to_string(width) + ": " + why;
   }
-  const int widest = std::max(roles.prefill > 0 ? roles.prefill_tp : 1, roles.decode_tp);
+  const int widest = std::max(roles.disaggregated() ? prefill_tp : 1, decode_tp);
   if (widest == 1) return "";
   if (!c.choices.on_cpu()) {
     if (!mpi::optional_transport_built("nccl"))
       return "model.backend = \"" + c.model.backend + "\" runs a tensor-parallel group (cluster.tp > 1) over NCCL, and "
              "this tandem was built without it: rebuild with cmake -DTANDEM_NCCL=ON (NCCL beside CUDA), or set "
              "cluster.tp = 1";
-    if (roles.prefill > 0 && roles.prefill_tp != roles.decode_tp && transport_for(c.choices, true) == TransportKind::kNccl)
-      return "cluster.prefill_tp = " + std::to_string(roles.prefill_tp) + " and cluster.decode_tp = " +
-             std::to_string(roles.decode_tp) + " differ, and transport.backend = \"nccl\" moves whole blocks, not "
+    if (roles.disaggregated() && prefill_tp != decode_tp && transport_for(c.choices, true) == TransportKind::kNccl)
+      return "cluster.prefill_tp = " + std::to_string(prefill_tp) + " and cluster.decode_tp = " +
+             std::to_string(decode_tp) + " differ, and transport.backend = \"nccl\" moves whole blocks, not "
              "the slices of them that a change of width needs: use transport.backend = \"mpi_two_sided\" (or "
              "\"auto\", which picks it), or set one width (cluster.tp)";
   }

@@ -12,8 +12,8 @@
 #include "launcher/config/config.h"
 #include "router/input_scan.h"
 #include "runtime/model/model_config.h"
-#include "runtime/service/group_map.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "topology/roles.h"
 
 namespace tandem::launcher {
 
@@ -53,41 +53,12 @@ double device_pool_room(const Prepared& p, double weights, double free, int tp);
 // A cell's pool, in bytes, where it regroups between widths a and b (its
 // memory is registered once, its blocks laid out again at each regroup):
 // within both forms' room (on a GPU, the narrower form's larger shard of the
-// weights leaves less), no more than the form that wants more wants, and at
-// least a block of each. The rule alone, then for this job and node.
-uint64_t cell_pool_bytes(double want_a, double room_a, double want_b, double room_b, uint64_t block_a, uint64_t block_b);
+// weights leaves less): topology::cell_pool_bytes's rule, for this job and node.
 uint64_t cell_pool_bytes(const Prepared& p, int local_ranks, int tp_a, int tp_b);
 
-// Who does what. World rank 0 routes; `prefill` ranks prefill, in workers
-// (tensor-parallel groups) of prefill_tp ranks; `decode` ranks decode (or,
-// aggregated, do both) in workers of decode_tp. Which ranks make up which
-// worker is `groups`: in rank order (ranks 1..prefill prefill) until the
-// job places them by node (service::place_by_node).
-struct Roles {
-  int prefill = 0;  // ranks; 0: aggregated
-  int decode = 0;   // ranks
-  int prefill_tp = 1, decode_tp = 1;
-  service::GroupMap groups;
-  int workers() const { return prefill / prefill_tp + decode / decode_tp; }
-  // Where the groups sit (the rule the workers follow too).
-  const service::GroupMap& map() const { return groups; }
-  // Each worker's lowest rank, its leader: the rank the router and the other workers talk to.
-  std::vector<int> leaders(bool prefill_side) const { return groups.leaders(prefill_side); }
-  // A worker rank's group: its width and its place in it (0: the leader).
-  struct Group {
-    int width = 1, place = 0;
-    bool prefill = false;
-  };
-  Group group_of(int rank) const;
-};
-
-// How the workers split, from job.mode and [cluster]. Throws on a split that
-// cannot be (every rank computes the same answer).
-Roles plan_roles(const Config& cfg, int world_size);
-// job.mode = "auto" with workers to re-split: two or more, and with two
-// widths room for a prefill and a decode worker (else the job runs aggregated, unplanned).
-bool planned_job(const Config& cfg, const Roles& roles, int world_size);
+// What job.mode and [cluster] ask of the split (topology/roles.h decides it).
+topology::Ask split_ask(const Config& cfg);
 // Why the model or this job cannot run at these tensor-parallel widths ("" when it can).
-std::string tp_problem(const Prepared& p, const Roles& roles);
+std::string tp_problem(const Prepared& p, const topology::Roles& roles);
 
 }  // namespace tandem::launcher

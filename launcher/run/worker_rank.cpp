@@ -32,84 +32,132 @@ void TransportCloser::operator()(mpi::KvTransport* t) const {
   delete t;
 }
 
-bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, const Node& node, WorkerParts& w) {
-  const int rank = env.rank();
-  const bool worker = rank != 0 || env.size() == 1;
-  const std::string& backend = p.cfg.model.backend;
-  const int width = l.group.width;
-  std::string failed;
-  auto phase = [&](const char* out_of_memory, auto&& work) {
-    if (worker && failed.empty()) failed = setup_error(work, out_of_memory);
-    return agreed(env, failed);
-  };
-  int64_t blocks = 0;
-  const kv::KvLayout layout = kv_layout(p, width);
-  return phase("out of memory loading the model's weights; run fewer ranks per node (cluster.threads_per_rank gives each "
-               "more cores)", [&] {
+namespace {
+
+// A worker's parts, made one step at a time (load_worker runs the steps and
+// agrees on each); each step reads what the ones before it made.
+class WorkerLoader {
+ public:
+  WorkerLoader(const Prepared& p, const Layout& l, const Node& node, WorkerParts& w)
+      : p_(p), l_(l), node_(node), w_(w), width_(l.group.width), layout_(kv_layout(p, width_)) {}
+
+  // The weights mapped (a one-rank worker's packed into panels), and how many KV blocks the pool holds.
+  void weights() {
     // A tensor-parallel rank copies its shard out of the mapping: panels of the whole model would be wasted.
-    w.weights = runtime::ModelWeights::load(p.model, p.cfg.model.path,
-                                            runtime::backend_wants_panels(backend) && width == 1 && !l.regroups);
-    if (l.regroups) {  // one pool for both forms, registered once: this form's whole blocks of it
-      const uint64_t bytes = cell_pool_bytes(p, node.local_workers, width, l.other.width);
-      w.pool_capacity = bytes - bytes % layout.block_bytes();  // what the transport registers
-      blocks = static_cast<int64_t>(w.pool_capacity / layout.block_bytes());
+    w_.weights = runtime::ModelWeights::load(p_.model, p_.cfg.model.path,
+                                             runtime::backend_wants_panels(backend()) && width_ == 1 && !l_.regroups());
+    if (l_.regroups()) {  // one pool for both forms, registered once: this form's whole blocks of it
+      const uint64_t bytes = cell_pool_bytes(p_, node_.local_workers, width_, l_.other.width);
+      w_.pool_capacity = bytes - bytes % layout_.block_bytes();  // what the transport registers
+      blocks_ = static_cast<int64_t>(w_.pool_capacity / layout_.block_bytes());
     } else {
-      blocks = pool_blocks(p, node.local_workers, width);
+      blocks_ = pool_blocks(p_, node_.local_workers, width_);
     }
-    if (width > 1)  // the leader's block numbers hold on every rank of the group: the same count everywhere
-      TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, l.group_comm.get()));
-  }) && phase("out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)", [&] {
-    if (l.roles.prefill > 0 || l.planned) {
+    if (width_ > 1)  // the leader's block numbers hold on every rank of the group: the same count everywhere
+      TANDEM_MPI_OR_THROW(MPI_Allreduce(MPI_IN_PLACE, &blocks_, 1, MPI_INT64_T, MPI_MIN, l_.group_comm.get()));
+  }
+
+  // The KV pool: in the transport's window where KV moves between workers, else device or host memory.
+  void pool() {
+    using topology::Side;
+    if (l_.roles.disaggregated() || l_.planned) {
       void* base = nullptr;
-      const TransportKind t = transport_for(p.cfg.choices, l.roles.prefill > 0 && l.roles.prefill_tp != l.roles.decode_tp);
+      const bool two_widths = l_.roles.disaggregated() && l_.roles.width(Side::kPrefill) != l_.roles.width(Side::kDecode);
+      const TransportKind t = transport_for(p_.cfg.choices, two_widths);
       // A cell's rank registers all of its pool: the blocks of its other form may be more, or larger.
-      const int64_t registered = l.regroups ? static_cast<int64_t>(w.pool_capacity / layout.block_bytes()) : blocks;
-      w.transport.reset(open_transport(t, l.workers.get(), layout.block_bytes(), registered, &base,
-                                       t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend),
-                                       p.cfg.transport.libfabric_provider)
-                            .release());
-      w.pool_base = static_cast<float*>(base);
-      w.pool = std::make_unique<kv::BlockPool>(layout, blocks, w.pool_base);
-    } else if (!p.cfg.choices.on_cpu()) {
-      w.device_pool = runtime::allocate_pool_memory(backend, static_cast<std::size_t>(blocks) * layout.block_bytes());
-      w.pool = std::make_unique<kv::BlockPool>(layout, blocks, static_cast<float*>(w.device_pool.get()));
+      const int64_t registered = l_.regroups() ? static_cast<int64_t>(w_.pool_capacity / layout_.block_bytes()) : blocks_;
+      w_.transport.reset(open_transport(t, l_.workers.get(), layout_.block_bytes(), registered, &base,
+                                        t == TransportKind::kNccl ? mpi::DevicePool{} : staging_pool(backend()),
+                                        p_.cfg.transport.libfabric_provider)
+                             .release());
+      w_.pool_base = static_cast<float*>(base);
+      w_.pool = std::make_unique<kv::BlockPool>(layout_, blocks_, w_.pool_base);
+    } else if (!p_.cfg.choices.on_cpu()) {
+      w_.device_pool = runtime::allocate_pool_memory(backend(), static_cast<std::size_t>(blocks_) * layout_.block_bytes());
+      w_.pool = std::make_unique<kv::BlockPool>(layout_, blocks_, static_cast<float*>(w_.device_pool.get()));
     } else {
-      w.pool = std::make_unique<kv::BlockPool>(layout, blocks);
+      w_.pool = std::make_unique<kv::BlockPool>(layout_, blocks_);
     }
-  }) && phase("out of memory setting up the tensor-parallel group's GPU exchange", [&] {
-    // Collective over the group (NCCL): in a phase of its own, so that no rank that failed before it is waited for.
-    if (width > 1 && !p.cfg.choices.on_cpu()) w.device_group = mpi::make_device_group(l.group_comm.get());
-  }) && phase("out of memory setting up the other width's GPU exchange", [&] {
-    // A cell's rank sets up its other form's too, in a phase of its own for the same reason: a regroup sets up none.
-    if (l.regroups && l.other.width > 1 && !p.cfg.choices.on_cpu())
-      w.other_device_group = mpi::make_device_group(l.other_comm.get());
-  }) && phase("out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib", [&] {
-    const int n_threads = p.cfg.cluster.threads_per_rank > 0
-                              ? static_cast<int>(p.cfg.cluster.threads_per_rank)
-                              : std::max(1, runtime::cpu::ThreadPool::available_cpus() / node.cpu_sharers);
+  }
+
+  // The group's GPU exchange (NCCL), collective over the group: a step of
+  // its own, so that no rank that failed before it is waited for.
+  void device_group() {
+    if (width_ > 1 && !p_.cfg.choices.on_cpu()) w_.device_group = mpi::make_device_group(l_.group_comm.get());
+  }
+
+  // A cell's rank sets up its other form's exchange too, for the same reason: a regroup sets up none.
+  void other_device_group() {
+    if (l_.regroups() && l_.other.width > 1 && !p_.cfg.choices.on_cpu())
+      w_.other_device_group = mpi::make_device_group(l_.other_comm.get());
+  }
+
+  // Threads, the KV tiers (on a leader) and this rank's shard of the model.
+  void engine() {
+    const int n_threads = p_.cfg.cluster.threads_per_rank > 0
+                              ? static_cast<int>(p_.cfg.cluster.threads_per_rank)
+                              : std::max(1, runtime::cpu::ThreadPool::available_cpus() / node_.cpu_sharers);
     const int node_cpus = static_cast<int>(std::thread::hardware_concurrency());
-    if (p.cfg.cluster.threads_per_rank == 0 && runtime::cpu::ThreadPool::available_cpus() == 1 &&
-        node_cpus > node.local_workers)
+    if (p_.cfg.cluster.threads_per_rank == 0 && runtime::cpu::ThreadPool::available_cpus() == 1 &&
+        node_cpus > node_.local_workers)
       spdlog::warn("this worker may run on 1 of the node's {} CPUs (its MPI binding), so it computes on one thread; "
                    "with mpirun add --bind-to none, or give each rank cores (--map-by slot:PE=N)", node_cpus);
-    w.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
+    w_.threads = std::make_unique<runtime::cpu::ThreadPool>(n_threads);
     // The tiers hold whole blocks (every KV head), on a group's leader: a store is read at any width.
     // A cell's rank that leads in either form keeps its tiers across regroups (they hold whole blocks).
-    if (l.group.place == 0 || (l.regroups && l.other.place == 0))
-      w.tiers = open_tiers(p, kv_layout(p, 1), rank <= first_leader(l.roles), width > 1 || l.regroups);
-    if (w.tiers && width == 1 && l.group.place == 0) w.pool->set_lower(w.tiers.get());  // a group's: through its GroupTier (run_worker)
-    if (width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
-    w.model = runtime::make_backend(backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
-                                    w.device_group.get());
-    const std::string tp = width == 1 ? std::string()
-                                      : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l.group.place,
-                                                    width, l.roles.map().leader_of(rank));
-    spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}{}", blocks,
-                 layout.elem_bytes == 2 ? "bf16" : "f32", p.cfg.kv.block_size,
-                 static_cast<double>(blocks) * static_cast<double>(layout.block_bytes()) / (1 << 30),
-                 w.transport ? std::string(", ") + std::string(w.transport->name()) + " window" : std::string(), n_threads,
-                 p.cfg.choices.on_cpu() ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend, tp);
-  });
+    const int rank = l_.rank;
+    if (l_.group.place == 0 || (l_.regroups() && l_.other.place == 0))
+      w_.tiers = open_tiers(p_, kv_layout(p_, 1), rank <= topology::first_leader(l_.roles), width_ > 1 || l_.regroups());
+    if (w_.tiers && width_ == 1 && l_.group.place == 0) w_.pool->set_lower(w_.tiers.get());  // a group's: through its GroupTier (run_worker)
+    if (width_ > 1) w_.group = std::make_unique<mpi::MpiTpGroup>(l_.group_comm.get());
+    w_.model = runtime::make_backend(backend(), p_.model, *w_.weights, *w_.pool, *w_.threads, w_.group.get(),
+                                     w_.device_group.get());
+    const std::string tp = width_ == 1 ? std::string()
+                                       : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l_.group.place,
+                                                     width_, l_.roles.map().leader_of(rank));
+    spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}{}", blocks_,
+                 layout_.elem_bytes == 2 ? "bf16" : "f32", p_.cfg.kv.block_size,
+                 static_cast<double>(blocks_) * static_cast<double>(layout_.block_bytes()) / (1 << 30),
+                 w_.transport ? std::string(", ") + std::string(w_.transport->name()) + " window" : std::string(), n_threads,
+                 p_.cfg.choices.on_cpu() ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend(), tp);
+  }
+
+ private:
+  const std::string& backend() const { return p_.cfg.model.backend; }
+  const Prepared& p_;
+  const Layout& l_;
+  const Node& node_;
+  WorkerParts& w_;
+  const int width_;
+  const kv::KvLayout layout_;
+  int64_t blocks_ = 0;
+};
+
+// The steps, in order, each with what a failed allocation in it tells the user.
+struct LoadStep {
+  void (WorkerLoader::*run)();
+  const char* out_of_memory;
+};
+constexpr LoadStep kLoadSteps[] = {
+    {&WorkerLoader::weights, "out of memory loading the model's weights; run fewer ranks per node "
+                             "(cluster.threads_per_rank gives each more cores)"},
+    {&WorkerLoader::pool, "out of memory allocating the KV pool; lower kv.memory_gib (0 sizes it from the memory left)"},
+    {&WorkerLoader::device_group, "out of memory setting up the tensor-parallel group's GPU exchange"},
+    {&WorkerLoader::other_device_group, "out of memory setting up the other width's GPU exchange"},
+    {&WorkerLoader::engine, "out of memory setting up the engine and the KV tiers; lower kv.host_cache_gib or kv.memory_gib"},
+};
+
+}  // namespace
+
+bool load_worker(const mpi::MpiEnv& env, const Prepared& p, const Layout& l, const Node& node, WorkerParts& w) {
+  const bool worker = env.rank() != 0 || env.size() == 1;
+  WorkerLoader load(p, l, node, w);
+  std::string failed;
+  for (const LoadStep& step : kLoadSteps) {
+    if (worker && failed.empty()) failed = setup_error([&] { (load.*step.run)(); }, step.out_of_memory);
+    if (!agreed(env, failed)) return false;  // every rank learns after each step whether any worker failed
+  }
+  return true;
 }
 
 // The engine over this rank's model (the leader's wrapper, in a group).
@@ -117,9 +165,9 @@ std::unique_ptr<service::WorkerCore> make_core(int rank, const Prepared& p, cons
                                                std::unique_ptr<runtime::ModelBackend> model) {
   runtime::EngineOptions options = engine_options(p);
   options.sampling_threads = w.threads.get();  // a step's draws, in parallel
-  auto core = std::make_unique<service::WorkerCore>(rank, l.role, p.model, std::move(model), *w.pool, p.tokenizer.get(),
+  auto core = std::make_unique<service::WorkerCore>(rank, l.role(), p.model, std::move(model), *w.pool, p.tokenizer.get(),
                                                     options, w.tiers.get());
-  if (w.tiers && rank == first_leader(l.roles) && l.incarnation == 0)
+  if (w.tiers && rank == topology::first_leader(l.roles) && l.incarnation == 0)
     core->share_store_index();  // rank 0 learns the store's blocks once
   core->set_group_width(l.group.width);
   if (l.incarnation > 0) core->count_tiers_from_now();  // the tiers outlived this rank's earlier workers
@@ -150,7 +198,7 @@ std::vector<uint8_t> run_incarnation(int rank, const Prepared& p, Layout& l, Wor
       else idle.idle();
     }
   };
-  const service::GroupMap& map = l.roles.map();
+  const topology::GroupMap& map = l.roles.map();
   const kv::KvLayout layout = w.pool->layout();
   const service::KvShape shape{p.model.kv_heads, layout.head_rows(), layout.head_run_bytes()};
   std::optional<service::GroupBlocks> blocks;
@@ -177,7 +225,7 @@ std::vector<uint8_t> run_incarnation(int rank, const Prepared& p, Layout& l, Wor
     w.pool->set_lower(&*group_tier);
     unlower.pool = w.pool.get();
   }
-  const bool grouped = l.roles.prefill_tp > 1 || l.roles.decode_tp > 1 || l.regroups;
+  const bool grouped = l.roles.width(topology::Side::kPrefill) > 1 || l.roles.width(topology::Side::kDecode) > 1 || l.regroups();
   service::WorkerPort& to_job = grouped ? static_cast<service::WorkerPort&>(group_port) : port;
   auto core = make_core(rank, p, l, w,
                         l.group.width > 1 ? std::make_unique<service::LeaderBackend>(std::move(w.model), group_port)
@@ -212,23 +260,10 @@ int64_t least_over(MPI_Comm group, int64_t blocks) {
 // same memory laid out as that form's KV blocks, and its shard of the model
 // at that width (the mapped weights and the tiers stay; the pool's contents go).
 void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const service::WireRoles& roles) {
-  const int key = cell_key(rank, l.cell);
-  const bool prefill = l.other.prefill;
-  if (prefill != (std::find(roles.prefill_ranks.begin(), roles.prefill_ranks.end(), key) != roles.prefill_ranks.end()))
-    throw Error("rank " + std::to_string(rank) + " was told to regroup into the form it has (tandem internal error; please report it)");
-  // Its place in the map: the cell's groups of the new width, every other worker as this rank last knew it.
-  std::vector<std::vector<int>> groups[2];  // [decode, prefill]
-  for (bool side : {false, true})
-    for (auto& g : l.roles.map().groups(side))
-      if (cell_key(g.front(), l.cell) != key) groups[side ? 1 : 0].push_back(std::move(g));
-  for (auto& g : cell_groups(key, l.cell, l.other.width)) groups[prefill ? 1 : 0].push_back(std::move(g));
-  l.roles.groups = service::GroupMap(std::move(groups[1]), std::move(groups[0]));
-  std::swap(l.group, l.other);
+  // Where it stands next is data (topology::regroup); here it is carried out.
+  static_cast<topology::Place&>(l) = topology::regroup(l, roles.prefill_ranks);
   std::swap(l.group_comm, l.other_comm);
-  l.prefill = prefill;
-  l.role = service::role_for(!roles.prefill_ranks.empty(), prefill);
-  ++l.incarnation;
-  log::set_identity(rank, service::role_name(l.role));
+  log::set_identity(rank, service::role_name(l.role()));
   // The old worker's parts go first: the model reads the pool, the pool's lower tier is the tiers.
   w.model.reset();
   w.group.reset();
@@ -244,7 +279,7 @@ void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const servi
   w.model = runtime::make_backend(p.cfg.model.backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
                                   w.device_group.get());
   spdlog::info("epoch {}: regrouped: {} worker of {} rank(s){}, {} KV blocks", roles.epoch,
-               l.role == service::Role::kWorker ? "an aggregated" : std::string("a ") + std::string(service::role_name(l.role)),
+               l.role() == service::Role::kWorker ? "an aggregated" : std::string("a ") + std::string(service::role_name(l.role())),
                l.group.width,
                l.group.width == 1 ? std::string()
                                   : fmt::format(" (tensor-parallel rank {}, leader rank {})", l.group.place,

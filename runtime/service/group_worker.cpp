@@ -39,7 +39,7 @@ std::vector<ShardRoute> shard_routes(int64_t kv_heads, int from, int to) {
   return out;
 }
 
-ShardMover::ShardMover(WorkerPort& port, int place, int width, GroupMap map, KvShape shape)
+ShardMover::ShardMover(WorkerPort& port, int place, int width, topology::GroupMap map, KvShape shape)
     : port_(port), place_(place), width_(width), map_(map), shape_(shape) {}
 
 void ShardMover::post(int64_t key, int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
@@ -117,7 +117,7 @@ void ShardMover::take_complete(std::vector<WorkerPort::KvArrival>& out) {
   }
 }
 
-LeaderPort::LeaderPort(WorkerPort& inner, std::vector<int> followers, const GroupMap& map, const KvShape& shape)
+LeaderPort::LeaderPort(WorkerPort& inner, std::vector<int> followers, const topology::GroupMap& map, const KvShape& shape)
     : inner_(inner), followers_(std::move(followers)),
       mover_(inner, 0, static_cast<int>(followers_.size()) + 1, map, shape) {}
 
@@ -159,13 +159,13 @@ void LeaderPort::set_group_map(const WireGroupMap& map, const std::vector<uint8_
   mover_.set_map(apply_group_map(inner_, map));
 }
 
-GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m) {
+topology::GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m) {
   std::vector<std::vector<int>> prefill, decode;
   for (const auto& g : m.groups) {
     for (int r : g.ranks) port.relayout_kv(r, static_cast<std::size_t>(g.block_bytes), g.blocks);
     (g.prefill ? prefill : decode).push_back(g.ranks);
   }
-  return GroupMap(std::move(prefill), std::move(decode));
+  return topology::GroupMap(std::move(prefill), std::move(decode));
 }
 
 void LeaderPort::flush() {
@@ -291,7 +291,7 @@ std::optional<kv::LowerTier::Found> GroupTier::onboard(uint64_t hash, float* dst
   return found;
 }
 
-Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
+Follower::Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const topology::GroupMap& map,
                    const KvShape& shape, GroupBlocks& blocks)
     : port_(port), model_(model), leader_(map.leader_of(port.rank())), mover_(port, place, width, map, shape), blocks_(blocks) {}
 

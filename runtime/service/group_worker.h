@@ -46,7 +46,7 @@
 #include "kv/tiers.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend.h"
-#include "runtime/service/group_map.h"
+#include "topology/group_map.h"
 #include "runtime/service/worker_port.h"
 
 namespace tandem::service {
@@ -73,7 +73,7 @@ std::vector<ShardRoute> shard_routes(int64_t kv_heads, int from, int to);
 // land here, counted until every route to this rank has delivered.
 class ShardMover {
  public:
-  ShardMover(WorkerPort& port, int place, int width, GroupMap map, KvShape shape);
+  ShardMover(WorkerPort& port, int place, int width, topology::GroupMap map, KvShape shape);
   // Our routes of a transfer of blocks src -> dst to the group led by `dest`, under `key`.
   void post(int64_t key, int dest, std::span<const int32_t> src, std::span<const int32_t> dst,
             std::span<const uint8_t> note);
@@ -88,7 +88,7 @@ class ShardMover {
   // What every place's routes to the group led by `dest` move for n blocks.
   int64_t group_bytes(int dest, int64_t n_blocks) const;
   // The workers after a regroup (no transfer in flight to or from one that changed).
-  void set_map(GroupMap map) { map_ = std::move(map); }
+  void set_map(topology::GroupMap map) { map_ = std::move(map); }
 
  private:
   int pieces_from(int source) const;  // the routes from the group led by `source` that end here
@@ -98,7 +98,7 @@ class ShardMover {
   };
   WorkerPort& port_;
   int place_, width_;
-  GroupMap map_;
+  topology::GroupMap map_;
   KvShape shape_;
   std::unordered_map<int64_t, std::vector<int64_t>> posts_;  // key -> our transfers
   std::map<std::pair<int, std::vector<uint8_t>>, Landed> landed_;
@@ -140,7 +140,7 @@ class LeaderPort : public WorkerPort {
  public:
   // followers: world ranks (none for a one-rank worker in a job whose other
   // workers are groups: its transfers still follow the routes).
-  LeaderPort(WorkerPort& inner, std::vector<int> followers, const GroupMap& map, const KvShape& shape);
+  LeaderPort(WorkerPort& inner, std::vector<int> followers, const topology::GroupMap& map, const KvShape& shape);
   // To every follower, in order with the other commands.
   void publish(MsgType type, const std::vector<uint8_t>& bytes);
 
@@ -173,7 +173,7 @@ class LeaderPort : public WorkerPort {
 
 // The GroupMap of a kGroupMap, with every pool it lists relaid at `port`
 // (unchanged ones to what they were).
-GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m);
+topology::GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m);
 
 // The leader's model: each forward pass goes to the followers, then runs
 // here. The device-side draws (forward_argmax, forward_draw) are not offered:
@@ -224,7 +224,7 @@ class Follower {
  public:
   // place: this rank's index in its group (1..width-1); model: this rank's
   // shard; blocks: its pool's blocks for the tiers below the leader's.
-  Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const GroupMap& map,
+  Follower(WorkerPort& port, runtime::ModelBackend& model, int place, int width, const topology::GroupMap& map,
            const KvShape& shape, GroupBlocks& blocks);
   // One pass over what arrived and what waits; true when anything happened (else back off).
   bool tick();

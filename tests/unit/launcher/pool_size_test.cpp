@@ -1,8 +1,9 @@
 #include <catch2/catch.hpp>
 
 #include "launcher/run/job_checks.h"
+#include "topology/cells.h"
 
-using tandem::launcher::cell_pool_bytes;
+using tandem::topology::cell_pool_bytes;
 using tandem::launcher::device_pool_room;
 using tandem::launcher::kv_layout;
 using tandem::launcher::Prepared;

@@ -10,8 +10,9 @@
 
 #include "router/regroups.h"
 
-using tandem::router::RegroupCell;
 using tandem::router::Regroups;
+using tandem::topology::Cell;
+using tandem::topology::Side;
 using tandem::service::MsgType;
 using tandem::service::RankReport;
 
@@ -38,23 +39,28 @@ std::vector<int> to(const std::vector<Sent>& sent, MsgType type) {
   return out;
 }
 
+// A cell of two forms, running `form`.
+Cell cell(tandem::topology::Groups prefill, tandem::topology::Groups decode, Side form) {
+  return {{std::move(prefill), std::move(decode)}, form, form};
+}
+
 }  // namespace
 
 TEST_CASE("a cell that changes form drains, regroups and comes back while the others keep working") {
   std::vector<Sent> sent;
   // Cell {1,2} prefills (one worker of 2 ranks); cell {3,4} decodes (two workers of 1).
-  std::vector<RegroupCell> cells{{{{1, 2}}, {{1}, {2}}, true}, {{{3, 4}}, {{3}, {4}}, false}};
-  Regroups g(cells, 512, 1024, [&](int rank, MsgType type, const std::vector<uint8_t>& b) { sent.push_back({rank, type, b}); });
+  std::vector<Cell> cells{cell({{1, 2}}, {{1}, {2}}, Side::kPrefill), cell({{3, 4}}, {{3}, {4}}, Side::kDecode)};
+  Regroups g(cells, {512, 1024}, [&](int rank, MsgType type, const std::vector<uint8_t>& b) { sent.push_back({rank, type, b}); });
   CHECK(g.keys() == std::vector<int>{1, 3});
-  CHECK(g.leaders(true) == std::vector<int>{1});
-  CHECK(g.leaders(false) == std::vector<int>{3, 4});
+  CHECK(g.leaders(Side::kPrefill) == std::vector<int>{1});
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{3, 4});
   for (auto r : {loaded(1, 2, 100), loaded(3, 1, 50), loaded(4, 1, 50)}) g.on_stats(r);
 
   // Aggregated from now on: cell {1,2} becomes two workers of one rank; {3,4} only hears its role.
   CHECK(g.set_split(1, {}));
   CHECK(to(sent, MsgType::kRoles) == std::vector<int>{3, 4});
-  CHECK(g.leaders(true).empty());
-  CHECK(g.leaders(false) == std::vector<int>{3, 4});
+  CHECK(g.leaders(Side::kPrefill).empty());
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{3, 4});
   CHECK(g.in_flight());
 
   std::set<int> busy{1};
@@ -88,7 +94,7 @@ TEST_CASE("a cell that changes form drains, regroups and comes back while the ot
     pools[grp.ranks.front()] = {grp.block_bytes, grp.blocks};
   }
   CHECK(pools == std::map<int, std::pair<uint64_t, int64_t>>{{1, {1024, 200}}, {2, {1024, 200}}, {3, {1024, 50}}, {4, {1024, 50}}});
-  CHECK(g.leaders(false) == std::vector<int>{3, 4});  // not placed on before every worker has the map
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{3, 4});  // not placed on before every worker has the map
   for (int r : {1, 2, 3}) g.on_ack(r, map.serial);
   CHECK_FALSE(g.step([](int) { return false; }));
   g.on_ack(4, map.serial - 1);  // an old map's answer counts for nothing
@@ -96,7 +102,7 @@ TEST_CASE("a cell that changes form drains, regroups and comes back while the ot
   g.on_ack(4, map.serial);
   sent.clear();
   CHECK(g.step([](int) { return false; }));  // back; the split that waited starts now
-  CHECK(g.leaders(false) == std::vector<int>{3, 4});
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{3, 4});
   CHECK(to(sent, MsgType::kRoles) == std::vector<int>{3, 4});
   CHECK(g.in_flight());
   const auto retired = g.take_retired();
@@ -105,24 +111,24 @@ TEST_CASE("a cell that changes form drains, regroups and comes back while the ot
 }
 
 TEST_CASE("at the end a cell still retiring stays as it was") {
-  std::vector<RegroupCell> cells{{{{1, 2}}, {{1}, {2}}, true}, {{{3, 4}}, {{3}, {4}}, false}};
+  std::vector<Cell> cells{cell({{1, 2}}, {{1}, {2}}, Side::kPrefill), cell({{3, 4}}, {{3}, {4}}, Side::kDecode)};
   int messages = 0;
-  Regroups g(cells, 512, 1024, [&](int, MsgType, const std::vector<uint8_t>&) { ++messages; });
+  Regroups g(cells, {512, 1024}, [&](int, MsgType, const std::vector<uint8_t>&) { ++messages; });
   g.set_split(1, {});
   g.cancel_retiring();
   CHECK_FALSE(g.in_flight());
-  CHECK(g.leaders(true) == std::vector<int>{1});
-  CHECK(g.leaders(false) == std::vector<int>{3, 4});
+  CHECK(g.leaders(Side::kPrefill) == std::vector<int>{1});
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{3, 4});
 }
 
 TEST_CASE("while one cell still drains its requests, the map that brings another back keeps its old workers on it") {
   std::vector<Sent> sent;
   // A {1,2} prefills; B {3,4} and C {5,6} decode. The split swaps A and B.
-  std::vector<RegroupCell> cells{{{{1, 2}}, {{1}, {2}}, true}, {{{3, 4}}, {{3}, {4}}, false}, {{{5, 6}}, {{5}, {6}}, false}};
-  Regroups g(cells, 512, 1024, [&](int rank, MsgType type, const std::vector<uint8_t>& b) { sent.push_back({rank, type, b}); });
+  std::vector<Cell> cells{cell({{1, 2}}, {{1}, {2}}, Side::kPrefill), cell({{3, 4}}, {{3}, {4}}, Side::kDecode), cell({{5, 6}}, {{5}, {6}}, Side::kDecode)};
+  Regroups g(cells, {512, 1024}, [&](int rank, MsgType type, const std::vector<uint8_t>& b) { sent.push_back({rank, type, b}); });
   for (auto r : {loaded(1, 2, 100), loaded(3, 1, 30), loaded(4, 1, 40), loaded(5, 1, 50), loaded(6, 1, 60)}) g.on_stats(r);
   CHECK(g.set_split(1, {3}));
-  CHECK(g.leaders(false) == std::vector<int>{5, 6});
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{5, 6});
   const std::set<int> busy{3};  // B's decode worker 3 still holds a request
   g.step([&](int r) { return busy.contains(r); });
   CHECK(to(sent, MsgType::kRegroup) == std::vector<int>{1});
@@ -141,7 +147,27 @@ TEST_CASE("while one cell still drains its requests, the map that brings another
                      {1, {1024, 200}}, {2, {1024, 200}}, {3, {1024, 30}}, {4, {1024, 40}}, {5, {1024, 50}}, {6, {1024, 60}}});
   for (int r : {1, 2, 5, 6}) g.on_ack(r, map.serial);
   CHECK(g.step([&](int r) { return busy.contains(r); }));
-  CHECK(g.leaders(false) == std::vector<int>{1, 2, 5, 6});
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{1, 2, 5, 6});
   CHECK(g.take_emptied() == std::vector<int>{1, 2});
   CHECK(g.in_flight());  // B is still on its way
+}
+
+TEST_CASE("with one width a worker is a cell of one form: a split changes sides at once, each leader hears its role") {
+  std::vector<Sent> sent;
+  // Workers {1,2}, {3,4} and {5,6}, each the same in both forms; {1,2} prefills.
+  auto same = [](tandem::topology::Groups g, Side s) { return Cell{{g, g}, s, s}; };
+  std::vector<Cell> cells{same({{1, 2}}, Side::kPrefill), same({{3, 4}}, Side::kDecode), same({{5, 6}}, Side::kDecode)};
+  Regroups g(cells, {1024, 1024}, [&](int rank, MsgType type, const std::vector<uint8_t>& b) { sent.push_back({rank, type, b}); });
+  CHECK(g.set_split(1, {5, 3}));
+  CHECK_FALSE(g.in_flight());  // nothing regroups
+  CHECK(to(sent, MsgType::kRegroup).empty());
+  CHECK(to(sent, MsgType::kRoles) == std::vector<int>{1, 3, 5});
+  const auto roles = tandem::service::decode_roles(sent.back().bytes);
+  CHECK(std::set<int>(roles.prefill_ranks.begin(), roles.prefill_ranks.end()) == std::set<int>{3, 5});
+  CHECK(g.leaders(Side::kPrefill) == std::vector<int>{5, 3});  // in the order the split named them
+  CHECK(g.leaders(Side::kDecode) == std::vector<int>{1});
+  sent.clear();
+  CHECK_FALSE(g.set_split(2, {5, 3}));  // the same split: no change, the roles said again
+  CHECK(to(sent, MsgType::kRoles) == std::vector<int>{1, 3, 5});
+  g.finish([] {}, 1);  // nothing on its way: returns at once
 }

@@ -439,7 +439,7 @@ TEST_CASE("a group's leader draws tokens on its device when its model can, and i
     INFO((on_device ? "a model that draws on its device" : "a model that does not"));
     FakeJob job;
     FakePort port(job, 1, false);
-    const GroupMap map(0, 1, 2, 2);  // one decode worker of ranks 1 and 2
+    const topology::GroupMap map(0, 1, 2, 2);  // one decode worker of ranks 1 and 2
     LeaderPort leader_port(port, {2}, map, KvShape{2, 4, 16});
     auto counting = std::make_unique<CountingModel>(on_device);
     CountingModel& inner = *counting;

@@ -4,10 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/service/group_map.h"
+#include "topology/group_map.h"
 
-using tandem::service::GroupMap;
-using tandem::service::place_by_node;
+using tandem::topology::GroupMap;
+using tandem::topology::place_by_node;
+using tandem::topology::Side;
 using Groups = std::vector<std::vector<int>>;
 
 namespace {
@@ -19,9 +20,9 @@ std::vector<std::string> nodes(const std::string& letters) {
   return out;
 }
 
-Groups groups(const GroupMap& m, bool prefill) {
+Groups groups(const GroupMap& m, Side side) {
   Groups out;
-  for (int leader : m.leaders(prefill)) out.push_back(m.members(leader));
+  for (int leader : m.leaders(side)) out.push_back(m.members(leader));
   return out;
 }
 
@@ -29,27 +30,27 @@ Groups groups(const GroupMap& m, bool prefill) {
 
 TEST_CASE("group map in rank order: prefill groups, then decode groups of their own width") {
   const GroupMap m(4, 2, 3, 1);  // ranks 1-4 prefill in pairs, 5-7 decode alone
-  CHECK(groups(m, true) == Groups{{1, 2}, {3, 4}});
-  CHECK(groups(m, false) == Groups{{5}, {6}, {7}});
+  CHECK(groups(m, Side::kPrefill) == Groups{{1, 2}, {3, 4}});
+  CHECK(groups(m, Side::kDecode) == Groups{{5}, {6}, {7}});
   CHECK(m.leader_of(4) == 3);
   CHECK(m.place_of(4) == 1);
   CHECK(m.width_at(4) == 2);
   CHECK(m.width_at(6) == 1);
-  CHECK(m.prefill_at(2));
-  CHECK_FALSE(m.prefill_at(5));
+  CHECK(m.side_at(2) == Side::kPrefill);
+  CHECK(m.side_at(5) == Side::kDecode);
   CHECK(m.member(3, 1) == 4);
   // Rank 0 routes: a group of its own, in no role.
   CHECK(m.leader_of(0) == 0);
   CHECK(m.width_at(0) == 1);
-  CHECK_FALSE(m.prefill_at(0));
+  CHECK(m.side_at(0) == Side::kDecode);
   CHECK(m.spanning(nodes("AAAAABBB")) == Groups{});
   CHECK(m.spanning(nodes("AABBBBBB")) == Groups{{1, 2}});
 }
 
 TEST_CASE("explicit groups: the lowest rank leads, the others follow in rank order") {
   const GroupMap m({{7, 3, 5}}, {{6, 2, 4}});
-  CHECK(m.leaders(true) == std::vector<int>{3});
-  CHECK(m.leaders(false) == std::vector<int>{2});
+  CHECK(m.leaders(Side::kPrefill) == std::vector<int>{3});
+  CHECK(m.leaders(Side::kDecode) == std::vector<int>{2});
   CHECK(m.members(7) == std::vector<int>{3, 5, 7});
   CHECK(m.place_of(7) == 2);
   CHECK(m.member(2, 2) == 6);
@@ -62,11 +63,11 @@ TEST_CASE("placed by node: ranks that rank order already keeps on their nodes st
   // srun -N 2 --ntasks=9: 5 + 4 tasks; workers of 4 at ranks 1-4 and 5-8.
   const auto hosts = nodes("AAAAABBBB");
   const GroupMap m = place_by_node(hosts, 4, 4, 4, 4, false);
-  CHECK(groups(m, true) == Groups{{1, 2, 3, 4}});
-  CHECK(groups(m, false) == Groups{{5, 6, 7, 8}});
+  CHECK(groups(m, Side::kPrefill) == Groups{{1, 2, 3, 4}});
+  CHECK(groups(m, Side::kDecode) == Groups{{5, 6, 7, 8}});
   // One rank per worker, alternating nodes: one prefill on each (B holds 3 workers, A 2).
   const GroupMap singles = place_by_node(nodes("ABABAB"), 2, 1, 3, 1, false);
-  CHECK(groups(singles, true) == Groups{{1}, {2}});
+  CHECK(groups(singles, Side::kPrefill) == Groups{{1}, {2}});
   // On one node, always rank order.
   const GroupMap one = place_by_node(nodes("AAAAAAA"), 2, 2, 4, 2, false);
   CHECK(one == GroupMap(2, 2, 4, 2));
@@ -77,15 +78,15 @@ TEST_CASE("placed by node: each node prefills and decodes in the job's proportio
   // prefill on A only (every prompt's KV crossing to B); spread, A prefills 1 of its 3, B 2 of its 4.
   const auto hosts = nodes("AAAABBBB");
   const GroupMap m = place_by_node(hosts, 3, 1, 4, 1, false);
-  CHECK(groups(m, true) == Groups{{1}, {4}, {5}});
-  CHECK(groups(m, false) == Groups{{2}, {3}, {6}, {7}});
+  CHECK(groups(m, Side::kPrefill) == Groups{{1}, {4}, {5}});
+  CHECK(groups(m, Side::kDecode) == Groups{{2}, {3}, {6}, {7}});
   // cluster.placement = "rank" (or a heterogeneous job): ranks 1..3 prefill.
   CHECK(place_by_node(hosts, 3, 1, 4, 1, true) == GroupMap(3, 1, 4, 1));
   // Workers of two ranks: one prefill worker on each node, each worker on one node.
   const auto nine = nodes("AAAAABBBB");
   const GroupMap pairs = place_by_node(nine, 4, 2, 4, 2, false);
-  CHECK(groups(pairs, true) == Groups{{1, 2}, {5, 6}});
-  CHECK(groups(pairs, false) == Groups{{3, 4}, {7, 8}});
+  CHECK(groups(pairs, Side::kPrefill) == Groups{{1, 2}, {5, 6}});
+  CHECK(groups(pairs, Side::kDecode) == Groups{{3, 4}, {7, 8}});
   CHECK(pairs.spanning(nine).empty());
 }
 
@@ -95,12 +96,12 @@ TEST_CASE("placed by node: a cyclic layout (mpirun --map-by node) gets every gro
   REQUIRE(GroupMap(4, 4, 4, 4).spanning(hosts).size() == 2);
   const GroupMap m = place_by_node(hosts, 4, 4, 4, 4, false);
   CHECK(m.spanning(hosts).empty());
-  CHECK(groups(m, true) == Groups{{1, 3, 5, 7}});   // node B's ranks (it holds the lowest worker rank)
-  CHECK(groups(m, false) == Groups{{2, 4, 6, 8}});  // node A's
+  CHECK(groups(m, Side::kPrefill) == Groups{{1, 3, 5, 7}});   // node B's ranks (it holds the lowest worker rank)
+  CHECK(groups(m, Side::kDecode) == Groups{{2, 4, 6, 8}});  // node A's
   // Aggregated, decode_tp 2: pairs within each node.
   const GroupMap agg = place_by_node(hosts, 0, 1, 8, 2, false);
   CHECK(agg.spanning(hosts).empty());
-  CHECK(groups(agg, false) == Groups{{1, 3}, {2, 4}, {5, 7}, {6, 8}});
+  CHECK(groups(agg, Side::kDecode) == Groups{{1, 3}, {2, 4}, {5, 7}, {6, 8}});
 }
 
 TEST_CASE("placed by node: where the allocation cannot keep a group on one node, the fewest groups span") {
@@ -109,27 +110,27 @@ TEST_CASE("placed by node: where the allocation cannot keep a group on one node,
   REQUIRE(GroupMap(4, 4, 4, 4).spanning(hosts).size() == 2);
   const GroupMap m = place_by_node(hosts, 4, 4, 4, 4, false);
   CHECK(m.spanning(hosts) == Groups{{1, 2, 3, 8}});
-  CHECK(groups(m, true) == Groups{{4, 5, 6, 7}});  // the first whole node's ranks prefill
+  CHECK(groups(m, Side::kPrefill) == Groups{{4, 5, 6, 7}});  // the first whole node's ranks prefill
   // Different widths: prefill's wide worker takes a whole node first, decode's singles fill the rest.
   const GroupMap mixed = place_by_node(nodes("AAABBBB"), 4, 4, 2, 1, false);
-  CHECK(groups(mixed, true) == Groups{{3, 4, 5, 6}});
-  CHECK(groups(mixed, false) == Groups{{1}, {2}});
+  CHECK(groups(mixed, Side::kPrefill) == Groups{{3, 4, 5, 6}});
+  CHECK(groups(mixed, Side::kDecode) == Groups{{1}, {2}});
 }
 
 TEST_CASE("placed by node, roles kept (a heterogeneous job): each role regroups within its own ranks") {
   // Component 0 (router and prefill) on node A; component 1 (decode) on B and C, interleaved.
   const auto hosts = nodes("AAABCBC");
   const GroupMap m = place_by_node(hosts, 2, 2, 4, 2, true);
-  CHECK(groups(m, true) == Groups{{1, 2}});
-  CHECK(groups(m, false) == Groups{{3, 5}, {4, 6}});
+  CHECK(groups(m, Side::kPrefill) == Groups{{1, 2}});
+  CHECK(groups(m, Side::kDecode) == Groups{{3, 5}, {4, 6}});
   CHECK(m.spanning(hosts).empty());
   // Without the rule the same ranks could trade roles; with it the prefill ranks stay 1..P even if one group spans.
   const auto split = nodes("AABBBB");  // prefill ranks 1, 2 on A and B
   const GroupMap kept = place_by_node(split, 2, 2, 3, 1, true);
-  CHECK(groups(kept, true) == Groups{{1, 2}});
+  CHECK(groups(kept, Side::kPrefill) == Groups{{1, 2}});
   const GroupMap free = place_by_node(split, 2, 2, 3, 1, false);
   CHECK(free.spanning(split).empty());
-  CHECK(groups(free, true) == Groups{{2, 3}});
+  CHECK(groups(free, Side::kPrefill) == Groups{{2, 3}});
 }
 
 TEST_CASE("leaders by node: every prefix of the order takes from each node in proportion") {

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
-namespace tandem::service {
+#include "topology/side.h"
+
+namespace tandem::topology {
 
 class GroupMap {
  public:
@@ -27,20 +29,21 @@ class GroupMap {
   int width_at(int rank) const;
   int leader_of(int rank) const;
   int place_of(int rank) const;
-  bool prefill_at(int rank) const;
+  // The side of rank's group (a rank in no worker: decode, as an aggregated worker).
+  Side side_at(int rank) const;
   // The rank at `place` of the group that `leader` leads.
   int member(int leader, int place) const;
   std::vector<int> members(int rank) const;  // of rank's group
-  // The leaders of the prefill (or decode) workers, lowest first.
-  std::vector<int> leaders(bool prefill) const;
+  // The leaders of one side's workers, lowest first.
+  std::vector<int> leaders(Side side) const;
   // Every leader, ordered so that each prefix takes from every node in
   // proportion to its workers (a node's in rank order): the planner's
   // re-splits prefill on the first k, and stay spread over the nodes.
   std::vector<int> leaders_by_node(const std::vector<std::string>& hosts) const;
   // The groups whose ranks are on more than one of `hosts` (by world rank).
   std::vector<std::vector<int>> spanning(const std::vector<std::string>& hosts) const;
-  // Every prefill (or decode) worker's ranks, ascending, lowest leader first.
-  std::vector<std::vector<int>> groups(bool prefill) const;
+  // Every worker's ranks on one side, ascending, lowest leader first.
+  std::vector<std::vector<int>> groups(Side side) const;
   bool operator==(const GroupMap&) const = default;
   // "1-4" for consecutive ranks, else "1, 3, 5, 7".
   static std::string describe(const std::vector<int>& ranks);
@@ -66,4 +69,4 @@ class GroupMap {
 GroupMap place_by_node(const std::vector<std::string>& hosts, int prefill_ranks, int prefill_tp, int decode_ranks,
                        int decode_tp, bool keep_roles);
 
-}  // namespace tandem::service
+}  // namespace tandem::topology

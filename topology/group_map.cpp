@@ -1,11 +1,11 @@
-#include "runtime/service/group_map.h"
+#include "topology/group_map.h"
 
 #include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
 
-namespace tandem::service {
+namespace tandem::topology {
 
 namespace {
 
@@ -75,17 +75,20 @@ std::vector<int> GroupMap::members(int rank) const {
   return g ? *g : std::vector<int>{rank};
 }
 
-bool GroupMap::prefill_at(int rank) const {
+Side GroupMap::side_at(int rank) const {
   const auto r = static_cast<std::size_t>(rank);
-  return rank >= 0 && r < group_of_.size() && group_of_[r] >= 0 && group_of_[r] < prefill_groups_;
+  const bool prefill = rank >= 0 && r < group_of_.size() && group_of_[r] >= 0 && group_of_[r] < prefill_groups_;
+  return prefill ? Side::kPrefill : Side::kDecode;
 }
 
-std::vector<std::vector<int>> GroupMap::groups(bool prefill) const {
+std::vector<std::vector<int>> GroupMap::groups(Side side) const {
+  const bool prefill = side == Side::kPrefill;
   const auto first = groups_.begin() + (prefill ? 0 : prefill_groups_);
   return {first, prefill ? groups_.begin() + prefill_groups_ : groups_.end()};
 }
 
-std::vector<int> GroupMap::leaders(bool prefill) const {
+std::vector<int> GroupMap::leaders(Side side) const {
+  const bool prefill = side == Side::kPrefill;
   std::vector<int> out;
   const std::size_t from = prefill ? 0 : static_cast<std::size_t>(prefill_groups_);
   const std::size_t to = prefill ? static_cast<std::size_t>(prefill_groups_) : groups_.size();
@@ -249,4 +252,4 @@ GroupMap place_by_node(const std::vector<std::string>& hosts, int prefill_ranks,
   return placed.spanning(hosts).size() < split ? placed : in_order;
 }
 
-}  // namespace tandem::service
+}  // namespace tandem::topology
