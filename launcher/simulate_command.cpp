@@ -18,11 +18,15 @@
 
 #include "common/error.h"
 #include "launcher/commands.h"
+#include "planner/cluster.h"
 #include "planner/policy.h"
 #include "planner/simulator.h"
 
 namespace tandem::launcher {
 namespace {
+
+using planner::Cluster;
+using planner::Widths;
 
 struct SimulateOptions {
   std::string workload, trace, model_config, hardware = "h100", policy = "lookahead", plot, tp;
@@ -107,17 +111,6 @@ void plot(const std::string& file, const std::string& title, const planner::SimR
   if (rc != 0 || !std::filesystem::exists(file)) throw Error(file + ": gnuplot could not write the plot");
 }
 
-// Tensor-parallel widths of the prefill and the decode workers (0: to be chosen).
-struct Widths {
-  int prefill = 0, decode = 0;
-  bool mixed() const { return prefill != decode; }
-  // The GPUs a re-split moves between roles: whole workers of either width.
-  int cell() const { return std::lcm(prefill, decode); }
-  std::string name() const {
-    return mixed() ? std::to_string(prefill) + ":" + std::to_string(decode) : std::to_string(decode);
-  }
-};
-
 // --tp: "" (the smallest that fits), "best" (the fastest, simulated), "W" or "P:D".
 Widths parse_tp(const std::string& spec) {
   if (spec.empty() || spec == "best") return {};
@@ -130,182 +123,6 @@ Widths parse_tp(const std::string& spec) {
     throw Error("--tp '" + spec + "': write a width (4), prefill:decode widths (4:2), or best");
   }
   return w;
-}
-
-bool is_static(const std::string& policy) { return policy.rfind("static:", 0) == 0; }
-
-// "static:P:D" counts GPUs per phase; the policies count what the simulator
-// splits (workers; cells under a re-splitting policy with two widths).
-std::string policy_in_units(const std::string& name, Widths w) {
-  if (!is_static(name)) return name;
-  int64_t p = 0, d = 0;
-  if (std::sscanf(name.c_str(), "static:%ld:%ld", &p, &d) != 2 || p % w.prefill != 0 || d % w.decode != 0)
-    throw Error("--policy " + name + ": static:P:D counts GPUs, whole workers of " + w.name() +
-                " (tensor-parallel width) each");
-  return "static:" + std::to_string(p / w.prefill) + ":" + std::to_string(d / w.decode);
-}
-
-// What the simulator splits. With one width, or two under a fixed split,
-// workers (the prefill ones first); with two widths under a re-splitting
-// policy, cells of lcm(P, D) GPUs, each running prefill workers of width P
-// or decode workers of width D (a re-split drains a cell and regroups it).
-struct Cluster {
-  Widths widths;
-  std::vector<std::unique_ptr<planner::PerfModel>> owned;
-  std::vector<planner::Cell> cells;
-  int64_t prefill_workers = 0;  // two widths, fixed split: the first ones
-  bool two_forms = false;
-  int64_t units() const { return static_cast<int64_t>(cells.size()); }
-  const planner::PerfModel* model(const planner::ModelShape& shape, const planner::HardwareProfile& hw, int tp) {
-    owned.push_back(std::make_unique<planner::PerfModel>(shape.at_width(tp), hw));
-    return owned.back().get();
-  }
-  // A split in workers: "agg", "3P:10D".
-  std::string split_name(const planner::Split& s) const {
-    if (!two_forms || s.agg()) return s.name();
-    const int l = widths.cell();
-    return std::to_string(s.prefill * (l / widths.prefill)) + "P:" + std::to_string(s.decode * (l / widths.decode)) + "D";
-  }
-  std::string describe() const {
-    const Widths& w = widths;
-    if (two_forms)
-      return std::to_string(units()) + " cells of " + std::to_string(w.cell()) + " GPUs, each " +
-             std::to_string(w.cell() / w.prefill) + " prefill worker(s) of tp " + std::to_string(w.prefill) + " or " +
-             std::to_string(w.cell() / w.decode) + " decode worker(s) of tp " + std::to_string(w.decode);
-    if (w.mixed())
-      return std::to_string(prefill_workers) + " prefill worker(s) of tp " + std::to_string(w.prefill) + " and " +
-             std::to_string(units() - prefill_workers) + " decode worker(s) of tp " + std::to_string(w.decode);
-    return std::to_string(units()) + " worker(s) of tp " + std::to_string(w.decode);
-  }
-};
-
-// GPUs [g, g + n) of one kind: a worker's (or a cell's) GPUs must be.
-void one_kind(const std::vector<planner::HardwareProfile>& hw, std::size_t g, std::size_t n, const Widths& w) {
-  if (g + n > hw.size()) throw Error("--gpus " + std::to_string(hw.size()) + " is not whole workers of " + w.name());
-  for (std::size_t k = g; k < g + n; ++k)
-    if (hw[k].name != hw[g].name)
-      throw Error("--tp " + w.name() + ": a worker's GPUs must be of one kind; GPUs " + std::to_string(g) + ".." +
-                  std::to_string(g + n - 1) + " are not (order --hardware so)");
-}
-
-// Workers, one model each from its first GPU's kind; with two widths the
-// first prefill_gpus GPUs are the prefill workers.
-Cluster cluster_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, Widths w,
-                   std::size_t prefill_gpus = 0) {
-  Cluster c;
-  c.widths = w;
-  for (std::size_t g = 0; g < hw.size();) {
-    const bool prefill = w.mixed() && g < prefill_gpus;
-    const int tp = prefill ? w.prefill : w.decode;
-    one_kind(hw, g, static_cast<std::size_t>(tp), w);
-    const planner::PerfModel* m = c.model(shape, hw[g], tp);
-    c.cells.push_back({{m}, {m}});
-    c.prefill_workers += prefill ? 1 : 0;
-    g += static_cast<std::size_t>(tp);
-  }
-  return c;
-}
-
-// Cells of two forms, for a policy that re-splits workers of two widths.
-Cluster cells_at(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, Widths w) {
-  Cluster c;
-  c.widths = w;
-  c.two_forms = true;
-  const auto l = static_cast<std::size_t>(w.cell());
-  if (hw.size() % l != 0)
-    throw Error("--tp " + w.name() + ": a re-split moves " + std::to_string(l) + " GPUs at a time (whole workers of " +
-                std::to_string(w.prefill) + " and of " + std::to_string(w.decode) + "), and --gpus " +
-                std::to_string(hw.size()) + " is not a multiple of " + std::to_string(l) +
-                "; give a multiple, or --policy static:P:D");
-  for (std::size_t g = 0; g < hw.size(); g += l) {
-    one_kind(hw, g, l, w);
-    c.cells.push_back(planner::two_width_cell(c.model(shape, hw[g], w.prefill), w.prefill, c.model(shape, hw[g], w.decode),
-                                              w.decode));
-  }
-  return c;
-}
-
-// The cluster a policy runs on: a fixed split of two widths places its
-// workers once; a re-splitting policy with two widths splits cells.
-Cluster cluster_for(const std::string& policy, const planner::ModelShape& shape,
-                    const std::vector<planner::HardwareProfile>& hw, Widths w) {
-  if (!w.mixed()) return cluster_at(shape, hw, w);
-  if (!is_static(policy)) return cells_at(shape, hw, w);
-  int64_t p = 0, d = 0;
-  if (std::sscanf(policy.c_str(), "static:%ld:%ld", &p, &d) != 2 || p + d != static_cast<int64_t>(hw.size()))
-    throw Error("--policy " + policy + ": static:P:D counts GPUs, P + D = --gpus (" + std::to_string(hw.size()) + ")");
-  return cluster_at(shape, hw, w, static_cast<std::size_t>(p));
-}
-
-// Whether a worker of `tp` GPUs of every kind holds the model and `tokens` of KV.
-bool fits(const planner::ModelShape& shape, const std::vector<planner::HardwareProfile>& hw, int tp, double tokens) {
-  for (std::size_t g = 0; g < hw.size(); ++g)
-    if ((g == 0 || hw[g].name != hw[g - 1].name) &&
-        planner::PerfModel(shape.at_width(tp), hw[g]).kv_capacity_tokens() < tokens)
-      return false;
-  return true;
-}
-
-// Of 1, 2, 4, 8: the widths the model's heads split into, the GPUs make whole
-// workers of (and a static policy's counts), and the weights and the longest
-// request fit (a prefill worker holds the prompt, a decode worker all of
-// it); the smallest (one width for both phases), or (search) the pair of
-// prefill and decode widths whose simulation is fastest.
-Widths choose_widths(const SimulateOptions& o, const planner::ModelShape& shape,
-                     const std::vector<planner::HardwareProfile>& hw, const std::vector<planner::Request>& requests,
-                     planner::SimOptions so, double longest_prompt, double longest, bool search) {
-  const std::string chooser = o.policy == "all" ? "lookahead" : o.policy;
-  double best = std::numeric_limits<double>::infinity();
-  std::string tried;
-  Widths chosen;
-  // One width first: a pair must beat it to be chosen (a re-split between widths regroups GPUs).
-  std::vector<Widths> candidates;
-  for (int a : {1, 2, 4, 8}) candidates.push_back({a, a});
-  for (int a : {1, 2, 4, 8})
-    for (int b : {1, 2, 4, 8})
-      if (search && a != b) candidates.push_back({a, b});
-  for (const Widths& w : candidates) {
-    const int a = w.prefill, b = w.decode;
-    if (o.gpus % w.cell() != 0) continue;
-    if (!shape.width_problem(a).empty() || !shape.width_problem(b).empty()) continue;
-    std::unique_ptr<Cluster> c;
-    std::string policy;
-    try {
-      policy = policy_in_units(chooser, w);
-      c = std::make_unique<Cluster>(cluster_for(chooser, shape, hw, w));
-    } catch (const Error&) {
-      continue;  // the static policy's GPUs are not whole workers of these widths
-    }
-    if (!fits(shape, hw, a, w.mixed() ? longest_prompt : longest) || !fits(shape, hw, b, longest)) {
-      if (!w.mixed()) tried += " tp " + w.name() + ": does not fit;";  // a pair with a width that fits alone is said once
-      continue;
-    }
-    if (!search) {
-      chosen = w;
-      break;
-    }
-    so.workers = c->units();
-    planner::Simulator sim(so, c->cells);
-    auto p = planner::make_policy(policy, so.workers);
-    const double makespan = sim.run(requests, *p).makespan_s;
-    char line[96];
-    std::snprintf(line, sizeof line, " tp %s: %.2f s;", w.name().c_str(), makespan);
-    tried += line;
-    if (makespan < best) best = makespan, chosen = w;
-  }
-  if (chosen.decode == 0)
-    throw Error("the model does not fit a worker of up to 8 " + o.hardware + " GPUs (" +
-                std::to_string(static_cast<int64_t>(shape.weight_bytes / 1e9)) + " GB of weights, requests of up to " +
-                std::to_string(static_cast<int64_t>(longest)) + " tokens):" + tried);
-  if (o.json) return chosen;
-  if (search)
-    std::printf("tensor-parallel width%s %s%s, chosen by simulating %s at each (makespan):%s\n", chosen.mixed() ? "s" : "",
-                chosen.name().c_str(), chosen.mixed() ? " (prefill:decode)" : "", chooser.c_str(),
-                tried.substr(0, tried.size() - 1).c_str());
-  else
-    std::printf("tensor-parallel width %d, the smallest the model fits%s; --tp best simulates each\n", chosen.decode,
-                tried.empty() ? "" : (" (" + tried.substr(1, tried.size() - 2) + ")").c_str());
-  return chosen;
 }
 
 nlohmann::json result_json(const std::string& policy, const planner::SimResult& r, const Cluster& c) {
@@ -348,18 +165,6 @@ void print_result(const SimulateOptions& o, const std::string& name, const Clust
   }
 }
 
-// The policies `--policy all` compares: agg, fixed splits (up to 16 spread
-// over the range, in GPUs), then the planners.
-std::vector<std::string> all_policies(int64_t gpus, Widths w) {
-  std::vector<std::string> out{"agg"};
-  const int64_t step = w.mixed() ? w.cell() : w.decode, units = gpus / step;
-  for (int64_t p = 1; p < units; ++p)
-    if (units <= 16 || p % std::max<int64_t>(1, units / 8) == 0)
-      out.push_back("static:" + std::to_string(p * step) + ":" + std::to_string((units - p) * step));
-  out.insert(out.end(), {"sla", "lookahead", "oracle"});
-  return out;
-}
-
 int simulate(const SimulateOptions& o) {
   if (o.workload.empty() == o.trace.empty()) throw Error("give one of --workload W.toml or --trace OUTPUT.jsonl");
   std::filesystem::path cfg = o.model_config;
@@ -382,19 +187,33 @@ int simulate(const SimulateOptions& o) {
     longest_prompt = std::max(longest_prompt, static_cast<double>(r.isl));
   }
   Widths w = parse_tp(o.tp);
-  if (w.decode == 0) w = choose_widths(o, shape, hw, requests, so, longest_prompt, longest, o.tp == "best");
+  if (w.decode == 0) {
+    const bool search = o.tp == "best";
+    const std::string chooser = o.policy == "all" ? "lookahead" : o.policy;
+    const auto [chosen, tried] =
+        planner::choose_widths(chooser, shape, hw, requests, so, longest_prompt, longest, search, o.hardware);
+    w = chosen;
+    if (!o.json && search) {
+      std::printf("tensor-parallel width%s %s%s, chosen by simulating %s at each (makespan):%s\n", w.mixed() ? "s" : "",
+                  w.name().c_str(), w.mixed() ? " (prefill:decode)" : "", chooser.c_str(),
+                  tried.substr(0, tried.size() - 1).c_str());
+    } else if (!o.json) {
+      std::printf("tensor-parallel width %d, the smallest the model fits%s; --tp best simulates each\n", w.decode,
+                  tried.empty() ? "" : (" (" + tried.substr(1, tried.size() - 2) + ")").c_str());
+    }
+  }
   for (int width : {w.prefill, w.decode})
     if (const std::string why = shape.width_problem(width); !why.empty()) throw Error("--tp " + o.tp + ": " + why);
-  const std::vector<std::string> policies = o.policy == "all" ? all_policies(o.gpus, w) : std::vector{o.policy};
+  const std::vector<std::string> policies = o.policy == "all" ? planner::all_policies(o.gpus, w) : std::vector{o.policy};
   if (!o.plot.empty() && policies.size() > 1) throw Error("--plot draws one policy's run; give --policy NAME, not all");
   // One cluster for every re-splitting policy; a fixed split of two widths places its own workers.
   std::unique_ptr<Cluster> shared;
   nlohmann::json all = nlohmann::json::array();
   for (const auto& name : policies) {
-    const std::string in_units = policy_in_units(name, w);
+    const std::string in_units = planner::policy_in_units(name, w);
     std::unique_ptr<Cluster> own;
-    if (w.mixed() && is_static(name)) own = std::make_unique<Cluster>(cluster_for(name, shape, hw, w));
-    else if (!shared) shared = std::make_unique<Cluster>(cluster_for(name, shape, hw, w));
+    if (w.mixed() && planner::is_static(name)) own = std::make_unique<Cluster>(planner::cluster_for(name, shape, hw, w));
+    else if (!shared) shared = std::make_unique<Cluster>(planner::cluster_for(name, shape, hw, w));
     const Cluster& c = own ? *own : *shared;
     so.workers = c.units();
     planner::Simulator sim(so, c.cells);
