@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -157,6 +158,14 @@ nlohmann::json EpochPlanner::summary() const {
     e["measured_s"] = measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nlohmann::json(nullptr);
     out.push_back(e);
   }
+  return out;
+}
+
+nlohmann::json EpochPlanner::finish(const std::string& profile_path) {
+  refit();
+  nlohmann::json out{{"epochs", summary()}, {"planner_profile", profile_json()}};
+  std::ofstream(profile_path) << profile_toml();
+  out["planner_profile"]["file"] = profile_path;
   return out;
 }
 

@@ -55,6 +55,10 @@ class EpochPlanner {
   // The profile now in use and how it was fitted, as JSON and as a TOML profile for `tandem simulate --hardware`.
   nlohmann::json profile_json() const;
   std::string profile_toml() const;
+  // At the end of a job: the profile fitted to every step it measured,
+  // written to `profile_path` as TOML (for `tandem simulate --hardware`);
+  // the summary's "epochs" and "planner_profile" (with its file).
+  nlohmann::json finish(const std::string& profile_path);
 
  private:
   // The workers of one width: their model, fitted to their steps.

@@ -1,6 +1,9 @@
 #include "router/job_stats.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <fstream>
 #include <climits>
 #include <cmath>
 #include <string_view>
@@ -8,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "router/hosts.h"
 
 namespace tandem::router {
@@ -168,6 +172,24 @@ void JobStats::node_summary(nlohmann::json& out) const {
   out["nodes"] = nodes;
   out["kv_within_node"] = kv(0);
   out["kv_between_nodes"] = kv(1);
+}
+
+nlohmann::json JobStats::write_batch_summary(const std::string& path, double elapsed_s, const BatchEnd& end) const {
+  nlohmann::json out = summary(elapsed_s);
+  out["requests_resumed"] = end.resumed;
+  if (end.planner)
+    for (const auto& [key, value] : end.planner->items()) out[key] = value;
+  out["stopped_by_signal"] = end.stopped_by_signal;
+  out["requests_abandoned"] = end.abandoned;
+  out["input_format"] = end.input_format;
+  // Rank 0's memory does not grow with the input (docs/run.md): its peak, for anyone to check.
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) out["router_peak_rss_bytes"] = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  if (!end.input_error.empty()) out["input_error"] = end.input_error;
+  std::ofstream f(path);
+  if (!f) throw Error(path + ": cannot write the summary");
+  f << out.dump(2) << "\n";
+  return out;
 }
 
 }  // namespace tandem::router

@@ -51,6 +51,18 @@ class JobStats {
   // The summary; elapsed_s is the job's wall time.
   nlohmann::json summary(double elapsed_s) const;
 
+  // How a batch job ended, beside its counters: the summary's other fields.
+  struct BatchEnd {
+    int64_t resumed = 0;  // lines an earlier run answered
+    bool stopped_by_signal = false;
+    int64_t abandoned = 0;  // requests in flight when the drain ran out
+    std::string input_format, input_error;
+    const nlohmann::json* planner = nullptr;  // "epochs" and "planner_profile" (job.mode = "auto")
+  };
+  // A batch job's summary (summary() with `end`'s fields and rank 0's peak
+  // memory), written to `path`. Throws tandem::Error when it cannot be.
+  nlohmann::json write_batch_summary(const std::string& path, double elapsed_s, const BatchEnd& end) const;
+
  private:
   int64_t ok_ = 0, failed_ = 0, prompt_tokens_ = 0, generated_ = 0;
   Quantiles ttft_, itl_, e2e_;
