@@ -30,6 +30,7 @@
 #include "launcher/stop_signals.h"
 #include "router/hosts.h"
 #include "launcher/version.h"
+#include "mpi_transport/collectives.h"
 #include "mpi_transport/comm.h"
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_router_link.h"
@@ -270,7 +271,7 @@ std::string settle_node(const mpi::MpiEnv& env, const Prepared& p, Node& node) {
   // Each GPU worker binds its device now; two workers of a node on one GPU
   // (more workers than visible GPUs) stop every rank with one line.
   std::string error = bind_worker_device(backend, rank, env.size(), local.get(), local_rank, router_here != 0);
-  if (env.size() > 1) error = first_error(env, error);
+  if (env.size() > 1) error = mpi::first_error(env.world(), error);
   if (error.empty() && env.size() > 1) node.gpu_name = first_worker_gpu(backend, rank, env.world());
   return error;
 }

@@ -11,6 +11,7 @@
 
 #include "common/backoff.h"
 #include "common/error.h"
+#include "mpi_transport/collectives.h"
 #include "mpi_transport/mpi_check.h"
 #include "planner/machine.h"
 #include "runtime/cpu/thread_pool.h"
@@ -176,29 +177,6 @@ int finish_run(const nlohmann::json& summary) {
   return 2;
 }
 
-// Rank 0 decides whether the job can start; every rank learns the verdict.
-// The error of the lowest rank that has one ("" when none has), on every
-// rank; another rank's is prefixed with its number.
-std::string first_error(const mpi::MpiEnv& env, const std::string& error) {
-  int mine = error.empty() ? INT_MAX : env.rank(), first = INT_MAX;
-  // Waited for without spinning: rank 0's checks may read a large input through (router/input_scan.h)
-  // while the other ranks wait here, on cores they share with it.
-  MPI_Request req = MPI_REQUEST_NULL;
-  TANDEM_MPI_OR_THROW(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, env.world(), &req));
-  Backoff idle;
-  for (int done = 0; !done;) {
-    TANDEM_MPI_OR_THROW(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (!done) idle.idle(20000);
-  }
-  if (first == INT_MAX) return "";
-  int len = env.rank() == first ? static_cast<int>(error.size()) : 0;
-  TANDEM_MPI_OR_THROW(MPI_Bcast(&len, 1, MPI_INT, first, env.world()));
-  std::string verdict = env.rank() == first ? error : std::string(static_cast<std::size_t>(len), '\0');
-  TANDEM_MPI_OR_THROW(MPI_Bcast(verdict.data(), len, MPI_CHAR, first, env.world()));
-  return first == 0 ? verdict : "rank " + std::to_string(first) + ": " + verdict;
-}
-
-
 // The planner of a job with job.mode = "auto", on rank 0: a roofline profile
 // of this CPU measured now (then fitted to the steps the workers report) and
 // the model's shape (weights in their dtype, KV in kv.dtype).
@@ -246,7 +224,7 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
 
 // One verdict for every rank: the lowest failing rank's line, printed once by rank 0.
 bool agreed(const mpi::MpiEnv& env, const std::string& error) {
-  const std::string verdict = env.size() > 1 ? first_error(env, error) : error;
+  const std::string verdict = env.size() > 1 ? mpi::first_error(env.world(), error) : error;
   if (verdict.empty()) return true;
   if (env.rank() == 0) std::fprintf(stderr, "tandem: error: %s\n", verdict.c_str());
   return false;

@@ -35,9 +35,6 @@ std::unique_ptr<kv::KvTiers> open_tiers(const Prepared& p, const kv::KvLayout& l
                                         bool blocks_on_host = false);
 // The end of a batch job on rank 0: the summary logged; the exit code.
 int finish_run(const nlohmann::json& summary);
-// The error of the lowest rank that has one ("" when none has), on every
-// rank; another rank's is prefixed with its number. Collective.
-std::string first_error(const mpi::MpiEnv& env, const std::string& error);
 // One verdict for every rank: the lowest failing rank's line, printed once by rank 0.
 bool agreed(const mpi::MpiEnv& env, const std::string& error);
 // The planner of a job with job.mode = "auto", on rank 0.

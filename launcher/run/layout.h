@@ -22,7 +22,7 @@ namespace tandem::launcher {
 // between epochs splits no communicator and no worker waits for another.
 struct Layout : topology::Place {
   mpi::Comm workers, group_comm, other_comm;
-  service::Role role() const { return service::role_for(disaggregated, side() == topology::Side::kPrefill); }
+  service::Role role() const { return service::role_for(disaggregated, side()); }
 };
 
 // This rank's node: how many workers share it, and (GPU workers) the device

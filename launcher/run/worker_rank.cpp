@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "launcher/run/job_setup.h"
 #include "launcher/run/transport_setup.h"
+#include "mpi_transport/collectives.h"
 #include "mpi_transport/mpi_check.h"
 #include "mpi_transport/mpi_worker_port.h"
 #include "mpi_transport/transport_registry.h"
@@ -243,19 +244,6 @@ std::vector<uint8_t> run_incarnation(int rank, const Prepared& p, Layout& l, Wor
 }
 
 
-// The new worker's KV blocks, the least over its group, waited for without
-// spinning: its ranks leave their old workers one by one.
-int64_t least_over(MPI_Comm group, int64_t blocks) {
-  MPI_Request req = MPI_REQUEST_NULL;
-  TANDEM_MPI_OR_THROW(MPI_Iallreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, group, &req));
-  mpi::Backoff idle;
-  for (int done = 0;;) {
-    TANDEM_MPI_OR_THROW(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done) return blocks;
-    idle.idle();
-  }
-}
-
 // A cell's rank after a regroup: its place in the cell's other form, the
 // same memory laid out as that form's KV blocks, and its shard of the model
 // at that width (the mapped weights and the tiers stay; the pool's contents go).
@@ -271,7 +259,7 @@ void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const servi
   w.pool.reset();
   const kv::KvLayout layout = kv_layout(p, l.group.width);
   int64_t blocks = static_cast<int64_t>(w.pool_capacity / layout.block_bytes());
-  if (l.group.width > 1) blocks = least_over(l.group_comm.get(), blocks);
+  if (l.group.width > 1) blocks = mpi::min_over(l.group_comm.get(), blocks);  // its ranks leave their old workers one by one
   w.pool = std::make_unique<kv::BlockPool>(layout, blocks, w.pool_base);
   if (Status st = w.transport->relayout(rank - 1, layout.block_bytes(), blocks); !st.ok()) throw Error(st.to_string());
   if (w.tiers && l.group.width == 1 && l.group.place == 0) w.pool->set_lower(w.tiers.get());

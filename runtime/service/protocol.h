@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/engine/step_shape.h"
+#include "topology/side.h"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -61,8 +62,8 @@ constexpr int tag_of(MsgType t) { return static_cast<int>(t); }
 // routes (and reports its own counters too).
 enum class Role : uint8_t { kWorker = 0, kPrefill = 1, kDecode = 2, kRouter = 3 };
 std::string_view role_name(Role r);
-constexpr Role role_for(bool disaggregated, bool prefill) {
-  return !disaggregated ? Role::kWorker : prefill ? Role::kPrefill : Role::kDecode;
+constexpr Role role_for(bool disaggregated, topology::Side side) {
+  return !disaggregated ? Role::kWorker : side == topology::Side::kPrefill ? Role::kPrefill : Role::kDecode;
 }
 
 // What a rank reports of itself: periodically (kStats) and at the end (kReport).

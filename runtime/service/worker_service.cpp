@@ -101,7 +101,7 @@ void WorkerService::on_cancel(int source, uint64_t id) {
 // (sequences, prefills, transfers either way) runs on to its end.
 void WorkerService::on_roles(WireRoles r) {
   const bool prefill = std::find(r.prefill_ranks.begin(), r.prefill_ranks.end(), port_.rank()) != r.prefill_ranks.end();
-  const Role role = role_for(!r.prefill_ranks.empty(), prefill);
+  const Role role = role_for(!r.prefill_ranks.empty(), prefill ? topology::Side::kPrefill : topology::Side::kDecode);
   core_.set_role(role);
   if (on_role_) on_role_(role);
   spdlog::debug("epoch {}: now {}", r.epoch, role_name(role));

@@ -13,11 +13,11 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -30,6 +30,7 @@
 #include "runtime/service/worker_service.h"
 #include "test_model.h"
 #include "thread_group.h"
+#include "wire_workload.h"
 #include "topology/place.h"
 
 using namespace tandem;
@@ -112,10 +113,8 @@ class HubPort : public WorkerPort {
   void kv_arrivals(std::vector<KvArrival>& out) override {
     std::lock_guard lock(hub_.mu);
     auto& q = hub_.kv_inbox[rank_];
-    while (!q.empty()) {
-      out.push_back(std::move(q.front()));
-      q.pop_front();
-    }
+    std::move(q.begin(), q.end(), std::back_inserter(out));
+    q.clear();
   }
   void flush() override {}
 
@@ -158,7 +157,7 @@ topology::Place run_rank(Hub& hub, const testing::TinyModel& tiny, const runtime
       LeaderPort group_port(port, followers, map, shape);  // a job with groups: every leader routes through one
       std::unique_ptr<runtime::ModelBackend> backend =
           width > 1 ? std::make_unique<LeaderBackend>(std::move(model), group_port) : std::move(model);
-      WorkerCore core(rank, role_for(place.disaggregated, place.side() == Side::kPrefill), tiny.config,
+      WorkerCore core(rank, role_for(place.disaggregated, place.side()), tiny.config,
                       std::move(backend), pool, nullptr, runtime::EngineOptions{16, 256, 0});
       core.set_group_width(width);
       WorkerService service(core, group_port, [](Role) {});
@@ -172,24 +171,6 @@ topology::Place run_rank(Hub& hub, const testing::TinyModel& tiny, const runtime
     if (note.empty()) return place;
     place = topology::regroup(place, decode_roles(note).prefill_ranks);
   }
-}
-
-std::vector<WireRequest> workload(int n) {
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> token(0, 150000);
-  std::vector<WireRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    WireRequest r;
-    r.id = static_cast<uint64_t>(i);
-    r.prompt.resize(static_cast<std::size_t>(12 + (i * 17) % 50));
-    for (auto& t : r.prompt) t = token(rng);
-    r.params.max_tokens = 3 + i % 5;
-    r.params.ignore_eos = true;
-    r.params.temperature = i % 2 ? 0.0f : 0.7f;
-    r.rng_key = 500 + static_cast<uint64_t>(i);
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 // Rank 0: the regroups, what it placed and what came back.
@@ -293,7 +274,7 @@ TEST_CASE("a regroup end to end: cells change form and width, their ranks rebuil
     }
   } join{ranks};
 
-  const auto reqs = workload(10);
+  const auto reqs = testing::wire_workload(10);
   // Aggregated: cell {1,2} regroups into two workers of one rank; {3,4} only hears its role.
   rank0.regroups.set_split(1, {});
   REQUIRE(rank0.until([&] { return !rank0.regroups.in_flight(); }));

@@ -22,6 +22,7 @@
 #include "runtime/service/worker_service.h"
 #include "test_model.h"
 #include "thread_group.h"
+#include "wire_workload.h"
 
 using namespace tandem;
 using namespace tandem::service;
@@ -101,12 +102,7 @@ struct Worker {
   std::optional<Role> role_seen;
 };
 
-std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
-  std::uniform_int_distribution<int32_t> d(0, 150000);
-  std::vector<int32_t> p(static_cast<std::size_t>(n));
-  for (auto& t : p) t = d(rng);
-  return p;
-}
+using testing::random_prompt;
 
 struct Job {
   testing::TinyModel& tiny;
@@ -163,27 +159,11 @@ struct Job {
   }
 };
 
-std::vector<WireRequest> workload(int n) {
-  std::mt19937 rng(17);
-  std::vector<WireRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    WireRequest r;
-    r.id = static_cast<uint64_t>(i);
-    r.prompt = random_prompt(rng, 10 + (i * 13) % 70);
-    r.params.max_tokens = 4 + i % 9;
-    r.params.ignore_eos = true;
-    r.params.temperature = i % 2 ? 0.0f : 0.8f;
-    r.rng_key = 1000 + static_cast<uint64_t>(i);
-    reqs.push_back(r);
-  }
-  return reqs;
-}
-
 }  // namespace
 
 TEST_CASE("worker service: disaggregated through the port, tokens equal the aggregated run's", "[service]") {
   testing::TinyModel tiny;
-  const auto reqs = workload(12);
+  const auto reqs = testing::wire_workload(12);
   Job agg(tiny, 1, false);
   for (const auto& r : reqs) agg.send(1, MsgType::kRequest, encode(r));
   const auto ref = agg.run(reqs.size());
@@ -214,7 +194,7 @@ TEST_CASE("worker service: disaggregated through the port, tokens equal the aggr
 
 TEST_CASE("worker service: a cancel while the KV is on the way frees the blocks when it lands", "[service]") {
   testing::TinyModel tiny;
-  auto reqs = workload(3);
+  auto reqs = testing::wire_workload(3);
   Job dis(tiny, 2, true);
   for (auto& r : reqs) {
     r.prefill_rank = 1;
@@ -249,7 +229,7 @@ TEST_CASE("worker service: a prefill refused on the prefill rank frees the decod
 
 TEST_CASE("worker service: a re-split renames the roles; requests keep running through it", "[service]") {
   testing::TinyModel tiny;
-  const auto reqs = workload(6);
+  const auto reqs = testing::wire_workload(6);
   Job dis(tiny, 2, true);
   for (auto r : reqs) {
     r.prefill_rank = 1;
@@ -269,7 +249,7 @@ TEST_CASE("worker service: a re-split renames the roles; requests keep running t
 
 TEST_CASE("worker service: shutdown with abandon ends at once; without, after the last request", "[service]") {
   testing::TinyModel tiny;
-  const auto reqs = workload(4);
+  const auto reqs = testing::wire_workload(4);
   Job agg(tiny, 1, false);
   for (const auto& r : reqs) agg.send(1, MsgType::kRequest, encode(r));
   agg.send(1, MsgType::kShutdown, {0});
