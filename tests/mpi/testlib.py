@@ -10,9 +10,24 @@ def mpi_env(log_level="warn"):
 
 
 class Checks:
+    """Counts checks. A script's scenarios ask wants(name) first: TANDEM_ONLY=a,b (substrings of scenario
+    names) runs only those, so one scenario of a long script can be run alone."""
+
     def __init__(self):
         self.passed = 0
         self.failures = []  # "FAIL name: detail" of each failed check
+        self.only = [s for s in os.environ.get("TANDEM_ONLY", "").split(",") if s]
+        self.ran = []
+
+    def selected(self, scenario):
+        return not self.only or any(o in scenario for o in self.only)
+
+    def wants(self, scenario):
+        """True when this scenario is to run (it is then counted as run)."""
+        if not self.selected(scenario):
+            return False
+        self.ran.append(scenario)
+        return True
 
     def __call__(self, name, ok, detail=""):
         print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
@@ -28,7 +43,10 @@ class Checks:
         """Prints the failed checks again, then the count: CI shows only a long output's ends."""
         for line in self.failures:
             print(line)
-        print(f"{self.passed} passed, {self.failed} failed")
+        if self.only and not self.ran:
+            print(f"TANDEM_ONLY={','.join(self.only)} names no scenario of this script")
+            return 2
+        print(f"{self.passed} passed, {self.failed} failed" + (f" (only: {', '.join(self.ran)})" if self.only else ""))
         return 1 if self.failed else 0
 
 
