@@ -2,6 +2,7 @@
 // Face format, for tests, benchmarks and the demo.
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "launcher/commands.h"
 #include "runtime/model/make_model.h"
@@ -15,8 +16,9 @@ Action add_make_model_command(CLI::App& root) {
   auto out = std::make_shared<std::string>();
   auto tie = std::make_shared<bool>(false);
   auto untie = std::make_shared<bool>(false);
-  cmd->add_option("--arch", o->arch, "llama, qwen2 (q/k/v bias) or qwen3 (q/k norm)")
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+  cmd->add_option("--arch", o->arch,
+                  "llama, qwen2 (q/k/v bias), qwen3 (q/k norm), or the mixtures of experts qwen3_moe and mixtral")
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"}));
   cmd->add_option("--preset", o->preset, "tiny, small, or bench (the shape of Qwen3-0.6B)")
       ->check(CLI::IsMember({"tiny", "small", "bench"}));
   cmd->add_option("--tokenizer", *tokenizer, "Directory with tokenizer.json to copy; sets the vocabulary")->required();
@@ -34,7 +36,18 @@ Action add_make_model_command(CLI::App& root) {
   cmd->add_flag("--untie-embeddings", *untie, "Give the model its own LM head");
   cmd->add_option("--rope-scaling", o->rope_scaling, "linear:FACTOR or llama3:FACTOR");
   cmd->add_option("--shards", o->shards, "Write this many safetensors shards and an index")->check(CLI::Range(1, 64));
-  return [o, tokenizer, out, tie, untie]() {
+  cmd->add_option("--experts", o->experts, "MoE: experts per MoE layer (num_experts, num_local_experts)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  cmd->add_option("--experts-per-token", o->experts_per_token, "MoE: experts each token is routed to (num_experts_per_tok)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  cmd->add_option("--moe-intermediate", o->moe_intermediate, "MoE: an expert's width (moe_intermediate_size)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  auto dense = std::make_shared<std::vector<int64_t>>();
+  CLI::Option* dense_option =
+      cmd->add_option("--dense-layers", *dense, "qwen3_moe: layers with a dense MLP (mlp_only_layers: 0,3); default 0")
+          ->delimiter(',');
+  return [o, tokenizer, out, tie, untie, dense, dense_option]() {
+    if (dense_option->count() > 0) o->dense_layers = *dense;
     o->tokenizer_dir = *tokenizer;
     o->out_dir = *out;
     if (*tie) o->tie_embeddings = true;
@@ -42,7 +55,10 @@ Action add_make_model_command(CLI::App& root) {
     const auto c = runtime::make_model(*o);
     std::cout << "wrote " << *out << ": " << c.architecture << ", hidden " << c.hidden << ", layers " << c.layers
               << ", heads " << c.heads << "/" << c.kv_heads << ", head_dim " << c.head_dim << ", vocab " << c.vocab
-              << ", " << runtime::dtype_name(c.dtype) << "\n";
+              << ", " << runtime::dtype_name(c.dtype)
+              << (c.moe.any() ? ", " + std::to_string(c.moe.experts) + " experts (top " + std::to_string(c.moe.top_k) + ")"
+                              : std::string())
+              << "\n";
     return 0;
   };
 }

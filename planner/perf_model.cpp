@@ -8,13 +8,27 @@ ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_para
   ModelShape m;
   const double h = static_cast<double>(c.hidden), hd = static_cast<double>(c.head_dim);
   const double q = static_cast<double>(c.heads) * hd, kv = static_cast<double>(c.kv_heads) * hd;
-  const double per_layer = h * q + 2 * h * kv + q * h + 3 * h * static_cast<double>(c.intermediate);
-  m.matmul_params = per_layer * static_cast<double>(c.layers);
+  // Per layer: attention, and the MLP a token computes (a mixture of experts': its router and top-k
+  // experts) beside the MLP weights there are (every expert).
+  double active = 0, stored = 0;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const double attn = h * q + 2 * h * kv + q * h;
+    if (c.moe.at(l)) {
+      const double expert = 3 * h * static_cast<double>(c.moe.intermediate), router = h * static_cast<double>(c.moe.experts);
+      active += attn + router + static_cast<double>(c.moe.top_k) * expert;
+      stored += attn + router + static_cast<double>(c.moe.experts) * expert;
+    } else {
+      active += attn + 3 * h * static_cast<double>(c.intermediate);
+      stored += attn + 3 * h * static_cast<double>(c.intermediate);
+    }
+  }
+  m.matmul_params = active;
   m.lm_head_params = h * static_cast<double>(c.vocab);
   m.bytes_per_param = bytes_per_param;
-  // Read once per step: the linear layers and the LM head. (An untied embedding
-  // table is only looked up, a few rows per step.)
-  m.weight_bytes = (m.matmul_params + m.lm_head_params) * bytes_per_param;
+  // Read once per step: the linear layers and the LM head (a MoE's every
+  // expert: an upper bound, as a step reads only the experts its tokens
+  // chose). An untied embedding table is only looked up, a few rows per step.
+  m.weight_bytes = (stored + m.lm_head_params) * bytes_per_param;
   m.kv_bytes_per_token = 2 * static_cast<double>(c.layers) * kv * (kv_bytes_per_value > 0 ? kv_bytes_per_value : bytes_per_param);
   m.attn_flops_per_ctx = 4 * static_cast<double>(c.layers) * static_cast<double>(c.heads) * hd;
   m.layers = static_cast<double>(c.layers);

@@ -79,6 +79,8 @@ void check_backend(const Prepared& p, int ranks) {
   }
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
+  if (const std::string why = runtime::backend_model_problem(b, p.model); !why.empty())
+    throw Error("model.backend = \"" + b + "\" " + why);
   const bool disaggregated = ranks > 2 && c.mode != JobMode::kAgg;
   const TransportKind t = transport_for(c, p.cfg.cluster.prefill_width() != p.cfg.cluster.decode_width());
   if (!disaggregated) return;

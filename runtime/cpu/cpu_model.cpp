@@ -27,6 +27,9 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
     const std::string why = tp_problem(config, group->shard().width);
     if (!why.empty()) throw Error(why);
   }
+  if (config.moe.any() && config.moe.intermediate < kReduceChunks)
+    throw Error("the model's experts are too narrow (moe_intermediate_size " + std::to_string(config.moe.intermediate) +
+                " < " + std::to_string(kReduceChunks) + ") for the fixed reduction tree");
   if (pool.layout().kv_heads != c_.kv_heads)
     throw Error("the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
                 std::to_string(c_.kv_heads));
@@ -78,17 +81,34 @@ void CpuModel::shard_layers(const ModelConfig& full, const ModelWeights& weights
     l.bq = slice(lw.bq, q0, q1);
     l.bk = slice(lw.bk, k0, k1);
     l.bv = slice(lw.bv, k0, k1);
-    l.w_gate = rows_of(lw.w_gate, u0, u1, parts_);
-    l.w_up = rows_of(lw.w_up, u0, u1, parts_);
-    layers_.push_back(std::move(l));
-    // o_proj and down_proj as this rank's column chunks of their fixed reduction tree.
     wo_parts_.push_back(split_columns(lw.wo, s.rank * per, per, parts_));
-    down_parts_.push_back(split_columns(lw.w_down, s.rank * per, per, parts_));
+    std::vector<std::vector<Matrix>> experts;
+    if (!lw.experts.empty()) {  // a MoE layer (at width 1: tp_problem): every expert whole
+      l.router = rows_of(lw.router, 0, lw.router.rows, parts_);
+      for (auto& e : l.experts) {
+        e.gate = rows_of(e.gate, 0, e.gate.rows, parts_);
+        e.up = rows_of(e.up, 0, e.up.rows, parts_);
+        experts.push_back(split_columns(e.down, 0, kReduceChunks, parts_));
+      }
+      down_parts_.emplace_back();
+    } else {
+      l.w_gate = rows_of(lw.w_gate, u0, u1, parts_);
+      l.w_up = rows_of(lw.w_up, u0, u1, parts_);
+      down_parts_.push_back(split_columns(lw.w_down, s.rank * per, per, parts_));
+    }
+    expert_down_parts_.push_back(std::move(experts));
+    layers_.push_back(std::move(l));
     // What was read from the checkpoint's mapping to make the copies leaves
     // this process's memory: a rank keeps its shard, not the whole file.
-    if (weights.checkpoint)
-      for (const Matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-        if (!m->panels) weights.checkpoint->release(m->data, static_cast<std::size_t>(m->rows * m->cols) * dtype_size(m->dtype));
+    if (weights.checkpoint) {
+      auto release = [&](const Matrix& m) {
+        if (!m.panels && m.data)
+          weights.checkpoint->release(m.data, static_cast<std::size_t>(m.rows * m.cols) * dtype_size(m.dtype));
+      };
+      for (const Matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down, &lw.router}) release(*m);
+      for (const auto& e : lw.experts)
+        for (const Matrix* m : {&e.gate, &e.up, &e.down}) release(*m);
+    }
   }
 }
 
@@ -262,6 +282,69 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
   });
 }
 
+void CpuModel::moe(int64_t layer, int64_t R) {
+  const LayerWeights& lw = layers_[static_cast<std::size_t>(layer)];
+  const MoeConfig& m = c_.moe;
+  const int64_t H = c_.hidden, E = m.experts, K = m.top_k, U = m.intermediate;
+  auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+  probs_.resize(sz(R * E));
+  matmul(xn_.data(), R, {{&lw.router, probs_.data(), nullptr}});
+  // Routing, row by row: softmax in float32, the k most probable (ties to the lower id), renormalised.
+  route_expert_.resize(sz(R * K));
+  route_weight_.resize(sz(R * K));
+  expert_slots_.assign(sz(E), {});
+  for (int64_t r = 0; r < R; ++r) {
+    float* p = probs_.data() + r * E;
+    const float max = *std::max_element(p, p + E);
+    float sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - max));
+    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    float chosen = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t j = 0; j < k; ++j) taken = taken || route_expert_[sz(r * K + j)] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      route_expert_[sz(r * K + k)] = static_cast<int32_t>(best);
+      route_weight_[sz(r * K + k)] = p[best];
+      chosen += p[best];
+      expert_slots_[sz(best)].push_back(r * K + k);
+    }
+    if (m.norm_topk)
+      for (int64_t k = 0; k < K; ++k) route_weight_[sz(r * K + k)] /= chosen;
+  }
+  // Each expert once, over the rows that chose it.
+  slot_out_.resize(sz(R * K * H));
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& slots = expert_slots_[sz(e)];
+    const auto n = static_cast<int64_t>(slots.size());
+    if (n == 0) continue;
+    xe_.resize(sz(n * H));
+    ge_.resize(sz(n * U));
+    ue_.resize(sz(n * U));
+    ye_.resize(sz(n * H));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(xn_.data() + slots[sz(i)] / K * H, H, xe_.data() + i * H);
+    const ExpertWeights& ex = lw.experts[sz(e)];
+    matmul(xe_.data(), n, {{&ex.gate, ge_.data(), nullptr}, {&ex.up, ue_.data(), nullptr}});
+    for (int64_t i = 0; i < n * U; ++i) {
+      const float g = ge_[sz(i)];
+      ge_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * ue_[sz(i)];
+    }
+    row_parallel(ge_.data(), n, expert_down_parts_[sz(layer)][sz(e)], ye_.data(), nullptr);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(ye_.data() + i * H, H, slot_out_.data() + slots[sz(i)] * H);
+  }
+  // Each row's experts summed in its slot order, then the residual.
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < H; ++i) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot_out_[sz((r * K + k) * H + i)];
+      x_[sz(r * H + i)] += acc;
+    }
+}
+
 void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
   const auto& L = pool_.layout();
   const int64_t H = c_.hidden, hd = c_.head_dim, half = hd / 2;
@@ -352,6 +435,10 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
     for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
 
     for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.mlp_norm, H, xn_.data() + r * H);
+    if (c_.moe.at(l)) {
+      moe(l, R);
+      continue;
+    }
     matmul(xn_.data(), R, {{&lw.w_gate, gate_.data(), nullptr}, {&lw.w_up, up_.data(), nullptr}});
     for (int64_t i = 0; i < R * c_.intermediate; ++i) {
       const float g = gate_[sz(i)];

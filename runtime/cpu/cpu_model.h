@@ -5,7 +5,9 @@
 // Per layer, for all rows at once: RMSNorm -> q, k, v (+bias) -> (Qwen3: q/k
 // RMSNorm per head) -> RoPE -> K, V into the pool -> causal attention of each
 // row over its sequence's pool blocks -> o_proj -> residual -> RMSNorm ->
-// SwiGLU MLP -> residual. Then the final norm and the LM head, only for rows
+// SwiGLU MLP -> residual (a mixture of experts' layer: the router, each
+// row's top-k experts, their outputs summed in the row's slot order) -> residual.
+// Then the final norm and the LM head, only for rows
 // that want logits. Every row's result is bitwise the same whatever else is
 // in the step (see kernels.h): that is what makes outputs reproducible across
 // batch sizes, chunk sizes, ranks and modes.
@@ -63,6 +65,11 @@ class CpuModel final : public ModelBackend {
                     const std::vector<float>* bias);
   void shard_layers(const ModelConfig& full, const ModelWeights& weights);
   void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
+  // A MoE layer's MLP on xn_ (R rows), added into x_: each row's top-k
+  // experts, each expert over the rows that chose it (its weights read once
+  // a step), each row's outputs summed in its slot order: the same bits
+  // whatever the batch.
+  void moe(int64_t layer, int64_t rows);
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
   // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
   // nearest even as on a GPU, which halves the pool and every KV transfer.
@@ -81,11 +88,17 @@ class CpuModel final : public ModelBackend {
   DType kv_dtype_;               // the pool's elements
   PanelStore parts_;             // owns the chunks below
   std::vector<std::vector<Matrix>> wo_parts_, down_parts_;  // per layer, the reduction's column chunks
+  std::vector<std::vector<std::vector<Matrix>>> expert_down_parts_;  // per layer, per expert (MoE layers)
   std::vector<std::vector<std::vector<float>>> tree_buffers_;  // per thread: the tree's partial sums
 
   // Step buffers, [rows][width].
   std::vector<float> x_, xn_, q_, kbuf_, vbuf_, attn_, gate_, up_;
   std::vector<float> cos_, sin_;  // [rows][head_dim / 2]
+  // MoE: router probabilities [rows][experts]; each row's experts and weights [rows][top_k]; an
+  // expert's rows gathered, its gate/up and output; every (row, slot)'s output [rows][top_k][hidden].
+  std::vector<float> probs_, route_weight_, xe_, ge_, ue_, ye_, slot_out_;
+  std::vector<int32_t> route_expert_;
+  std::vector<std::vector<int64_t>> expert_slots_;  // per expert: row * top_k + slot
   struct RowRef {
     int64_t chunk;
     int64_t pos;

@@ -13,6 +13,9 @@ std::string tp_problem(const ModelConfig& c, int width) {
     return "a width of " + w + " neither divides the model's " + std::to_string(c.kv_heads) +
            " KV heads nor is a multiple of them";
   if (c.intermediate < kReduceChunks) return "the model's MLP is too narrow to split";
+  if (c.moe.any() && width > 1)
+    return "a mixture-of-experts model (" + c.architecture + ") runs at a tensor-parallel width of 1 for now: "
+           "expert parallelism across a worker's ranks is still to come; set cluster.tp = 1 (and prefill_tp, decode_tp)";
   return "";
 }
 

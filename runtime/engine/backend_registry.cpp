@@ -156,12 +156,20 @@ PoolCopyRows pool_copy_rows(std::string_view name) {
   return {};
 }
 
+std::string backend_model_problem(std::string_view name, const ModelConfig& config) {
+  if (name != "cpu" && config.moe.any())
+    return "runs no mixture-of-experts model (" + config.architecture + ") yet; use model.backend = \"cpu\"";
+  return "";
+}
+
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
                                            kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group,
                                            DeviceGroup* device_group) {
   if (const std::string why = backend_unavailable(name); !why.empty())
     throw Error("model.backend = \"" + std::string(name) + "\": " + why);
   if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads, group);
+  if (const std::string why = backend_model_problem(name, config); !why.empty())
+    throw Error("model.backend = \"" + std::string(name) + "\": " + why);
   if (group && group->shard().width > 1 && !device_group)
     throw Error("internal: model.backend = \"" + std::string(name) + "\" in a tensor-parallel group needs the group's "
                 "device exchange (NCCL)");

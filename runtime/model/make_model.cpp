@@ -56,7 +56,10 @@ ModelConfig make_model_config(const MakeModelOptions& o, int64_t tokenizer_vocab
   if (o.arch == "llama") c.architecture = "LlamaForCausalLM";
   else if (o.arch == "qwen2") c.architecture = "Qwen2ForCausalLM";
   else if (o.arch == "qwen3") c.architecture = "Qwen3ForCausalLM";
-  else throw Error("--arch must be llama, qwen2 or qwen3, got '" + o.arch + "'");
+  else if (o.arch == "qwen3_moe") c.architecture = "Qwen3MoeForCausalLM";
+  else if (o.arch == "mixtral") c.architecture = "MixtralForCausalLM";
+  else throw Error("--arch must be llama, qwen2, qwen3, qwen3_moe or mixtral, got '" + o.arch + "'");
+  const bool moe = o.arch == "qwen3_moe" || o.arch == "mixtral";
   if (o.preset == "tiny") {
     c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.intermediate = 128;
     c.max_position_embeddings = 4096;
@@ -81,7 +84,26 @@ ModelConfig make_model_config(const MakeModelOptions& o, int64_t tokenizer_vocab
   c.max_position_embeddings = o.max_position.value_or(c.max_position_embeddings);
   c.tie_embeddings = o.tie_embeddings.value_or(c.tie_embeddings);
   c.qkv_bias = o.arch == "qwen2";
-  c.qk_norm = o.arch == "qwen3";
+  c.qk_norm = o.arch == "qwen3" || o.arch == "qwen3_moe";
+  if (moe) {  // the presets' experts: 8 (tiny), 16 (small), 64 (bench) of a quarter of the dense width, 2 a token
+    const int64_t preset_experts = o.preset == "tiny" ? 8 : o.preset == "small" ? 16 : 64;
+    c.moe.experts = o.experts.value_or(preset_experts);
+    c.moe.top_k = o.experts_per_token.value_or(2);
+    c.moe.intermediate = o.moe_intermediate.value_or(c.intermediate / 4);
+    c.moe.norm_topk = true;
+    c.moe.sparse.assign(static_cast<std::size_t>(c.layers), true);
+    if (o.arch == "mixtral") {
+      if (o.dense_layers) throw Error("--dense-layers is Qwen3-MoE's (mlp_only_layers); every Mixtral layer is MoE");
+      c.intermediate = c.moe.intermediate;  // Mixtral's intermediate_size is its experts'
+    } else {
+      for (int64_t l : o.dense_layers.value_or(c.layers > 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{})) {
+        if (l < 0 || l >= c.layers) throw Error("--dense-layers: " + std::to_string(l) + " is not a layer");
+        c.moe.sparse[static_cast<std::size_t>(l)] = false;
+      }
+    }
+  } else if (o.experts || o.experts_per_token || o.moe_intermediate || o.dense_layers) {
+    throw Error("--experts, --experts-per-token, --moe-intermediate and --dense-layers are for --arch qwen3_moe or mixtral");
+  }
   c.vocab = (tokenizer_vocab + 127) / 128 * 128;  // padded, as released checkpoints are
   if (!parse_dtype(o.dtype, c.dtype)) throw Error("--dtype must be f32, bf16 or f16, got '" + o.dtype + "'");
   if (!o.rope_scaling.empty()) {
@@ -138,6 +160,20 @@ ModelConfig make_model(const MakeModelOptions& o) {
     }
     out.push_back(random_tensor(p + "self_attn.o_proj.weight", {c.hidden, q_dim}, dt, o.seed, 0, k3 * in_q));
     out.push_back(random_tensor(p + "post_attention_layernorm.weight", {c.hidden}, dt, o.seed, 1.0f, 0.1f));
+    if (c.moe.at(l)) {  // the router spread wide enough that tokens choose different experts
+      const bool mixtral = c.architecture == "MixtralForCausalLM";
+      const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t u = c.moe.intermediate;
+      const float in_u = 1.0f / std::sqrt(static_cast<float>(u));
+      out.push_back(random_tensor(m + "gate.weight", {c.moe.experts, c.hidden}, dt, o.seed, 0, 4 * k3 * in_h));
+      for (int64_t e = 0; e < c.moe.experts; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        out.push_back(random_tensor(x + (mixtral ? "w1" : "gate_proj") + ".weight", {u, c.hidden}, dt, o.seed, 0, k3 * in_h));
+        out.push_back(random_tensor(x + (mixtral ? "w3" : "up_proj") + ".weight", {u, c.hidden}, dt, o.seed, 0, k3 * in_h));
+        out.push_back(random_tensor(x + (mixtral ? "w2" : "down_proj") + ".weight", {c.hidden, u}, dt, o.seed, 0, k3 * in_u));
+      }
+      continue;
+    }
     out.push_back(random_tensor(p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}, dt, o.seed, 0, k3 * in_h));
     out.push_back(random_tensor(p + "mlp.up_proj.weight", {c.intermediate, c.hidden}, dt, o.seed, 0, k3 * in_h));
     out.push_back(random_tensor(p + "mlp.down_proj.weight", {c.hidden, c.intermediate}, dt, o.seed, 0, k3 * in_i));

@@ -7,13 +7,14 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/model/model_config.h"
 
 namespace tandem::runtime {
 
 struct MakeModelOptions {
-  std::string arch = "qwen3";     // llama | qwen2 | qwen3
+  std::string arch = "qwen3";     // llama | qwen2 | qwen3 | qwen3_moe | mixtral
   std::string preset = "tiny";    // tiny | small | bench (bench: Qwen3-0.6B's shape)
   std::filesystem::path tokenizer_dir;  // tokenizer.json (+ tokenizer_config.json) to copy; sets the vocabulary
   uint64_t seed = 0;
@@ -24,6 +25,10 @@ struct MakeModelOptions {
   std::string dtype = "bf16";     // f32 | bf16 | f16
   std::string rope_scaling;       // "", "linear:FACTOR" or "llama3:FACTOR"
   int64_t shards = 1;             // >1 writes model-0000i-of-0000n.safetensors + index
+  // Mixtures of experts (qwen3_moe, mixtral); unset keeps the preset's.
+  std::optional<int64_t> experts, experts_per_token, moe_intermediate;
+  // qwen3_moe: the layers with a dense MLP (mlp_only_layers); unset: layer 0 when there are two or more.
+  std::optional<std::vector<int64_t>> dense_layers;
 };
 
 // The config the options describe (validated). Throws tandem::Error.

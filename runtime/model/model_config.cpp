@@ -16,6 +16,62 @@ int64_t positive(const nlohmann::json& j, const char* key, const std::string& wh
   return j[key].get<int64_t>();
 }
 
+// The routing fields of mixtures of experts this engine does not implement:
+// a checkpoint that sets one to anything but its plain value stops here,
+// naming it, rather than running a different model than it describes.
+void refuse_routing(const nlohmann::json& j, const std::string& where) {
+  struct Field {
+    const char* key;
+    nlohmann::json plain;  // the value that means what this engine does
+    const char* what;
+  };
+  const Field fields[] = {
+      {"shared_expert_intermediate_size", 0, "shared experts"},
+      {"n_shared_experts", 0, "shared experts"},
+      {"scoring_func", "softmax", "a router scored other than by softmax"},
+      {"topk_method", "greedy", "grouped top-k routing"},
+      {"n_group", 1, "grouped top-k routing"},
+      {"topk_group", 1, "grouped top-k routing"},
+      {"routed_scaling_factor", 1.0, "scaled routing weights"},
+  };
+  for (const Field& f : fields) {
+    if (!j.contains(f.key) || j[f.key].is_null()) continue;
+    const auto& v = j[f.key];
+    const bool plain = v.is_number() && f.plain.is_number() ? v.get<double>() == f.plain.get<double>() : v == f.plain;
+    if (!plain)
+      throw Error(where + ": " + f.key + " = " + v.dump() + ": " + f.what +
+                  " (DeepSeek's routing) is not supported; Tandem runs Qwen3-MoE's and Mixtral's");
+  }
+}
+
+// Qwen3-MoE: layer L is MoE when L is not in mlp_only_layers and (L + 1) %
+// decoder_sparse_step == 0, else a dense MLP of intermediate_size. Mixtral:
+// every layer, experts of intermediate_size, the top k always renormalised.
+void parse_moe(const nlohmann::json& j, const std::string& where, ModelConfig& c) {
+  const std::string& a = c.architecture;
+  if (a != "Qwen3MoeForCausalLM" && a != "MixtralForCausalLM") return;
+  refuse_routing(j, where);
+  MoeConfig& m = c.moe;
+  const bool qwen = a == "Qwen3MoeForCausalLM";
+  m.experts = positive(j, qwen ? "num_experts" : "num_local_experts", where);
+  m.top_k = positive(j, "num_experts_per_tok", where);
+  if (m.top_k > m.experts)
+    throw Error(where + ": num_experts_per_tok (" + std::to_string(m.top_k) + ") is more than the " +
+                std::to_string(m.experts) + " experts");
+  m.intermediate = qwen ? positive(j, "moe_intermediate_size", where) : c.intermediate;
+  m.norm_topk = qwen ? j.value("norm_topk_prob", false) : true;
+  m.sparse.assign(static_cast<std::size_t>(c.layers), true);
+  if (!qwen) return;
+  const int64_t step = j.contains("decoder_sparse_step") ? positive(j, "decoder_sparse_step", where) : 1;
+  for (int64_t l = 0; l < c.layers; ++l) m.sparse[static_cast<std::size_t>(l)] = (l + 1) % step == 0;
+  if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array())
+    for (const auto& x : j["mlp_only_layers"]) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.layers)
+        throw Error(where + ": mlp_only_layers holds " + x.dump() + ", not a layer of the " + std::to_string(c.layers));
+      m.sparse[static_cast<std::size_t>(x.get<int64_t>())] = false;
+    }
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::load(const std::filesystem::path& model_dir) {
@@ -43,14 +99,17 @@ ModelConfig ModelConfig::parse(const nlohmann::json& j, const std::string& where
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     c.architecture = j["architectures"][0].get<std::string>();
   const std::string& a = c.architecture;
-  if (a != "LlamaForCausalLM" && a != "MistralForCausalLM" && a != "Qwen2ForCausalLM" && a != "Qwen3ForCausalLM") {
+  const bool qwen3 = a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM";
+  const bool mistral = a == "MistralForCausalLM" || a == "MixtralForCausalLM";
+  if (a != "LlamaForCausalLM" && !mistral && a != "Qwen2ForCausalLM" && !qwen3) {
     throw Error(where + ": architecture '" + a +
                 "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                "Qwen3ForCausalLM)");
+                "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)");
   }
   c.hidden = positive(j, "hidden_size", where);
   c.intermediate = positive(j, "intermediate_size", where);
   c.layers = positive(j, "num_hidden_layers", where);
+  parse_moe(j, where, c);
   c.heads = positive(j, "num_attention_heads", where);
   c.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
                    ? positive(j, "num_key_value_heads", where)
@@ -73,13 +132,13 @@ ModelConfig ModelConfig::parse(const nlohmann::json& j, const std::string& where
   if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != "silu" && j["hidden_act"] != "swish")
     throw Error(where + ": hidden_act '" + j["hidden_act"].get<std::string>() + "' is not supported (supported: silu)");
   if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) {
-    if (a == "MistralForCausalLM") {
+    if (mistral) {
       c.sliding_window = j["sliding_window"].get<int64_t>();
     } else if (j.value("use_sliding_window", false)) {
       throw Error(where + ": use_sliding_window: true is not supported for " + a);
     }
   }
-  c.qk_norm = a == "Qwen3ForCausalLM";
+  c.qk_norm = qwen3;
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
     const std::string d = j["torch_dtype"];
     if (!parse_dtype(d, c.dtype))
@@ -116,9 +175,11 @@ ModelConfig ModelConfig::parse(const nlohmann::json& j, const std::string& where
 nlohmann::json ModelConfig::to_json() const {
   nlohmann::json j = {
       {"architectures", {architecture}},
-      {"model_type", architecture == "Qwen3ForCausalLM"   ? "qwen3"
-                     : architecture == "Qwen2ForCausalLM" ? "qwen2"
-                                                          : "llama"},
+      {"model_type", architecture == "Qwen3ForCausalLM"      ? "qwen3"
+                     : architecture == "Qwen3MoeForCausalLM" ? "qwen3_moe"
+                     : architecture == "MixtralForCausalLM"  ? "mixtral"
+                     : architecture == "Qwen2ForCausalLM"    ? "qwen2"
+                                                             : "llama"},
       {"hidden_size", hidden},
       {"intermediate_size", intermediate},
       {"num_hidden_layers", layers},
@@ -135,6 +196,20 @@ nlohmann::json ModelConfig::to_json() const {
   };
   if (architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM") j["attention_bias"] = qkv_bias;
   if (sliding_window > 0) j["sliding_window"] = sliding_window;
+  if (architecture == "Qwen3MoeForCausalLM") {
+    j["num_experts"] = moe.experts;
+    j["num_experts_per_tok"] = moe.top_k;
+    j["moe_intermediate_size"] = moe.intermediate;
+    j["norm_topk_prob"] = moe.norm_topk;
+    j["decoder_sparse_step"] = 1;
+    nlohmann::json dense = nlohmann::json::array();
+    for (int64_t l = 0; l < layers; ++l)
+      if (!moe.sparse[static_cast<std::size_t>(l)]) dense.push_back(l);
+    j["mlp_only_layers"] = dense;
+  } else if (architecture == "MixtralForCausalLM") {
+    j["num_local_experts"] = moe.experts;
+    j["num_experts_per_tok"] = moe.top_k;
+  }
   if (rope_scaling.type == RopeScaling::Type::kLinear) {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
   } else if (rope_scaling.type == RopeScaling::Type::kLlama3) {

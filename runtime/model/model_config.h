@@ -1,6 +1,9 @@
 // config.json of a Hugging Face decoder-only checkpoint, as Tandem needs it.
 // Supported architectures: LlamaForCausalLM, MistralForCausalLM (same graph),
-// Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM (per-head q/k RMSNorm).
+// Qwen2ForCausalLM (q/k/v bias), Qwen3ForCausalLM (per-head q/k RMSNorm),
+// and the mixtures of experts Qwen3MoeForCausalLM (Qwen3's attention, MoE
+// layers of `experts` SwiGLU experts, some layers dense) and
+// MixtralForCausalLM (Mistral's attention, every layer MoE).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,20 @@ struct RopeScaling {
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+// A mixture-of-experts model's MLP: per token a router (softmax over the
+// experts in float32) picks the top_k experts (ties to the lower id), whose
+// outputs are summed weighted by their probabilities (renormalised to sum
+// to one where norm_topk says so).
+struct MoeConfig {
+  int64_t experts = 0;       // num_experts (Qwen3-MoE), num_local_experts (Mixtral); 0: a dense model
+  int64_t top_k = 0;         // num_experts_per_tok
+  int64_t intermediate = 0;  // an expert's width: moe_intermediate_size (Qwen3-MoE), intermediate_size (Mixtral)
+  bool norm_topk = true;     // norm_topk_prob (Qwen3-MoE); Mixtral always renormalises
+  std::vector<bool> sparse;  // per layer: MoE, else the dense MLP of ModelConfig::intermediate
+  bool any() const { return experts > 0; }
+  bool at(int64_t layer) const { return experts > 0 && sparse[static_cast<std::size_t>(layer)]; }
 };
 
 struct ModelConfig {
@@ -43,6 +60,7 @@ struct ModelConfig {
   DType dtype = DType::kBF16;  // torch_dtype
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
+  MoeConfig moe;
 
   // Reads DIR/config.json; throws tandem::Error with one line naming the file
   // and the problem (missing field, unsupported architecture or dtype).

@@ -86,7 +86,9 @@ Matrix PanelStore::pack(const Matrix& m) {
   const std::size_t es = dtype_size(m.dtype);
   const int64_t padded_rows = (m.rows + 7) / 8 * 8;
   const std::size_t bytes = static_cast<std::size_t>(padded_rows * m.cols) * es;
-  constexpr std::size_t kAlign = std::size_t{2} << 20;  // huge-page aligned: fewer TLB misses on the stream
+  // Huge-page aligned (fewer TLB misses on the stream) when a matrix fills one; a small one (an expert
+  // of a tiny model) would waste most of its 2 MiB.
+  const std::size_t kAlign = bytes >= (std::size_t{2} << 20) ? std::size_t{2} << 20 : 64;
   void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   if (!p) throw Error("out of memory: cannot allocate " + std::to_string(bytes >> 20) + " MiB for the weights");
 #ifdef MADV_HUGEPAGE
@@ -139,9 +141,24 @@ std::unique_ptr<ModelWeights> ModelWeights::load(const ModelConfig& c, const std
       l.k_norm = b.vector(p + "self_attn.k_norm.weight", c.head_dim);
     }
     l.mlp_norm = b.vector(p + "post_attention_layernorm.weight", c.hidden);
-    l.w_gate = b.matrix(p + "mlp.gate_proj.weight", c.intermediate, c.hidden);
-    l.w_up = b.matrix(p + "mlp.up_proj.weight", c.intermediate, c.hidden);
-    l.w_down = b.matrix(p + "mlp.down_proj.weight", c.hidden, c.intermediate);
+    if (c.moe.at(i)) {
+      // Qwen3-MoE: mlp.gate (the router), mlp.experts.E.{gate,up,down}_proj; Mixtral:
+      // block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2} (gate, up, down).
+      const bool mixtral = c.architecture == "MixtralForCausalLM";
+      const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t u = c.moe.intermediate;
+      l.router = b.matrix(m + "gate.weight", c.moe.experts, c.hidden);
+      for (int64_t e = 0; e < c.moe.experts; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        l.experts.push_back({b.matrix(x + (mixtral ? "w1" : "gate_proj") + ".weight", u, c.hidden),
+                             b.matrix(x + (mixtral ? "w3" : "up_proj") + ".weight", u, c.hidden),
+                             b.matrix(x + (mixtral ? "w2" : "down_proj") + ".weight", c.hidden, u)});
+      }
+    } else {
+      l.w_gate = b.matrix(p + "mlp.gate_proj.weight", c.intermediate, c.hidden);
+      l.w_up = b.matrix(p + "mlp.up_proj.weight", c.intermediate, c.hidden);
+      l.w_down = b.matrix(p + "mlp.down_proj.weight", c.hidden, c.intermediate);
+    }
     w->layers.push_back(std::move(l));
   }
   if (panels) {
@@ -149,8 +166,11 @@ std::unique_ptr<ModelWeights> ModelWeights::load(const ModelConfig& c, const std
     PanelStore& s = *w->panels;
     // wo and w_down stay in the mapping: the CPU backend copies them as the
     // column chunks of its fixed reduction tree (runtime/cpu/row_parallel.h).
-    for (auto& l : w->layers)
-      for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up}) *m = s.pack(*m);
+    for (auto& l : w->layers) {
+      for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up, &l.router}) *m = s.pack(*m);
+      for (auto& e : l.experts)
+        for (Matrix* m : {&e.gate, &e.up}) *m = s.pack(*m);
+    }
     w->lm_head = s.pack(w->lm_head);
   }
   return w;

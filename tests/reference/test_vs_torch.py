@@ -40,6 +40,11 @@ VARIANTS = [
                            "--tie-embeddings"]),
     ("qwen3 bf16 sharded", ["--arch", "qwen3", "--tokenizer", qwen_tok, "--dtype", "bf16", "--shards", "2"]),
     ("llama f16", ["--arch", "llama", "--tokenizer", llama_tok, "--dtype", "f16"]),
+    ("qwen3_moe: a dense layer, 8 experts, top 2", ["--arch", "qwen3_moe", "--tokenizer", qwen_tok]),
+    ("qwen3_moe bf16, 16 experts top 4, dense layers 0 and 2, two shards and an index",
+     ["--arch", "qwen3_moe", "--tokenizer", qwen_tok, "--dtype", "bf16", "--shards", "2", "--layers", "4",
+      "--experts", "16", "--experts-per-token", "4", "--dense-layers", "0,2"]),
+    ("mixtral: 8 experts, top 2", ["--arch", "mixtral", "--tokenizer", llama_tok]),
     ("the trained demo model (demo/model, bf16)", None),  # committed: not made here
 ]
 

@@ -9,8 +9,9 @@ usage: torch_forward.py MODEL_DIR --ids 1,2,3 [--greedy N]
                         [--out-logits FILE.npy] [--out-json FILE.json]
 
 Supported `architectures[0]`: LlamaForCausalLM, MistralForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM.  Everything is computed in float32 on the
-CPU, whatever the checkpoint's dtype (F32 / F16 / BF16 weights are upcast).
+Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixtures of experts
+Qwen3MoeForCausalLM and MixtralForCausalLM.  Everything is computed in float32
+on the CPU, whatever the checkpoint's dtype (F32 / F16 / BF16 weights are upcast).
 
 Conventions (matching Hugging Face's modeling code):
   * RoPE is the "rotate_half" layout: dimension i of a head is paired with
@@ -21,9 +22,19 @@ Conventions (matching Hugging Face's modeling code):
   * GQA: query head h uses kv head h // (n_heads / n_kv_heads) (HF repeat_kv).
   * Qwen3: q_norm / k_norm are RMSNorms over head_dim applied to each head
     after the projection and before RoPE.
-  * Sliding-window attention is applied where HF applies it (Mistral with a
-    non-null `sliding_window`; Qwen2/3 with `use_sliding_window` on layers
-    >= `max_window_layers`): query i sees key j iff j <= i and i - j < window.
+  * Sliding-window attention is applied where HF applies it (Mistral and
+    Mixtral with a non-null `sliding_window`; Qwen2/3 with `use_sliding_window`
+    on layers >= `max_window_layers`): query i sees key j iff j <= i and i - j < window.
+  * Mixture of experts (as the configs define it): Qwen3-MoE layer L is sparse
+    when L is not in `mlp_only_layers` and (L + 1) % `decoder_sparse_step` == 0,
+    else a dense MLP of `intermediate_size`; its router is `mlp.gate`, its
+    experts `mlp.experts.E.{gate,up,down}_proj` of `moe_intermediate_size`.
+    Mixtral: every layer, `block_sparse_moe.gate` and `experts.E.{w1,w3,w2}`
+    (gate, up, down) of `intermediate_size`.  Per token: softmax of the router
+    logits over all experts (float32), the `num_experts_per_tok` most probable
+    (ties to the lower expert id), their probabilities renormalised to sum to
+    one (Mixtral always; Qwen3-MoE when `norm_topk_prob`), and the token's
+    output the sum of weight x expert SwiGLU(token) in that order.
 """
 
 import argparse
@@ -42,6 +53,8 @@ SUPPORTED_ARCHS = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
 )
 
 
@@ -211,13 +224,31 @@ class Config:
         else:
             self.qkv_bias, self.o_bias = attention_bias, attention_bias
         self.mlp_bias = bool(cfg.get("mlp_bias", False)) and self.arch == "LlamaForCausalLM"
-        self.qk_norm = self.arch == "Qwen3ForCausalLM"
+        self.qk_norm = self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+        # Mixture of experts: which layers, how many experts, how wide, how routed.
+        self.sparse = [False] * self.n_layers
+        self.n_experts = self.top_k = self.expert_dim = 0
+        self.norm_topk = True
+        if self.arch == "Qwen3MoeForCausalLM":
+            self.n_experts = int(cfg["num_experts"])
+            self.expert_dim = int(cfg["moe_intermediate_size"])
+            self.norm_topk = bool(cfg.get("norm_topk_prob", False))
+            step = int(cfg.get("decoder_sparse_step", 1))
+            dense = set(int(x) for x in cfg.get("mlp_only_layers") or [])
+            self.sparse = [i not in dense and (i + 1) % step == 0 for i in range(self.n_layers)]
+        elif self.arch == "MixtralForCausalLM":
+            self.n_experts = int(cfg["num_local_experts"])
+            self.expert_dim = self.hidden_dim
+            self.sparse = [True] * self.n_layers
+        if self.n_experts:
+            self.top_k = int(cfg["num_experts_per_tok"])
 
         # Sliding window per layer (None = full causal attention).
         self.window = [None] * self.n_layers
         sw = cfg.get("sliding_window")
         if sw is not None:
-            if self.arch == "MistralForCausalLM":
+            if self.arch in ("MistralForCausalLM", "MixtralForCausalLM"):
                 self.window = [int(sw)] * self.n_layers
             elif self.arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and cfg.get("use_sliding_window", False):
                 first = int(cfg.get("max_window_layers", self.n_layers))
@@ -327,6 +358,20 @@ class Model:
                 L.q_norm = get(p + "self_attn.q_norm.weight", (hd,))
                 L.k_norm = get(p + "self_attn.k_norm.weight", (hd,))
             L.ffn_norm = get(p + "post_attention_layernorm.weight", (D,))
+            L.router = None
+            if cfg.sparse[i]:
+                mixtral = cfg.arch == "MixtralForCausalLM"
+                m = p + ("block_sparse_moe." if mixtral else "mlp.")
+                E, U = cfg.n_experts, cfg.expert_dim
+                L.router = get(m + "gate.weight", (E, D))                  # [E, D]
+                L.experts = []
+                for e in range(E):
+                    x = m + "experts.%d." % e
+                    L.experts.append((get(x + ("w1" if mixtral else "gate_proj") + ".weight", (U, D)),
+                                      get(x + ("w3" if mixtral else "up_proj") + ".weight", (U, D)),
+                                      get(x + ("w2" if mixtral else "down_proj") + ".weight", (D, U))))
+                self.layers.append(L)
+                continue
             L.w_gate = get(p + "mlp.gate_proj.weight", (F, D))          # [F, D]
             L.w_up = get(p + "mlp.up_proj.weight", (F, D))              # [F, D]
             L.w_down = get(p + "mlp.down_proj.weight", (D, F))          # [D, F]
@@ -347,6 +392,23 @@ class Model:
         """Per layer: keys/values [KV, S, hd] after RoPE, S = tokens seen so far."""
         KV, hd = self.cfg.n_kv_heads, self.cfg.head_dim
         return [[torch.zeros(KV, 0, hd), torch.zeros(KV, 0, hd)] for _ in self.layers]
+
+    def experts(self, L, h):
+        """h: [T, D] -> [T, D]: each token's top-k experts, weighted, summed in rank order."""
+        cfg = self.cfg
+        probs = torch.softmax(linear(h, L.router), dim=-1)            # [T, E] float32
+        # Most probable first; a stable sort keeps the lower expert id first among equals.
+        order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :cfg.top_k]  # [T, k]
+        weights = probs.gather(1, order)                               # [T, k]
+        if cfg.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for slot in range(cfg.top_k):
+                w_gate, w_up, w_down = L.experts[int(order[t, slot])]
+                y = linear(torch.nn.functional.silu(linear(h[t:t + 1], w_gate)) * linear(h[t:t + 1], w_up), w_down)
+                out[t] += weights[t, slot] * y[0]
+        return out
 
     def forward(self, tokens, cache):
         """Runs T new tokens at positions S..S+T-1 (S = cache length); appends
@@ -394,8 +456,11 @@ class Model:
             o = o.transpose(0, 1).reshape(T, H * hd)              # [T, H*hd]
             x = x + linear(o, L.wo, L.bo)                         # [T, D]
 
-            # ---- SwiGLU MLP ----
+            # ---- SwiGLU MLP, or the mixture of experts ----
             h = rmsnorm(x, L.ffn_norm, cfg.norm_eps)              # [T, D]
+            if L.router is not None:
+                x = x + self.experts(L, h)
+                continue
             gate = linear(h, L.w_gate, L.b_gate)                  # [T, F]
             up = linear(h, L.w_up, L.b_up)                        # [T, F]
             x = x + linear(torch.nn.functional.silu(gate) * up, L.w_down, L.b_down)  # [T, D]

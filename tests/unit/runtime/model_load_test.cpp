@@ -73,6 +73,61 @@ TEST_CASE("a bad model directory stops with one line naming the file and the pro
   CHECK_THAT(load_error(d), Catch::Contains("no model.safetensors or model.safetensors.index.json"));
 }
 
+TEST_CASE("mixtures of experts: which layers are sparse, how they route, and what is refused", "[model][moe]") {
+  testing::TinyModel qwen("qwen3_moe", "f32"), mixtral("mixtral", "f32");
+  const MoeConfig& q = qwen.config.moe;
+  CHECK(q.experts == 8);
+  CHECK(q.top_k == 2);
+  CHECK(q.intermediate == 32);
+  CHECK(q.norm_topk);
+  CHECK_FALSE(q.at(0));  // mlp_only_layers: [0]
+  CHECK(q.at(1));
+  CHECK(qwen.weights->layers[0].experts.empty());
+  CHECK(qwen.weights->layers[1].experts.size() == 8);
+  CHECK(mixtral.config.moe.at(0));
+  CHECK(mixtral.config.moe.intermediate == mixtral.config.intermediate);  // Mixtral's intermediate_size is its experts'
+  CHECK(mixtral.config.sliding_window == 0);
+
+  // Qwen3-MoE's decoder_sparse_step: every second layer sparse, layer 3 dense by name.
+  nlohmann::json j = qwen.config.to_json();
+  j["num_hidden_layers"] = 6;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  j.erase("norm_topk_prob");
+  const auto stepped = ModelConfig::parse(j, "config.json");
+  CHECK(stepped.moe.sparse == std::vector<bool>{false, true, false, false, false, true});
+  CHECK_FALSE(stepped.moe.norm_topk);  // Hugging Face's default
+
+  auto error = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json c = qwen.config.to_json();
+    edit(c);
+    try {
+      ModelConfig::parse(c, "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error([](auto& c) { c["shared_expert_intermediate_size"] = 2048; }),
+             Catch::Contains("shared_expert_intermediate_size = 2048: shared experts") && Catch::Contains("not supported"));
+  CHECK_THAT(error([](auto& c) { c["scoring_func"] = "sigmoid"; }), Catch::Contains("scoring_func = \"sigmoid\""));
+  CHECK_THAT(error([](auto& c) { c["n_group"] = 8; }), Catch::Contains("n_group = 8: grouped top-k routing"));
+  CHECK(error([](auto& c) { c["n_group"] = 1, c["scoring_func"] = "softmax"; }).empty());  // the plain values are fine
+  CHECK_THAT(error([](auto& c) { c["num_experts_per_tok"] = 9; }), Catch::Contains("num_experts_per_tok (9) is more than the 8 experts"));
+  CHECK_THAT(error([](auto& c) { c.erase("num_experts"); }), Catch::Contains("'num_experts' must be a positive integer (missing)"));
+  CHECK_THAT(error([](auto& c) { c["mlp_only_layers"] = {5}; }), Catch::Contains("mlp_only_layers holds 5, not a layer of the 2"));
+
+  // A config that does not match the checkpoint's experts is named by the tensor that shows it.
+  edit_config(qwen.dir, [](auto& c) { c["num_experts"] = 9; });
+  CHECK_THAT(load_error(qwen.dir),
+             Catch::Contains("tensor 'model.layers.1.mlp.gate.weight' has shape [8, 64] but config.json implies [9, 64]"));
+  edit_config(qwen.dir, [](auto& c) { c["num_experts"] = 8, c["moe_intermediate_size"] = 16; });
+  CHECK_THAT(load_error(qwen.dir), Catch::Contains("tensor 'model.layers.1.mlp.experts.0.gate_proj.weight' has shape "
+                                                   "[32, 64] but config.json implies [16, 64]"));
+  edit_config(mixtral.dir, [](auto& c) { c["num_local_experts"] = 9; });
+  CHECK_THAT(load_error(mixtral.dir), Catch::Contains("tensor 'model.layers.0.block_sparse_moe.gate.weight' has shape"));
+}
+
 namespace {
 
 // A safetensors file of the given header entries over `data_bytes` bytes.
