@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <numeric>
 #include <climits>
 #include <cmath>
 #include <string_view>
@@ -148,7 +149,43 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
           {"kv_tiers", tier_summary(ranks_)},
           {"ranks", ranks}};
   if (!hosts_.empty()) node_summary(out);
+  expert_summary(out);
   return out;
+}
+
+// "experts" (a mixture of experts): the rows routed to each expert of each
+// MoE layer over the job, each layer's hottest expert against the mean (1:
+// even), and the busiest worker's share of all routed rows.
+void JobStats::expert_summary(nlohmann::json& out) const {
+  int64_t experts = 0;
+  std::vector<int64_t> sum;
+  std::vector<int64_t> per_rank;
+  for (const auto& r : ranks_) {
+    if (r.expert_tokens.empty()) continue;
+    experts = r.experts;
+    if (sum.size() < r.expert_tokens.size()) sum.resize(r.expert_tokens.size());
+    int64_t mine = 0;
+    for (std::size_t i = 0; i < r.expert_tokens.size(); ++i) sum[i] += r.expert_tokens[i], mine += r.expert_tokens[i];
+    per_rank.push_back(mine);
+  }
+  if (experts <= 0 || sum.empty()) return;
+  nlohmann::json layers = nlohmann::json::array(), hottest = nlohmann::json::array();
+  int64_t total = 0;
+  for (std::size_t l = 0; l * static_cast<std::size_t>(experts) < sum.size(); ++l) {
+    const auto first = sum.begin() + static_cast<std::ptrdiff_t>(l * static_cast<std::size_t>(experts));
+    const std::vector<int64_t> row(first, first + experts);
+    const int64_t n = std::accumulate(row.begin(), row.end(), int64_t{0});
+    total += n;
+    layers.push_back(row);
+    hottest.push_back(n > 0 ? static_cast<double>(*std::max_element(row.begin(), row.end())) * static_cast<double>(experts) /
+                                  static_cast<double>(n)
+                            : 0.0);
+  }
+  const int64_t busiest = *std::max_element(per_rank.begin(), per_rank.end());
+  out["experts"] = {{"experts_per_layer", experts},
+                    {"tokens_per_expert", layers},
+                    {"hottest_over_mean", hottest},
+                    {"busiest_worker_share", total > 0 ? static_cast<double>(busiest) / static_cast<double>(total) : 0.0}};
 }
 
 // "nodes": each host's ranks, in rank order; "kv_between_nodes" and

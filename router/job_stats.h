@@ -67,6 +67,7 @@ class JobStats {
   int64_t ok_ = 0, failed_ = 0, prompt_tokens_ = 0, generated_ = 0;
   Quantiles ttft_, itl_, e2e_;
   void node_summary(nlohmann::json& out) const;
+  void expert_summary(nlohmann::json& out) const;
 
   std::vector<RankReport> ranks_;
   std::vector<std::string> hosts_;

@@ -40,6 +40,11 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
                                 static_cast<std::size_t>(weights.lm_head.rows * weights.lm_head.cols) *
                                     dtype_size(weights.lm_head.dtype));
   tree_buffers_.resize(static_cast<std::size_t>(threads.size()), std::vector<std::vector<float>>(4));
+  for (int64_t l = 0, k = 0; l < c_.layers; ++l) moe_index_.push_back(c_.moe.at(l) ? k++ : -1);
+  expert_tokens_.assign(static_cast<std::size_t>(std::count_if(moe_index_.begin(), moe_index_.end(), [](int64_t i) {
+                          return i >= 0;
+                        }) * c_.moe.experts),
+                        0);
 }
 
 namespace {
@@ -315,6 +320,8 @@ void CpuModel::moe(int64_t layer, int64_t R) {
     if (m.norm_topk)
       for (int64_t k = 0; k < K; ++k) route_weight_[sz(r * K + k)] /= chosen;
   }
+  int64_t* counted = expert_tokens_.data() + moe_index_[sz(layer)] * E;
+  for (int64_t e = 0; e < E; ++e) counted[e] += static_cast<int64_t>(expert_slots_[sz(e)].size());
   // Each expert once, over the rows that chose it.
   slot_out_.resize(sz(R * K * H));
   for (int64_t e = 0; e < E; ++e) {

@@ -45,6 +45,7 @@ class CpuModel final : public ModelBackend {
   // too short for the positions it must hold.
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
   std::string_view name() const override { return "cpu"; }
+  std::vector<int64_t> expert_tokens() const override { return expert_tokens_; }
 
   const KernelTable& kernels() const { return kern_; }
 
@@ -98,6 +99,8 @@ class CpuModel final : public ModelBackend {
   // expert's rows gathered, its gate/up and output; every (row, slot)'s output [rows][top_k][hidden].
   std::vector<float> probs_, route_weight_, xe_, ge_, ue_, ye_, slot_out_;
   std::vector<int32_t> route_expert_;
+  std::vector<int64_t> expert_tokens_;  // [MoE layer][expert]: rows routed so far
+  std::vector<int64_t> moe_index_;      // per layer: its index among the MoE layers (-1: dense)
   std::vector<std::vector<int64_t>> expert_slots_;  // per expert: row * top_k + slot
   struct RowRef {
     int64_t chunk;

@@ -36,6 +36,10 @@ class ModelBackend {
   // within a chunk in position order. Blocks until they are there. Throws
   // tandem::Error on a block table too short for the positions it must hold.
   virtual void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) = 0;
+  // A mixture of experts: the rows routed to each expert so far, MoE layer
+  // by MoE layer ([layer][expert], flattened; a row counts once for each of
+  // its top-k experts). Empty for a dense model, or a backend that does not count.
+  virtual std::vector<int64_t> expert_tokens() const { return {}; }
   // Optional, for steps whose every sampled row is plain greedy: the same
   // step, returning each logits row's argmax (ties to the lowest id, as
   // sample_token) instead of the row, so the logits need not travel to the

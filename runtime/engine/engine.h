@@ -123,6 +123,7 @@ class Engine {
   std::vector<EngineOutput> step();
 
   const EngineStats& stats() const { return stats_; }
+  const ModelBackend& backend() const { return *model_; }
   const StepShape& last_step() const { return last_step_; }
   int64_t max_model_len() const { return max_model_len_; }
 

@@ -366,7 +366,8 @@ std::vector<uint8_t> encode(const RankReport& r) {
                             {"kv_s", r.kv_send_seconds}, {"kv_wait_s", r.kv_wait_seconds}, {"preempt", r.preemptions},
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
                             {"steps", steps_json(r.step_samples)}, {"tier_hits", r.hit_tokens_by_tier},
-                            {"tiers", tiers_json(r.tiers)}, {"kv_to", kv_to}});
+                            {"tiers", tiers_json(r.tiers)}, {"kv_to", kv_to}, {"experts", r.experts},
+                            {"expert_tokens", r.expert_tokens}});
 }
 
 RankReport decode_report(const std::vector<uint8_t>& bytes) {
@@ -389,6 +390,8 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   r.hit_tokens_by_tier = j.at("tier_hits").get<std::array<int64_t, 3>>();
   r.tiers = tiers_from_json(j.at("tiers"));
   for (const auto& t : j.at("kv_to")) r.kv_sent_to.push_back({t.at(0).get<int>(), t.at(1).get<int64_t>(), t.at(2).get<double>()});
+  r.experts = j.at("experts");
+  r.expert_tokens = j.at("expert_tokens").get<std::vector<int64_t>>();
   return r;
 }
 

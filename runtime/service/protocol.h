@@ -24,7 +24,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 9;
+constexpr int kProtocolVersion = 10;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -95,6 +95,10 @@ struct RankReport {
   // Engine steps since the last report, for the planner's fit: prefill tokens,
   // prefill context, decode sequences, decode context, logit rows, seconds.
   std::vector<runtime::StepSample> step_samples;
+  // A mixture of experts: the rows this worker routed to each expert so far
+  // ([MoE layer][expert], flattened: ModelBackend::expert_tokens), of `experts` per layer.
+  int64_t experts = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 // The tier counters as JSON (summary, wire) and back.

@@ -14,7 +14,7 @@ namespace tandem::service {
 WorkerCore::WorkerCore(int rank, Role role, const runtime::ModelConfig& config,
                        std::unique_ptr<runtime::ModelBackend> backend, kv::BlockPool& pool,
                        const runtime::Tokenizer* tokenizer, runtime::EngineOptions options, kv::KvTiers* tiers)
-    : rank_(rank), role_(role), pool_(pool), tiers_(tiers),
+    : rank_(rank), role_(role), pool_(pool), tiers_(tiers), config_experts_(config.moe.experts),
       engine_(config, std::move(backend), pool, tokenizer, options) {}
 
 void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
@@ -216,6 +216,8 @@ RankReport WorkerCore::report() const {
   r.kv_blocks_total = pool_.capacity();
   r.kv_blocks_used = pool_.capacity() - pool_.num_free();
   r.hit_tokens_by_tier = engine_.stats().hit_tokens_by_tier;
+  r.experts = config_experts_;
+  r.expert_tokens = engine_.backend().expert_tokens();
   if (tiers_) r.tiers = tiers_->stats();
   if (tiers_base_)  // counters only: what the store held at open, the flags and the capacity are this worker's too
     kv::TierStats::each_field([&](std::string_view name, auto member) {

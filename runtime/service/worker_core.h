@@ -120,6 +120,7 @@ class WorkerCore {
   std::optional<kv::TierStats> tiers_base_;  // count_tiers_from_now()
   kv::BlockPool& pool_;
   kv::KvTiers* tiers_;
+  int64_t config_experts_ = 0;  // a mixture of experts' experts per layer (0: dense)
   runtime::Engine engine_;
   std::deque<Staged> staged_;
   bool store_index_pending_ = false;

@@ -2,7 +2,8 @@
 """`tandem run` with mixture-of-experts checkpoints (Qwen3-MoE with a dense
 layer, Mixtral): the same token ids in one process, aggregated over 2
 workers and disaggregated 1P+1D (the KV handoff is attention's and does not
-change), greedy and sampled; the summary counts the prompts' KV that moved.
+change), greedy and sampled; the summary counts the prompts' KV that moved,
+and the rows each expert computed: top-k for every row a worker computed.
 A worker wider than one rank is refused before any work with one line
 (expert parallelism is still to come).
 Usage: moe_run_test.py TANDEM SRC_DIR"""
@@ -48,12 +49,25 @@ with tempfile.TemporaryDirectory() as d:
         if not check.wants(arch):
             continue
         model = make_model(tandem, src, tmp / arch, "tiny", 5, arch, "--dtype", "f32")
-        p, single, _ = run(model, f"{arch}-single", 1)
+        p, single, summary = run(model, f"{arch}-single", 1)
         check(f"{arch}: one process completes every line", p.returncode == 0 and len(single) == 24,
               f"rc {p.returncode}, {len(single)} lines")
-        p, agg, _ = run(model, f"{arch}-agg", 3, 'job.mode="agg"')
+        experts = summary.get("experts", {})
+        rows = sum(r["prefill_tokens"] + r["decode_tokens"] for r in summary.get("ranks", []))
+        layers = experts.get("tokens_per_expert", [])
+        check(f"{arch}: the summary counts each MoE layer's rows per expert, top 2 of every row computed",
+              experts.get("experts_per_layer") == 8 and len(layers) == (1 if arch == "qwen3_moe" else 2) and
+              all(len(l) == 8 and sum(l) == 2 * rows for l in layers) and
+              all(h >= 1 for h in experts.get("hottest_over_mean", [])) and experts.get("busiest_worker_share") == 1,
+              f"{rows} rows computed: {experts}")
+        p, agg, summary = run(model, f"{arch}-agg", 3, 'job.mode="agg"')
         check(f"{arch}: aggregated over 2 workers, the same token ids", p.returncode == 0 and agg == single,
               f"rc {p.returncode}, {sum(agg.get(k) != v for k, v in single.items())} differ")
+        experts = summary.get("experts", {})
+        rows = sum(r["prefill_tokens"] + r["decode_tokens"] for r in summary.get("ranks", []))
+        check(f"{arch}: two workers' expert rows add up, neither worker did all of them",
+              all(sum(l) == 2 * rows for l in experts.get("tokens_per_expert", [None])) and
+              0.5 <= experts.get("busiest_worker_share", 0) < 1, f"{rows} rows computed: {experts}")
         p, dis, summary = run(model, f"{arch}-disagg", 3, 'job.mode="disagg"', "router.local_prefill_tokens=1")
         check(f"{arch}: disaggregated 1P+1D, the same token ids, the prompts' KV moved",
               p.returncode == 0 and dis == single and summary.get("kv_bytes_transferred", 0) > 0,
