@@ -57,6 +57,10 @@ std::string example(const KeySpec& spec, const Config& defaults) {
 void assign(Config& config, const KeySpec& spec, const Value& value, const std::string& at) {
   if (auto why = check_value(spec, value); !why.empty())
     throw Error(at + ": " + spec.full_name() + " " + why);
+  // A key that does not act yet is refused at anything but its default, never accepted and ignored.
+  if (const std::string plain = format_value(spec.get(Config{})); !spec.pending.empty() && format_value(value) != plain)
+    throw Error(at + ": " + spec.full_name() + " = " + format_value(value) + " does not act yet (pending for " +
+                spec.pending + "); remove it or leave it at " + plain);
   spec.set(config, value);
 }
 

@@ -166,3 +166,10 @@ TEST_CASE("the example job files load cleanly", "[config]") {
     CHECK_NOTHROW(load_config(std::string(TANDEM_SOURCE_DIR) + name));
   }
 }
+
+TEST_CASE("a key that does not act yet is refused, never accepted and ignored", "[config]") {
+  CHECK_THAT(error_of("[model]\ndtype = \"f32\"\n"),
+             Catch::Contains("model.dtype = \"f32\" does not act yet") && Catch::Contains("leave it at \"auto\""));
+  CHECK_THAT(error_of("", {"model.dtype=\"bf16\""}), Catch::Contains("model.dtype = \"bf16\" does not act yet"));
+  CHECK_NOTHROW(parse_config("[model]\ndtype = \"auto\"\n", "job.toml", {}));  // its default says nothing new
+}
