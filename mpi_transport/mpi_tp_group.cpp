@@ -49,6 +49,20 @@ void MpiTpGroup::wait(MPI_Request& r, bool brief) {
 
 namespace {
 
+// counts as MPI's ints, and their running offsets; throws where one passes INT_MAX.
+void to_mpi(std::span<const int64_t> counts, std::vector<int>& out, std::vector<int>& displs) {
+  out.clear();
+  displs.clear();
+  int64_t at = 0;
+  for (const int64_t c : counts) {
+    if (c > INT_MAX || at > INT_MAX)
+      throw Error("an expert-parallel exchange of " + std::to_string(at + c) + " floats is too large for MPI");
+    out.push_back(static_cast<int>(c));
+    displs.push_back(static_cast<int>(at));
+    at += c;
+  }
+}
+
 int block_count(std::size_t bytes) {
   if (bytes > static_cast<std::size_t>(INT_MAX))
     throw Error("a tensor-parallel block move of " + std::to_string(bytes) + " bytes a rank is too large for MPI");
@@ -56,6 +70,34 @@ int block_count(std::size_t bytes) {
 }
 
 }  // namespace
+
+void MpiTpGroup::all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                            std::span<const int64_t> recv_counts) {
+  to_mpi(send_counts, counts_[0], displs_[0]);
+  to_mpi(recv_counts, counts_[1], displs_[1]);
+  if (!progress_) {
+    TANDEM_MPI_OR_THROW(MPI_Alltoallv(send, counts_[0].data(), displs_[0].data(), MPI_FLOAT, recv, counts_[1].data(),
+                                      displs_[1].data(), MPI_FLOAT, comm_));
+    return;
+  }
+  MPI_Request r = MPI_REQUEST_NULL;
+  TANDEM_MPI_OR_THROW(MPI_Ialltoallv(send, counts_[0].data(), displs_[0].data(), MPI_FLOAT, recv, counts_[1].data(),
+                                     displs_[1].data(), MPI_FLOAT, comm_, &r));
+  wait(r, true);
+}
+
+void MpiTpGroup::all_gather(const float* mine, std::span<const int64_t> counts, float* all) {
+  to_mpi(counts, counts_[1], displs_[1]);
+  const int n = counts_[1][static_cast<std::size_t>(rank_)];
+  if (!progress_) {
+    TANDEM_MPI_OR_THROW(MPI_Allgatherv(mine, n, MPI_FLOAT, all, counts_[1].data(), displs_[1].data(), MPI_FLOAT, comm_));
+    return;
+  }
+  MPI_Request r = MPI_REQUEST_NULL;
+  TANDEM_MPI_OR_THROW(
+      MPI_Iallgatherv(mine, n, MPI_FLOAT, all, counts_[1].data(), displs_[1].data(), MPI_FLOAT, comm_, &r));
+  wait(r, true);
+}
 
 void MpiTpGroup::gather(const void* mine, std::size_t bytes, void* all) {
   MPI_Request r = MPI_REQUEST_NULL;

@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "runtime/cpu/tp_group.h"
@@ -23,6 +24,10 @@ class MpiTpGroup : public runtime::cpu::TpGroup {
   void reduce_tree(float* data, int64_t n) override;
   void gather(const void* mine, std::size_t bytes, void* all) override;
   void scatter(const void* all, std::size_t bytes, void* mine) override;
+  // MPI_Ialltoallv and MPI_Iallgatherv, waited on as reduce_tree's exchange.
+  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                  std::span<const int64_t> recv_counts) override;
+  void all_gather(const float* mine, std::span<const int64_t> counts, float* all) override;
   // Called while an exchange waits for the other ranks (the rank's KV
   // transport: a rank inside a forward pass still receives KV and sends its
   // notices, so no rank waiting on it waits for ever). Without one the
@@ -37,6 +42,7 @@ class MpiTpGroup : public runtime::cpu::TpGroup {
   int rank_ = 0, width_ = 1;
   std::vector<float> gathered_;              // [width][n]
   std::vector<std::vector<float>> buffers_;  // the tree's partial sums
+  std::vector<int> counts_[2], displs_[2];   // the variable exchanges' counts and offsets, as MPI takes them
 };
 
 }  // namespace tandem::mpi

@@ -155,18 +155,32 @@ nlohmann::json JobStats::summary(double elapsed_s) const {
 
 // "experts" (a mixture of experts): the rows routed to each expert of each
 // MoE layer over the job, each layer's hottest expert against the mean (1:
-// even), and the busiest worker's share of all routed rows.
+// even), the busiest worker's share of all routed rows, and with experts
+// placed on a worker's ranks (expert parallelism) the busiest such rank's
+// share of its worker's rows, the largest over such workers (1 / ranks:
+// even; 1 without).
 void JobStats::expert_summary(nlohmann::json& out) const {
   int64_t experts = 0;
   std::vector<int64_t> sum;
   std::vector<int64_t> per_rank;
+  int widest = 1;
+  double busiest_rank = 0;
   for (const auto& r : ranks_) {
     if (r.expert_tokens.empty()) continue;
     experts = r.experts;
     if (sum.size() < r.expert_tokens.size()) sum.resize(r.expert_tokens.size());
     int64_t mine = 0;
-    for (std::size_t i = 0; i < r.expert_tokens.size(); ++i) sum[i] += r.expert_tokens[i], mine += r.expert_tokens[i];
+    const int w = std::max(1, r.expert_ranks);
+    std::vector<int64_t> by_rank(static_cast<std::size_t>(w));
+    for (std::size_t i = 0; i < r.expert_tokens.size(); ++i) {
+      sum[i] += r.expert_tokens[i], mine += r.expert_tokens[i];
+      by_rank[i % static_cast<std::size_t>(experts) / static_cast<std::size_t>(experts / w)] += r.expert_tokens[i];
+    }
     per_rank.push_back(mine);
+    widest = std::max(widest, w);
+    if (mine > 0 && w > 1)
+      busiest_rank = std::max(busiest_rank, static_cast<double>(*std::max_element(by_rank.begin(), by_rank.end())) /
+                                                static_cast<double>(mine));
   }
   if (experts <= 0 || sum.empty()) return;
   nlohmann::json layers = nlohmann::json::array(), hottest = nlohmann::json::array();
@@ -185,7 +199,9 @@ void JobStats::expert_summary(nlohmann::json& out) const {
   out["experts"] = {{"experts_per_layer", experts},
                     {"tokens_per_expert", layers},
                     {"hottest_over_mean", hottest},
-                    {"busiest_worker_share", total > 0 ? static_cast<double>(busiest) / static_cast<double>(total) : 0.0}};
+                    {"busiest_worker_share", total > 0 ? static_cast<double>(busiest) / static_cast<double>(total) : 0.0},
+                    {"expert_parallel_ranks", widest},
+                    {"busiest_rank_share", widest > 1 ? busiest_rank : 1.0}};
 }
 
 // "nodes": each host's ranks, in rank order; "kv_between_nodes" and

@@ -47,6 +47,7 @@ struct ClusterConfig {
   int64_t prefill_tp = 0;         // of a prefill worker; 0: tp
   int64_t decode_tp = 0;          // of a decode (or aggregated) worker; 0: tp
   std::string placement = "node"; // node: roles spread over the nodes, groups on one node each | rank
+  bool expert_parallel = true;    // a MoE model's experts whole on a worker's ranks; false: each expert split
   int prefill_width() const { return static_cast<int>(prefill_tp > 0 ? prefill_tp : tp); }
   int decode_width() const { return static_cast<int>(decode_tp > 0 ? decode_tp : tp); }
 };

@@ -195,6 +195,12 @@ std::vector<KeySpec> build_schema() {
           .at_least(0).at_most(8)
           .doc("Tensor-parallel width of a decode worker (of every worker when aggregated); 0: tp.")
           ,
+      key("cluster", "expert_parallel", &C::cluster, &ClusterConfig::expert_parallel)
+          .doc("A mixture-of-experts model in a worker of two or more ranks: true gives each rank whole experts "
+               "(experts / width of them; the width must divide the experts) and sends each row's expert outputs "
+               "to the rank that combines it; false splits every expert across the ranks as a dense MLP is. "
+               "The outputs are the same bits either way (docs/engine.md).")
+          ,
       // [router]
       key("router", "policy", &C::router, &RouterConfig::policy)
           .choices({"kv_aware", "round_robin", "least_loaded"})

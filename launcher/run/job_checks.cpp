@@ -188,7 +188,7 @@ std::string tp_problem(const Prepared& p, const topology::Roles& roles) {
   for (const auto& [key, width, used] : {std::tuple{"cluster.prefill_tp", prefill_tp, roles.disaggregated()},
                                           std::tuple{"cluster.decode_tp", decode_tp, true}}) {
     if (!used || width == 1) continue;
-    if (const std::string why = runtime::cpu::tp_problem(p.model, width); !why.empty())
+    if (const std::string why = runtime::cpu::tp_problem(p.model, width, c.cluster.expert_parallel); !why.empty())
       return std::string(key) + " (or tp) = " + std::to_string(width) + ": " + why;
   }
   const int widest = std::max(roles.disaggregated() ? prefill_tp : 1, decode_tp);

@@ -112,7 +112,7 @@ class WorkerLoader {
     if (w_.tiers && width_ == 1 && l_.group.place == 0) w_.pool->set_lower(w_.tiers.get());  // a group's: through its GroupTier (run_worker)
     if (width_ > 1) w_.group = std::make_unique<mpi::MpiTpGroup>(l_.group_comm.get());
     w_.model = runtime::make_backend(backend(), p_.model, *w_.weights, *w_.pool, *w_.threads, w_.group.get(),
-                                     w_.device_group.get());
+                                     w_.device_group.get(), p_.cfg.cluster.expert_parallel);
     const std::string tp = width_ == 1 ? std::string()
                                        : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l_.group.place,
                                                      width_, l_.roles.map().leader_of(rank));
@@ -265,7 +265,7 @@ void regroup(int rank, const Prepared& p, Layout& l, WorkerParts& w, const servi
   if (w.tiers && l.group.width == 1 && l.group.place == 0) w.pool->set_lower(w.tiers.get());
   if (l.group.width > 1) w.group = std::make_unique<mpi::MpiTpGroup>(l.group_comm.get());
   w.model = runtime::make_backend(p.cfg.model.backend, p.model, *w.weights, *w.pool, *w.threads, w.group.get(),
-                                  w.device_group.get());
+                                  w.device_group.get(), p.cfg.cluster.expert_parallel);
   spdlog::info("epoch {}: regrouped: {} worker of {} rank(s){}, {} KV blocks", roles.epoch,
                l.role() == service::Role::kWorker ? "an aggregated" : std::string("a ") + std::string(service::role_name(l.role())),
                l.group.width,

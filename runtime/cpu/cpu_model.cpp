@@ -10,10 +10,29 @@
 
 namespace tandem::runtime::cpu {
 
+namespace {
+
+// The model as this rank computes it: shard_config's, and without expert
+// parallelism the share of each expert's units as well.
+ModelConfig local_config(const ModelConfig& config, TpGroup* group, bool expert_parallel) {
+  if (!group) return config;
+  const TpShard s = group->shard();
+  ModelConfig l = shard_config(config, s);
+  if (config.moe.any() && !expert_parallel) {
+    const int per = kReduceChunks / s.width;
+    l.moe.intermediate = chunk_begin(config.moe.intermediate, (s.rank + 1) * per) -
+                         chunk_begin(config.moe.intermediate, s.rank * per);
+  }
+  return l;
+}
+
+}  // namespace
+
 CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads,
-                   TpGroup* group)
+                   TpGroup* group, bool expert_parallel)
     : group_(group),
-      c_(group ? shard_config(config, group->shard()) : config),
+      expert_parallel_(expert_parallel && group && group->shard().width > 1 && config.moe.any()),
+      c_(local_config(config, group, expert_parallel)),
       w_(weights),
       pool_(pool),
       threads_(threads),
@@ -24,7 +43,7 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
     throw Error("the CPU backend keeps KV in float32 or bf16, not " + std::to_string(8 * pool.layout().elem_bytes) +
                 "-bit elements");
   if (group) {
-    const std::string why = tp_problem(config, group->shard().width);
+    const std::string why = tp_problem(config, group->shard().width, expert_parallel);
     if (!why.empty()) throw Error(why);
   }
   if (config.moe.any() && config.moe.intermediate < kReduceChunks)
@@ -33,6 +52,7 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
   if (pool.layout().kv_heads != c_.kv_heads)
     throw Error("the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
                 std::to_string(c_.kv_heads));
+  if (expert_parallel_) split_ = {group->shard().rank, group->shard().width, config.moe.experts};
   shard_layers(config, weights);
   lm_head_ = weights.lm_head.panels ? weights.lm_head : parts_.pack(weights.lm_head);
   if (weights.checkpoint && lm_head_.data != weights.lm_head.data)  // copied: the mapping's pages may go (the
@@ -88,12 +108,21 @@ void CpuModel::shard_layers(const ModelConfig& full, const ModelWeights& weights
     l.bv = slice(lw.bv, k0, k1);
     wo_parts_.push_back(split_columns(lw.wo, s.rank * per, per, parts_));
     std::vector<std::vector<Matrix>> experts;
-    if (!lw.experts.empty()) {  // a MoE layer (at width 1: tp_problem): every expert whole
+    if (!lw.experts.empty()) {  // a MoE layer: the router whole, and this rank's experts or share of each
       l.router = rows_of(lw.router, 0, lw.router.rows, parts_);
-      for (auto& e : l.experts) {
-        e.gate = rows_of(e.gate, 0, e.gate.rows, parts_);
-        e.up = rows_of(e.up, 0, e.up.rows, parts_);
-        experts.push_back(split_columns(e.down, 0, kReduceChunks, parts_));
+      const int64_t e0 = o.expert_unit, e1 = e0 + c_.moe.intermediate;
+      for (std::size_t e = 0; e < l.experts.size(); ++e) {
+        auto& ex = l.experts[e];
+        if (expert_parallel_ && !split_.owns(static_cast<int64_t>(e))) {  // another rank's: not kept
+          ex = ExpertWeights{};
+          experts.emplace_back();
+          continue;
+        }
+        const bool whole = expert_parallel_ || s.width == 1;
+        ex.gate = rows_of(ex.gate, whole ? 0 : e0, whole ? ex.gate.rows : e1, parts_);
+        ex.up = rows_of(ex.up, whole ? 0 : e0, whole ? ex.up.rows : e1, parts_);
+        experts.push_back(whole ? split_columns(ex.down, 0, kReduceChunks, parts_)
+                                : split_columns(ex.down, s.rank * per, per, parts_));
       }
       down_parts_.emplace_back();
     } else {
@@ -163,7 +192,7 @@ void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Produc
 // Each thread takes a range of output columns and, a block of rows at a
 // time, computes the chunks' partial products and adds them in the tree.
 void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matrix>& parts, float* y,
-                            const std::vector<float>* bias) {
+                            const std::vector<float>* bias, bool exchange) {
   const int64_t n = parts.front().rows;
   int64_t k = 0;
   for (const Matrix& p : parts) k += p.cols;
@@ -185,7 +214,7 @@ void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matr
       for (int64_t r = 0; r < rb; ++r) std::copy(s + r * n + n0, s + r * n + n1, y + (r0 + r) * n + n0);
     }
   });
-  if (group_) group_->reduce_tree(y, rows * n);  // the ranks' chunks, added in the same tree
+  if (group_ && exchange) group_->reduce_tree(y, rows * n);  // the ranks' chunks, added in the same tree
   if (bias)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < n; ++j) y[r * n + j] += (*bias)[static_cast<std::size_t>(j)];
@@ -322,12 +351,12 @@ void CpuModel::moe(int64_t layer, int64_t R) {
   }
   int64_t* counted = expert_tokens_.data() + moe_index_[sz(layer)] * E;
   for (int64_t e = 0; e < E; ++e) counted[e] += static_cast<int64_t>(expert_slots_[sz(e)].size());
-  // Each expert once, over the rows that chose it.
+  // Each expert once, over the rows that chose it: this rank's experts, or its share of every expert.
   slot_out_.resize(sz(R * K * H));
   for (int64_t e = 0; e < E; ++e) {
     const auto& slots = expert_slots_[sz(e)];
     const auto n = static_cast<int64_t>(slots.size());
-    if (n == 0) continue;
+    if (n == 0 || (expert_parallel_ && !split_.owns(e))) continue;
     xe_.resize(sz(n * H));
     ge_.resize(sz(n * U));
     ue_.resize(sz(n * U));
@@ -340,16 +369,34 @@ void CpuModel::moe(int64_t layer, int64_t R) {
       const float g = ge_[sz(i)];
       ge_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * ue_[sz(i)];
     }
-    row_parallel(ge_.data(), n, expert_down_parts_[sz(layer)][sz(e)], ye_.data(), nullptr);
+    row_parallel(ge_.data(), n, expert_down_parts_[sz(layer)][sz(e)], ye_.data(), nullptr, /*exchange=*/false);
     for (int64_t i = 0; i < n; ++i) std::copy_n(ye_.data() + i * H, H, slot_out_.data() + slots[sz(i)] * H);
   }
-  // Each row's experts summed in its slot order, then the residual.
-  for (int64_t r = 0; r < R; ++r)
+  // Each row's experts summed in its slot order (on the row's home rank, with
+  // experts placed whole: expert_parallel.h), then the residual.
+  int64_t r0 = 0, r1 = R;
+  if (expert_parallel_) {
+    combine_ = plan_combine(route_expert_, K, split_);
+    exchange_slots(*group_, combine_, slot_out_.data(), H, send_, recv_);
+    r0 = home_begin(R, split_.width, split_.rank), r1 = home_begin(R, split_.width, split_.rank + 1);
+  } else if (group_) {
+    group_->reduce_tree(slot_out_.data(), R * K * H);  // every slot: the ranks' shares of its expert, in the tree
+  }
+  moe_out_.resize(sz(R * H));
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < H; ++i) {
       float acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot_out_[sz((r * K + k) * H + i)];
-      x_[sz(r * H + i)] += acc;
+      moe_out_[sz((r - r0) * H + i)] = acc;
     }
+  const float* combined = moe_out_.data();
+  if (expert_parallel_) {
+    std::vector<int64_t> counts(combine_.home_rows);
+    for (auto& c : counts) c *= H;
+    group_->all_gather(moe_out_.data(), counts, xn_.data());  // xn_: the experts' inputs, read by now
+    combined = xn_.data();
+  }
+  for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += combined[i];
 }
 
 void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {

@@ -19,6 +19,7 @@
 
 #include "kv/block_pool.h"
 #include "runtime/engine/backend.h"
+#include "runtime/cpu/expert_parallel.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
@@ -36,9 +37,11 @@ class CpuModel final : public ModelBackend {
   // group (tp_group.h) this rank computes its shard: the pool holds only its
   // KV heads (shard_config), and the weights are best loaded without panels
   // so that only the shard's slices are copied (the rest stays unread in the
-  // mapping).
+  // mapping). A mixture of experts' layers are expert-parallel in a group
+  // (expert_parallel.h): each rank holds E / width whole experts; with
+  // expert_parallel false every expert is split as the dense MLP is.
   CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads,
-           TpGroup* group = nullptr);
+           TpGroup* group = nullptr, bool expert_parallel = true);
 
   // Runs one step. logits: [rows wanting logits][vocab], in chunk order, and
   // within a chunk in position order. Throws tandem::Error on a block table
@@ -46,6 +49,7 @@ class CpuModel final : public ModelBackend {
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
   std::string_view name() const override { return "cpu"; }
   std::vector<int64_t> expert_tokens() const override { return expert_tokens_; }
+  int expert_ranks() const override { return expert_parallel_ ? split_.width : 1; }
 
   const KernelTable& kernels() const { return kern_; }
 
@@ -61,9 +65,10 @@ class CpuModel final : public ModelBackend {
   // The same for a row-parallel product (o_proj, down_proj): W's reduction
   // in its fixed tree of column chunks (row_parallel.h), this rank's chunks,
   // then the group's exchange, so that a tensor-parallel group of any width
-  // computes it bit for bit alike.
+  // computes it bit for bit alike. exchange false: this rank's chunks only
+  // (the caller exchanges, once for many products).
   void row_parallel(const float* x, int64_t rows, const std::vector<Matrix>& parts, float* y,
-                    const std::vector<float>* bias);
+                    const std::vector<float>* bias, bool exchange = true);
   void shard_layers(const ModelConfig& full, const ModelWeights& weights);
   void rms_norm(const float* x, const std::vector<float>& w, int64_t n, float* y) const;
   // A MoE layer's MLP on xn_ (R rows), added into x_: each row's top-k
@@ -78,6 +83,7 @@ class CpuModel final : public ModelBackend {
   void store_kv(const float* src, int64_t n, int64_t element);
 
   TpGroup* group_;
+  const bool expert_parallel_;  // a MoE model in a group of two or more, experts whole on their ranks
   const ModelConfig c_;  // this rank's shard of the model (the whole model without a group)
   const ModelWeights& w_;
   std::vector<LayerWeights> layers_;  // the shard's slices (views where no copy is needed)
@@ -102,6 +108,9 @@ class CpuModel final : public ModelBackend {
   std::vector<int64_t> expert_tokens_;  // [MoE layer][expert]: rows routed so far
   std::vector<int64_t> moe_index_;      // per layer: its index among the MoE layers (-1: dense)
   std::vector<std::vector<int64_t>> expert_slots_;  // per expert: row * top_k + slot
+  ExpertSplit split_;                                // which experts are this rank's (expert_parallel_)
+  CombinePlan combine_;                              // the step's exchange of expert outputs
+  std::vector<float> send_, recv_, moe_out_;         // its buffers; the combined rows [home rows][hidden]
   struct RowRef {
     int64_t chunk;
     int64_t pos;

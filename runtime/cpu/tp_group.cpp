@@ -4,7 +4,7 @@
 
 namespace tandem::runtime::cpu {
 
-std::string tp_problem(const ModelConfig& c, int width) {
+std::string tp_problem(const ModelConfig& c, int width, bool expert_parallel) {
   const std::string w = std::to_string(width);
   if (width != 1 && width != 2 && width != 4 && width != 8) return "a tensor-parallel width is 1, 2, 4 or 8, not " + w;
   if (c.heads % width != 0)
@@ -13,9 +13,10 @@ std::string tp_problem(const ModelConfig& c, int width) {
     return "a width of " + w + " neither divides the model's " + std::to_string(c.kv_heads) +
            " KV heads nor is a multiple of them";
   if (c.intermediate < kReduceChunks) return "the model's MLP is too narrow to split";
-  if (c.moe.any() && width > 1)
-    return "a mixture-of-experts model (" + c.architecture + ") runs at a tensor-parallel width of 1 for now: "
-           "expert parallelism across a worker's ranks is still to come; set cluster.tp = 1 (and prefill_tp, decode_tp)";
+  if (c.moe.any() && width > 1 && expert_parallel && c.moe.experts % width != 0)
+    return "a width of " + w + " does not divide the model's " + std::to_string(c.moe.experts) +
+           " experts (expert parallelism gives each rank whole experts): choose a width that divides them, or set "
+           "cluster.expert_parallel = false to split every expert across the ranks instead";
   return "";
 }
 
@@ -33,6 +34,7 @@ ShardOffsets shard_offsets(const ModelConfig& c, TpShard s) {
   o.head = s.rank * (c.heads / s.width);
   o.kv_head = c.kv_heads >= s.width ? s.rank * (c.kv_heads / s.width) : s.rank * c.kv_heads / s.width;
   o.unit = chunk_begin(c.intermediate, s.rank * (kReduceChunks / s.width));
+  o.expert_unit = chunk_begin(c.moe.intermediate, s.rank * (kReduceChunks / s.width));
   return o;
 }
 

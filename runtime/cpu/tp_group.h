@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "runtime/model/model_config.h"
@@ -36,19 +37,31 @@ class TpGroup {
   // rank's part into `mine`. Collective, in the order of the group's other calls.
   virtual void gather(const void* mine, std::size_t bytes, void* all) = 0;
   virtual void scatter(const void* all, std::size_t bytes, void* mine) = 0;
+  // Expert parallelism's exchanges (expert_parallel.h). Every rank computes
+  // every count from the same routing, so none is sent. all_to_all: this rank
+  // sends send_counts[q] floats to rank q, taken from `send` in rank order,
+  // and receives recv_counts[q] floats from rank q into `recv` in rank order
+  // (its own part as well). all_gather: counts[q] floats of every rank q into
+  // `all` in rank order, on every rank; this rank's from `mine`.
+  virtual void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                          std::span<const int64_t> recv_counts) = 0;
+  virtual void all_gather(const float* mine, std::span<const int64_t> counts, float* all) = 0;
 };
 
 // Why `width` cannot shard this model, or "" when it can: 1, 2, 4 or 8,
-// dividing the attention heads, and dividing the KV heads or divided by them.
-std::string tp_problem(const ModelConfig& c, int width);
+// dividing the attention heads, and dividing the KV heads or divided by them;
+// for a mixture of experts, dividing the experts (expert_parallel: each rank
+// holds whole experts) or their units (not: every expert split as the dense MLP).
+std::string tp_problem(const ModelConfig& c, int width, bool expert_parallel = true);
 
 // The model as one rank of the group computes it: its heads, KV heads and
 // intermediate units (hidden, vocabulary and the rest unchanged).
 ModelConfig shard_config(const ModelConfig& c, TpShard s);
 
-// The first of the rank's attention heads, KV heads and intermediate units.
+// The first of the rank's attention heads, KV heads and intermediate units
+// (and of each expert's units, where experts are split rather than placed whole).
 struct ShardOffsets {
-  int64_t head = 0, kv_head = 0, unit = 0;
+  int64_t head = 0, kv_head = 0, unit = 0, expert_unit = 0;
 };
 ShardOffsets shard_offsets(const ModelConfig& c, TpShard s);
 

@@ -40,6 +40,9 @@ class ModelBackend {
   // by MoE layer ([layer][expert], flattened; a row counts once for each of
   // its top-k experts). Empty for a dense model, or a backend that does not count.
   virtual std::vector<int64_t> expert_tokens() const { return {}; }
+  // The ranks a mixture of experts' experts are placed on, whole (expert
+  // parallelism: rank r of a group of w holds experts [r E/w, (r+1) E/w)); 1 otherwise.
+  virtual int expert_ranks() const { return 1; }
   // Optional, for steps whose every sampled row is plain greedy: the same
   // step, returning each logits row's argmax (ties to the lowest id, as
   // sample_token) instead of the row, so the logits need not travel to the

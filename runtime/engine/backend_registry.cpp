@@ -164,10 +164,10 @@ std::string backend_model_problem(std::string_view name, const ModelConfig& conf
 
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
                                            kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group,
-                                           DeviceGroup* device_group) {
+                                           DeviceGroup* device_group, bool expert_parallel) {
   if (const std::string why = backend_unavailable(name); !why.empty())
     throw Error("model.backend = \"" + std::string(name) + "\": " + why);
-  if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads, group);
+  if (name == "cpu") return std::make_unique<cpu::CpuModel>(config, weights, pool, threads, group, expert_parallel);
   if (const std::string why = backend_model_problem(name, config); !why.empty())
     throw Error("model.backend = \"" + std::string(name) + "\": " + why);
   if (group && group->shard().width > 1 && !device_group)

@@ -59,9 +59,10 @@ std::string backend_model_problem(std::string_view name, const ModelConfig& conf
 // pool's own, for cpu). With a tensor-parallel group it computes this rank's
 // shard, and the pool holds the shard's KV heads: cpu exchanges through
 // `group` (host memory), cuda through `device_group` (device memory; needed
-// at a width > 1). Throws tandem::Error when it is not available.
+// at a width > 1); a mixture of experts' layers expert-parallel or not
+// (cpu/expert_parallel.h). Throws tandem::Error when it is not available.
 std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelConfig& config, const ModelWeights& weights,
                                            kv::BlockPool& pool, cpu::ThreadPool& threads, cpu::TpGroup* group = nullptr,
-                                           DeviceGroup* device_group = nullptr);
+                                           DeviceGroup* device_group = nullptr, bool expert_parallel = true);
 
 }  // namespace tandem::runtime

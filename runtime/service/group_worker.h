@@ -183,6 +183,7 @@ class LeaderBackend : public runtime::ModelBackend {
   LeaderBackend(std::unique_ptr<runtime::ModelBackend> inner, LeaderPort& port);
   std::string_view name() const override { return inner_->name(); }
   std::vector<int64_t> expert_tokens() const override { return inner_->expert_tokens(); }
+  int expert_ranks() const override { return inner_->expert_ranks(); }
   void forward(std::span<const runtime::SeqChunk> chunks, std::vector<float>& logits) override;
   // The leader's tokens drawn where its logits are (a GPU's), when its model can: the followers run the
   // same pass, which they always run without the LM head.

@@ -367,7 +367,7 @@ std::vector<uint8_t> encode(const RankReport& r) {
                             {"kv_used", r.kv_blocks_used}, {"kv_total", r.kv_blocks_total},
                             {"steps", steps_json(r.step_samples)}, {"tier_hits", r.hit_tokens_by_tier},
                             {"tiers", tiers_json(r.tiers)}, {"kv_to", kv_to}, {"experts", r.experts},
-                            {"expert_tokens", r.expert_tokens}});
+                            {"expert_tokens", r.expert_tokens}, {"expert_ranks", r.expert_ranks}});
 }
 
 RankReport decode_report(const std::vector<uint8_t>& bytes) {
@@ -392,6 +392,7 @@ RankReport decode_report(const std::vector<uint8_t>& bytes) {
   for (const auto& t : j.at("kv_to")) r.kv_sent_to.push_back({t.at(0).get<int>(), t.at(1).get<int64_t>(), t.at(2).get<double>()});
   r.experts = j.at("experts");
   r.expert_tokens = j.at("expert_tokens").get<std::vector<int64_t>>();
+  r.expert_ranks = j.at("expert_ranks");
   return r;
 }
 

@@ -24,7 +24,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 10;
+constexpr int kProtocolVersion = 11;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).
@@ -99,6 +99,7 @@ struct RankReport {
   // ([MoE layer][expert], flattened: ModelBackend::expert_tokens), of `experts` per layer.
   int64_t experts = 0;
   std::vector<int64_t> expert_tokens;
+  int expert_ranks = 1;  // the group's ranks its experts are placed on, whole (ModelBackend::expert_ranks)
 };
 
 // The tier counters as JSON (summary, wire) and back.

@@ -218,6 +218,7 @@ RankReport WorkerCore::report() const {
   r.hit_tokens_by_tier = engine_.stats().hit_tokens_by_tier;
   r.experts = config_experts_;
   r.expert_tokens = engine_.backend().expert_tokens();
+  r.expert_ranks = engine_.backend().expert_ranks();
   if (tiers_) r.tiers = tiers_->stats();
   if (tiers_base_)  // counters only: what the store held at open, the flags and the capacity are this worker's too
     kv::TierStats::each_field([&](std::string_view name, auto member) {

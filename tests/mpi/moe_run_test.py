@@ -4,8 +4,10 @@ layer, Mixtral): the same token ids in one process, aggregated over 2
 workers and disaggregated 1P+1D (the KV handoff is attention's and does not
 change), greedy and sampled; the summary counts the prompts' KV that moved,
 and the rows each expert computed: top-k for every row a worker computed.
-A worker wider than one rank is refused before any work with one line
-(expert parallelism is still to come).
+Workers of 2 and 4 ranks, experts whole on their ranks (expert
+parallelism) or split, give the same token ids, aggregated and with the
+prefill and decode widths mismatched; a width that does not divide the
+experts is refused before any work with one line.
 Usage: moe_run_test.py TANDEM SRC_DIR"""
 import json
 import subprocess
@@ -45,11 +47,13 @@ with tempfile.TemporaryDirectory() as d:
         summary = json.loads((tmp / f"{name}.jsonl.summary.json").read_text()) if p.returncode == 0 else {}
         return p, tokens, summary
 
+    singles = {}
     for arch in ("qwen3_moe", "mixtral"):
         if not check.wants(arch):
             continue
         model = make_model(tandem, src, tmp / arch, "tiny", 5, arch, "--dtype", "f32")
         p, single, summary = run(model, f"{arch}-single", 1)
+        singles[arch] = single
         check(f"{arch}: one process completes every line", p.returncode == 0 and len(single) == 24,
               f"rc {p.returncode}, {len(single)} lines")
         experts = summary.get("experts", {})
@@ -74,13 +78,42 @@ with tempfile.TemporaryDirectory() as d:
               f"rc {p.returncode}, {sum(dis.get(k) != v for k, v in single.items())} differ, "
               f"{summary.get('kv_bytes_transferred')} KV bytes")
 
+    # Expert parallelism: workers of 2 ranks (4 experts each) and of 4 (2 each), experts whole or split; the
+    # same token ids as one process, aggregated and disaggregated with the prefill and decode widths mismatched.
+    model = tmp / "qwen3_moe"
+    if (check.wants("ep") or check.wants("refused")) and not model.exists():
+        make_model(tandem, src, model, "tiny", 5, "qwen3_moe", "--dtype", "f32")
+    if check.wants("ep"):
+        single = singles.get("qwen3_moe") or run(model, "qwen3_moe-single", 1)[1]
+        for name, np, ranks, sets in (("agg tp=2, experts whole", 5, 2, ['job.mode="agg"', "cluster.tp=2"]),
+                                      ("agg tp=2, experts split", 3, 1, ['job.mode="agg"', "cluster.tp=2",
+                                                                         "cluster.expert_parallel=false"]),
+                                      ("1P+1D, prefill 1 rank, decode 4 ranks", 6, 4,
+                                       ['job.mode="disagg"', "cluster.prefill_tp=1", "cluster.decode_tp=4",
+                                        "cluster.prefill_ranks=1", "router.local_prefill_tokens=1"]),
+                                      ("2P+1D, prefill 2 ranks each, decode 1 rank", 6, 2,
+                                       ['job.mode="disagg"', "cluster.prefill_tp=2", "cluster.decode_tp=1",
+                                        "cluster.prefill_ranks=4", "router.local_prefill_tokens=1"])):
+            tag = name.split(",")[0].replace(" ", "_").replace("=", "").replace("+", "")
+            p, got, summary = run(model, f"ep-{tag}-{np}", np, *sets)
+            rows = sum(r["prefill_tokens"] + r["decode_tokens"] for r in summary.get("ranks", []))
+            experts = summary.get("experts", {})
+            layers = experts.get("tokens_per_expert", [])
+            share = experts.get("busiest_rank_share", 0)
+            check(f"expert parallel, {name}: the same token ids as one process, every row's experts counted once",
+                  p.returncode == 0 and got == single and len(layers) == 1 and sum(layers[0]) == 2 * rows,
+                  f"rc {p.returncode}, {sum(got.get(k) != v for k, v in single.items())} differ, {rows} rows, {layers}")
+            check(f"expert parallel, {name}: the summary shows experts on {ranks} rank(s), the busiest rank's share",
+                  experts.get("expert_parallel_ranks") == ranks and
+                  (share == 1 if ranks == 1 else 1 / ranks <= share < 1), f"{experts}")
+
     if check.wants("refused"):
-        model = tmp / "qwen3_moe" if (tmp / "qwen3_moe").exists() else make_model(tandem, src, tmp / "qwen3_moe", "tiny", 5,
-                                                                                 "qwen3_moe", "--dtype", "f32")
-        p, _, _ = run(model, "tp2", 3, "cluster.tp=2", timeout=60)
+        six = make_model(tandem, src, tmp / "six", "tiny", 5, "qwen3_moe", "--dtype", "f32", "--experts", "6")
+        p, _, _ = run(six, "tp4", 5, "cluster.tp=4", timeout=60)
         errors = [l for l in p.stderr.splitlines() if l.startswith("tandem: error:")]
-        check("a worker of 2 ranks is refused before any work, with one line",
-              p.returncode != 0 and len(errors) == 1 and "runs at a tensor-parallel width of 1 for now" in errors[0] and
-              not (tmp / "tp2.jsonl").exists(), f"rc {p.returncode}: {p.stderr.strip()[-300:]}")
+        check("a worker width that does not divide the experts is refused before any work, with one line",
+              p.returncode != 0 and len(errors) == 1 and "does not divide the model's 6 experts" in errors[0] and
+              "cluster.expert_parallel = false" in errors[0] and not (tmp / "tp4.jsonl").exists(),
+              f"rc {p.returncode}: {p.stderr.strip()[-300:]}")
 
 sys.exit(check.exit_code())

@@ -2,8 +2,11 @@
 // group's collectives through buffers every rank sees (in place of MPI).
 #pragma once
 
+#include <algorithm>
 #include <barrier>
 #include <cstring>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "runtime/cpu/row_parallel.h"
@@ -14,7 +17,8 @@ namespace tandem::testing {
 // One thread per rank; the exchange through buffers every rank sees.
 class ThreadGroup {
  public:
-  explicit ThreadGroup(int width) : width_(width), slots_(static_cast<std::size_t>(width)), sync_(width) {}
+  explicit ThreadGroup(int width)
+      : width_(width), slots_(static_cast<std::size_t>(width)), counts_(static_cast<std::size_t>(width)), sync_(width) {}
 
   class Member : public runtime::cpu::TpGroup {
    public:
@@ -49,6 +53,37 @@ class ThreadGroup {
       g_.sync_.arrive_and_wait();
     }
 
+    // Every rank's send buffer in its slot, then each takes its parts.
+    void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                    std::span<const int64_t> recv_counts) override {
+      int64_t total = 0;
+      for (const int64_t c : send_counts) total += c;
+      g_.slots_[static_cast<std::size_t>(rank_)].assign(send, send + total);
+      g_.counts_[static_cast<std::size_t>(rank_)].assign(send_counts.begin(), send_counts.end());
+      g_.sync_.arrive_and_wait();
+      for (int q = 0; q < g_.width_; ++q) {
+        const auto& theirs = g_.counts_[static_cast<std::size_t>(q)];
+        int64_t at = 0;
+        for (int d = 0; d < rank_; ++d) at += theirs[static_cast<std::size_t>(d)];
+        const int64_t n = theirs[static_cast<std::size_t>(rank_)];
+        if (n != recv_counts[static_cast<std::size_t>(q)]) throw std::logic_error("all_to_all: the counts disagree");
+        std::copy_n(g_.slots_[static_cast<std::size_t>(q)].data() + at, n, recv);
+        recv += n;
+      }
+      g_.sync_.arrive_and_wait();
+    }
+    void all_gather(const float* mine, std::span<const int64_t> counts, float* all) override {
+      g_.slots_[static_cast<std::size_t>(rank_)].assign(mine, mine + counts[static_cast<std::size_t>(rank_)]);
+      g_.sync_.arrive_and_wait();
+      for (int q = 0; q < g_.width_; ++q) {
+        const auto& s = g_.slots_[static_cast<std::size_t>(q)];
+        if (static_cast<int64_t>(s.size()) != counts[static_cast<std::size_t>(q)])
+          throw std::logic_error("all_gather: the counts disagree");
+        all = std::copy(s.begin(), s.end(), all);
+      }
+      g_.sync_.arrive_and_wait();
+    }
+
    private:
     ThreadGroup& g_;
     int rank_;
@@ -57,6 +92,7 @@ class ThreadGroup {
  private:
   int width_;
   std::vector<std::vector<float>> slots_;
+  std::vector<std::vector<int64_t>> counts_;  // all_to_all: each rank's send counts
   std::barrier<> sync_;
 };
 

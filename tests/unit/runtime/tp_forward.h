@@ -15,11 +15,12 @@ namespace tandem::testing {
 // A prefill of `prompt` (logits for every position), then `steps` greedy
 // decode steps; every logit of every step, as one rank of a group computes them.
 inline std::vector<float> tp_forward(const runtime::ModelConfig& c, const runtime::ModelWeights& w,
-                                     runtime::cpu::TpGroup* group, const std::vector<int32_t>& prompt, int steps) {
+                                     runtime::cpu::TpGroup* group, const std::vector<int32_t>& prompt, int steps,
+                                     bool expert_parallel = true) {
   const runtime::ModelConfig local = group ? runtime::cpu::shard_config(c, group->shard()) : c;
   kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, 8);
   runtime::cpu::ThreadPool threads(1);
-  runtime::cpu::CpuModel model(c, w, pool, threads, group);
+  runtime::cpu::CpuModel model(c, w, pool, threads, group, expert_parallel);
   std::vector<int32_t> blocks(8);
   std::iota(blocks.begin(), blocks.end(), 0);
   std::vector<float> all, logits;

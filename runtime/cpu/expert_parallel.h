@@ -1,0 +1,59 @@
+// Expert parallelism inside a tensor-parallel group (tp_group.h): attention
+// stays tensor-parallel, and a mixture of experts' layer gives each of the
+// group's w ranks E / w whole experts (rank r: experts [r E/w, (r+1) E/w)).
+//
+// After attention's exchange every rank holds every row's hidden vector, and
+// every rank routes every row (the same bits: the same inputs, the router
+// replicated), so the dispatch moves nothing: a rank runs its experts over
+// the rows that chose them. The combine is where data moves. Rows are split
+// among the ranks in contiguous blocks (a row's home rank); each expert's
+// output for a (row, slot) goes to the row's home rank (one all_to_all),
+// which adds the row's k outputs in its slot order, exactly as one rank
+// would; then every rank gathers every home's combined rows (one
+// all_gather). So a row's result is the same bits at every width, and each
+// rank receives about R k H (w-1)/w^2 + R H (w-1)/w floats a layer instead
+// of the R k H (w-1)/w of gathering every slot's output.
+//
+// Without expert parallelism (cluster.expert_parallel = false) every expert
+// is split across the ranks as the dense MLP is (its units; down_proj in the
+// fixed tree's chunks), and one reduce_tree over every slot's output adds the
+// ranks' parts.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/cpu/tp_group.h"
+
+namespace tandem::runtime::cpu {
+
+struct ExpertSplit {
+  int rank = 0, width = 1;
+  int64_t experts = 0;
+  int owner(int64_t expert) const { return static_cast<int>(expert / (experts / width)); }
+  bool owns(int64_t expert) const { return owner(expert) == rank; }
+  int64_t first() const { return rank * (experts / width); }  // this rank's experts: [first(), first() + experts / width)
+  int64_t count() const { return experts / width; }
+};
+
+// The first row of `rank`'s home block among `rows` (rank = width: rows).
+constexpr int64_t home_begin(int64_t rows, int width, int rank) { return rows * rank / width; }
+
+// One step's combine, as this rank sees it. Slots are row * top_k + k.
+struct CombinePlan {
+  std::vector<std::vector<int64_t>> send;  // [rank q]: the slots this rank computed for q's home rows, in slot order
+  std::vector<std::vector<int64_t>> recv;  // [rank q]: the slots of this rank's home rows that q computed, in slot order
+  std::vector<int64_t> home_rows;          // [rank q]: q's home row count
+};
+
+// route_expert: [rows][top_k], each row's experts in slot order.
+CombinePlan plan_combine(std::span<const int32_t> route_expert, int64_t top_k, const ExpertSplit& split);
+
+// Moves the plan's slots (each `hidden` floats of slot_out, [rows * top_k][hidden]):
+// afterwards every slot of this rank's home rows holds its expert's output.
+// send_buf and recv_buf are scratch.
+void exchange_slots(TpGroup& group, const CombinePlan& plan, float* slot_out, int64_t hidden,
+                    std::vector<float>& send_buf, std::vector<float>& recv_buf);
+
+}  // namespace tandem::runtime::cpu
