@@ -74,7 +74,8 @@ int plan(const PlanOptions& o) {
                 "(tandem simulate --tp P:D plans re-splits between two widths)");
   if (o.workers % tp != 0)
     throw Error("--workers " + std::to_string(o.workers) + " is not whole workers of cluster.tp = " + std::to_string(tp));
-  const auto shape = planner::ModelShape::from(model).at_width(tp);
+  auto shape = planner::ModelShape::from(model).at_width(tp);
+  shape.expert_parallel = cfg.cluster.expert_parallel;
   if (const std::string why = shape.width_problem(tp); !why.empty()) throw Error("cluster.tp = " + std::to_string(tp) + ": " + why);
   const planner::PerfModel pm(shape, planner::HardwareProfile::named(o.hardware));
   planner::SimOptions so;

@@ -204,6 +204,12 @@ int simulate(const SimulateOptions& o) {
   }
   for (int width : {w.prefill, w.decode})
     if (const std::string why = shape.width_problem(width); !why.empty()) throw Error("--tp " + o.tp + ": " + why);
+  if (!o.json && shape.moe_layers > 0)
+    std::printf("mixture of experts: %.0f experts, %.0f a token, in %.0f of %.0f layers; expert-parallel workers hold %.0f "
+                "(prefill) and %.0f (decode) whole experts a GPU; a step reads about %.0f of a layer's experts for 1 "
+                "token, %.0f for 16, %.0f for 256\n",
+                shape.experts, shape.top_k, shape.moe_layers, shape.layers, shape.experts / w.prefill,
+                shape.experts / w.decode, shape.experts_touched(1), shape.experts_touched(16), shape.experts_touched(256));
   const std::vector<std::string> policies = o.policy == "all" ? planner::all_policies(o.gpus, w) : std::vector{o.policy};
   if (!o.plot.empty() && policies.size() > 1) throw Error("--plot draws one policy's run; give --policy NAME, not all");
   // One cluster for every re-splitting policy; a fixed split of two widths places its own workers.

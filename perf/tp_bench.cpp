@@ -40,26 +40,16 @@
 #include "runtime/cpu/cpu_model.h"
 #include "runtime/model/make_model.h"
 #include "runtime/model/weights.h"
+#include "model_run.h"
 
 using namespace tandem;
 using Clock = std::chrono::steady_clock;
+using perf::median;
+using perf::quiet_barrier;
+using perf::run_model;
+using perf::Speed;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// An idle rank waits without spinning (a blocking MPI_Barrier polls a core).
-void quiet_barrier() {
-  MPI_Request r;
-  MPI_Ibarrier(MPI_COMM_WORLD, &r);
-  for (int done = 0; !done;) {
-    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
 
 // Seconds per exchange of n floats: the group's against MPI_Allreduce's.
 std::pair<double, double> exchange(mpi::MpiTpGroup& g, int64_t n) {
@@ -77,55 +67,6 @@ std::pair<double, double> exchange(mpi::MpiTpGroup& g, int64_t n) {
     raw.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return {median(ours), median(raw)};
-}
-
-struct Speed {
-  double prefill = 0, decode = 0;  // tokens/s
-};
-
-// `seqs` prompts of `len` tokens prefilled one by one, then `steps` decode
-// steps of all of them together, as this rank of `group` (null: alone).
-Speed run_model(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::TpGroup* group,
-                int threads_n, int seqs, int len, int steps) {
-  const auto local = group ? runtime::cpu::shard_config(c, group->shard()) : c;
-  const int64_t per_seq = (len + steps) / 16 + 2;
-  kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, seqs * per_seq);
-  runtime::cpu::ThreadPool threads(threads_n);
-  runtime::cpu::CpuModel model(c, w, pool, threads, group);
-  std::vector<std::vector<int32_t>> tables(static_cast<std::size_t>(seqs)), prompts(tables.size());
-  for (int s = 0; s < seqs; ++s) {
-    auto& t = tables[static_cast<std::size_t>(s)];
-    t.resize(static_cast<std::size_t>(per_seq));
-    std::iota(t.begin(), t.end(), s * per_seq);
-    auto& p = prompts[static_cast<std::size_t>(s)];
-    for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>((s * 7919 + i * 104729) % 150000));
-  }
-  std::vector<float> logits;
-  Speed sp;
-  auto t0 = Clock::now();
-  for (int s = 0; s < seqs; ++s) {
-    runtime::SeqChunk ch;
-    ch.tokens = prompts[static_cast<std::size_t>(s)];
-    ch.block_table = tables[static_cast<std::size_t>(s)];
-    ch.logits_last = true;
-    model.forward({&ch, 1}, logits);
-  }
-  sp.prefill = seqs * len / std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<int32_t> next(static_cast<std::size_t>(seqs), 42);
-  std::vector<runtime::SeqChunk> batch(static_cast<std::size_t>(seqs));
-  t0 = Clock::now();
-  for (int step = 0; step < steps; ++step) {
-    for (int s = 0; s < seqs; ++s) {
-      auto& ch = batch[static_cast<std::size_t>(s)];
-      ch.start_pos = len + step;
-      ch.tokens = {&next[static_cast<std::size_t>(s)], 1};
-      ch.block_table = tables[static_cast<std::size_t>(s)];
-      ch.logits_last = true;
-    }
-    model.forward(batch, logits);
-  }
-  sp.decode = seqs * steps / std::chrono::duration<double>(Clock::now() - t0).count();
-  return sp;
 }
 
 // Seconds per handoff (median of 15, rank 0's post to done) of `blocks`

@@ -1,6 +1,7 @@
 #include "planner/perf_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tandem::planner {
 
@@ -35,7 +36,16 @@ ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_para
   m.hidden = h;
   m.heads = static_cast<double>(c.heads);
   m.kv_heads = static_cast<double>(c.kv_heads);
+  for (int64_t l = 0; l < c.layers; ++l) m.moe_layers += c.moe.at(l) ? 1 : 0;
+  m.experts = static_cast<double>(c.moe.experts);
+  m.top_k = static_cast<double>(c.moe.top_k);
+  m.expert_params = 3 * h * static_cast<double>(c.moe.intermediate);
   return m;
+}
+
+double ModelShape::experts_touched(double tokens) const {
+  if (experts <= 0 || tokens <= 0) return 0;
+  return experts * (1 - std::pow(1 - top_k / experts, tokens));
 }
 
 std::string ModelShape::width_problem(int width) const {
@@ -45,6 +55,9 @@ std::string ModelShape::width_problem(int width) const {
   if (kv % w != 0 && w % kv != 0)
     return "a width of " + std::to_string(w) + " neither divides the model's " + std::to_string(kv) +
            " KV heads nor is a multiple of them";
+  if (moe_layers > 0 && expert_parallel && static_cast<int64_t>(experts) % w != 0)
+    return "a width of " + std::to_string(w) + " does not divide the model's " + std::to_string(static_cast<int64_t>(experts)) +
+           " experts (expert parallelism gives each GPU whole experts)";
   return "";
 }
 
@@ -54,7 +67,9 @@ std::pair<double, double> PerfModel::work(const StepLoad& s) const {
   const double flops = (2 * m_.matmul_params * tokens + m_.attn_flops_per_ctx * (s.prefill_ctx + s.decode_ctx)) / tp +
                        2 * m_.lm_head_params * s.logit_rows;
   const double lm_head_bytes = m_.lm_head_params * m_.bytes_per_param;
-  const double bytes = (m_.weight_bytes - lm_head_bytes) / tp + lm_head_bytes +
+  // A MoE step reads only the experts its tokens chose, spread over the group's GPUs.
+  const double untouched = m_.moe_layers * (m_.experts - m_.experts_touched(tokens)) * m_.expert_params * m_.bytes_per_param;
+  const double bytes = (m_.weight_bytes - lm_head_bytes - untouched) / tp + lm_head_bytes +
                        m_.kv_bytes_per_token * m_.kv_share() * (s.decode_ctx + tokens);
   return {flops, bytes};
 }
@@ -62,10 +77,22 @@ std::pair<double, double> PerfModel::work(const StepLoad& s) const {
 // Two per layer (after o_proj and after down_proj), each of the step's rows
 // of hidden states in the activations' type, as a ring all-reduce moves them
 // (2 (tp - 1) / tp of the bytes through each GPU's link), plus the link's latency.
+//
+// A MoE layer's second exchange is the experts' combine instead: with expert
+// parallelism each GPU receives its home tokens' k outputs from the other
+// GPUs (T k H (tp - 1) / tp^2) and every other GPU's combined rows
+// (T H (tp - 1) / tp), in two collectives; with experts split, an all-reduce
+// of every (token, slot) output (k times the dense exchange).
 double PerfModel::exchange_seconds(double tokens) const {
   if (m_.tp <= 1 || tokens <= 0) return 0;
-  const double bytes = tokens * m_.hidden * m_.bytes_per_param * 2 * (m_.tp - 1) / m_.tp;
-  return 2 * m_.layers * (hw_.link_latency_s + bytes / hw_.link_bytes_per_s);
+  const double tp = m_.tp, row = tokens * m_.hidden * m_.bytes_per_param;
+  const double dense = row * 2 * (tp - 1) / tp;
+  const double one = hw_.link_latency_s + dense / hw_.link_bytes_per_s;
+  const double combine = m_.expert_parallel
+                             ? 2 * hw_.link_latency_s + (row * m_.top_k * (tp - 1) / (tp * tp) + row * (tp - 1) / tp) /
+                                                            hw_.link_bytes_per_s
+                             : hw_.link_latency_s + m_.top_k * dense / hw_.link_bytes_per_s;
+  return (2 * m_.layers - m_.moe_layers) * one + m_.moe_layers * combine;
 }
 
 double PerfModel::step_seconds(const StepLoad& s) const {

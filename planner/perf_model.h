@@ -5,6 +5,14 @@
 //   bytes = weights (read once per step) + KV read by attention + KV written
 // and takes max(flops / (peak * mfu), bytes / (bandwidth * mbu)) + a fixed overhead.
 //
+// A mixture of experts: flops count the experts a token computes (its top k),
+// memory every expert, and the bytes a step reads the experts its T tokens
+// touch: choosing k of E each, about E (1 - (1 - k/E)^T) of them per layer
+// (k at T = 1, nearly all of them by T = 4 E / k). A worker of w GPUs is
+// expert-parallel (runtime/cpu/expert_parallel.h): each GPU holds E / w
+// experts, and a MoE layer's combine moves each (token, slot) output to its
+// token's home GPU and the combined rows back to every GPU.
+//
 // This one formula is all the simulator knows about batching: a decode-only
 // step is memory-bound, so co-batched prefill tokens are nearly free until the
 // step turns compute-bound, after which every prefill token slows the decodes
@@ -38,6 +46,11 @@ struct ModelShape {
   // least one head), the LM head whole; every layer adds two exchanges of the
   // step's hidden states over the GPUs' link (NVLink inside a node).
   int tp = 1;
+  // A mixture of experts (0 layers: dense). expert_params: one expert's (its gate, up and down).
+  double moe_layers = 0, experts = 0, top_k = 0, expert_params = 0;
+  bool expert_parallel = true;  // each GPU of a group holds whole experts; false: every expert split
+  // The experts a step of `tokens` rows reads in each MoE layer, on average: E (1 - (1 - k/E)^tokens).
+  double experts_touched(double tokens) const;
 
   // kv_bytes_per_value: 0 means the same as bytes_per_param (the CPU engine keeps KV in fp32: 4).
   static ModelShape from(const runtime::ModelConfig& c, double bytes_per_param = 2, double kv_bytes_per_value = 0);
@@ -47,7 +60,8 @@ struct ModelShape {
     m.tp = width;
     return m;
   }
-  // Why a group of `width` GPUs cannot run it ("" when it can): the heads and KV heads must split.
+  // Why a group of `width` GPUs cannot run it ("" when it can): the heads and KV heads must split (and the
+  // experts, with expert parallelism).
   std::string width_problem(int width) const;
   // The share of a token's KV one GPU of the group holds.
   double kv_share() const { return 1.0 / std::max(1.0, std::min(static_cast<double>(tp), kv_heads)); }

@@ -188,7 +188,8 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   // A worker of tp ranks: the planner's model of it is the group's (its exchanges included).
   const auto whole = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)),
                                                static_cast<double>(kv_layout(p).elem_bytes));
-  const auto shape = whole.at_width(tp);
+  auto shape = whole.at_width(tp);
+  shape.expert_parallel = p.cfg.cluster.expert_parallel;
   // With GPU workers rank 0 does not touch a GPU (it may have none): the CPU profile is only the
   // planner's first guess there, until the workers' reported steps replace it.
   const double pool_bytes = !p.cfg.choices.on_cpu() ? 0.0

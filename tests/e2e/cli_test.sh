@@ -106,6 +106,19 @@ sim70() {  # sim70 HARDWARE: lookahead at the width chosen; prints the line that
   "$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/llama-70b.json" --hardware "$1" --gpus 64 \
     --epoch-requests 500 2> "$tmp/err" | grep -E '^[0-9]+ requests on 64 GPUs'
 }
+# Mixtures of experts: Qwen3-235B-A22B (470 GB) on 64 H100s in expert-parallel workers of 8, every policy;
+# Qwen3-30B-A3B on 8, each width simulated.
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/qwen3-235b-a22b.json" --hardware h100 --gpus 64 \
+  --policy all --epoch-requests 500 > "$tmp/sim235" 2> "$tmp/err"; rc=$?
+check "simulate Qwen3-235B-A22B on 64 H100s: every policy runs, width 8 the smallest it fits, 16 experts a GPU" \
+  test $rc -eq 0 -a "$(grep -cE '^(agg|static:[0-9]+:[0-9]+|sla|lookahead|oracle) +makespan' "$tmp/sim235")" -ge 6 \
+  -a "$(grep -c '^tensor-parallel width 8, the smallest the model fits' "$tmp/sim235")" -eq 1 \
+  -a "$(grep -c '^mixture of experts: 128 experts, 8 a token, in 94 of 94 layers; expert-parallel workers hold 16 (prefill) and 16 (decode)' "$tmp/sim235")" -eq 1
+"$tandem" simulate --workload "$tmp/tp.toml" --model-config "$src/jobs/sim/qwen3-30b-a3b.json" --hardware h100 --gpus 8 \
+  --tp best --epoch-requests 500 > "$tmp/sim30" 2> "$tmp/err"; rc=$?
+check "simulate Qwen3-30B-A3B on 8 H100s --tp best: each width and pair simulated, one chosen" \
+  test $rc -eq 0 -a "$(grep -cE '^tensor-parallel widths? [1248](:[1248])?( \(prefill:decode\))?, chosen by simulating lookahead at each \(makespan\): tp 1: [0-9.]+ s; tp 2: [0-9.]+ s; tp 4: [0-9.]+ s; tp 8: [0-9.]+ s' "$tmp/sim30")" -eq 1 \
+  -a "$(grep -cE '^[0-9]+ requests on 8 GPUs \(h100\) in ' "$tmp/sim30")" -eq 1
 # 141 GB of weights: an H200 (141 GB) cannot hold them with any KV, a B200 (180 GB) can.
 check "simulate 70B on 64 H200s: 32 workers of tp 2" test "$(sim70 h200)" = "3000 requests on 64 GPUs (h200) in 32 worker(s) of tp 2, policy lookahead"
 check "simulate 70B on 64 B200s: 64 workers of tp 1" test "$(sim70 b200)" = "3000 requests on 64 GPUs (b200) in 64 worker(s) of tp 1, policy lookahead"

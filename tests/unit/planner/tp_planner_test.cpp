@@ -2,6 +2,7 @@
 // and cells of two widths that a re-split drains and regroups (issue 18).
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <span>
 
@@ -199,4 +200,53 @@ TEST_CASE("the epoch planner with two widths: splits of cells, each width fitted
   EpochPlanner fresh(o, m.shape, 4, 2, h100, "static:2:2"), fitted(o, m.shape, 4, 2, h100, "static:2:2");
   fitted.observe(slow, 4);
   CHECK(fitted.decide(epoch).predicted_s > fresh.decide(epoch).predicted_s);
+}
+
+TEST_CASE("a mixture of experts: flops from the active experts, memory from all, a step's bytes from those it touches",
+          "[planner][tp][moe]") {
+  std::ifstream f(TANDEM_SOURCE_DIR "/jobs/sim/qwen3-30b-a3b.json");
+  const auto config = runtime::ModelConfig::parse(nlohmann::json::parse(f), "qwen3-30b-a3b.json");
+  const auto shape = ModelShape::from(config);
+  const auto h100 = HardwareProfile::named("h100");
+  // Qwen3-30B-A3B: 30.5 B parameters (61 GB in bf16, the untied embedding only looked up), 3.3 B active a
+  // token counting the embedding as Qwen does.
+  CHECK(shape.weight_bytes / 1e9 == Approx(61).epsilon(0.02));
+  CHECK((shape.matmul_params + 2 * shape.lm_head_params) / 1e9 == Approx(3.3).epsilon(0.03));
+  CHECK(shape.moe_layers == 48);
+  // Experts a step reads per layer: k for one token, E (1 - (1 - k/E)^T) for T, all of them at last.
+  CHECK(shape.experts_touched(1) == Approx(8));
+  CHECK(shape.experts_touched(16) == Approx(128 * (1 - std::pow(1 - 8.0 / 128, 16))));
+  CHECK(shape.experts_touched(4096) == Approx(128).epsilon(1e-6));
+  // A one-sequence decode step reads the active weights, not the 61 GB: a dense model of the same
+  // weights would take about 61 / 3.3 times as long.
+  const PerfModel one(shape, h100);
+  StepLoad decode;
+  decode.decode_seqs = 1;
+  decode.decode_ctx = 1024;
+  decode.logit_rows = 1;
+  const double active_bytes = (shape.matmul_params + shape.lm_head_params) * 2;
+  CHECK(one.work(decode).second == Approx(active_bytes + shape.kv_bytes_per_token * 1025).epsilon(1e-6));
+  // 256 sequences touch nearly every expert: the step reads nearly every weight.
+  decode.decode_seqs = 256;
+  decode.decode_ctx = 256 * 1024.0;
+  decode.logit_rows = 256;
+  CHECK(one.work(decode).second > 0.99 * shape.weight_bytes);
+  // At width 4, expert parallel: 32 experts a GPU, a quarter of the memory; the combine moves less than
+  // the split experts' all-reduce of every slot (k = 8 outputs a token).
+  const PerfModel ep(shape.at_width(4), h100);
+  ModelShape split_shape = shape.at_width(4);
+  split_shape.expert_parallel = false;
+  const PerfModel split(split_shape, h100);
+  CHECK(ep.gpu_weight_bytes() == Approx((shape.weight_bytes - shape.lm_head_params * 2) / 4 + shape.lm_head_params * 2));
+  CHECK(ep.exchange_seconds(512) < split.exchange_seconds(512));
+  const double row = 512 * 2048 * 2.0, one_link = h100.link_latency_s + row * 2 * 3 / 4 / h100.link_bytes_per_s;
+  CHECK(ep.exchange_seconds(512) ==
+        Approx(48 * one_link + 48 * (2 * h100.link_latency_s + (row * 8 * 3 / 16 + row * 3 / 4) / h100.link_bytes_per_s)));
+  // Widths: 128 experts take 1-8 whole; a model of 6 experts refuses 4 with expert parallelism.
+  CHECK(shape.width_problem(8).empty());
+  ModelShape six = shape;
+  six.experts = 6;
+  CHECK_THAT(six.width_problem(4), Catch::Contains("does not divide the model's 6 experts"));
+  six.expert_parallel = false;
+  CHECK(six.width_problem(4).empty());
 }
