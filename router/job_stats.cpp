@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "router/hosts.h"
+#include "runtime/cpu/expert_parallel.h"
 
 namespace tandem::router {
 
@@ -171,11 +172,8 @@ void JobStats::expert_summary(nlohmann::json& out) const {
     if (sum.size() < r.expert_tokens.size()) sum.resize(r.expert_tokens.size());
     int64_t mine = 0;
     const int w = std::max(1, r.expert_ranks);
-    std::vector<int64_t> by_rank(static_cast<std::size_t>(w));
-    for (std::size_t i = 0; i < r.expert_tokens.size(); ++i) {
-      sum[i] += r.expert_tokens[i], mine += r.expert_tokens[i];
-      by_rank[i % static_cast<std::size_t>(experts) / static_cast<std::size_t>(experts / w)] += r.expert_tokens[i];
-    }
+    const std::vector<int64_t> by_rank = runtime::cpu::rows_by_rank(r.expert_tokens, experts, w);
+    for (std::size_t i = 0; i < r.expert_tokens.size(); ++i) sum[i] += r.expert_tokens[i], mine += r.expert_tokens[i];
     per_rank.push_back(mine);
     widest = std::max(widest, w);
     if (mine > 0 && w > 1)

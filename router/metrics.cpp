@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <numeric>
+
+#include "runtime/cpu/expert_parallel.h"
 
 namespace tandem::router {
 namespace {
@@ -142,6 +145,29 @@ std::string Metrics::render() const {
   for (const auto& [r, v] : ranks_)
     o += "tandem_prefix_cache_hit_tokens_total{rank=\"" + std::to_string(r) + "\"} " +
          std::to_string(v.prefix_hit_tokens) + "\n";
+  // A mixture of experts: rows per expert and layer, and how even each worker's expert-parallel ranks are.
+  bool moe = false;
+  for (const auto& [r, v] : ranks_) moe = moe || (v.experts > 0 && !v.expert_tokens.empty());
+  if (moe) {
+    header(o, "tandem_expert_tokens_total", "counter",
+           "Rows routed to each expert of each MoE layer (a row counts once for each of its top-k), per worker.");
+    for (const auto& [r, v] : ranks_)
+      for (std::size_t i = 0; v.experts > 0 && i < v.expert_tokens.size(); ++i)
+        o += "tandem_expert_tokens_total{rank=\"" + std::to_string(r) + "\",layer=\"" +
+             std::to_string(static_cast<int64_t>(i) / v.experts) + "\",expert=\"" +
+             std::to_string(static_cast<int64_t>(i) % v.experts) + "\"} " + std::to_string(v.expert_tokens[i]) + "\n";
+    header(o, "tandem_expert_busiest_rank_share", "gauge",
+           "The busiest rank's share of its worker's routed rows: 1 / ranks is even, 1 without expert parallelism.");
+    for (const auto& [r, v] : ranks_) {
+      if (v.experts <= 0 || v.expert_tokens.empty()) continue;
+      const auto by_rank = runtime::cpu::rows_by_rank(v.expert_tokens, v.experts, v.expert_ranks);
+      const int64_t total = std::accumulate(by_rank.begin(), by_rank.end(), int64_t{0});
+      o += "tandem_expert_busiest_rank_share{rank=\"" + std::to_string(r) + "\"} " +
+           num(total > 0 ? static_cast<double>(*std::max_element(by_rank.begin(), by_rank.end())) / static_cast<double>(total)
+                         : 0.0) +
+           "\n";
+    }
+  }
   // KV tiers: where reused prompt tokens came from, and blocks and bytes moved between tiers.
   static const char* const kTier[] = {"device", "host", "disk"};
   header(o, "tandem_kv_tier_hit_tokens_total", "counter",

@@ -31,6 +31,10 @@ class Metrics {
     int64_t kv_blocks_used = 0, kv_blocks_total = 0, kv_bytes_sent = 0, prefix_hit_tokens = 0;
     std::array<int64_t, 3> hit_tokens_by_tier{};  // device, host, disk
     kv::TierStats tiers;
+    // A mixture of experts: rows per expert ([MoE layer][expert], `experts` a layer), experts on `expert_ranks` ranks.
+    int64_t experts = 0;
+    std::vector<int64_t> expert_tokens;
+    int expert_ranks = 1;
   };
   void set_rank(const Rank& r);
   void set_workers_loaded(int64_t loaded, int64_t total);

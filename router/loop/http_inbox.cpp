@@ -101,7 +101,7 @@ void HttpInboxFrontend::on_result(service::WireResult& r) {
 void HttpInboxFrontend::on_stats(const service::RankReport& r) {
   if (s_.planner) s_.planner->observe(r.step_samples, r.tp);
   metrics_.set_rank({r.rank, std::string(service::role_name(r.role)), r.kv_blocks_used, r.kv_blocks_total, r.kv_bytes_sent, r.prefix_hit_tokens,
-                     r.hit_tokens_by_tier, r.tiers});
+                     r.hit_tokens_by_tier, r.tiers, r.experts, r.expert_tokens, r.expert_ranks});
 }
 
 // An epoch ends: a server cannot see ahead, so the next one is sized from the last.

@@ -4,6 +4,17 @@
 
 namespace tandem::runtime::cpu {
 
+std::vector<int64_t> rows_by_rank(std::span<const int64_t> expert_tokens, int64_t experts, int width) {
+  // A width that does not divide the experts cannot be expert-parallel (tp_problem refuses it): one rank holds all.
+  if (width < 1 || experts <= 0 || experts % width != 0) width = 1;
+  std::vector<int64_t> out(static_cast<std::size_t>(width));
+  if (experts <= 0) return out;
+  const ExpertSplit split{0, static_cast<int>(out.size()), experts};
+  for (std::size_t i = 0; i < expert_tokens.size(); ++i)
+    out[static_cast<std::size_t>(split.owner(static_cast<int64_t>(i) % experts))] += expert_tokens[i];
+  return out;
+}
+
 CombinePlan plan_combine(std::span<const int32_t> route_expert, int64_t top_k, const ExpertSplit& split) {
   const auto w = static_cast<std::size_t>(split.width);
   const auto rows = static_cast<int64_t>(route_expert.size()) / top_k;

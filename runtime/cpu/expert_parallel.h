@@ -40,6 +40,10 @@ struct ExpertSplit {
 // The first row of `rank`'s home block among `rows` (rank = width: rows).
 constexpr int64_t home_begin(int64_t rows, int width, int rank) { return rows * rank / width; }
 
+// The rows each of `width` ranks' experts computed, from rows per expert
+// ([MoE layer][expert], flattened, `experts` a layer; ModelBackend::expert_tokens).
+std::vector<int64_t> rows_by_rank(std::span<const int64_t> expert_tokens, int64_t experts, int width);
+
 // One step's combine, as this rank sees it. Slots are row * top_k + k.
 struct CombinePlan {
   std::vector<std::vector<int64_t>> send;  // [rank q]: the slots this rank computed for q's home rows, in slot order

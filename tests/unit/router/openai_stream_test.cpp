@@ -118,11 +118,14 @@ TEST_CASE("metrics render as valid Prometheus text", "[http]") {
   m.request("completions", 429);
   m.generation(0.02, 0.004, 0.3, 10, 20, 4);
   m.generation(7.0, 0.2, 9.0, 10, 1, 10);
-  m.set_rank({1, "prefill", 0, 100, 4096, 0, {}, {}});
+  m.set_rank({1, "prefill", 0, 100, 4096, 0, {}, {}, 0, {}, 1});
   tandem::kv::TierStats tiers;
   tiers.host_offloaded = 5;
   tiers.disk_onboarded = 3;
-  m.set_rank({2, "decode", 7, 100, 0, 16, {16, 32, 48}, tiers});
+  m.set_rank({2, "decode", 7, 100, 0, 16, {16, 32, 48}, tiers, 0, {}, 1});
+  CHECK(m.render().find("tandem_expert") == std::string::npos);  // no mixture of experts: no expert series
+  // A mixture of experts: 2 layers of 2 experts on 2 expert-parallel ranks; rank 1 holds expert 1 (1 + 4 rows of 8).
+  m.set_rank({3, "decode", 0, 100, 0, 0, {}, {}, 2, {3, 1, 0, 4}, 2});
   const std::string text = m.render();
   // Every sample line: a valid metric name, optional labels, a number.
   const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+0-9.eEInf]+$)");
@@ -145,7 +148,11 @@ TEST_CASE("metrics render as valid Prometheus text", "[http]") {
   CHECK(text.find("tandem_time_to_first_token_seconds_count 2\n") != std::string::npos);
   CHECK(text.find("tandem_inter_token_latency_seconds_count 1\n") != std::string::npos);  // one token: no ITL
   CHECK(text.find("tandem_kv_blocks_in_use{rank=\"2\",role=\"decode\"} 7\n") != std::string::npos);
-  CHECK(text.find("tandem_ranks{role=\"decode\"} 1\n") != std::string::npos);
+  CHECK(text.find("tandem_ranks{role=\"decode\"} 2\n") != std::string::npos);
+  CHECK(text.find("tandem_expert_tokens_total{rank=\"3\",layer=\"1\",expert=\"1\"} 4\n") != std::string::npos);
+  CHECK(text.find("tandem_expert_tokens_total{rank=\"3\",layer=\"0\",expert=\"0\"} 3\n") != std::string::npos);
+  CHECK(text.find("tandem_expert_busiest_rank_share{rank=\"3\"} 0.625\n") != std::string::npos);
+  CHECK(text.find("tandem_expert_tokens_total{rank=\"2\"") == std::string::npos);  // a dense rank has none
   std::smatch hit;
   REQUIRE(std::regex_search(text, hit, std::regex("\ntandem_prefix_cache_hit_ratio ([0-9.e-]+)\n")));
   CHECK(std::stod(hit[1]) == Approx(0.3));  // 1 - 14/20
