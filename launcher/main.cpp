@@ -14,9 +14,11 @@
 namespace {
 
 // Runs before any shared library's constructor: the executable's ELF
-// preinit array comes first in the dynamic loader's initialisation, ~1-2 ms
-// after exec. Libraries start slowly here: libinfinipath (which libfabric's
-// PSM providers bring in) calibrates its timebase for ~250 ms in its
+// preinit array comes first in the dynamic loader's initialisation, once it
+// has mapped and relocated every library (25-70 ms after exec on the 2-core
+// test machine; nothing in-process can catch a signal before that).
+// Libraries start slowly here: libinfinipath (which libfabric's PSM
+// providers bring in) calibrates its timebase for ~250 ms in its
 // constructor, after installing a SIGTERM handler of its own that ends the
 // process. So USR1 and TERM are held (blocked, pending) from here until main
 // has caught them, then delivered: none is lost, none kills the process.

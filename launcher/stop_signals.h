@@ -1,7 +1,8 @@
 // Slurm's warnings: USR1 (`--signal=B:USR1@T`) before a time limit or a
 // preemption, TERM on scancel or a requeue. They may come at any moment,
 // start-up included: they are held from before any shared library starts
-// (the executable's preinit array, main.cpp: ~1-2 ms after exec) and caught
+// (the executable's preinit array, main.cpp: once the dynamic loader
+// has mapped the libraries, 25-70 ms after exec on the test machine) and caught
 // from main's first instruction. A signal that arrives before the job's
 // loops run is remembered, and the loops drain as soon as they start
 // (rank 0 stops admitting and commits).
