@@ -18,7 +18,7 @@ using Json = nlohmann::ordered_json;
 
 const char* const kBasics = R"(json_char ::= [^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 json_string ::= "\"" json_char* "\""
-json_integer ::= "-"? ("0" | [1-9] [0-9]*)
+json_integer ::= "0" | "-"? [1-9] [0-9]*
 json_number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
 json_value ::= json_object | json_array | json_string | json_number | "true" | "false" | "null"
 json_object ::= "{" (json_string ":" json_value ("," json_string ":" json_value)*)? "}"

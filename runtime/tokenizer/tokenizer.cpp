@@ -1,5 +1,6 @@
 #include "runtime/tokenizer/tokenizer.h"
 
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +9,7 @@
 #include "common/error.h"
 #include "runtime/tokenizer/added_tokens.h"
 #include "runtime/tokenizer/bpe_model.h"
+#include "runtime/tokenizer/byte_level.h"
 #include "runtime/tokenizer/decoder.h"
 #include "runtime/tokenizer/normalizer.h"
 #include "runtime/tokenizer/pieces.h"
@@ -196,6 +198,30 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 int32_t Tokenizer::token_to_id(std::string_view token) const {
   const int32_t added = added_->find(token);
   return added >= 0 ? added : model_->token_to_id(token);
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (const AddedToken* t = added_->find(id)) return t->special ? std::string() : t->content;
+  const std::string& s = model_->id_to_token(id);
+  if (model_->byte_level()) {
+    if (auto b = byte_level_to_bytes(s)) return *b;
+    return s;
+  }
+  if (s.size() == 6 && s.starts_with("<0x") && s.back() == '>' && std::isxdigit(static_cast<unsigned char>(s[3])) &&
+      std::isxdigit(static_cast<unsigned char>(s[4]))) {
+    return std::string(1, static_cast<char>(std::stoi(s.substr(3, 2), nullptr, 16)));
+  }
+  std::string out;
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+  for (std::size_t i = 0; i < s.size();) {
+    if (s.compare(i, kSpace.size(), kSpace) == 0) {
+      out += ' ';
+      i += kSpace.size();
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {

@@ -51,6 +51,11 @@ class Tokenizer {
 
   int32_t token_to_id(std::string_view token) const;  // -1 when unknown
   std::string id_to_token(int32_t id) const;          // "" when unknown
+  // The bytes token `id` adds to the text after other tokens (what a grammar
+  // reads): byte-level vocabularies mapped back to bytes, SentencePiece's
+  // U+2581 as a space and <0xNN> as the byte. "" for a special token or an
+  // unknown id: a grammar never allows one.
+  std::string token_bytes(int32_t id) const;
   bool is_special(int32_t id) const;                   // an added token marked special
   int32_t vocab_size() const;                          // one past the largest id
   const TokenizerConfig& config() const { return config_; }

@@ -159,3 +159,27 @@ TEST_CASE("bad tokenizer files fail with one line naming the file and the part",
   dir.write("tokenizer_config.json", "{\"chat_template\": ");
   CHECK_THAT(load_error(dir.path), Catch::Contains("tokenizer_config.json: not valid JSON"));
 }
+
+TEST_CASE("token_bytes: what each token adds to the text, as a grammar reads it", "[tokenizer]") {
+  for (const char* name : {"qwen3", "llama3", "llama2"}) {
+    INFO(name);
+    auto tok = Tokenizer::load(tokenizer_dir(name));
+    for (const std::string& line : corpus()) {
+      // After the first token the decoder's first-token rules (Metaspace, Strip) no longer apply.
+      const auto ids = tok->encode("x" + line, false);
+      REQUIRE(!ids.empty());
+      std::string joined;
+      for (std::size_t k = 1; k < ids.size(); ++k) joined += tok->token_bytes(ids[k]);
+      if (!tandem::runtime::is_valid_utf8(joined)) continue;  // decode() would replace the broken bytes
+      const std::string first = tok->decode(std::vector<int32_t>{ids[0]}, true), all = tok->decode(ids, true);
+      REQUIRE(all.starts_with(first));
+      REQUIRE(joined == all.substr(first.size()));  // special tokens spell nothing
+    }
+    const int32_t eos = *tok->eos_id();
+    CHECK(tok->token_bytes(eos).empty());  // special: never read by a grammar
+    CHECK(tok->token_bytes(-1).empty());
+  }
+  auto llama2 = Tokenizer::load(tokenizer_dir("llama2"));
+  CHECK(llama2->token_bytes(llama2->token_to_id("<0x41>")) == "A");
+  CHECK(llama2->token_bytes(llama2->token_to_id("\xE2\x96\x81the")) == " the");
+}
