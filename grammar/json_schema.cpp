@@ -372,8 +372,12 @@ class Converter {
         re = s["pattern"].get<std::string>();
       } else {
         const std::string f = s["format"].is_string() ? s["format"].get<std::string>() : "";
-        static const std::string kDate = R"([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01]))";
-        static const std::string kTime = R"(([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))";
+        // Calendar dates only (RFC 3339 full-date, as ajv-formats checks): each month's days, 29 February in
+        // leap years (divisible by 4, centuries only by 400). Times without the leap second :60.
+        static const std::string kDate =
+            R"(([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))|)"
+            R"(([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
+        static const std::string kTime = R"(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))";
         if (f == "date") {
           re = kDate;
         } else if (f == "time") {

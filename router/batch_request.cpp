@@ -1,13 +1,17 @@
 #include "router/batch_request.h"
 
+#include "router/structured_output.h"
+
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <initializer_list>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include "common/error.h"
 #include "common/text.h"
 #include "router/json_sax.h"
 #include "router/line_key.h"
@@ -127,10 +131,7 @@ void check_fields(const json& body, bool chat, bool batch_line) {
     if (std::find(honoured.begin(), honoured.end(), key) != honoured.end() || no_effect(key)) continue;
     if (batch_line && one_of(key, {"custom_id", "method", "url"})) continue;  // a short-form line's own fields
     if (v.is_null()) continue;  // null asks for the default everywhere in OpenAI's API
-    if (key == "response_format") {
-      if (v.is_object() && v.value("type", "") == "text" && v.size() == 1) continue;
-      throw Bad{unsupported(key, "Tandem cannot constrain the output to JSON or a schema (only {\"type\": \"text\"})")};
-    }
+    if (is_structured_output_field(key)) continue;  // parse_body reads them (structured_output.h)
     if (one_of(key, {"tools", "functions"})) {
       if (v.is_array() && v.empty()) continue;
       throw Bad{unsupported(key, "tool and function calling are not implemented (the tools would be left out of the "
@@ -151,8 +152,7 @@ void check_fields(const json& body, bool chat, bool batch_line) {
     if (key == "skip_special_tokens" && v == true) continue;  // what Tandem does
     if (one_of(key, {"include_stop_str_in_output", "use_beam_search"}) && v == false) continue;
     if (key == "spaces_between_special_tokens" && v == true) continue;
-    if (one_of(key, {"suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                     "guided_decoding_backend", "reasoning_effort", "chat_template", "chat_template_kwargs",
+    if (one_of(key, {"suffix", "guided_decoding_backend", "reasoning_effort", "chat_template", "chat_template_kwargs",
                      "add_generation_prompt", "continue_final_message", "documents", "include_stop_str_in_output",
                      "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "bad_words",
                      "allowed_token_ids", "logits_processors", "use_beam_search", "length_penalty", "audio",
@@ -348,7 +348,22 @@ void parse_logprobs(const json& body, BatchRequest& r) {
   }
 }
 
-void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form) {
+// response_format, structured_outputs, guided_*: the grammar the output must follow.
+void parse_structured(const json& body, BatchRequest& r, const std::function<nlohmann::ordered_json()>& ordered) {
+  try {
+    r.params.grammar = structured_output_ebnf(body, ordered);
+  } catch (const Error& e) {
+    throw Bad{e.what()};
+  }
+  if (r.params.grammar.empty()) return;
+  if (r.params.ignore_eos) throw Bad{"'ignore_eos' cannot be combined with a structured output: the grammar decides where the output ends"};
+  if (r.params.min_tokens > 0) {
+    throw Bad{"'min_tokens' cannot be combined with a structured output: the grammar decides where the output ends"};
+  }
+}
+
+void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form,
+                const std::function<nlohmann::ordered_json()>& ordered) {
   if (!body.is_object()) throw Bad{"'body' must be an object"};
   check_fields(body, r.endpoint == Endpoint::kChat, short_form);
   if (body.contains("model")) {
@@ -367,6 +382,7 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
   parse_choices(body, r, http);
   parse_sampling(body, r);
   parse_logprobs(body, r);
+  parse_structured(body, r, ordered);
 }
 
 // Where a line that is not valid JSON breaks, and why (its custom_id, as
@@ -457,11 +473,12 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
       else if (url == "/v1/chat/completions") r.endpoint = Endpoint::kChat;
       else throw Bad{"unknown 'url' " + json(url).dump() + "; use \"/v1/completions\" or \"/v1/chat/completions\""};
       if (j.contains("method") && j["method"] != "POST") throw Bad{"'method' must be \"POST\""};
-      parse_body(j["body"], r, default_max_tokens, false, false);
+      parse_body(j["body"], r, default_max_tokens, false, false,
+                 [&] { return nlohmann::ordered_json::parse(line)["body"]; });
     } else {
       // Short form: the request's fields sit next to custom_id.
       r.endpoint = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
-      parse_body(j, r, default_max_tokens, false, true);
+      parse_body(j, r, default_max_tokens, false, true, [&] { return nlohmann::ordered_json::parse(line); });
     }
     return r;
   } catch (const Bad& b) {
@@ -482,7 +499,7 @@ ParsedLine parse_request_body(Endpoint endpoint, std::string_view text, int64_t 
   try {
     BatchRequest r;
     r.endpoint = endpoint;
-    parse_body(body, r, default_max_tokens, true, false);
+    parse_body(body, r, default_max_tokens, true, false, [&] { return nlohmann::ordered_json::parse(text); });
     return r;
   } catch (const Bad& b) {
     return LineError{"", 400, b.message};

@@ -1,6 +1,10 @@
 #include "runtime/engine/engine.h"
 
+#include "grammar/grammar_cache.h"
+#include "grammar/matcher.h"
+
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 #include "common/error.h"
@@ -42,6 +46,13 @@ struct Engine::Sequence {
   uint64_t last_hash = kv::kRootHash;
   std::array<int64_t, kv::kTiers> cached_from{};  // blocks of the cached prefix, by tier
   bool done = false;
+  // A structured output: the tokens through the grammar; and, when stop
+  // strings are asked, the text through it too (text_ends[i]: the grammar may
+  // end after i bytes of text), so a stop string cuts only complete output.
+  std::unique_ptr<grammar::TokenMatcher> matcher;
+  std::unique_ptr<grammar::Matcher> text_grammar;
+  std::vector<char> text_ends;
+  std::vector<std::size_t> stop_from;  // per stop string: occurrences before this were incomplete
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
   std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<std::size_t>(n_prompt)}; }
@@ -65,6 +76,45 @@ Engine::Engine(const ModelConfig& config, std::unique_ptr<ModelBackend> backend,
 
 Engine::~Engine() = default;
 
+std::shared_ptr<const grammar::CompiledGrammar> Engine::grammar_of(const SamplingParams& p) const {
+  if (p.grammar.empty()) return nullptr;
+  if (!tokenizer_) throw Error("a structured output needs the model's tokenizer, and this engine has none");
+  if (!grammars_) {
+    std::vector<std::string> bytes(static_cast<std::size_t>(config_.vocab));
+    for (int32_t id = 0; id < config_.vocab && id < tokenizer_->vocab_size(); ++id) {
+      bytes[static_cast<std::size_t>(id)] = tokenizer_->token_bytes(id);
+    }
+    grammars_ = std::make_unique<grammar::GrammarCache>(
+        std::make_shared<grammar::Vocabulary>(std::move(bytes), config_.eos_token_ids));
+  }
+  return grammars_->get(p.grammar);
+}
+
+void Engine::start_grammar(Sequence& s) const {
+  auto g = grammar_of(s.req.params);
+  if (!g) return;
+  s.matcher = std::make_unique<grammar::TokenMatcher>(g);
+  if (!s.req.params.stop.empty()) {
+    s.text_grammar = std::make_unique<grammar::Matcher>(g->grammar_ptr());
+    s.text_ends.assign(1, s.text_grammar->can_end());
+    s.stop_from.assign(s.req.params.stop.size(), 0);
+  }
+}
+
+void Engine::follow_grammar(Sequence& s, int32_t token) const {
+  if (!s.matcher || ends_output(s.req.params, token)) return;
+  if (!s.matcher->accept_token(token)) {  // the mask allowed only what the grammar reads: a bug if reached
+    throw Error("request " + std::to_string(s.req.id) + ": token " + std::to_string(token) +
+                " was drawn outside its grammar (an engine bug; please report it)");
+  }
+}
+
+bool Engine::ends_output(const SamplingParams& p, int32_t t) const {
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end()) return true;
+  return !p.ignore_eos &&
+         std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), t) != config_.eos_token_ids.end();
+}
+
 void Engine::check(const EngineRequest& request) const {
   const auto n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) throw Error("request " + std::to_string(request.id) + ": the prompt is empty");
@@ -82,6 +132,18 @@ void Engine::check(const EngineRequest& request) const {
     if (t < 0 || t >= config_.vocab)
       throw Error("request " + std::to_string(request.id) + ": stop_token_ids has " + std::to_string(t) +
                   ", outside the vocabulary (0.." + std::to_string(config_.vocab - 1) + ")");
+  }
+  if (!request.params.grammar.empty()) {
+    if (request.params.ignore_eos || request.params.min_tokens > 0) {
+      throw Error("request " + std::to_string(request.id) +
+                  ": ignore_eos and min_tokens cannot be combined with a structured output (the grammar decides where "
+                  "the output ends)");
+    }
+    try {
+      grammar_of(request.params);
+    } catch (const Error& e) {
+      throw Error("request " + std::to_string(request.id) + ": " + e.what());
+    }
   }
   if (n >= max_model_len_) {
     throw Error("request " + std::to_string(request.id) + ": the prompt has " + std::to_string(n) +
@@ -111,6 +173,7 @@ void Engine::add(EngineRequest request) {
   s->added = Clock::now();
   if (tokenizer_) s->decoder.emplace(*tokenizer_, true);
   if (s->req.params.prompt_logprobs >= 0) s->prompt_logprobs.resize(static_cast<std::size_t>(n - 1));
+  start_grammar(*s);
   waiting_.push_back(std::move(s));
 }
 
@@ -140,7 +203,9 @@ void Engine::add_prefilled(EngineRequest request, std::vector<int32_t> blocks, c
   s->logprobs = handoff.logprobs;
   s->prompt_logprobs = handoff.prompt_logprobs;
   if (tokenizer_) s->decoder.emplace(*tokenizer_, true);
+  start_grammar(*s);
   s->tokens.push_back(handoff.first_token);
+  follow_grammar(*s, handoff.first_token);  // the prefill rank drew it under the same grammar
   if (const auto reason = end_reason(*s)) {
     ready_.push_back(finish(*s, *reason));
     ready_.back().new_tokens = {handoff.first_token};
@@ -238,14 +303,26 @@ bool Engine::finish_check(Sequence& s) {
   const auto& p = s.req.params;
   const bool may_stop = s.generated() >= p.min_tokens;
   if (s.decoder && !s.stop_string_hit) {
+    const std::size_t before = s.text.size();
     s.text += s.decoder->push(t);
+    if (s.text_grammar) {  // where the text so far would be complete
+      for (std::size_t k = before; k < s.text.size(); ++k) {
+        const bool ok = s.text_ends.back() >= 0 && s.text_grammar->accept(std::string_view(&s.text[k], 1));
+        s.text_ends.push_back(ok ? static_cast<char>(s.text_grammar->can_end()) : -1);  // -1: off the grammar
+      }
+    }
     if (!may_stop) s.stop_text_from = s.text.size();
-    for (const auto& stop : p.stop) {
+    for (std::size_t k = 0; k < p.stop.size(); ++k) {
+      const std::string& stop = p.stop[k];
       if (stop.empty() || !may_stop) continue;
       // A stop string counts only where it ends in text of the tokens after min_tokens.
-      const std::size_t from = s.stop_text_from >= stop.size() ? s.stop_text_from - stop.size() + 1 : 0;
-      const auto at = s.text.find(stop, from);
-      if (at != std::string::npos) {
+      std::size_t from = s.stop_text_from >= stop.size() ? s.stop_text_from - stop.size() + 1 : 0;
+      if (s.text_grammar) from = std::max(from, s.stop_from[k]);
+      for (auto at = s.text.find(stop, from); at != std::string::npos; at = s.text.find(stop, at + 1)) {
+        if (s.text_grammar && s.text_ends[at] != 1) {  // the text before it is not complete: not an end
+          s.stop_from[k] = at + 1;
+          continue;
+        }
         s.text.resize(at);
         s.stop_string_hit = true;
         return true;
@@ -412,7 +489,7 @@ bool Engine::run_model(const std::vector<Planned>& plan, const std::vector<SeqCh
   // temperature with min-p at most (forward_draw).
   auto plain = [](const SamplingParams& p) {
     return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-           p.logprobs < 0 && p.prompt_logprobs < 0 && p.logit_bias.empty() && p.min_tokens == 0;
+           p.logprobs < 0 && p.prompt_logprobs < 0 && p.logit_bias.empty() && p.min_tokens == 0 && p.grammar.empty();
   };
   auto plain_greedy = [&](const SamplingParams& p) { return plain(p) && p.temperature <= 1e-5f; };
   auto device_drawable = [&](const SamplingParams& p) {
@@ -457,6 +534,20 @@ void Engine::draw(const std::vector<Planned>& plan, const std::vector<SeqChunk>&
     std::vector<float> raw;
     if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
     if (has_logit_rules(s.req.params, s.generated())) apply_logit_rules(lg, s.req.params, s.generated(), config_.eos_token_ids);
+    if (s.matcher) {
+      thread_local std::vector<uint64_t> mask;
+      mask.resize((vocab + 63) / 64);
+      s.matcher->fill_mask(mask);
+      const bool can_end = s.matcher->can_end();
+      for (const int32_t t : s.req.params.stop_token_ids) {  // ends of this request: only where the grammar may end
+        const auto bit = uint64_t{1} << (t % 64);
+        mask[static_cast<std::size_t>(t) / 64] = can_end ? (mask[static_cast<std::size_t>(t) / 64] | bit)
+                                                         : (mask[static_cast<std::size_t>(t) / 64] & ~bit);
+      }
+      for (std::size_t t = 0; t < vocab; ++t) {
+        if (!((mask[t / 64] >> (t % 64)) & 1)) lg[t] = -std::numeric_limits<float>::infinity();
+      }
+    }
     drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));
     if (s.req.params.logprobs >= 0) drawn_logprobs[i] = logprobs_of(raw, drawn[i], s.req.params.logprobs);
   };
@@ -499,6 +590,7 @@ void Engine::emit(const std::vector<Planned>& plan, const std::vector<SeqChunk>&
       if (s.req.params.logprobs >= 0) s.logprobs.push_back(std::move(drawn_logprobs[i]));
     }
     s.tokens.push_back(tok);
+    follow_grammar(s, tok);
     if (!s.has_first) {
       s.has_first = true;
       s.first_token = Clock::now();

@@ -28,6 +28,11 @@
 #include "runtime/engine/step_shape.h"
 #include "runtime/tokenizer/tokenizer.h"
 
+namespace tandem::grammar {
+class CompiledGrammar;
+class GrammarCache;
+}  // namespace tandem::grammar
+
 namespace tandem::runtime {
 
 struct EngineOptions {
@@ -101,8 +106,9 @@ class Engine {
   ~Engine();
 
   // Throws tandem::Error (one line) for an empty prompt, a token outside the
-  // vocabulary, a prompt that leaves no room in max_model_len, or a request
-  // that could not finish even alone in the pool (check: the same, adding nothing).
+  // vocabulary, a prompt that leaves no room in max_model_len, a request
+  // that could not finish even alone in the pool, or a grammar that does not
+  // compile (check: the same, adding nothing).
   void add(EngineRequest request);
   void check(const EngineRequest& request) const;
   void cancel(uint64_t id);  // finishes it with FinishReason::kAbort at the next step
@@ -143,6 +149,11 @@ class Engine {
     int64_t take;  // tokens it runs this step
   };
   void take_aborts(std::vector<EngineOutput>& outputs);
+  // The request's compiled grammar (cached by its text), or null when it has none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar_of(const SamplingParams& p) const;
+  bool ends_output(const SamplingParams& p, int32_t token) const;  // EOS (unless ignore_eos) or a stop token
+  void start_grammar(Sequence& s) const;
+  void follow_grammar(Sequence& s, int32_t token) const;  // a drawn token through the sequence's grammar
   std::vector<Planned> schedule();
   std::vector<SeqChunk> chunks_of(const std::vector<Planned>& plan);
   bool run_model(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks);
@@ -166,6 +177,7 @@ class Engine {
   EngineStats stats_;
   StepShape last_step_;
   std::vector<float> logits_;
+  mutable std::unique_ptr<grammar::GrammarCache> grammars_;  // built at the first structured request
   std::vector<int32_t> argmax_;  // a step's tokens, when the backend picks or draws them (forward_argmax / forward_draw)
 };
 

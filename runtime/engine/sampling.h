@@ -34,6 +34,12 @@ struct SamplingParams {
   // Before this many tokens are out, EOS (unless ignore_eos) and
   // stop_token_ids cannot be drawn and no stop string ends the output (vLLM's min_tokens).
   int64_t min_tokens = 0;
+  // A structured output: the EBNF (grammar/ebnf.h) the tokens must spell;
+  // empty: unconstrained. Tokens the grammar does not allow next are set to
+  // -inf after logit_bias, the end tokens (EOS, stop_token_ids) are allowed
+  // only where it may end, and a stop string ends the output only where the
+  // text before it is complete. Logprobs stay those of the raw logits.
+  std::string grammar;
 };
 
 struct TokenLogprob {

@@ -90,7 +90,8 @@ json params_json(const runtime::SamplingParams& p) {
           {"seed", p.seed},               {"stop_token_ids", p.stop_token_ids},
           {"stop", p.stop},               {"ignore_eos", p.ignore_eos},
           {"logprobs", p.logprobs},       {"prompt_logprobs", p.prompt_logprobs},
-          {"logit_bias", p.logit_bias},   {"min_tokens", p.min_tokens}};
+          {"logit_bias", p.logit_bias},   {"min_tokens", p.min_tokens},
+          {"grammar", p.grammar}};
 }
 
 runtime::SamplingParams params_from(const json& j) {
@@ -111,6 +112,7 @@ runtime::SamplingParams params_from(const json& j) {
   p.prompt_logprobs = j.at("prompt_logprobs");
   p.logit_bias = j.at("logit_bias").get<std::vector<std::pair<int32_t, float>>>();
   p.min_tokens = j.at("min_tokens");
+  p.grammar = j.at("grammar").get<std::string>();
   return p;
 }
 

@@ -24,7 +24,7 @@
 
 namespace tandem::service {
 
-constexpr int kProtocolVersion = 11;
+constexpr int kProtocolVersion = 12;
 
 // One message type per handler. Values are MPI tags (1..31; mpi_transport
 // keeps its own transport tags apart, from 100 up).

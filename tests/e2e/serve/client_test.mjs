@@ -161,6 +161,40 @@ for (const content of ["Say hello.", "What is 2+2?"]) {
 }
 
 // Typed errors from the client.
+// Structured outputs: the reply is JSON that follows the schema, streamed or not, with n choices.
+{
+  const schema = { type: "object", properties: { city: { type: "string", maxLength: 12 },
+    population: { type: "integer", minimum: 0, maximum: 99999 }, capital: { type: "boolean" } },
+    required: ["city", "population", "capital"], additionalProperties: false };
+  const params = { model, messages: [{ role: "user", content: "A city as JSON" }], max_tokens: 120, temperature: 1,
+                   seed: 3, n: 2, response_format: { type: "json_schema", json_schema: { name: "city", schema, strict: true } } };
+  const plain = await client.chat.completions.create(params);
+  const follows = (text) => {
+    try {
+      const v = JSON.parse(text);
+      return Object.keys(v).join() === "city,population,capital" && typeof v.city === "string" && v.city.length <= 12 &&
+        Number.isInteger(v.population) && v.population >= 0 && v.population <= 99999 && typeof v.capital === "boolean";
+    } catch {
+      return false;
+    }
+  };
+  const texts = plain.choices.map((c) => c.message.content);
+  check("json_schema: both choices are JSON that follows the schema, in its property order",
+        plain.choices.every((c) => c.finish_reason === "stop") && texts.every(follows), JSON.stringify(texts));
+  const s = await streamChat(params);
+  check("json_schema: streamed choices equal the non-streamed ones", JSON.stringify(s.texts) === JSON.stringify(texts),
+        JSON.stringify([s.texts, texts]));
+  const obj = await client.completions.create({ model, prompt: "{", max_tokens: 40, temperature: 0,
+                                                response_format: { type: "json_object" } });
+  const t = obj.choices[0].text;
+  check("json_object on completions: a JSON object, or a prefix of one at max_tokens",
+        obj.choices[0].finish_reason === "length" ? t.startsWith("{") : typeof JSON.parse(t) === "object", t);
+  const choice = await client.chat.completions.create({ model, messages: [{ role: "user", content: "Yes or no?" }],
+    max_tokens: 5, temperature: 1, seed: 4, structured_outputs: { choice: ["yes", "no"] } });
+  check("structured_outputs.choice (vLLM's field, through the client's extra body)",
+        ["yes", "no"].includes(choice.choices[0].message.content), choice.choices[0].message.content);
+}
+
 async function errorOf(fn) {
   try {
     await fn();
@@ -187,9 +221,10 @@ async function errorOf(fn) {
         neg && `${neg.status} ${neg.message}`);
   // What would change the result and is not honoured is refused, never ignored.
   const chat = { model, messages: [{ role: "user", content: "Hi" }], max_tokens: 4 };
-  const j = await errorOf(() => client.chat.completions.create({ ...chat, response_format: { type: "json_object" } }));
-  check("response_format json_object: 400 naming it", j instanceof OpenAI.BadRequestError &&
-        /'response_format' is not supported/.test(j.message), j && `${j.status} ${j.message}`);
+  const j = await errorOf(() => client.chat.completions.create({ ...chat, response_format: { type: "json_schema",
+    json_schema: { name: "x", schema: { type: "array", uniqueItems: true } } } }));
+  check("response_format with an unenforced keyword: 400 naming it", j instanceof OpenAI.BadRequestError &&
+        /'uniqueItems' is not supported/.test(j.message), j && `${j.status} ${j.message}`);
   const tl = await errorOf(() => client.chat.completions.create({
     ...chat, tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }));
   check("tools: 400 naming them", tl instanceof OpenAI.BadRequestError && /'tools' is not supported/.test(tl.message),

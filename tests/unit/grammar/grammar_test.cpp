@@ -180,7 +180,15 @@ TEST_CASE("JSON schema: strings, arrays, enums, refs, formats", "[grammar]") {
   CHECK_FALSE(accepts(schema(R"({"type":"string","minLength":2,"maxLength":3})"), R"("abcd")"));
   CHECK(accepts(schema(R"({"type":"string","pattern":"^[A-Z]{2}\\d+$"})"), R"("AB12")"));
   CHECK(accepts(schema(R"({"format":"date-time"})"), R"("2026-12-04T19:30:00.5+01:00")"));
-  CHECK_FALSE(accepts(schema(R"({"format":"date"})"), R"("2026-13-04")"));
+  const auto date = schema(R"({"format":"date"})");
+  for (const char* ok : {R"("2026-12-04")", R"("2024-02-29")", R"("2000-02-29")", R"("1999-04-30")", R"("0001-01-31")"}) {
+    CHECK(accepts(date, ok));
+  }
+  for (const char* bad : {R"("2026-13-04")", R"("2023-02-29")", R"("1900-02-29")", R"("2026-04-31")", R"("2026-02-30")",
+                          R"("2026-00-10")", R"("2026-01-00")"}) {
+    CHECK_FALSE(accepts(date, bad));
+  }
+  CHECK_FALSE(accepts(schema(R"({"format":"time"})"), R"("12:00:60Z")"));
   CHECK(accepts(schema(R"({"format":"uuid"})"), R"("123e4567-e89b-12d3-a456-426614174000")"));
   CHECK(accepts(schema(R"({"format":"email"})"), R"("a.b@c.example")"));
   const auto arr = schema(R"({"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],

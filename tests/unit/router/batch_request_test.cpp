@@ -88,10 +88,6 @@ TEST_CASE("fields that would change the result and are not honoured are refused,
     return std::get<LineError>(p).message;
   };
   const std::string chat = R"({"custom_id":"a","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],)";
-  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_object"}}})"),
-             Catch::Contains("'response_format' is not supported"));
-  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}}})"),
-             Catch::Contains("'response_format' is not supported"));
   CHECK_THAT(error_of(chat + R"("tools":[{"type":"function","function":{"name":"f"}}]}})"),
              Catch::Contains("'tools' is not supported"));
   CHECK_THAT(error_of(chat + R"("tool_choice":"auto"}})"), Catch::Contains("'tool_choice' is not supported"));
@@ -99,9 +95,8 @@ TEST_CASE("fields that would change the result and are not honoured are refused,
              Catch::Contains("'messages[1].tool_calls' is not supported"));
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","suffix":"y"})"), Catch::Contains("'suffix' is not supported"));
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","best_of":3})"), Catch::Contains("'best_of' is not supported"));
-  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","guided_json":{}})"), Catch::Contains("'guided_json' is not supported"));
-  CHECK_THAT(http_error(Endpoint::kChat, R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})"),
-             Catch::Contains("'response_format' is not supported"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","guided_decoding_backend":"xgrammar"})"),
+             Catch::Contains("'guided_decoding_backend' is not supported"));
   CHECK_THAT(http_error(Endpoint::kChat, R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})"),
              Catch::Contains("'tools' is not supported"));
   // A field nobody knows is a mistake, most often a typo: never a silent default.
@@ -164,4 +159,60 @@ TEST_CASE("fields that would be ignored or misread are refused, naming the field
   CHECK(echo.params.prompt_logprobs == 2);
   CHECK_FALSE(echo.prompt_logprobs_asked);
   CHECK(ok(R"({"custom_id":"c","prompt":"x","prompt_logprobs":1})").prompt_logprobs_asked);
+}
+
+TEST_CASE("structured outputs: each field becomes the grammar the workers use, or one clear error", "[router][input]") {
+  auto ok_line = [](const std::string& line) {
+    auto p = parse_batch_line(line);
+    if (auto* e = std::get_if<LineError>(&p)) FAIL(e->message);
+    return std::get<BatchRequest>(p);
+  };
+  auto error_of = [](const std::string& line) {
+    auto p = parse_batch_line(line);
+    REQUIRE(std::holds_alternative<LineError>(p));
+    return std::get<LineError>(p).message;
+  };
+  const std::string chat = R"({"custom_id":"a","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],)";
+  CHECK(ok_line(chat + R"("response_format":{"type":"text"}}})").params.grammar.empty());
+  CHECK_THAT(ok_line(chat + R"("response_format":{"type":"json_object"}}})").params.grammar,
+             Catch::Contains("root ::= json_object"));
+  // The schema's property order is kept: "zeta" before "alpha", as written.
+  const auto schema = ok_line(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}}})");
+  const std::string& g = schema.params.grammar;
+  REQUIRE(g.find("zeta") != std::string::npos);
+  CHECK(g.find("zeta") < g.find("alpha"));
+  CHECK_THAT(ok_line(R"({"custom_id":"a","prompt":"x","structured_outputs":{"regex":"[0-9]{3}"}})").params.grammar,
+             Catch::Contains("[0-9]"));
+  CHECK_THAT(ok_line(R"({"custom_id":"a","prompt":"x","structured_outputs":{"choice":["yes","no"]}})").params.grammar,
+             Catch::Contains(R"("yes" | "no")"));
+  CHECK_THAT(ok_line(R"({"custom_id":"a","prompt":"x","guided_choice":["up"]})").params.grammar, Catch::Contains(R"("up")"));
+  CHECK_THAT(ok_line(R"({"custom_id":"a","prompt":"x","structured_outputs":{"grammar":"root ::= [a-z]+"}})").params.grammar,
+             Catch::Contains("[a-z]+"));
+  CHECK_THAT(ok_line(R"({"custom_id":"a","prompt":"x","structured_outputs":{"json":"{\"type\":\"integer\"}"}})").params.grammar,
+             Catch::Contains("json_integer"));
+  // Errors name the field and what to do.
+  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array","uniqueItems":true}}}}})"),
+             Catch::Contains("'response_format': JSON schema at /: 'uniqueItems' is not supported"));
+  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x"}}}})"),
+             Catch::Contains("'response_format.json_schema.schema' is missing"));
+  CHECK_THAT(error_of(chat + R"("response_format":{"type":"yaml"}}})"), Catch::Contains("'response_format.type' \"yaml\""));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","structured_outputs":{"regex":"a(b"}})"),
+             Catch::Contains("'structured_outputs.regex': regex 'a(b'"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","structured_outputs":{"grammar":"root ::= item"}})"),
+             Catch::Contains("'item', which is not defined"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","structured_outputs":{"regex":"a","choice":["b"]}})"),
+             Catch::Contains("both constrain the output"));
+  CHECK_THAT(error_of(chat + R"("response_format":{"type":"json_object"},"structured_outputs":{"regex":"a"}}})"),
+             Catch::Contains("both constrain the output"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","structured_outputs":{"whitespace_pattern":" *","regex":"a"}})"),
+             Catch::Contains("'structured_outputs.whitespace_pattern' is not supported"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","ignore_eos":true,"structured_outputs":{"regex":"a"}})"),
+             Catch::Contains("'ignore_eos' cannot be combined with a structured output"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","min_tokens":2,"guided_regex":"a+"})"),
+             Catch::Contains("'min_tokens' cannot be combined"));
+  // The same schema on many lines is converted once; a bad one fails the same way every time.
+  for (int k = 0; k < 3; ++k) {
+    CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","guided_json":{"type":"number","minimum":1}})"),
+               Catch::Contains("'guided_json': JSON schema at /: 'minimum' on a number"));
+  }
 }
