@@ -57,7 +57,13 @@ State Stepper::at(int32_t frame) {
 }
 
 State Stepper::step(const State& in, uint8_t byte) {
-  std::vector<int32_t> work;
+  State out;
+  step_into(in, byte, out);
+  return out;
+}
+
+void Stepper::step_into(const State& in, uint8_t byte, State& out) {
+  work_.clear();
   const auto& nodes = g_.nodes();
   const auto& edges = g_.edges();
   for (const int32_t f : in.tops) {
@@ -65,12 +71,12 @@ State Stepper::step(const State& in, uint8_t byte) {
     const Grammar::Node& n = nodes[static_cast<std::size_t>(fr.node)];
     for (uint32_t k = n.begin; k < n.calls; ++k) {
       const Grammar::Edge& e = edges[k];
-      if (byte >= e.lo && byte <= e.hi) work.push_back(pool_.intern(e.target, fr.parent));
+      if (byte >= e.lo && byte <= e.hi) work_.push_back(pool_.intern(e.target, fr.parent));
     }
   }
-  State out;
-  close(work, out);
-  return out;
+  out.tops.clear();
+  out.complete = out.popped_unknown = false;
+  close(work_, out);
 }
 
 Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)), stepper_(*g_, pool_) {

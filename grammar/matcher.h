@@ -53,6 +53,8 @@ class Stepper {
   State start() { return at(pool_.intern(g_.rules()[g_.root()].start, StackPool::kRoot)); }
   // Reads one byte; the result has no tops (and is not alive) when `in` cannot read it.
   State step(const State& in, uint8_t byte);
+  // The same into `out` (its storage reused: the token-mask walk's hot loop).
+  void step_into(const State& in, uint8_t byte, State& out);
 
  private:
   void close(std::vector<int32_t>& work, State& out);
@@ -60,6 +62,7 @@ class Stepper {
   const Grammar& g_;
   StackPool& pool_;
   std::vector<int32_t> seen_;  // scratch of close()
+  std::vector<int32_t> work_;  // scratch of step_into()
 };
 
 // One sequence's bytes through a grammar, with rollback (what a speculative

@@ -14,6 +14,12 @@ Vocabulary::Vocabulary(std::vector<std::string> spelled, std::vector<int32_t> en
     if (!bytes_[static_cast<std::size_t>(id)].empty() && !is_end(id)) sorted_.push_back(id);
   }
   std::stable_sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes(a) < bytes(b); });
+  offsets_.reserve(sorted_.size() + 1);
+  for (const int32_t id : sorted_) {
+    offsets_.push_back(static_cast<uint32_t>(packed_.size()));
+    packed_ += bytes(id);
+  }
+  offsets_.push_back(static_cast<uint32_t>(packed_.size()));
   lcp_.assign(sorted_.size(), 0);
   for (std::size_t i = 1; i < sorted_.size(); ++i) {
     const std::string& a = bytes(sorted_[i - 1]);
@@ -31,10 +37,15 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> g, std::shared_p
     : grammar_(std::move(g)), vocab_(std::move(v)) {}
 
 const CompiledGrammar::NodeTokens& CompiledGrammar::node_tokens(int32_t node) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = cache_[node];
-  if (!slot) slot = std::make_unique<NodeTokens>(compute(node));
-  return *slot;
+  Slot* slot = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& s = cache_[node];
+    if (!s) s = std::make_unique<Slot>();
+    slot = s.get();
+  }
+  std::call_once(slot->once, [&] { slot->tokens = std::make_unique<NodeTokens>(compute(node)); });
+  return *slot->tokens;
 }
 
 std::size_t CompiledGrammar::nodes_cached() const {
@@ -51,27 +62,32 @@ CompiledGrammar::NodeTokens CompiledGrammar::compute(int32_t node) const {
   // states[d]: after the first d bytes of the current token. A pop at depth 0
   // is not this node's business: the real state holds the caller's frame as a
   // top of its own, whose sets cover tokens read from there.
-  std::vector<State> states{stepper.at(pool.intern(node, StackPool::kUnknown))};
-  std::vector<char> popped{0};  // [d]: the frame could end somewhere in bytes 1..d
+  std::vector<State> states(1);  // [d]: storage reused from token to token
+  states[0] = stepper.at(pool.intern(node, StackPool::kUnknown));
+  std::size_t depth = 0;                // states[0..depth] are the current token's
+  std::vector<char> popped(1, 0);       // [d]: the frame could end somewhere in bytes 1..d
   const auto& ids = vocab_->sorted();
   const auto& lcp = vocab_->lcp();
   std::size_t dead_at = SIZE_MAX;  // the previous token's bytes [0, dead_at] left no top
   Verdict dead_longer = Verdict::kRejected, prev = Verdict::kRejected;
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const std::string& t = vocab_->bytes(ids[i]);
+    const std::string_view t = vocab_->sorted_bytes(i);
     const std::size_t common = i ? lcp[i] : 0;
     Verdict v = Verdict::kAccepted;
-    if (i && common == t.size() && common == vocab_->bytes(ids[i - 1]).size()) {
+    if (i && common == t.size() && common == vocab_->sorted_bytes(i - 1).size()) {
       v = prev;  // the same bytes as the previous id
     } else if (dead_at < common) {
       v = dead_longer;  // shares the prefix that left no top
     } else {
       dead_at = SIZE_MAX;
-      const std::size_t keep = std::min(common, states.size() - 1) + 1;
-      states.resize(keep);
-      popped.resize(keep);
-      for (std::size_t d = states.size() - 1; d < t.size(); ++d) {
-        State next = stepper.step(states[d], static_cast<uint8_t>(t[d]));
+      depth = std::min(common, depth);
+      for (std::size_t d = depth; d < t.size(); ++d) {
+        if (states.size() < d + 2) {
+          states.resize(d + 2);
+          popped.resize(d + 2);
+        }
+        State& next = states[d + 1];
+        stepper.step_into(states[d], static_cast<uint8_t>(t[d]), next);
         const bool ended = popped[d] || next.popped_unknown;
         if (next.tops.empty()) {
           v = (d + 1 == t.size() && next.popped_unknown) ? Verdict::kAccepted
@@ -81,8 +97,8 @@ CompiledGrammar::NodeTokens CompiledGrammar::compute(int32_t node) const {
           dead_longer = ended ? Verdict::kUncertain : Verdict::kRejected;
           break;
         }
-        states.push_back(std::move(next));
-        popped.push_back(ended);
+        popped[d + 1] = ended;
+        depth = d + 1;
       }
     }
     prev = v;

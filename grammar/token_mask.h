@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +40,11 @@ class Vocabulary {
   const std::vector<int32_t>& ends() const { return ends_; }
   const std::vector<int32_t>& sorted() const { return sorted_; }  // ids with bytes, ordered by their bytes
   const std::vector<uint32_t>& lcp() const { return lcp_; }       // [i]: bytes sorted[i-1] and sorted[i] share
+  // sorted()[i]'s bytes, from one contiguous buffer in sorted order (a walk of
+  // the vocabulary reads memory in order instead of chasing 150k strings).
+  std::string_view sorted_bytes(std::size_t i) const {
+    return std::string_view(packed_).substr(offsets_[i], offsets_[i + 1] - offsets_[i]);
+  }
   std::size_t mask_words() const { return (bytes_.size() + 63) / 64; }
 
  private:
@@ -46,6 +52,8 @@ class Vocabulary {
   std::vector<int32_t> ends_;
   std::vector<int32_t> sorted_;
   std::vector<uint32_t> lcp_;
+  std::string packed_;             // the sorted tokens' bytes, one after another
+  std::vector<uint32_t> offsets_;  // [i, i+1): sorted()[i]'s bytes in packed_
 };
 
 // A grammar against a vocabulary, with its per-node token sets. Thread-safe;
@@ -72,8 +80,13 @@ class CompiledGrammar {
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const Vocabulary> vocab_;
-  mutable std::mutex mu_;
-  mutable std::unordered_map<int32_t, std::unique_ptr<NodeTokens>> cache_;
+  // One slot per node, computed once; threads computing different nodes do not wait on each other.
+  struct Slot {
+    std::once_flag once;
+    std::unique_ptr<NodeTokens> tokens;
+  };
+  mutable std::mutex mu_;  // guards the map, not the computing
+  mutable std::unordered_map<int32_t, std::unique_ptr<Slot>> cache_;
 };
 
 // One sequence's tokens through a compiled grammar. Not thread-safe.

@@ -544,8 +544,14 @@ void Engine::draw(const std::vector<Planned>& plan, const std::vector<SeqChunk>&
         mask[static_cast<std::size_t>(t) / 64] = can_end ? (mask[static_cast<std::size_t>(t) / 64] | bit)
                                                          : (mask[static_cast<std::size_t>(t) / 64] & ~bit);
       }
-      for (std::size_t t = 0; t < vocab; ++t) {
-        if (!((mask[t / 64] >> (t % 64)) & 1)) lg[t] = -std::numeric_limits<float>::infinity();
+      constexpr float kBanned = -std::numeric_limits<float>::infinity();
+      for (std::size_t w = 0; w * 64 < vocab; ++w) {  // a word at a time: most are all allowed or all banned
+        const uint64_t bits = mask[w];
+        const std::size_t end = std::min(vocab, (w + 1) * 64);
+        if (bits == ~uint64_t{0} && end == (w + 1) * 64) continue;
+        for (std::size_t t = w * 64; t < end; ++t) {
+          if (!((bits >> (t % 64)) & 1)) lg[t] = kBanned;
+        }
       }
     }
     drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));

@@ -230,6 +230,13 @@ TEST_CASE("JSON schema: what is not enforced is refused, naming where", "[gramma
   CHECK_THAT(err(R"({"type":"object","required":["x"]})"), Catch::Contains("'x' is not in 'properties'"));
   CHECK_THAT(err(R"({"type":"integer","minimum":5,"maximum":1})"), Catch::Contains("no integer"));
   CHECK_THAT(err(R"j({"type":"string","pattern":"(?!x)"})j"), Catch::Contains("lookaround"));
+  // Pathological inputs end in an error, quickly: repetition that multiplies past the limit, a huge enum.
+  CHECK_THAT(error_of([] { regex("((a{100}){100}){100}"); }), Catch::Contains("too large"));
+  CHECK_THAT(error_of([] { regex("(a*)*(b+)+" + std::string(3000, 'c') + "{4097}"); }), Catch::Contains("above 4096"));
+  nlohmann::json huge = nlohmann::json::array();
+  for (int k = 0; k < 200000; ++k) huge.push_back("value number " + std::to_string(k) + " of a very long enumeration");
+  CHECK_THAT(err(nlohmann::json({{"enum", huge}}).dump()), Catch::Contains("too large"));
+  CHECK(accepts(regex("(a*)*b"), "aaab"));  // nested stars compile to a small automaton, no blow-up
   std::string deep = R"({"type":"string"})";
   for (int k = 0; k < 100; ++k) deep = R"({"type":"array","items":)" + deep + "}";
   CHECK_THAT(err(deep), Catch::Contains("deeper than 64"));
