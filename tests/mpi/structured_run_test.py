@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from testlib import Checks, make_model, mpi_env  # noqa: E402
+from testlib import Checks, make_model, mpi_env, run_job  # noqa: E402
 
 tandem, src = sys.argv[1], Path(sys.argv[2]).resolve()
 env = mpi_env()
@@ -112,19 +112,8 @@ with tempfile.TemporaryDirectory() as d:
     (tmp / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def run(model, name, np, *sets, timeout=300):
-        out = tmp / f"{name}.jsonl"
-        cmd = ([] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]) + [
-            tandem, "run", "--model", model, "--input", tmp / "in.jsonl", "--output", out,
-            *[a for s in sets for a in ("--set", s)]]
-        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
-        if p.returncode != 0:
-            print(p.stdout[-2000:], p.stderr[-2000:])
-        got = {}
-        if p.returncode == 0:
-            for line in out.read_text().splitlines():
-                o = json.loads(line)
-                got[o["custom_id"]] = o
-        return p, got
+        p, records, _ = run_job(tandem, env, tmp / "in.jsonl", tmp / f"{name}.jsonl", model, np, *sets, timeout=timeout)
+        return p, records
 
     def text_of(o):
         c = o["response"]["body"]["choices"][0]

@@ -1,5 +1,6 @@
 """What the MPI test scripts share: the environment for mpirun as root, a
-check() that counts, and a tiny or small random-weight model."""
+check() that counts, a tiny or small random-weight model, and a `tandem run` of a file."""
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -55,3 +56,22 @@ def make_model(tandem, src, out, preset="tiny", seed=2, arch="qwen3", *extra):
     subprocess.run([tandem, "make-model", "--arch", arch, "--preset", preset, "--tokenizer", tok, "--seed", str(seed),
                     "--out", out, *extra], check=True, capture_output=True)
     return Path(out)
+
+
+def run_job(tandem, env, inp, out, model, np, *sets, timeout=300):
+    """`tandem run` of `inp` into `out` (np 1: one process, no mpirun), each of `sets` a --set. Returns
+    (process, {custom_id: output record}, summary); the records and summary are empty when it failed, and its
+    output's ends are printed then."""
+    out = Path(out)
+    cmd = ([] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]) + [
+        tandem, "run", "--model", model, "--input", inp, "--output", out, *[a for s in sets for a in ("--set", s)]]
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
+    if p.returncode != 0:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        return p, {}, {}
+    records = {}
+    for line in out.read_text().splitlines():
+        o = json.loads(line)
+        records[o["custom_id"]] = o
+    summary = Path(f"{out}.summary.json")
+    return p, records, json.loads(summary.read_text()) if summary.exists() else {}
