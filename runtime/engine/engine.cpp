@@ -1,18 +1,14 @@
 #include "runtime/engine/engine.h"
 
-#include "grammar/grammar_cache.h"
-#include "grammar/matcher.h"
-
 #include <algorithm>
-#include <limits>
 #include <unordered_set>
 
 #include "common/error.h"
+#include "grammar/grammar_cache.h"
 #include "kv/block_hash.h"
+#include "runtime/engine/engine_sequence.h"
 
 namespace tandem::runtime {
-
-using Clock = std::chrono::steady_clock;
 
 std::string_view finish_reason_name(FinishReason r) {
   switch (r) {
@@ -23,43 +19,6 @@ std::string_view finish_reason_name(FinishReason r) {
   }
   return "";
 }
-
-struct Engine::Sequence {
-  EngineRequest req;
-  uint64_t arrival = 0;
-  std::vector<int32_t> tokens;  // prompt, then generated
-  int64_t n_prompt = 0;
-  int64_t computed = 0;         // tokens whose K/V are in the pool
-  std::vector<int32_t> blocks;
-  std::vector<PositionLogprobs> logprobs, prompt_logprobs;
-  std::optional<StreamDecoder> decoder;
-  std::string text;
-  bool stop_string_hit = false;
-  Clock::time_point added, first_token;
-  bool has_first = false;
-  int64_t preemptions = 0;
-  int64_t prompt_computed = 0;  // prompt positions run through the model here (recomputation included)
-  bool hits_counted = false;    // its prefix-cache hits are counted once, at its first admission on any rank
-  std::size_t stop_text_from = 0;  // min_tokens: a stop string must end past this much of the text
-  int64_t published = 0;        // leading blocks published in the prefix cache
-  int64_t received = 0;         // leading blocks whose KV another rank computed (disaggregated prefill)
-  uint64_t last_hash = kv::kRootHash;
-  std::array<int64_t, kv::kTiers> cached_from{};  // blocks of the cached prefix, by tier
-  bool done = false;
-  // A structured output: the tokens through the grammar; and, when stop
-  // strings are asked, the text through it too (text_ends[i]: the grammar may
-  // end after i bytes of text), so a stop string cuts only complete output.
-  std::unique_ptr<grammar::TokenMatcher> matcher;
-  std::unique_ptr<grammar::Matcher> text_grammar;
-  std::vector<char> text_ends;
-  std::vector<std::size_t> stop_from;  // per stop string: occurrences before this were incomplete
-
-  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
-  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<std::size_t>(n_prompt)}; }
-  std::span<const int32_t> output() const {
-    return {tokens.data() + n_prompt, static_cast<std::size_t>(generated())};
-  }
-};
 
 Engine::Engine(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, cpu::ThreadPool& threads,
                const Tokenizer* tokenizer, EngineOptions options)
@@ -75,39 +34,6 @@ Engine::Engine(const ModelConfig& config, std::unique_ptr<ModelBackend> backend,
       model_(std::move(backend)) {}
 
 Engine::~Engine() = default;
-
-std::shared_ptr<const grammar::CompiledGrammar> Engine::grammar_of(const SamplingParams& p) const {
-  if (p.grammar.empty()) return nullptr;
-  if (!tokenizer_) throw Error("a structured output needs the model's tokenizer, and this engine has none");
-  if (!grammars_) {
-    std::vector<std::string> bytes(static_cast<std::size_t>(config_.vocab));
-    for (int32_t id = 0; id < config_.vocab && id < tokenizer_->vocab_size(); ++id) {
-      bytes[static_cast<std::size_t>(id)] = tokenizer_->token_bytes(id);
-    }
-    grammars_ = std::make_unique<grammar::GrammarCache>(
-        std::make_shared<grammar::Vocabulary>(std::move(bytes), config_.eos_token_ids));
-  }
-  return grammars_->get(p.grammar);
-}
-
-void Engine::start_grammar(Sequence& s) const {
-  auto g = grammar_of(s.req.params);
-  if (!g) return;
-  s.matcher = std::make_unique<grammar::TokenMatcher>(g);
-  if (!s.req.params.stop.empty()) {
-    s.text_grammar = std::make_unique<grammar::Matcher>(g->grammar_ptr());
-    s.text_ends.assign(1, s.text_grammar->can_end());
-    s.stop_from.assign(s.req.params.stop.size(), 0);
-  }
-}
-
-void Engine::follow_grammar(Sequence& s, int32_t token) const {
-  if (!s.matcher || ends_output(s.req.params, token)) return;
-  if (!s.matcher->accept_token(token)) {  // the mask allowed only what the grammar reads: a bug if reached
-    throw Error("request " + std::to_string(s.req.id) + ": token " + std::to_string(token) +
-                " was drawn outside its grammar (an engine bug; please report it)");
-  }
-}
 
 bool Engine::ends_output(const SamplingParams& p, int32_t t) const {
   if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end()) return true;
@@ -534,26 +460,7 @@ void Engine::draw(const std::vector<Planned>& plan, const std::vector<SeqChunk>&
     std::vector<float> raw;
     if (s.req.params.logprobs >= 0) raw.assign(lg.begin(), lg.end());
     if (has_logit_rules(s.req.params, s.generated())) apply_logit_rules(lg, s.req.params, s.generated(), config_.eos_token_ids);
-    if (s.matcher) {
-      thread_local std::vector<uint64_t> mask;
-      mask.resize((vocab + 63) / 64);
-      s.matcher->fill_mask(mask);
-      const bool can_end = s.matcher->can_end();
-      for (const int32_t t : s.req.params.stop_token_ids) {  // ends of this request: only where the grammar may end
-        const auto bit = uint64_t{1} << (t % 64);
-        mask[static_cast<std::size_t>(t) / 64] = can_end ? (mask[static_cast<std::size_t>(t) / 64] | bit)
-                                                         : (mask[static_cast<std::size_t>(t) / 64] & ~bit);
-      }
-      constexpr float kBanned = -std::numeric_limits<float>::infinity();
-      for (std::size_t w = 0; w * 64 < vocab; ++w) {  // a word at a time: most are all allowed or all banned
-        const uint64_t bits = mask[w];
-        const std::size_t end = std::min(vocab, (w + 1) * 64);
-        if (bits == ~uint64_t{0} && end == (w + 1) * 64) continue;
-        for (std::size_t t = w * 64; t < end; ++t) {
-          if (!((bits >> (t % 64)) & 1)) lg[t] = kBanned;
-        }
-      }
-    }
+    if (s.matcher) apply_grammar(s, lg);
     drawn[i] = sample_token(lg, s.req.params, s.prompt(), s.output(), s.req.rng_key, static_cast<uint64_t>(s.generated()));
     if (s.req.params.logprobs >= 0) drawn_logprobs[i] = logprobs_of(raw, drawn[i], s.req.params.logprobs);
   };

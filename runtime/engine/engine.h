@@ -154,6 +154,9 @@ class Engine {
   bool ends_output(const SamplingParams& p, int32_t token) const;  // EOS (unless ignore_eos) or a stop token
   void start_grammar(Sequence& s) const;
   void follow_grammar(Sequence& s, int32_t token) const;  // a drawn token through the sequence's grammar
+  // Bans in `logits` what the sequence's grammar does not allow next (ends only where it may end).
+  // Thread-safe across sequences: draw() calls it on the sampling pool.
+  void apply_grammar(const Sequence& s, std::span<float> logits) const;
   std::vector<Planned> schedule();
   std::vector<SeqChunk> chunks_of(const std::vector<Planned>& plan);
   bool run_model(const std::vector<Planned>& plan, const std::vector<SeqChunk>& chunks);
