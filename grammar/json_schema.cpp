@@ -132,13 +132,16 @@ std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) 
 
 class Converter {
  public:
-  Converter(const Json& root, const JsonSchemaLimits& limits) : root_(root), limits_(limits) {}
+  // prefix: put before every rule name but the root's ("" for a grammar of its own).
+  Converter(const Json& root, const JsonSchemaLimits& limits, std::string prefix = "")
+      : root_(root), limits_(limits), prefix_(std::move(prefix)) {}
 
-  std::string run() {
+  // The rules, the first named `name`; no json_* rules (kBasics).
+  std::string rules(const std::string& name) {
     const std::string root = value(root_, "", 0);
-    std::string out = "root ::= " + root + "\n";
-    for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
-    return out + kBasics;
+    std::string out = name + " ::= " + root + "\n";
+    for (const auto& [rule, body] : rules_) out += rule + " ::= " + body + "\n";
+    return out;
   }
 
  private:
@@ -154,7 +157,7 @@ class Converter {
     for (const char c : hint) base += (std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
     if (base.empty() || !std::isalpha(static_cast<unsigned char>(base[0]))) base = "s_" + base;
     if (base.size() > 40) base.resize(40);
-    const std::string name = base + "_" + std::to_string(rules_.size());
+    const std::string name = prefix_ + base + "_" + std::to_string(rules_.size());
     rules_.emplace_back(name, "");
     return name;
   }
@@ -515,6 +518,7 @@ class Converter {
 
   const Json& root_;
   JsonSchemaLimits limits_;
+  std::string prefix_;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::map<std::string, std::string> refs_;
 };
@@ -522,8 +526,15 @@ class Converter {
 }  // namespace
 
 std::string json_schema_to_ebnf(const nlohmann::ordered_json& schema, const JsonSchemaLimits& limits) {
-  return Converter(schema, limits).run();
+  return Converter(schema, limits).rules("root") + kBasics;
 }
+
+std::string json_schema_rules(const nlohmann::ordered_json& schema, const std::string& name,
+                              const JsonSchemaLimits& limits) {
+  return Converter(schema, limits, name + "_").rules(name);
+}
+
+std::string json_basics_ebnf() { return kBasics; }
 
 std::string json_object_ebnf() { return std::string("root ::= json_object\n") + kBasics; }
 

@@ -33,6 +33,14 @@ struct JsonSchemaLimits {
 // `schema` (within the subset above).
 std::string json_schema_to_ebnf(const nlohmann::ordered_json& schema, const JsonSchemaLimits& limits = {});
 
+// The same rules for a grammar that holds several schemas (a tool call's
+// arguments, one schema per function): the value is the rule `name`, the
+// other rules' names begin with `name_`, and the json_* rules they call are
+// json_basics_ebnf(), to be added once to the whole grammar.
+std::string json_schema_rules(const nlohmann::ordered_json& schema, const std::string& name,
+                              const JsonSchemaLimits& limits = {});
+std::string json_basics_ebnf();
+
 // Any JSON object ({"type": "json_object"}): compact, nested to any depth.
 std::string json_object_ebnf();
 

