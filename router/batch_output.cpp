@@ -74,6 +74,24 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string derived_id(const std::string& prefix, const std::string& key) { return hex_id(prefix, key); }
 
+std::optional<ToolAnswer> tool_answer(const BatchRequest& req, const std::string& text, std::size_t choice) {
+  if (!req.tools || req.tools->choice == ToolChoice::kNone || req.tool_format == runtime::ToolFormat::kNone)
+    return std::nullopt;
+  return parse_tool_answer(req.tool_format, *req.tools, text, req.custom_id + "/" + std::to_string(choice));
+}
+
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    json c = {{"id", calls[k].id},
+              {"type", "function"},
+              {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (with_index) c["index"] = k;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json response_body(const BatchRequest& req, const std::vector<RequestResult>& results, const OutputContext& ctx,
                    const std::string& id) {
   const bool chat = req.endpoint == Endpoint::kChat;
@@ -85,6 +103,11 @@ json response_body(const BatchRequest& req, const std::vector<RequestResult>& re
     json choice = {{"index", i}, {"finish_reason", res.finish_reason}, {"logprobs", nullptr}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", res.text}};
+      if (const auto answer = tool_answer(req, res.text, i)) {
+        choice["message"]["content"] = answer->content.empty() ? json(nullptr) : json(answer->content);
+        choice["message"]["tool_calls"] = tool_calls_json(answer->calls, false);
+        if (res.finish_reason == "stop") choice["finish_reason"] = "tool_calls";
+      }
       if (req.params.logprobs >= 0) choice["logprobs"] = chat_logprobs(res.logprobs, ctx);
     } else {
       std::string text = res.text;

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "router/batch_request.h"
+#include "router/tool_calls.h"
 #include "runtime/service/protocol.h"
 #include "runtime/engine/sampling.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -54,5 +56,12 @@ nlohmann::json response_body(const BatchRequest& req, const std::vector<RequestR
 // The id format_result gives the body of a batch line: prefix + a hash of key.
 std::string derived_id(const std::string& prefix, const std::string& key);
 std::string format_error(const LineError& err, const OutputContext& ctx);
+
+// A chat answer's tool calls, when the request gave tools (tool_choice not
+// "none") and the text is content followed by calls; `choice` (its index)
+// keeps the calls' ids apart between choices.
+std::optional<ToolAnswer> tool_answer(const BatchRequest& req, const std::string& text, std::size_t choice);
+// message.tool_calls (with_index: a stream's delta.tool_calls, each with its index).
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);
 
 }  // namespace tandem::router

@@ -15,6 +15,7 @@
 #include "common/text.h"
 #include "router/json_sax.h"
 #include "router/line_key.h"
+#include "router/tool_calls.h"
 
 namespace tandem::router {
 namespace {
@@ -116,7 +117,7 @@ bool one_of(const std::string& key, std::initializer_list<std::string_view> name
 // Fields that never change the output (bookkeeping for OpenAI's service).
 bool no_effect(const std::string& key) {
   return one_of(key, {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-                      "parallel_tool_calls", "priority"});
+                      "priority"});
 }
 
 std::string unsupported(const std::string& key, const std::string& why) {
@@ -132,15 +133,12 @@ void check_fields(const json& body, bool chat, bool batch_line) {
     if (batch_line && one_of(key, {"custom_id", "method", "url"})) continue;  // a short-form line's own fields
     if (v.is_null()) continue;  // null asks for the default everywhere in OpenAI's API
     if (is_structured_output_field(key)) continue;  // parse_body reads them (structured_output.h)
-    if (one_of(key, {"tools", "functions"})) {
-      if (v.is_array() && v.empty()) continue;
-      throw Bad{unsupported(key, "tool and function calling are not implemented (the tools would be left out of the "
-                                 "prompt)")};
+    if (is_tool_field(key)) {
+      if (chat) continue;  // parse_body reads them (tool_calls.h)
+      if ((v.is_array() && v.empty()) || v == "none") continue;
+      throw Bad{unsupported(key, "tools are for chat completions (/v1/chat/completions with messages)")};
     }
-    if (one_of(key, {"tool_choice", "function_call"})) {
-      if (v == "none") continue;
-      throw Bad{unsupported(key, "tool and function calling are not implemented")};
-    }
+    if (key == "chat_template_kwargs" && chat) continue;  // parse_prompt reads it
     if (key == "best_of") {
       if (v.is_number_integer() && v.get<int64_t>() == 1) continue;
       throw Bad{unsupported(key, "best_of above 1 is not implemented; write one line per sample instead")};
@@ -181,29 +179,87 @@ std::vector<std::pair<int32_t, float>> logit_bias_of(const json& v) {
   return out;
 }
 
-// A chat message's fields: role, content and reasoning_content are read; name and tool_call_id
-// are not rendered by the chat templates Tandem knows (nor by the models' own), so they change nothing.
+bool given(const json& body, const char* key);
+
+// A chat message's fields: role, content, reasoning_content, tool_calls and tool_call_id are
+// read; name is not rendered by the chat templates Tandem knows (nor by the models' own), so it
+// changes nothing.
 void check_message_fields(const json& m, std::size_t i) {
   for (const auto& [key, v] : m.items()) {
-    if (one_of(key, {"role", "content", "reasoning_content", "name", "tool_call_id", "refusal"})) continue;
+    if (one_of(key, {"role", "content", "reasoning_content", "name", "tool_call_id", "refusal", "tool_calls"})) continue;
     if (v.is_null() || (v.is_array() && v.empty())) continue;
     const std::string where = "messages[" + std::to_string(i) + "]." + key;
-    if (one_of(key, {"tool_calls", "function_call"}))
-      throw Bad{"'" + where + "' is not supported: tool calling is not implemented (the calls would be left out of "
-                "the prompt); remove it"};
-    throw Bad{"unknown field '" + where + "' (a message has role, content, and for assistants reasoning_content)"};
+    if (key == "function_call")
+      throw Bad{"'" + where + "' is OpenAI's deprecated form; give the call in 'tool_calls'"};
+    throw Bad{"unknown field '" + where + "' (a message has role, content, and for assistants reasoning_content "
+              "and tool_calls, for tools tool_call_id)"};
   }
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+std::vector<runtime::ChatToolCall> message_tool_calls(const nlohmann::ordered_json& v, std::size_t i) {
+  const std::string where = "messages[" + std::to_string(i) + "].tool_calls";
+  std::vector<runtime::ChatToolCall> out;
+  if (v.is_null()) return out;
+  if (!v.is_array()) throw Bad{"'" + where + "' must be an array of {\"id\", \"type\": \"function\", \"function\"}"};
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    const auto& c = v[k];
+    const std::string at = where + "[" + std::to_string(k) + "]";
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+      throw Bad{"'" + at + "' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"};
+    for (const auto& [key, x] : c.items()) {
+      if (key == "type" && x != "function") throw Bad{"'" + at + ".type' must be \"function\""};
+      if (key != "id" && key != "type" && key != "function" && key != "index")
+        throw Bad{"'" + at + "." + key + "' is not a field of a tool call (it has id, type and function)"};
+    }
+    const auto& f = c["function"];
+    for (const auto& [key, x] : f.items()) {
+      if (key != "name" && key != "arguments")
+        throw Bad{"'" + at + ".function." + key + "' is not a field of a call (it has name and arguments)"};
+    }
+    if (!f.contains("name") || !f["name"].is_string()) throw Bad{"'" + at + ".function.name' must be a string"};
+    if (!f.contains("arguments") || !(f["arguments"].is_string() || f["arguments"].is_object()))
+      throw Bad{"'" + at + ".function.arguments' must be a JSON string (or an object)"};
+    runtime::ChatToolCall call;
+    if (c.contains("id") && !c["id"].is_null()) {
+      if (!c["id"].is_string()) throw Bad{"'" + at + ".id' must be a string"};
+      call.id = c["id"].get<std::string>();
+    }
+    call.name = f["name"].get<std::string>();
+    call.arguments = f["arguments"];
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// chat_template_kwargs: only Qwen3's enable_thinking is read; any other
+// variable would change the prompt in a way Tandem's templates do not render.
+std::optional<bool> enable_thinking_of(const json& body) {
+  if (!given(body, "chat_template_kwargs")) return std::nullopt;
+  const json& v = body["chat_template_kwargs"];
+  if (!v.is_object()) throw Bad{"'chat_template_kwargs' must be an object such as {\"enable_thinking\": false}"};
+  std::optional<bool> out;
+  for (const auto& [key, x] : v.items()) {
+    if (key != "enable_thinking")
+      throw Bad{unsupported("chat_template_kwargs." + key, "Tandem's chat templates read only enable_thinking")};
+    if (x.is_null()) continue;
+    if (!x.is_boolean()) throw Bad{"'chat_template_kwargs.enable_thinking' must be true or false"};
+    out = x.get<bool>();
+  }
+  return out;
 }
 
 // Whether a field is there and not null (null asks for the default everywhere in OpenAI's API).
 bool given(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
 
 // The prompt: messages (chat), or prompt / prompt_token_ids (completions).
-void parse_prompt(const json& body, BatchRequest& r) {
+void parse_prompt(const json& body, BatchRequest& r, const std::function<nlohmann::ordered_json()>& ordered) {
   const bool chat = r.endpoint == Endpoint::kChat;
   if (chat) {
     if (!body.contains("messages")) throw Bad{"a chat request needs 'messages'"};
+    r.enable_thinking = enable_thinking_of(body);
     const json& ms = body["messages"];
+    std::optional<nlohmann::ordered_json> kept;  // the messages in key order, once one holds tool calls
     if (!ms.is_array() || ms.empty()) throw Bad{"'messages' must be a non-empty array of {role, content}"};
     std::vector<runtime::ChatMessage> messages;
     for (std::size_t i = 0; i < ms.size(); ++i) {
@@ -214,6 +270,15 @@ void parse_prompt(const json& body, BatchRequest& r) {
       runtime::ChatMessage cm{m["role"].get<std::string>(), message_content(m, i), std::nullopt};
       if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
         cm.reasoning_content = m["reasoning_content"].get<std::string>();
+      if (given(m, "tool_calls") && !(m["tool_calls"].is_array() && m["tool_calls"].empty())) {
+        if (cm.role != "assistant") throw Bad{"messages[" + std::to_string(i) + "]: only an assistant makes tool_calls"};
+        if (!kept) kept = ordered()["messages"];  // an object's arguments keep their key order
+        cm.tool_calls = message_tool_calls((*kept)[i]["tool_calls"], i);
+      }
+      if (given(m, "tool_call_id")) {
+        if (!m["tool_call_id"].is_string()) throw Bad{"messages[" + std::to_string(i) + "].tool_call_id must be a string"};
+        cm.tool_call_id = m["tool_call_id"].get<std::string>();
+      }
       messages.push_back(std::move(cm));
     }
     r.messages = std::move(messages);
@@ -349,13 +414,23 @@ void parse_logprobs(const json& body, BatchRequest& r) {
 }
 
 // response_format, structured_outputs, guided_*: the grammar the output must follow.
+// tools, tool_choice, parallel_tool_calls (the grammar of calls is settled by build_prompt, which
+// knows the model's call format), then response_format and the other structured outputs.
 void parse_structured(const json& body, BatchRequest& r, const std::function<nlohmann::ordered_json()>& ordered) {
   try {
+    bool any_tool_field = false;
+    for (const auto& [key, v] : body.items()) any_tool_field |= is_tool_field(key) && !v.is_null();
+    if (any_tool_field) {
+      if (auto t = parse_tools(ordered())) r.tools = std::make_shared<const ToolRequest>(std::move(*t));
+    }
     r.params.grammar = structured_output_ebnf(body, ordered);
   } catch (const Error& e) {
     throw Bad{e.what()};
   }
-  if (r.params.grammar.empty()) return;
+  if (r.tools && r.tools->choice != ToolChoice::kNone && !r.params.grammar.empty()) {
+    throw Bad{"'tools' (unless tool_choice is \"none\") and a structured output both constrain the answer; give one"};
+  }
+  if (r.params.grammar.empty() && !r.tools) return;
   if (r.params.ignore_eos) throw Bad{"'ignore_eos' cannot be combined with a structured output: the grammar decides where the output ends"};
   if (r.params.min_tokens > 0) {
     throw Bad{"'min_tokens' cannot be combined with a structured output: the grammar decides where the output ends"};
@@ -370,7 +445,7 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
     if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
     r.model = body["model"].get<std::string>();
   }
-  parse_prompt(body, r);
+  parse_prompt(body, r, ordered);
   auto& p = r.params;
   p.max_tokens = default_max_tokens;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {

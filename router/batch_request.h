@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -22,6 +23,8 @@
 
 namespace tandem::router {
 
+struct ToolRequest;  // router/tool_calls.h
+
 enum class Endpoint { kCompletions, kChat };
 
 struct BatchRequest {
@@ -32,6 +35,9 @@ struct BatchRequest {
   std::optional<std::string> prompt_text;
   std::optional<std::vector<int32_t>> prompt_ids;
   std::optional<std::vector<runtime::ChatMessage>> messages;
+  std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking (Qwen3's switch)
+  std::shared_ptr<const ToolRequest> tools;  // chat: tools, tool_choice, parallel_tool_calls; null: none
+  runtime::ToolFormat tool_format = runtime::ToolFormat::kNone;  // how the model writes calls (set by build_prompt)
   runtime::SamplingParams params;
   bool max_tokens_given = false;  // chat without max_tokens: up to the context's end
   bool echo = false;              // completions: the prompt precedes the text in the output

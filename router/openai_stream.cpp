@@ -4,11 +4,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/batch_output.h"
+
 namespace tandem::router {
 
 using json = nlohmann::json;
 
-StreamText::StreamText(const runtime::Tokenizer* tokenizer, const std::vector<std::string>& stop) {
+StreamText::StreamText(const runtime::Tokenizer* tokenizer, const std::vector<std::string>& stop,
+                       runtime::ToolFormat tools)
+    : tools_(tools) {
   if (tokenizer) decoder_.emplace(*tokenizer, true);
   for (const auto& s : stop) hold_ = std::max(hold_, s.empty() ? 0 : s.size() - 1);
 }
@@ -17,7 +21,8 @@ std::string StreamText::push(const std::vector<int32_t>& tokens) {
   if (!decoder_) return {};
   for (int32_t t : tokens) text_ += decoder_->push(t);
   if (text_.size() <= sent_ + hold_) return {};
-  std::size_t end = text_.size() - hold_;
+  std::size_t end = std::min(text_.size() - hold_, tool_content_end(tools_, text_));
+  if (end <= sent_) return {};
   // Never split a UTF-8 character: back up over continuation bytes.
   while (end > sent_ && end < text_.size() && (static_cast<unsigned char>(text_[end]) & 0xC0) == 0x80) --end;
   std::string out = text_.substr(sent_, end - sent_);
@@ -57,6 +62,20 @@ json stream_chunk(const BatchRequest& req, const StreamIds& ids, int64_t index, 
                 {"created", ids.created},
                 {"model", ids.model},
                 {"choices", json::array({choice})}};
+  if (req.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+json tool_calls_chunk(const BatchRequest& req, const StreamIds& ids, int64_t index, const std::vector<ToolCall>& calls,
+                      bool first) {
+  json delta = {{"tool_calls", tool_calls_json(calls, true)}};
+  if (first) delta["role"] = "assistant";
+  json chunk = {{"id", ids.id},
+                {"object", "chat.completion.chunk"},
+                {"created", ids.created},
+                {"model", ids.model},
+                {"choices", json::array({{{"index", index}, {"delta", delta}, {"finish_reason", nullptr},
+                                          {"logprobs", nullptr}}})}};
   if (req.include_usage) chunk["usage"] = nullptr;
   return chunk;
 }

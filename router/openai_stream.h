@@ -7,7 +7,9 @@
 // authoritative (it is cut before a stop string), so while tokens stream,
 // the last (longest stop string - 1) bytes are held back — a stop string
 // cannot begin before them, since it was not yet complete — and the rest is
-// sent when the request finishes.
+// sent when the request finishes. An answer that may hold tool calls is
+// sent as content only up to where a call begins (or may begin); its calls
+// go in one delta.tool_calls chunk when it finishes.
 #pragma once
 
 #include <cstdint>
@@ -18,13 +20,16 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "router/batch_request.h"
+#include "router/tool_calls.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::router {
 
 class StreamText {
  public:
-  StreamText(const runtime::Tokenizer* tokenizer, const std::vector<std::string>& stop);
+  // tools: the format of the answer's tool calls (kNone: the answer is all content).
+  StreamText(const runtime::Tokenizer* tokenizer, const std::vector<std::string>& stop,
+             runtime::ToolFormat tools = runtime::ToolFormat::kNone);
   // New tokens of an unfinished request: the text that may be sent now.
   std::string push(const std::vector<int32_t>& tokens);
   // The request finished with final_text: the rest to send. Returns nullopt
@@ -33,6 +38,7 @@ class StreamText {
 
  private:
   std::optional<runtime::StreamDecoder> decoder_;
+  runtime::ToolFormat tools_;
   std::size_t hold_ = 0;  // bytes held back
   std::string text_;      // decoded so far
   std::size_t sent_ = 0;  // bytes of text_ released
@@ -52,6 +58,9 @@ std::string sse_done();  // "data: [DONE]\n\n"
 // a choice) and, on the last chunk of a choice, its finish_reason and logprobs.
 nlohmann::json stream_chunk(const BatchRequest& req, const StreamIds& ids, int64_t index, const std::string& text,
                             bool first, const std::string* finish_reason, const nlohmann::json* logprobs);
+// A choice's tool calls, in one chunk (delta.tool_calls, each with its index).
+nlohmann::json tool_calls_chunk(const BatchRequest& req, const StreamIds& ids, int64_t index,
+                                const std::vector<ToolCall>& calls, bool first);
 // The final usage chunk (stream_options.include_usage): no choices.
 nlohmann::json usage_chunk(const BatchRequest& req, const StreamIds& ids, int64_t prompt_tokens,
                            int64_t completion_tokens);

@@ -1,8 +1,28 @@
 #include "router/prompt_builder.h"
 
 #include "common/error.h"
+#include "router/structured_output.h"
+#include "router/tool_calls.h"
+#include "runtime/tokenizer/py_json.h"
 
 namespace tandem::router {
+
+namespace {
+
+// The grammar of the answer (unless a structured output gives one, with
+// tool_choice "none") and how to read its calls: both by the model's format.
+void settle_tools(BatchRequest& req, const runtime::ChatTemplate& chat) {
+  const ToolRequest& t = *req.tools;
+  req.tool_format = chat.tool_format();
+  if (!req.params.grammar.empty()) return;
+  const bool think_first = chat.family() == runtime::ChatTemplate::Family::kQwen3 && req.enable_thinking != false;
+  const std::string key = "tools\n" + std::to_string(static_cast<int>(req.tool_format)) + " " +
+                          std::to_string(static_cast<int>(t.choice)) + " " + t.named + " " +
+                          std::to_string(t.parallel) + std::to_string(think_first) + "\n" + runtime::py_json_dumps(t.tools);
+  req.params.grammar = checked_ebnf("tools", key, [&] { return tool_grammar(req.tool_format, t, think_first); });
+}
+
+}  // namespace
 
 std::variant<std::vector<int32_t>, LineError> build_prompt(BatchRequest& req, const PromptContext& ctx) {
   LineError err{req.custom_id, 400, ""};
@@ -22,7 +42,11 @@ std::variant<std::vector<int32_t>, LineError> build_prompt(BatchRequest& req, co
       return err;
     }
     try {
-      ids = ctx.tokenizer->encode(ctx.chat->render(*req.messages, {}), false);
+      runtime::ChatOptions options;
+      options.enable_thinking = req.enable_thinking;
+      if (req.tools) options.tools = &req.tools->tools;
+      ids = ctx.tokenizer->encode(ctx.chat->render(*req.messages, options), false);
+      if (req.tools) settle_tools(req, *ctx.chat);
     } catch (const Error& e) {
       err.message = e.what();
       return err;

@@ -115,58 +115,46 @@ Ask structured_outputs(const ojson& v, const std::string& legacy = "") {
 }
 
 std::string to_ebnf(const Ask& a) {
-  try {
-    if (a.kind == "json_object") return grammar::json_object_ebnf();
-    if (a.kind == "json_schema") return grammar::json_schema_to_ebnf(ojson::parse(a.text));
-    if (a.kind == "regex") return "root ::= " + grammar::regex_to_ebnf(a.text, grammar::RegexContext::kText) + "\n";
-    if (a.kind == "choice") {
-      std::string out = "root ::= ";
-      bool first = true;
-      for (const auto& c : ojson::parse(a.text)) {
-        const std::string s = c.get<std::string>();
-        if (s.empty()) throw Error("an empty string cannot be a choice");
-        out += (first ? "" : " | ") + grammar::ebnf_literal(s);
-        first = false;
-      }
-      return out + "\n";
+  if (a.kind == "json_object") return grammar::json_object_ebnf();
+  if (a.kind == "json_schema") return grammar::json_schema_to_ebnf(ojson::parse(a.text));
+  if (a.kind == "regex") return "root ::= " + grammar::regex_to_ebnf(a.text, grammar::RegexContext::kText) + "\n";
+  if (a.kind == "choice") {
+    std::string out = "root ::= ";
+    bool first = true;
+    for (const auto& c : ojson::parse(a.text)) {
+      const std::string s = c.get<std::string>();
+      if (s.empty()) throw Error("an empty string cannot be a choice");
+      out += (first ? "" : " | ") + grammar::ebnf_literal(s);
+      first = false;
     }
-    return a.text;  // grammar
-  } catch (const Error& e) {
-    throw Error("'" + a.field + "': " + e.what());
+    return out + "\n";
   }
+  return a.text;  // grammar
 }
 
-// Conversions and compile checks by (kind, text), bounded: a result or the
-// error it gave.
+// Conversions and compile checks by key, bounded: a result or the error it gave.
 class Checked {
  public:
-  std::string ebnf(const Ask& a) {
-    const std::string key = a.kind + '\n' + a.text;
+  std::string ebnf(const std::string& field, const std::string& key, const std::function<std::string()>& convert) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (const auto it = map_.find(key); it != map_.end()) {
-        if (!it->second.second) throw Error("'" + a.field + "': " + it->second.first);
+        if (!it->second.second) throw Error("'" + field + "': " + it->second.first);
         return it->second.first;
       }
     }
     std::pair<std::string, bool> result;
     try {
-      std::string text = to_ebnf(a);
-      try {
-        grammar::Grammar::from_ebnf(text);
-      } catch (const Error& e) {
-        throw Error("'" + a.field + "': " + e.what());
-      }
+      std::string text = convert();
+      grammar::Grammar::from_ebnf(text);
       result = {std::move(text), true};
     } catch (const Error& e) {
-      const std::string msg = e.what();
-      const std::string prefix = "'" + a.field + "': ";
-      result = {msg.rfind(prefix, 0) == 0 ? msg.substr(prefix.size()) : msg, false};
+      result = {e.what(), false};
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (map_.size() >= 256) map_.clear();
     map_.emplace(key, result);
-    if (!result.second) throw Error("'" + a.field + "': " + result.first);
+    if (!result.second) throw Error("'" + field + "': " + result.first);
     return result.first;
   }
 
@@ -205,8 +193,13 @@ std::string structured_output_ebnf(const json& body, const std::function<ojson()
   }
   if (asks.empty()) return "";
   if (asks.size() > 1) throw Error("'" + asks[0].field + "' and '" + asks[1].field + "' both constrain the output; give one");
+  const Ask& a = asks[0];
+  return checked_ebnf(a.field, a.kind + '\n' + a.text, [&] { return to_ebnf(a); });
+}
+
+std::string checked_ebnf(const std::string& field, const std::string& key, const std::function<std::string()>& convert) {
   static Checked checked;
-  return checked.ebnf(asks[0]);
+  return checked.ebnf(field, key, convert);
 }
 
 }  // namespace tandem::router

@@ -28,4 +28,9 @@ bool is_structured_output_field(const std::string& key);
 // a schema or grammar that does not compile.
 std::string structured_output_ebnf(const nlohmann::json& body, const std::function<nlohmann::ordered_json()>& ordered);
 
+// convert()'s EBNF once it compiles, remembered by key (process-wide, bounded)
+// with the error it gave: a batch file repeats one schema, or one set of
+// tools, on every line. Throws tandem::Error "'field': why".
+std::string checked_ebnf(const std::string& field, const std::string& key, const std::function<std::string()>& convert);
+
 }  // namespace tandem::router

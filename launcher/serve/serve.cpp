@@ -297,7 +297,10 @@ class HttpFrontend {
       bool failed = false;
     };
     auto st = std::make_shared<State>();
-    for (int64_t i = 0; i < ex->req.n; ++i) st->text.emplace_back(s_.prompts.tokenizer, ex->req.params.stop);
+    const bool calls = ex->req.tools && ex->req.tools->choice != router::ToolChoice::kNone;
+    for (int64_t i = 0; i < ex->req.n; ++i)
+      st->text.emplace_back(s_.prompts.tokenizer, ex->req.params.stop,
+                            calls ? ex->req.tool_format : runtime::ToolFormat::kNone);
     st->started.assign(static_cast<std::size_t>(ex->req.n), false);
     st->finished.assign(static_cast<std::size_t>(ex->req.n), false);
     res.set_header("Cache-Control", "no-cache");
@@ -338,7 +341,8 @@ class HttpFrontend {
             st->finished[c] = true;
             const service::WireResult& r = *e.final;
             std::string finish = r.ok ? r.finish_reason : "abort";
-            std::optional<std::string> rest = r.ok ? st->text[c].finish(r.text) : std::string();
+            const auto answer = r.ok ? router::tool_answer(ex->req, r.text, c) : std::nullopt;
+            std::optional<std::string> rest = r.ok ? st->text[c].finish(answer ? answer->content : r.text) : std::string();
             if (!rest) {
               spdlog::warn("{}: streamed text is not a prefix of the final text; the stream ends here", ex->ids.id);
               rest = std::string();
@@ -352,6 +356,11 @@ class HttpFrontend {
               lp = &lps;
             }
             if (!rest->empty()) chunk(e.choice, *rest, nullptr, nullptr);
+            if (answer) {
+              out += router::sse(router::tool_calls_chunk(ex->req, ex->ids, e.choice, answer->calls, !st->started[c]));
+              st->started[c] = true;
+              if (finish == "stop") finish = "tool_calls";
+            }
             chunk(e.choice, "", &finish, lp);
           }
           const bool all_done = std::all_of(st->finished.begin(), st->finished.end(), [](bool f) { return f; });

@@ -88,17 +88,19 @@ TEST_CASE("fields that would change the result and are not honoured are refused,
     return std::get<LineError>(p).message;
   };
   const std::string chat = R"({"custom_id":"a","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],)";
-  CHECK_THAT(error_of(chat + R"("tools":[{"type":"function","function":{"name":"f"}}]}})"),
-             Catch::Contains("'tools' is not supported"));
-  CHECK_THAT(error_of(chat + R"("tool_choice":"auto"}})"), Catch::Contains("'tool_choice' is not supported"));
-  CHECK_THAT(error_of(R"({"custom_id":"a","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}]})"),
-             Catch::Contains("'messages[1].tool_calls' is not supported"));
+  // Tools are a chat's (router/tool_calls_test.cpp checks them); a completion refuses them.
+  CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})"),
+             Catch::Contains("'tools' is not supported: tools are for chat completions"));
+  CHECK_THAT(error_of(chat + R"("tool_choice":"required"}})"), Catch::Contains("'tool_choice' \"required\" needs 'tools'"));
+  CHECK_THAT(error_of(chat + R"("chat_template_kwargs":{"enable_thinking":false,"foo":1}}})"),
+             Catch::Contains("'chat_template_kwargs.foo' is not supported"));
+  CHECK(ok(chat + R"("chat_template_kwargs":{"enable_thinking":false}}})").enable_thinking == false);
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","suffix":"y"})"), Catch::Contains("'suffix' is not supported"));
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","best_of":3})"), Catch::Contains("'best_of' is not supported"));
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","guided_decoding_backend":"xgrammar"})"),
              Catch::Contains("'guided_decoding_backend' is not supported"));
   CHECK_THAT(http_error(Endpoint::kChat, R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})"),
-             Catch::Contains("'tools' is not supported"));
+             Catch::Contains("'tools[0].function' must be an object"));
   // A field nobody knows is a mistake, most often a typo: never a silent default.
   CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","max_token":100})"),
              Catch::Contains("unknown field 'max_token'; did you mean 'max_tokens'?"));
