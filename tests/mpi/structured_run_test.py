@@ -13,6 +13,10 @@ regex, choice and grammars on batch lines, chat and completions.
     it; the other lines go on.
   - A random model with the real Qwen3 vocabulary (151k tokens): outputs
     validate too.
+  - Tools on the same model (Qwen3's chat template and call format): calls
+    under tool_choice required / named / parallel_tool_calls false are calls
+    only, their arguments valid under ajv; none holds no call; the same token
+    ids in one process, disaggregated and tensor-parallel.
 Usage: structured_run_test.py TANDEM SRC_DIR"""
 import json
 import re
@@ -96,6 +100,90 @@ def lines():
         "name": "b", "schema": {"type": "array", "uniqueItems": True}}}})
     out.append({"custom_id": "bad-regex", "prompt": "x", "structured_outputs": {"regex": "(?=x)x"}})
     return out, expect
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "unit"]}}}
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99},
+                                             "maxItems": 3}}, "required": ["ids"]}}}
+PING = {"type": "function", "function": {"name": "ping"}}
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object", "additionalProperties": False})
+                for t in (WEATHER, LOOKUP, PING)}
+
+
+def tool_lines():
+    """Chat lines with tools under every tool_choice; (custom_id -> kind)."""
+    out, kinds = [], {}
+    choices = [("required", "required", {}), ("required1", "required", {"parallel_tool_calls": False}),
+               ("named", {"type": "function", "function": {"name": "lookup"}}, {}), ("auto", "auto", {}),
+               ("none", "none", {"max_tokens": 24})]
+    for rep in range(3):
+        for kind, choice, extra in choices:
+            cid = f"tool-{kind}-{rep}"
+            body = {"messages": [{"role": "user", "content": f"Question {rep}: the weather in Oslo?"}],
+                    "tools": [WEATHER, LOOKUP, PING], "tool_choice": choice, "max_tokens": 160, "temperature": 1.0,
+                    "seed": 100 + rep, "chat_template_kwargs": {"enable_thinking": False}, **extra}
+            out.append({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
+            kinds[cid] = kind
+    # With thinking on, a required call may come after a <think> block (a random model rarely closes one).
+    out.append({"custom_id": "tool-think", "messages": [{"role": "user", "content": "Ping it."}], "tools": [PING],
+                "tool_choice": "required", "max_tokens": 40, "temperature": 1.0, "seed": 7})
+    kinds["tool-think"] = "think"
+    # A conversation that carries earlier calls and their results.
+    out.append({"custom_id": "tool-history", "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5 C"}], "tools": [WEATHER], "max_tokens": 40, "seed": 8})
+    kinds["tool-history"] = "auto"
+    # Refused, one error record each.
+    out.append({"custom_id": "tool-bad-keyword", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+                    "x": {"type": "string", "format": "hostname"}}}}}]})
+    out.append({"custom_id": "tool-completion", "prompt": "x", "tools": [PING]})
+    kinds["tool-bad-keyword"] = kinds["tool-completion"] = "bad"
+    return out, kinds
+
+
+def judge_tools(got, kinds):
+    items, where, wrong, stopped = [], [], [], {}
+    for cid, kind in kinds.items():
+        o = got.get(cid)
+        if kind == "bad" or o is None or o.get("error"):
+            continue
+        c = o["response"]["body"]["choices"][0]
+        calls = c["message"].get("tool_calls") or []
+        if kind in ("required", "required1", "named") and c["finish_reason"] != "length":
+            stopped[kind] = stopped.get(kind, 0) + 1
+            if c["finish_reason"] != "tool_calls" or not calls or c["message"]["content"] is not None:
+                wrong.append(f"{cid}: not calls only: {c}")
+        if kind == "required1" and len(calls) > 1:
+            wrong.append(f"{cid}: {len(calls)} calls with parallel_tool_calls false")
+        if kind == "named" and any(t["function"]["name"] != "lookup" for t in calls):
+            wrong.append(f"{cid}: another function than the named one: {calls}")
+        if kind == "none" and (calls or "<tool_call>" in (c["message"]["content"] or "")):
+            wrong.append(f"{cid}: a call under tool_choice none: {c}")
+        if calls and c["finish_reason"] not in ("tool_calls", "length"):
+            wrong.append(f"{cid}: calls with finish_reason {c['finish_reason']}")
+        for t in calls:
+            if not t["id"].startswith("call_") or t["type"] != "function":
+                wrong.append(f"{cid}: {t}")
+            items.append({"schema": TOOL_SCHEMAS.get(t["function"]["name"], False), "text": t["function"]["arguments"]})
+            where.append(cid)
+    verdicts = validate(items) if items else []
+    bad = [f"{c}: {v['why']}: {i['text']}" for c, v, i in zip(where, verdicts, items) if not v["valid"]]
+    check(f"tools: every call's arguments validate under ajv against its function's parameters ({len(items)} calls)",
+          not bad and len(items) >= 8, "; ".join(bad)[:600])
+    check("tools: required and named answers are calls only (most stop on their own), none answers hold no call",
+          not wrong and sum(stopped.values()) >= 6, "; ".join(wrong)[:800] + f" stopped {stopped}")
+    errs = {c: got[c]["error"]["message"] for c in ("tool-bad-keyword", "tool-completion") if got.get(c, {}).get("error")}
+    check("tools: an unenforced parameter keyword and tools on a completion are error records naming them",
+          "hostname" in errs.get("tool-bad-keyword", "") and "function 'f'" in errs.get("tool-bad-keyword", "")
+          and "tools are for chat completions" in errs.get("tool-completion", ""), str(errs)[:400])
 
 
 def validate(items):
@@ -187,5 +275,26 @@ with tempfile.TemporaryDirectory() as d:
         check("random model, Qwen3's vocabulary: every line answered", p.returncode == 0 and len(got) == len(rows),
               f"rc {p.returncode}")
         judge("random model, Qwen3's vocabulary", got)
+
+    if check.wants("tools"):
+        # Tool calls (Qwen3's format) on a random model with Qwen3's tokenizer and chat template.
+        model = tmp / "tiny"
+        if not model.exists():
+            model = make_model(tandem, src, model, "tiny", 3, "qwen3", "--dtype", "f32")
+        rows, kinds = tool_lines()
+        (tmp / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs = {}
+        for name, np, sets in (("one process", 1, []), ("disagg 1P+1D", 3, ['job.mode="disagg"', "router.local_prefill_tokens=1"]),
+                               ("agg tp=2", 3, ['job.mode="agg"', "cluster.tp=2"])):
+            p, got, _ = run_job(tandem, env, tmp / "tools.jsonl", tmp / ("tools-" + name.replace(" ", "_") + ".jsonl"), model, np, *sets,
+                                timeout=300)
+            check(f"tools, {name}: every line answered", p.returncode == 0 and len(got) == len(rows), f"rc {p.returncode}")
+            runs[name] = got
+        ref = runs["one process"]
+        judge_tools(ref, kinds)
+        ids = lambda got: {c: o["tandem"]["token_ids"] for c, o in got.items() if not o.get("error")}
+        for name, got in runs.items():
+            diff = [c for c in ids(ref) if ids(got).get(c) != ids(ref)[c]]
+            check(f"tools, {name}: the same token ids as one process", ref and not diff, f"differ: {diff[:5]}")
 
 sys.exit(check.exit_code())

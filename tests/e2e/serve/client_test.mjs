@@ -3,7 +3,7 @@
 //   node client_test.mjs BASE_URL API_KEY MODEL OUT.json
 //
 // Checks completions and chat, streaming and not, n, stop, seed, logprobs,
-// and the client's typed errors (401, 404 model_not_found, 400). Writes the
+// structured outputs, tool calls, and the client's typed errors (401, 404 model_not_found, 400). Writes the
 // greedy texts it got to OUT.json so the driver can compare them with
 // `tandem run` on the same requests. Exit code 1 on any failure.
 import { writeFileSync } from "node:fs";
@@ -195,6 +195,58 @@ for (const content of ["Say hello.", "What is 2+2?"]) {
         ["yes", "no"].includes(choice.choices[0].message.content), choice.choices[0].message.content);
 }
 
+// Tools: the model's calls as message.tool_calls, streamed (delta.tool_calls) as not.
+{
+  const weather = { type: "function", function: { name: "get_weather", description: "Weather in a city", parameters: {
+    type: "object", properties: { city: { type: "string", maxLength: 12 }, days: { type: "integer", minimum: 1, maximum: 7 } },
+    required: ["city"] } } };
+  const ping = { type: "function", function: { name: "ping" } };
+  const params = { model, messages: [{ role: "user", content: "Weather in Oslo?" }], tools: [weather, ping],
+                   tool_choice: "required", parallel_tool_calls: false, max_tokens: 200, temperature: 1, seed: 11,
+                   n: 2, chat_template_kwargs: { enable_thinking: false } };
+  const r = await client.chat.completions.create(params);
+  const calls = r.choices.map((c) => c.message.tool_calls ?? []);
+  const valid = (c) => {
+    const a = JSON.parse(c.function.arguments);
+    return c.type === "function" && /^call_/.test(c.id) && (c.function.name === "ping" ? Object.keys(a).length === 0 :
+      c.function.name === "get_weather" && typeof a.city === "string" && a.city.length <= 12 &&
+      (a.days === undefined || (Number.isInteger(a.days) && a.days >= 1 && a.days <= 7)));
+  };
+  check("tool_choice required, parallel_tool_calls false: each choice ends in one call of a declared function " +
+        "with valid arguments", r.choices.every((c) => c.finish_reason === "tool_calls" && c.message.content === null) &&
+        calls.every((cs) => cs.length === 1 && cs.every(valid)), JSON.stringify(r.choices));
+  // The client's own stream accumulation: tool_calls deltas by index.
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  const got = [[], []], finish = [];
+  for await (const c of stream) {
+    for (const ch of c.choices) {
+      for (const d of ch.delta.tool_calls ?? []) {
+        const t = (got[ch.index][d.index] ??= { id: d.id, type: d.type, function: { name: "", arguments: "" } });
+        t.function.name += d.function?.name ?? "";
+        t.function.arguments += d.function?.arguments ?? "";
+      }
+      if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+    }
+  }
+  const bare = (all) => JSON.stringify(all.map((cs) => cs.map((c) => [c.type, c.function.name, c.function.arguments])));
+  check("tool calls streamed equal the non-streamed ones (ids are each request's own)", bare(got) === bare(calls) &&
+        got.every((cs) => cs.every((c) => /^call_/.test(c.id))) &&
+        finish.every((f) => f === "tool_calls"), JSON.stringify([got, calls, finish]));
+  const named = await client.chat.completions.create({ ...params, n: 1,
+    tool_choice: { type: "function", function: { name: "get_weather" } } });
+  const nc = named.choices[0].message.tool_calls ?? [];
+  check("a named tool_choice: one call of that function", nc.length === 1 && nc[0].function.name === "get_weather" &&
+        valid(nc[0]), JSON.stringify(named.choices[0]));
+  const none = await client.chat.completions.create({ ...params, n: 1, tool_choice: "none", max_tokens: 30 });
+  check("tool_choice none: text, no calls", !none.choices[0].message.tool_calls &&
+        !(none.choices[0].message.content ?? "").includes("<tool_call>"), JSON.stringify(none.choices[0]));
+  // The conversation goes on: the calls and their results come back as history.
+  const next = await client.chat.completions.create({ model, tools: [weather, ping], max_tokens: 8, temperature: 0,
+    messages: [{ role: "user", content: "Weather in Oslo?" }, r.choices[0].message,
+               ...calls[0].map((c) => ({ role: "tool", tool_call_id: c.id, content: "5 C, clear" }))] });
+  check("a conversation with tool calls and results is answered", next.choices.length === 1, JSON.stringify(next.choices));
+}
+
 async function errorOf(fn) {
   try {
     await fn();
@@ -226,9 +278,10 @@ async function errorOf(fn) {
   check("response_format with an unenforced keyword: 400 naming it", j instanceof OpenAI.BadRequestError &&
         /'uniqueItems' is not supported/.test(j.message), j && `${j.status} ${j.message}`);
   const tl = await errorOf(() => client.chat.completions.create({
-    ...chat, tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }));
-  check("tools: 400 naming them", tl instanceof OpenAI.BadRequestError && /'tools' is not supported/.test(tl.message),
-        tl && `${tl.status} ${tl.message}`);
+    ...chat, tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: {
+      x: { type: "number", multipleOf: 2 } } } } }], tool_choice: "required" }));
+  check("tools with an unenforced parameter keyword: 400 naming it", tl instanceof OpenAI.BadRequestError &&
+        /function 'f' .*'multipleOf' is not supported/.test(tl.message), tl && `${tl.status} ${tl.message}`);
   // logit_bias is honoured: a +100 bias on one token makes every greedy token that one.
   const biased = await client.completions.create({ model, prompt: prompts[0], max_tokens: 4, temperature: 0,
                                                   logit_bias: { "1000": 100 } });
