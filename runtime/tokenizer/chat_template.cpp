@@ -1,10 +1,11 @@
 #include "runtime/tokenizer/chat_template.h"
 
 #include "common/error.h"
-#include "runtime/tokenizer/py_json.h"
+#include "runtime/tokenizer/chat_families.h"
 #include "runtime/tokenizer/utf8.h"
 
 namespace tandem::runtime {
+namespace chat {
 namespace {
 
 // Python's str.isspace(), which Jinja's `trim` filter follows.
@@ -13,6 +14,8 @@ bool py_space(uint32_t cp) {
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
          cp == 0x3000;
 }
+
+}  // namespace
 
 std::string py_trim(std::string_view s) { return std::string(trim_code_points(s, true, true, py_space)); }
 
@@ -38,6 +41,17 @@ std::string_view before_first(std::string_view s, std::string_view sep) {
   return at == std::string_view::npos ? s : s.substr(0, at);
 }
 
+bool has_tools(const ChatOptions& options) {
+  return options.tools != nullptr && options.tools->is_array() && !options.tools->empty();
+}
+
+}  // namespace chat
+
+namespace {
+
+using chat::has_tools;
+using chat::py_trim;
+
 // A ChatML template's built-in system prompt, written as a literal
 // '<|im_start|>system\n...<|im_end|>' in the Jinja text (Qwen2, Qwen2.5).
 std::string chatml_default_system(const std::string& tmpl) {
@@ -58,38 +72,6 @@ void check_role(const ChatMessage& m, std::size_t i) {
     throw Error("messages[" + std::to_string(i) + "].role '" + m.role +
                 "' is not one of system, user, assistant, tool");
   }
-}
-
-bool has_tools(const ChatOptions& options) {
-  return options.tools != nullptr && options.tools->is_array() && !options.tools->empty();
-}
-
-// Qwen3's system turn when tools are given: the system message (if any), then
-// the tools, one JSON object a line, and how to call them.
-std::string qwen3_tools_system(std::span<const ChatMessage> messages, const nlohmann::ordered_json& tools) {
-  std::string out = "<|im_start|>system\n";
-  if (!messages.empty() && messages[0].role == "system") out += messages[0].content + "\n\n";
-  out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
-         "function signatures within <tools></tools> XML tags:\n<tools>";
-  for (const auto& tool : tools) out += "\n" + py_json_dumps(tool);
-  out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-         "<args-json-object>}\n</tool_call><|im_end|>\n";
-  return out;
-}
-
-// An assistant turn's calls as Qwen3 writes them: arguments given as a string
-// go in verbatim, an object as tojson writes it; a new line before each call
-// but a first one that opens the turn.
-std::string qwen3_tool_calls(const std::vector<ChatToolCall>& calls, bool after_content) {
-  std::string out;
-  for (std::size_t k = 0; k < calls.size(); ++k) {
-    if (k > 0 || after_content) out += "\n";
-    const auto& a = calls[k].arguments;
-    out += "<tool_call>\n{\"name\": \"" + calls[k].name + "\", \"arguments\": " +
-           (a.is_string() ? a.get<std::string>() : py_json_dumps(a)) + "}\n</tool_call>";
-  }
-  return out;
 }
 
 }  // namespace
@@ -182,56 +164,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
     return out;
   }
 
-  // Qwen3: the last user query splits the conversation; assistant turns after it
-  // keep their reasoning in a <think> block, earlier ones lose it.
-  const std::size_t n = messages.size();
-  if (has_tools(options)) {
-    out += qwen3_tools_system(messages, *options.tools);
-  } else if (n > 0 && messages[0].role == "system") {
-    out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
-  }
-  std::size_t last_query = n == 0 ? 0 : n - 1;
-  for (std::size_t k = n; k-- > 0;) {
-    const auto& c = messages[k].content;
-    const bool tool_response = c.starts_with("<tool_response>") && c.ends_with("</tool_response>");
-    if (messages[k].role == "user" && !tool_response) {
-      last_query = k;
-      break;
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& m = messages[i];
-    const bool last = i + 1 == n;
-    if (m.role == "user" || (m.role == "system" && i != 0)) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    } else if (m.role == "assistant") {
-      std::string content = m.content;
-      std::string reasoning;
-      if (m.reasoning_content) {
-        reasoning = *m.reasoning_content;
-      } else if (m.content.find("</think>") != std::string::npos) {
-        content = lstrip_newlines(after_last(m.content, "</think>"));
-        reasoning = lstrip_newlines(after_last(rstrip_newlines(before_first(m.content, "</think>")), "<think>"));
-      }
-      if (i > last_query && (last || !reasoning.empty())) {
-        out += "<|im_start|>assistant\n<think>\n" + lstrip_newlines(rstrip_newlines(reasoning)) + "\n</think>\n\n" +
-               lstrip_newlines(content);
-      } else {
-        out += "<|im_start|>assistant\n" + content;
-      }
-      out += qwen3_tool_calls(m.tool_calls, !content.empty());
-      out += "<|im_end|>\n";
-    } else if (m.role == "tool") {
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
-    }
-  }
-  if (options.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (options.enable_thinking == false) out += "<think>\n\n</think>\n\n";
-  }
-  return out;
+  return chat::render_qwen3(messages, options);
 }
 
 }  // namespace tandem::runtime
