@@ -232,21 +232,26 @@ std::vector<runtime::ChatToolCall> message_tool_calls(const nlohmann::ordered_js
   return out;
 }
 
-// chat_template_kwargs: only Qwen3's enable_thinking is read; any other
-// variable would change the prompt in a way Tandem's templates do not render.
-std::optional<bool> enable_thinking_of(const json& body) {
-  if (!given(body, "chat_template_kwargs")) return std::nullopt;
+// chat_template_kwargs: Qwen3's enable_thinking and Llama 3.1's date_string
+// are read (a template that has neither refuses them); any other variable
+// would change the prompt in a way Tandem's templates do not render.
+void template_kwargs(const json& body, BatchRequest& r) {
+  if (!given(body, "chat_template_kwargs")) return;
   const json& v = body["chat_template_kwargs"];
   if (!v.is_object()) throw Bad{"'chat_template_kwargs' must be an object such as {\"enable_thinking\": false}"};
-  std::optional<bool> out;
   for (const auto& [key, x] : v.items()) {
-    if (key != "enable_thinking")
-      throw Bad{unsupported("chat_template_kwargs." + key, "Tandem's chat templates read only enable_thinking")};
+    if (key != "enable_thinking" && key != "date_string")
+      throw Bad{unsupported("chat_template_kwargs." + key, "Tandem's chat templates read only enable_thinking "
+                                                           "(Qwen3) and date_string (Llama 3.1+)")};
     if (x.is_null()) continue;
-    if (!x.is_boolean()) throw Bad{"'chat_template_kwargs.enable_thinking' must be true or false"};
-    out = x.get<bool>();
+    if (key == "enable_thinking") {
+      if (!x.is_boolean()) throw Bad{"'chat_template_kwargs.enable_thinking' must be true or false"};
+      r.enable_thinking = x.get<bool>();
+    } else {
+      if (!x.is_string()) throw Bad{"'chat_template_kwargs.date_string' must be a string such as \"26 Jul 2024\""};
+      r.date_string = x.get<std::string>();
+    }
   }
-  return out;
 }
 
 // Whether a field is there and not null (null asks for the default everywhere in OpenAI's API).
@@ -257,7 +262,7 @@ void parse_prompt(const json& body, BatchRequest& r, const std::function<nlohman
   const bool chat = r.endpoint == Endpoint::kChat;
   if (chat) {
     if (!body.contains("messages")) throw Bad{"a chat request needs 'messages'"};
-    r.enable_thinking = enable_thinking_of(body);
+    template_kwargs(body, r);
     const json& ms = body["messages"];
     std::optional<nlohmann::ordered_json> kept;  // the messages in key order, once one holds tool calls
     if (!ms.is_array() || ms.empty()) throw Bad{"'messages' must be a non-empty array of {role, content}"};

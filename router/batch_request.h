@@ -36,6 +36,7 @@ struct BatchRequest {
   std::optional<std::vector<int32_t>> prompt_ids;
   std::optional<std::vector<runtime::ChatMessage>> messages;
   std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking (Qwen3's switch)
+  std::optional<std::string> date_string;  // chat_template_kwargs.date_string (Llama 3.1+'s "Today Date")
   std::shared_ptr<const ToolRequest> tools;  // chat: tools, tool_choice, parallel_tool_calls; null: none
   runtime::ToolFormat tool_format = runtime::ToolFormat::kNone;  // how the model writes calls (set by build_prompt)
   runtime::SamplingParams params;

@@ -44,6 +44,7 @@ std::variant<std::vector<int32_t>, LineError> build_prompt(BatchRequest& req, co
     try {
       runtime::ChatOptions options;
       options.enable_thinking = req.enable_thinking;
+      options.date_string = req.date_string;
       if (req.tools) options.tools = &req.tools->tools;
       ids = ctx.tokenizer->encode(ctx.chat->render(*req.messages, options), false);
       if (req.tools) settle_tools(req, *ctx.chat);

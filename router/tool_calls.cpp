@@ -1,6 +1,7 @@
 #include "router/tool_calls.h"
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "common/error.h"
@@ -81,24 +82,38 @@ ojson parameters_of(const ToolRequest& t, std::size_t i) {
   return ojson{{"type", "object"}, {"properties", ojson::object()}};
 }
 
-// ---- Hermes (Qwen3): <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call> ----
+// The rules of every function's call in one format: fnI (its arguments'
+// schema) and callI (`spell(name, "fnI")`, the call as the format writes it);
+// `calls`: the alternation of those tool_choice allows.
+struct CallRules {
+  std::string rules;
+  std::string calls;
+};
 
-std::string hermes_grammar(const ToolRequest& t, bool think_first) {
-  std::string rules, calls;
+CallRules call_rules(const ToolRequest& t, const std::function<std::string(const std::string&, const std::string&)>& spell) {
+  CallRules out;
   for (std::size_t i = 0; i < t.names.size(); ++i) {
-    const std::string fn = "fn" + std::to_string(i);
+    const std::string fn = "fn" + std::to_string(i), call = "call" + std::to_string(i);
     try {
-      rules += grammar::json_schema_rules(parameters_of(t, i), fn);
+      out.rules += grammar::json_schema_rules(parameters_of(t, i), fn);
     } catch (const Error& e) {
       throw Error("function '" + t.names[i] + "' (tools[" + std::to_string(i) + "].function.parameters): " + e.what());
     }
-    const std::string head = std::string(kCallOpen) + "\n{\"name\": \"" + t.names[i] + "\", \"arguments\": ";
-    rules += "call" + std::to_string(i) + " ::= " + grammar::ebnf_literal(head) + " " + fn + " " +
-             grammar::ebnf_literal("}\n" + std::string(kCallClose)) + "\n";
-    if (t.choice != ToolChoice::kNamed || t.names[i] == t.named) calls += (calls.empty() ? "" : " | ") + ("call" + std::to_string(i));
+    out.rules += call + " ::= " + spell(t.names[i], fn) + "\n";
+    if (t.choice != ToolChoice::kNamed || t.names[i] == t.named) out.calls += (out.calls.empty() ? "" : " | ") + call;
   }
-  const std::string calls_rule = t.parallel && t.choice != ToolChoice::kNamed ? "(" + calls + ") (\"\\n\" (" + calls + "))*"
-                                                                               : "(" + calls + ")";
+  out.calls = "(" + out.calls + ")";
+  return out;
+}
+
+// ---- Hermes (Qwen3): <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call> ----
+
+std::string hermes_grammar(const ToolRequest& t, bool think_first) {
+  const CallRules c = call_rules(t, [](const std::string& name, const std::string& fn) {
+    return grammar::ebnf_literal(std::string(kCallOpen) + "\n{\"name\": \"" + name + "\", \"arguments\": ") + " " + fn +
+           " " + grammar::ebnf_literal("}\n" + std::string(kCallClose));
+  });
+  const bool many = t.parallel && t.choice != ToolChoice::kNamed;
   std::string root;
   switch (t.choice) {
     case ToolChoice::kNone: root = "text"; break;
@@ -110,8 +125,28 @@ std::string hermes_grammar(const ToolRequest& t, bool think_first) {
   out += "text ::= " + grammar::ebnf_text_without(kCallOpen) + "\n";
   out += "think ::= " + grammar::ebnf_literal(kThinkOpen) + " " + grammar::ebnf_text_without(kThinkClose) + " " +
          grammar::ebnf_literal(std::string(kThinkClose) + "\n\n") + "\n";
-  out += "calls ::= " + calls_rule + "\n";
-  return out + rules + grammar::json_basics_ebnf();
+  out += "calls ::= " + c.calls + (many ? " (\"\\n\" " + c.calls + ")*" : "") + "\n";
+  return out + c.rules + grammar::json_basics_ebnf();
+}
+
+// ---- Llama 3.1+: the whole answer is {"name": "f", "parameters": {...}} ----
+
+constexpr std::string_view kLlamaCall = "{\"name\": \"";
+
+// One call at most: Meta's template holds one call per assistant turn.
+std::string llama_grammar(const ToolRequest& t) {
+  const CallRules c = call_rules(t, [](const std::string& name, const std::string& fn) {
+    return grammar::ebnf_literal(std::string(kLlamaCall) + name + "\", \"parameters\": ") + " " + fn + " \"}\"";
+  });
+  std::string root;
+  switch (t.choice) {
+    case ToolChoice::kNone: root = "text"; break;
+    case ToolChoice::kAuto: root = "calls | text"; break;
+    case ToolChoice::kRequired:
+    case ToolChoice::kNamed: root = "calls"; break;
+  }
+  return "root ::= " + root + "\ntext ::= " + grammar::ebnf_text_not_starting_with(kLlamaCall) + "\ncalls ::= " + c.calls +
+         "\n" + c.rules + grammar::json_basics_ebnf();
 }
 
 std::string_view trim(std::string_view s) {
@@ -162,6 +197,20 @@ std::optional<std::string_view> raw_member(std::string_view obj, const std::stri
   return std::nullopt;
 }
 
+// One call of a declared function, from the object text `inner` ("arguments" or "parameters" as `args_key`).
+std::optional<ToolCall> read_call(const ToolRequest& t, std::string_view inner, const std::string& args_key,
+                                  const std::string& id) {
+  const ojson call = ojson::parse(inner, nullptr, /*allow_exceptions=*/false);
+  if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains(args_key) ||
+      !call[args_key].is_object())
+    return std::nullopt;
+  const std::string name = call["name"].get<std::string>();
+  if (std::find(t.names.begin(), t.names.end(), name) == t.names.end()) return std::nullopt;
+  const auto args = raw_member(inner, args_key);
+  if (!args) return std::nullopt;
+  return ToolCall{id, name, std::string(*args)};
+}
+
 std::optional<ToolAnswer> hermes_parse(const ToolRequest& t, const std::string& text, const std::string& id_key) {
   const std::size_t first = text.find(kCallOpen);
   if (first == std::string::npos) return std::nullopt;
@@ -176,18 +225,19 @@ std::optional<ToolAnswer> hermes_parse(const ToolRequest& t, const std::string& 
     const std::size_t close = text.find(kCallClose, body);
     if (close == std::string::npos) return std::nullopt;  // cut off inside a call
     const std::string_view inner = trim(std::string_view(text).substr(body, close - body));
-    const ojson call = ojson::parse(inner, nullptr, /*allow_exceptions=*/false);
-    if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains("arguments") ||
-        !call["arguments"].is_object())
-      return std::nullopt;
-    const std::string name = call["name"].get<std::string>();
-    if (std::find(t.names.begin(), t.names.end(), name) == t.names.end()) return std::nullopt;
-    const auto args = raw_member(inner, "arguments");
-    if (!args) return std::nullopt;
-    a.calls.push_back({derived_id("call_", id_key + "#" + std::to_string(a.calls.size())), name, std::string(*args)});
+    auto call = read_call(t, inner, "arguments", derived_id("call_", id_key + "#" + std::to_string(a.calls.size())));
+    if (!call) return std::nullopt;
+    a.calls.push_back(std::move(*call));
     at = close + kCallClose.size();
   }
   return a;
+}
+
+std::optional<ToolAnswer> llama_parse(const ToolRequest& t, const std::string& text, const std::string& id_key) {
+  if (text.rfind(kLlamaCall, 0) != 0) return std::nullopt;
+  auto call = read_call(t, trim(text), "parameters", derived_id("call_", id_key + "#0"));
+  if (!call) return std::nullopt;
+  return ToolAnswer{"", {std::move(*call)}};
 }
 
 }  // namespace
@@ -231,6 +281,7 @@ std::optional<ToolRequest> parse_tools(const ojson& body) {
 std::string tool_grammar(runtime::ToolFormat format, const ToolRequest& tools, bool think_first) {
   switch (format) {
     case runtime::ToolFormat::kHermes: return hermes_grammar(tools, think_first);
+    case runtime::ToolFormat::kLlama3Json: return llama_grammar(tools);
     case runtime::ToolFormat::kNone: break;
   }
   throw Error("the chat template defines no tool calls");
@@ -240,6 +291,7 @@ std::optional<ToolAnswer> parse_tool_answer(runtime::ToolFormat format, const To
                                             const std::string& text, const std::string& id_key) {
   switch (format) {
     case runtime::ToolFormat::kHermes: return hermes_parse(tools, text, id_key);
+    case runtime::ToolFormat::kLlama3Json: return llama_parse(tools, text, id_key);
     case runtime::ToolFormat::kNone: break;
   }
   return std::nullopt;
@@ -247,6 +299,10 @@ std::optional<ToolAnswer> parse_tool_answer(runtime::ToolFormat format, const To
 
 std::size_t tool_content_end(runtime::ToolFormat format, std::string_view text) {
   if (format == runtime::ToolFormat::kNone) return text.size();
+  if (format == runtime::ToolFormat::kLlama3Json) {  // a call is the whole answer: undecided while it may begin one
+    const std::size_t n = std::min(text.size(), kLlamaCall.size());
+    return text.substr(0, n) == kLlamaCall.substr(0, n) ? 0 : text.size();
+  }
   const std::string_view marker = kCallOpen;
   const std::size_t at = text.find(marker);
   if (at != std::string_view::npos) return at;

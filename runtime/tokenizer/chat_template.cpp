@@ -89,12 +89,17 @@ ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfi
     t.honours_generation_prompt_ = tmpl.empty() || tmpl.find("add_generation_prompt") != std::string::npos;
     return t;
   }
+  if (setting == "llama3.1") {
+    t.family_ = Family::kLlama31;
+    return t;
+  }
   if (setting != "auto") {
-    throw Error("model.chat_template must be \"auto\", \"chatml\" or \"llama3\", got \"" + std::string(setting) + "\"");
+    throw Error("model.chat_template must be \"auto\", \"chatml\", \"llama3\" or \"llama3.1\", got \"" +
+                std::string(setting) + "\"");
   }
   if (tmpl.empty()) {
-    throw Error(where + ": the model has no chat_template; set model.chat_template = \"chatml\" or \"llama3\" "
-                        "in the job config, or send prompts instead of messages");
+    throw Error(where + ": the model has no chat_template; set model.chat_template = \"chatml\", \"llama3\" or "
+                        "\"llama3.1\" in the job config, or send prompts instead of messages");
   }
   if (tmpl.find("<|im_start|>") != std::string::npos) {
     const bool qwen3 = tmpl.find("</think>") != std::string::npos && tmpl.find("reasoning_content") != std::string::npos;
@@ -104,15 +109,16 @@ ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfi
   }
   if (tmpl.find("<|start_header_id|>") != std::string::npos) {
     if (tmpl.find("Cutting Knowledge Date") != std::string::npos) {
-      throw Error(where + ": the Llama 3.1+ chat template (with its dated system header) is not supported yet; "
-                          "set model.chat_template = \"llama3\" to use the Llama 3 format");
+      // Meta's template for 3.1, 3.2 and 3.3; its ipython mode (builtin_tools) is never entered here.
+      t.family_ = Family::kLlama31;
+      return t;
     }
     t.family_ = Family::kLlama3;
     t.honours_generation_prompt_ = tmpl.find("add_generation_prompt") != std::string::npos;
     return t;
   }
   throw Error(where + ": chat_template not recognised (Tandem renders the ChatML/Qwen and Llama 3 families); set "
-                      "model.chat_template = \"chatml\" or \"llama3\" in the job config");
+                      "model.chat_template = \"chatml\", \"llama3\" or \"llama3.1\" in the job config");
 }
 
 std::string_view ChatTemplate::name() const {
@@ -120,12 +126,17 @@ std::string_view ChatTemplate::name() const {
     case Family::kChatml: return "chatml";
     case Family::kQwen3: return "chatml (qwen3)";
     case Family::kLlama3: return "llama3";
+    case Family::kLlama31: return "llama3.1";
   }
   return "";
 }
 
 ToolFormat ChatTemplate::tool_format() const {
-  return family_ == Family::kQwen3 ? ToolFormat::kHermes : ToolFormat::kNone;
+  switch (family_) {
+    case Family::kQwen3: return ToolFormat::kHermes;
+    case Family::kLlama31: return ToolFormat::kLlama3Json;
+    default: return ToolFormat::kNone;
+  }
 }
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, const ChatOptions& options) const {
@@ -136,6 +147,9 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
   }
   if (options.enable_thinking && family_ != Family::kQwen3) {
     throw Error("enable_thinking: the " + std::string(name()) + " chat template has no thinking switch; remove it");
+  }
+  if (options.date_string && family_ != Family::kLlama31) {
+    throw Error("date_string: the " + std::string(name()) + " chat template writes no date; remove it");
   }
   for (std::size_t i = 0; i < messages.size(); ++i) {
     if (!messages[i].tool_calls.empty() && tool_format() == ToolFormat::kNone) {
@@ -164,6 +178,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
     return out;
   }
 
+  if (family_ == Family::kLlama31) return chat::render_llama31(messages, options, bos_);
   return chat::render_qwen3(messages, options);
 }
 

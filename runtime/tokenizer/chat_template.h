@@ -2,7 +2,7 @@
 // was trained on. Tandem recognises the template families it implements from
 // the model's own Jinja `chat_template` (no Jinja engine): ChatML (Qwen2/2.5,
 // with their default system prompts; Qwen3 with its <think> handling and its
-// tools) and Llama 3. `model.chat_template` forces one. Renders equal the
+// tools), Llama 3, and Llama 3.1/3.2/3.3 (the dated system header, tools). `model.chat_template` forces one. Renders equal the
 // models' own templates (tests/data/chat_expected.json, rendered by Hugging
 // Face), tools and tool calls included.
 #pragma once
@@ -38,6 +38,7 @@ struct ChatMessage {
 struct ChatOptions {
   bool add_generation_prompt = true;
   std::optional<bool> enable_thinking;  // Qwen3: false adds an empty <think></think> block
+  std::optional<std::string> date_string;  // Llama 3.1+: "Today Date" (default: the template's "26 Jul 2024")
   // The request's `tools` as given ([{"type": "function", "function": {...}}, ...]),
   // rendered into the prompt the way the model's template does; null or empty: none.
   const nlohmann::ordered_json* tools = nullptr;
@@ -48,13 +49,15 @@ struct ChatOptions {
 enum class ToolFormat {
   kNone,    // the template defines no tools: a request with tools is refused
   kHermes,  // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, one per call
+  kLlama3Json,  // Llama 3.1+: the whole answer is one {"name": ..., "parameters": {...}}
 };
 
 class ChatTemplate {
  public:
-  enum class Family { kChatml, kQwen3, kLlama3 };
+  enum class Family { kChatml, kQwen3, kLlama3, kLlama31 };
 
-  // setting: "auto" (recognise config.chat_template), "chatml" or "llama3".
+  // setting: "auto" (recognise config.chat_template), "chatml", "llama3" or
+  // "llama3.1" (Llama 3.1, 3.2 and 3.3's template, with its tools).
   // Throws tandem::Error naming `where` and the config key to set when the
   // template is missing or not recognised.
   static ChatTemplate select(std::string_view setting, const TokenizerConfig& config, const std::string& where);

@@ -8,7 +8,8 @@
 // @huggingface/transformers' `apply_chat_template`, i.e. what Hugging Face's
 // own stack produces: with the case's `tools` where it gives them (such a
 // case names the `models` whose templates define tools), and no other
-// template variables.
+// template variables but date_string (Llama 3.2's date, fixed as Tandem
+// renders it).
 //
 // How to rerun (needs network once, for npm; installs nothing into the repo):
 //
@@ -30,7 +31,7 @@ const path = require('path');
 const { pathToFileURL } = require('url');
 
 const REPO = path.join(__dirname, '../..');
-const MODELS = ['qwen3', 'llama3'];
+const MODELS = ['qwen3', 'llama3', 'llama3_2'];
 const CASES = path.join(__dirname, 'chat_cases.json');
 const OUT = path.join(__dirname, 'chat_expected.json');
 const HFT_DIR = process.env.HFT_DIR || '/tmp/hft';
@@ -69,7 +70,9 @@ async function main() {
     for (const c of cases) {
       if (c.models && !c.models.includes(m)) continue;  // a case for the templates that define tools
       if (Object.prototype.hasOwnProperty.call(out[m], c.name)) throw new Error(`duplicate case name ${c.name}`);
-      const options = { tokenize: false, add_generation_prompt: !!c.add_generation_prompt };
+      // Llama 3.2's template takes today's date where the renderer offers strftime_now (transformers.js
+      // does); Tandem renders the template's fixed date, so a prompt does not change with the day.
+      const options = { tokenize: false, add_generation_prompt: !!c.add_generation_prompt, date_string: '26 Jul 2024' };
       if (c.tools) options.tools = c.tools;
       out[m][c.name] = tok.apply_chat_template(c.messages, options);
     }

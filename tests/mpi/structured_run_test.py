@@ -115,9 +115,11 @@ TOOL_SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": 
                 for t in (WEATHER, LOOKUP, PING)}
 
 
-def tool_lines():
-    """Chat lines with tools under every tool_choice; (custom_id -> kind)."""
+def tool_lines(family):
+    """Chat lines with tools under every tool_choice, for a model of `family` (qwen3: thinking switched off;
+    llama: Meta's 3.1 template, one call per answer, a date given); (custom_id -> kind)."""
     out, kinds = [], {}
+    kwargs = {"enable_thinking": False} if family == "qwen3" else {"date_string": "05 Dec 2026"}
     choices = [("required", "required", {}), ("required1", "required", {"parallel_tool_calls": False}),
                ("named", {"type": "function", "function": {"name": "lookup"}}, {}), ("auto", "auto", {}),
                ("none", "none", {"max_tokens": 24})]
@@ -126,13 +128,14 @@ def tool_lines():
             cid = f"tool-{kind}-{rep}"
             body = {"messages": [{"role": "user", "content": f"Question {rep}: the weather in Oslo?"}],
                     "tools": [WEATHER, LOOKUP, PING], "tool_choice": choice, "max_tokens": 160, "temperature": 1.0,
-                    "seed": 100 + rep, "chat_template_kwargs": {"enable_thinking": False}, **extra}
+                    "seed": 100 + rep, "chat_template_kwargs": kwargs, **extra}
             out.append({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
             kinds[cid] = kind
-    # With thinking on, a required call may come after a <think> block (a random model rarely closes one).
-    out.append({"custom_id": "tool-think", "messages": [{"role": "user", "content": "Ping it."}], "tools": [PING],
-                "tool_choice": "required", "max_tokens": 40, "temperature": 1.0, "seed": 7})
-    kinds["tool-think"] = "think"
+    if family == "qwen3":
+        # With thinking on, a required call may come after a <think> block (a random model rarely closes one).
+        out.append({"custom_id": "tool-think", "messages": [{"role": "user", "content": "Ping it."}], "tools": [PING],
+                    "tool_choice": "required", "max_tokens": 40, "temperature": 1.0, "seed": 7})
+        kinds["tool-think"] = "think"
     # A conversation that carries earlier calls and their results.
     out.append({"custom_id": "tool-history", "messages": [
         {"role": "user", "content": "Weather in Oslo?"},
@@ -149,7 +152,7 @@ def tool_lines():
     return out, kinds
 
 
-def judge_tools(got, kinds):
+def judge_tools(got, kinds, family):
     items, where, wrong, stopped = [], [], [], {}
     for cid, kind in kinds.items():
         o = got.get(cid)
@@ -161,11 +164,12 @@ def judge_tools(got, kinds):
             stopped[kind] = stopped.get(kind, 0) + 1
             if c["finish_reason"] != "tool_calls" or not calls or c["message"]["content"] is not None:
                 wrong.append(f"{cid}: not calls only: {c}")
-        if kind == "required1" and len(calls) > 1:
+        if (kind == "required1" or family == "llama") and len(calls) > 1:
             wrong.append(f"{cid}: {len(calls)} calls with parallel_tool_calls false")
         if kind == "named" and any(t["function"]["name"] != "lookup" for t in calls):
             wrong.append(f"{cid}: another function than the named one: {calls}")
-        if kind == "none" and (calls or "<tool_call>" in (c["message"]["content"] or "")):
+        if kind == "none" and (calls or "<tool_call>" in (c["message"]["content"] or "") or
+                               (c["message"]["content"] or "").startswith('{"name": "')):
             wrong.append(f"{cid}: a call under tool_choice none: {c}")
         if calls and c["finish_reason"] not in ("tool_calls", "length"):
             wrong.append(f"{cid}: calls with finish_reason {c['finish_reason']}")
@@ -176,12 +180,12 @@ def judge_tools(got, kinds):
             where.append(cid)
     verdicts = validate(items) if items else []
     bad = [f"{c}: {v['why']}: {i['text']}" for c, v, i in zip(where, verdicts, items) if not v["valid"]]
-    check(f"tools: every call's arguments validate under ajv against its function's parameters ({len(items)} calls)",
-          not bad and len(items) >= 8, "; ".join(bad)[:600])
-    check("tools: required and named answers are calls only (most stop on their own), none answers hold no call",
-          not wrong and sum(stopped.values()) >= 6, "; ".join(wrong)[:800] + f" stopped {stopped}")
+    check(f"tools {family}: every call's arguments validate under ajv against its function's parameters "
+          f"({len(items)} calls)", not bad and len(items) >= 8, "; ".join(bad)[:600])
+    check(f"tools {family}: required and named answers are calls only (most stop on their own), none answers hold "
+          "no call", not wrong and sum(stopped.values()) >= 6, "; ".join(wrong)[:800] + f" stopped {stopped}")
     errs = {c: got[c]["error"]["message"] for c in ("tool-bad-keyword", "tool-completion") if got.get(c, {}).get("error")}
-    check("tools: an unenforced parameter keyword and tools on a completion are error records naming them",
+    check(f"tools {family}: an unenforced parameter keyword and tools on a completion are error records naming them",
           "hostname" in errs.get("tool-bad-keyword", "") and "function 'f'" in errs.get("tool-bad-keyword", "")
           and "tools are for chat completions" in errs.get("tool-completion", ""), str(errs)[:400])
 
@@ -276,25 +280,32 @@ with tempfile.TemporaryDirectory() as d:
               f"rc {p.returncode}")
         judge("random model, Qwen3's vocabulary", got)
 
-    if check.wants("tools"):
-        # Tool calls (Qwen3's format) on a random model with Qwen3's tokenizer and chat template.
-        model = tmp / "tiny"
+    # Tool calls on random models with real tokenizers and chat templates: Qwen3's (<tool_call> blocks) and
+    # Llama 3.2's (Meta's 3.1 template: the answer is one {"name", "parameters"} object).
+    for family, tokenizer, widths in (("qwen3", "qwen3", ("one process", "disagg 1P+1D", "agg tp=2")),
+                                      ("llama", "llama3_2", ("one process", "disagg 1P+1D"))):
+        if not check.wants(f"tools {family}"):
+            continue
+        model = tmp / "tiny" if family == "qwen3" else tmp / "tiny-llama"
         if not model.exists():
-            model = make_model(tandem, src, model, "tiny", 3, "qwen3", "--dtype", "f32")
-        rows, kinds = tool_lines()
-        (tmp / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            model = make_model(tandem, src, model, "tiny", 3, "qwen3", "--dtype", "f32", tokenizer=tokenizer)
+        rows, kinds = tool_lines(family)
+        (tmp / f"tools-{family}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         runs = {}
         for name, np, sets in (("one process", 1, []), ("disagg 1P+1D", 3, ['job.mode="disagg"', "router.local_prefill_tokens=1"]),
                                ("agg tp=2", 3, ['job.mode="agg"', "cluster.tp=2"])):
-            p, got, _ = run_job(tandem, env, tmp / "tools.jsonl", tmp / ("tools-" + name.replace(" ", "_") + ".jsonl"), model, np, *sets,
-                                timeout=300)
-            check(f"tools, {name}: every line answered", p.returncode == 0 and len(got) == len(rows), f"rc {p.returncode}")
+            if name not in widths:
+                continue
+            p, got, _ = run_job(tandem, env, tmp / f"tools-{family}.jsonl", tmp / f"tools-{family}-{name.replace(' ', '_')}.jsonl",
+                                model, np, *sets, timeout=300)
+            check(f"tools {family}, {name}: every line answered", p.returncode == 0 and len(got) == len(rows),
+                  f"rc {p.returncode}")
             runs[name] = got
         ref = runs["one process"]
-        judge_tools(ref, kinds)
+        judge_tools(ref, kinds, family)
         ids = lambda got: {c: o["tandem"]["token_ids"] for c, o in got.items() if not o.get("error")}
         for name, got in runs.items():
             diff = [c for c in ids(ref) if ids(got).get(c) != ids(ref)[c]]
-            check(f"tools, {name}: the same token ids as one process", ref and not diff, f"differ: {diff[:5]}")
+            check(f"tools {family}, {name}: the same token ids as one process", ref and not diff, f"differ: {diff[:5]}")
 
 sys.exit(check.exit_code())

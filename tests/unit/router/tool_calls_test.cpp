@@ -163,6 +163,36 @@ TEST_CASE("Qwen3's calls: the finished text split into content and calls", "[rou
   CHECK_FALSE(parse_tool_answer(ToolFormat::kHermes, t, "<tool_call>\nnot json\n</tool_call>", "k"));
 }
 
+TEST_CASE("Llama 3.1's calls: the whole answer is one call, or text that does not begin one", "[router][tools]") {
+  const std::string paris = "{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Paris\"}}";
+  const auto t = tools_with();
+  const auto g = tool_grammar(ToolFormat::kLlama3Json, t, false);
+  CHECK(accepts(g, paris));
+  CHECK(accepts(g, "It is sunny."));
+  CHECK(accepts(g, "{\"weather\": \"sunny\"}"));  // JSON that is not a call is text
+  CHECK_FALSE(accepts(g, "{\"name\": \"rm\", \"parameters\": {}}"));
+  CHECK_FALSE(accepts(g, paris + "\n" + paris));  // one call per answer, as Meta's template holds
+  const auto req = tool_grammar(ToolFormat::kLlama3Json, tools_with(R"(, "tool_choice": "required")"), false);
+  CHECK(accepts(req, paris));
+  CHECK_FALSE(accepts(req, "It is sunny."));
+  const auto none = tool_grammar(ToolFormat::kLlama3Json, tools_with(R"(, "tool_choice": "none")"), false);
+  CHECK(accepts(none, "It is sunny."));
+  CHECK_FALSE(accepts(none, paris));
+
+  auto a = parse_tool_answer(ToolFormat::kLlama3Json, t, paris, "k/0");
+  REQUIRE(a);
+  CHECK(a->content.empty());
+  REQUIRE(a->calls.size() == 1);
+  CHECK(a->calls[0].name == "get_weather");
+  CHECK(a->calls[0].arguments == "{\"city\":\"Paris\"}");
+  CHECK_FALSE(parse_tool_answer(ToolFormat::kLlama3Json, t, "It is sunny.", "k"));
+  CHECK_FALSE(parse_tool_answer(ToolFormat::kLlama3Json, t, paris.substr(0, 30), "k"));
+  CHECK(tool_content_end(ToolFormat::kLlama3Json, "{\"na") == 0);  // may still become a call
+  CHECK(tool_content_end(ToolFormat::kLlama3Json, paris) == 0);
+  CHECK(tool_content_end(ToolFormat::kLlama3Json, "It is") == 5);
+  CHECK(tool_content_end(ToolFormat::kLlama3Json, "{\"weather") == 9);
+}
+
 TEST_CASE("tools: what a stream may send before the answer is finished", "[router][tools]") {
   CHECK(tool_content_end(ToolFormat::kHermes, "Let me check.") == 13);
   CHECK(tool_content_end(ToolFormat::kHermes, "Let me check.\n<tool") == 14);
