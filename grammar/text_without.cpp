@@ -36,4 +36,19 @@ std::string ebnf_text_without(std::string_view m) {
          part + ")?)";
 }
 
+// The text stops inside the prefix, or leaves it at some byte, then anything.
+std::string ebnf_text_not_starting_with(std::string_view p) {
+  if (p.empty()) throw Error("a prefix to avoid must not be empty");
+  for (const char c : p) {
+    if (static_cast<unsigned char>(c) >= 0x80) throw Error("a prefix to avoid must be ASCII: '" + std::string(p) + "'");
+  }
+  std::string out = "(\"\"";
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    const std::string before = k > 0 ? ebnf_literal(p.substr(0, k)) + " " : "";
+    if (k > 0) out += " | " + ebnf_literal(p.substr(0, k));
+    out += " | " + before + "[^" + ebnf_code_point(static_cast<unsigned char>(p[k])) + "] [\\x00-\\U0010FFFF]*";
+  }
+  return out + ")";
+}
+
 }  // namespace tandem::grammar
