@@ -40,12 +40,33 @@ if ! munge -n > /dev/null 2>&1; then
 fi
 munge -n > /dev/null 2>&1 || skip "munge does not work here"
 
-# A one-node cluster on ports of our own.
-port=$((20000 + RANDOM % 20000))
+# A one-node cluster on ports of our own: below the kernel's ephemeral range
+# (32768-60999), where an outgoing connection can take a port between our check
+# and slurmctld's bind (that once left slurmctld dead and this script polling
+# sinfo for 17 minutes), and free when checked; a daemon that dies at start-up
+# is seen within seconds and the cluster is started again on other ports.
 mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
 node=$(slurmd -C | head -1 | sed -E "s/RealMemory=[0-9]+/RealMemory=$mem/")
 mkdir -p "$work/state" "$work/spool"
-cat > "$work/slurm.conf" <<CONF
+export SLURM_CONF=$work/slurm.conf
+free_pair() {  # a port p with p and p+1 free to listen on
+  /usr/bin/python3 -c '
+import random, socket
+for _ in range(50):
+    p = random.randrange(20000, 32000)
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("", q)); s.close()
+    except OSError:
+        continue
+    print(p); break'
+}
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+start_cluster() {
+  port=$(free_pair)
+  [ -n "$port" ] || return 1
+  rm -rf "$work/state" "$work/spool"; mkdir -p "$work/state" "$work/spool"
+  cat > "$work/slurm.conf" <<CONF
 ClusterName=tandemtest
 SlurmctldHost=$host
 SlurmctldPort=$port
@@ -71,16 +92,24 @@ KillWait=5
 $node
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
-export SLURM_CONF=$work/slurm.conf
-slurmctld -f "$SLURM_CONF" || skip "slurmctld does not start"
-slurmd -f "$SLURM_CONF" || skip "slurmd does not start"
-for _ in $(seq 1 100); do
-  state=$(sinfo -h -o %t 2>/dev/null | head -1)
-  [ "$state" = idle ] && break
-  [ "$state" = down ] || [ "$state" = "down*" ] && scontrol update NodeName="$host" State=RESUME 2>/dev/null
-  sleep 0.2
+  slurmctld -f "$SLURM_CONF" || return 1
+  slurmd -f "$SLURM_CONF" || return 1
+  for _ in $(seq 1 150); do  # 30 s at most
+    alive "$work/slurmctld.pid" && alive "$work/slurmd.pid" || { sleep 0.5; alive "$work/slurmctld.pid" || return 1; }
+    state=$(timeout 5 sinfo -h -o %t 2>/dev/null | head -1)
+    [ "$state" = idle ] && return 0
+    [ "$state" = down ] || [ "$state" = "down*" ] && scontrol update NodeName="$host" State=RESUME 2>/dev/null
+    sleep 0.2
+  done
+  return 1
+}
+for attempt in 1 2 3; do
+  start_cluster && break
+  echo "the cluster did not come up on ports $port-$((port + 1)) (attempt $attempt): $(tail -1 "$work/slurmctld.log" 2>/dev/null)"
+  for f in "$work/slurmd.pid" "$work/slurmctld.pid"; do alive "$f" && kill "$(cat "$f")"; done
+  sleep 1
 done
-[ "$(sinfo -h -o %t | head -1)" = idle ] || skip "the node never became idle ($(sinfo -h -o %t | head -1))"
+[ "$(timeout 5 sinfo -h -o %t | head -1)" = idle ] || skip "the node never became idle ($(timeout 5 sinfo -h -o %t | head -1))"
 echo "cluster up: $host, ports $port-$((port + 1))"
 
 # The model, a workload, a job file.
