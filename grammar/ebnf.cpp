@@ -5,6 +5,12 @@
 
 namespace tandem::grammar {
 
+std::string special_token_spelling(int32_t id) {
+  const auto u = static_cast<uint32_t>(id);
+  return std::string{'\xFF', static_cast<char>(u >> 24), static_cast<char>((u >> 16) & 0xFF),
+                     static_cast<char>((u >> 8) & 0xFF), static_cast<char>(u & 0xFF)};
+}
+
 Expr Expr::literal(std::string bytes) {
   Expr e;
   e.kind = Kind::kLiteral;
@@ -179,6 +185,7 @@ class Parser {
     const char c = s_[i_];
     if (c == '"') return literal();
     if (c == '[') return char_class();
+    if (c == '<') return token_ref();
     if (c == '(') {
       ++i_;
       skip_space();
@@ -233,6 +240,21 @@ class Parser {
     const uint32_t cp = utf8_decode(s_.substr(i_, len));
     i_ += len;
     return cp;
+  }
+
+  // <[ID]>: exactly the token ID (a special token such as Mistral's [TOOL_CALLS]), as llama.cpp's GBNF writes it.
+  Expr token_ref() {
+    if (s_.substr(i_, 2) != "<[") fail("expected '<[' to begin a token reference", "write <[ID]> for token ID");
+    i_ += 2;
+    long id = 0;
+    const std::size_t digits = i_;
+    while (!at_end() && s_[i_] >= '0' && s_[i_] <= '9') {
+      id = id * 10 + (s_[i_++] - '0');
+      if (id > INT32_MAX) fail("token id above 2^31-1", "write the token's id");
+    }
+    if (i_ == digits || s_.substr(i_, 2) != "]>") fail("expected a token id and ']>'", "write <[ID]> for token ID");
+    i_ += 2;
+    return Expr::literal(special_token_spelling(static_cast<int32_t>(id)));
   }
 
   Expr literal() {

@@ -7,8 +7,10 @@
 //
 // A rule runs until the next `name ::=`; `#` starts a comment. Literals and
 // classes take \n \r \t \\ \" \' \] \- \xHH \uHHHH \UHHHHHHHH; a literal is
-// UTF-8 bytes, a class matches code points (encoded as UTF-8). The root rule
-// is `root`. Refused with one line (what, line:column): anything else,
+// UTF-8 bytes, a class matches code points (encoded as UTF-8). `<[ID]>` is
+// exactly token ID (llama.cpp's GBNF spelling), the way to let a grammar read
+// a special token (Mistral's [TOOL_CALLS]): no other token, nor any run of
+// tokens, spells it (special_token_spelling). The root rule is `root`. Refused with one line (what, line:column): anything else,
 // including xgrammar's lookahead `(= ...)` and tag dispatch.
 #pragma once
 
@@ -43,6 +45,11 @@ struct RuleDef {
 
 // Throws tandem::Error "grammar line L, column C: what; how to fix".
 std::vector<RuleDef> parse_ebnf(std::string_view text);
+
+// The bytes that stand for special token `id` in a grammar and a vocabulary:
+// 0xFF (never in UTF-8, so no literal or class reads it and a Vocabulary
+// drops every ordinary token that holds it), then the id's four bytes.
+std::string special_token_spelling(int32_t id);
 
 // The longest repetition count {n,m} accepted (a larger one is refused, not
 // clipped): each count copies its item in the compiled automaton.

@@ -6,8 +6,15 @@
 
 namespace tandem::grammar {
 
-Vocabulary::Vocabulary(std::vector<std::string> spelled, std::vector<int32_t> end_ids)
+Vocabulary::Vocabulary(std::vector<std::string> spelled, std::vector<int32_t> end_ids,
+                       const std::vector<int32_t>& specials)
     : bytes_(std::move(spelled)), ends_(std::move(end_ids)) {
+  for (auto& b : bytes_) {
+    if (b.find('\xFF') != std::string::npos) b.clear();  // no grammar reads 0xFF but in a special token's spelling
+  }
+  for (const int32_t id : specials) {
+    if (id >= 0 && id < size()) bytes_[static_cast<std::size_t>(id)] = special_token_spelling(id);
+  }
   std::sort(ends_.begin(), ends_.end());
   ends_.erase(std::unique(ends_.begin(), ends_.end()), ends_.end());
   for (int32_t id = 0; id < size(); ++id) {

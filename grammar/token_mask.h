@@ -29,10 +29,13 @@ namespace tandem::grammar {
 // A model's vocabulary as bytes. Immutable; shared by every grammar compiled for the model.
 class Vocabulary {
  public:
-  // bytes[id]: what token `id` spells (empty: never allowed, e.g. a special
-  // token); `ends`: the ids that end a sequence, allowed only where the grammar
-  // may end (their bytes are ignored).
-  Vocabulary(std::vector<std::string> bytes, std::vector<int32_t> ends);
+  // bytes[id]: what token `id` spells (empty: never allowed); `ends`: the ids
+  // that end a sequence, allowed only where the grammar may end (their bytes
+  // are ignored); `specials`: special tokens, which a grammar reads only where
+  // it names them (<[ID]>): they spell special_token_spelling(id), and an
+  // ordinary token holding the byte 0xFF is never allowed, so no run of
+  // ordinary tokens spells a special one.
+  Vocabulary(std::vector<std::string> bytes, std::vector<int32_t> ends, const std::vector<int32_t>& specials = {});
 
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<std::size_t>(id)]; }

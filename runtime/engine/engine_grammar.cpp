@@ -16,11 +16,13 @@ std::shared_ptr<const grammar::CompiledGrammar> Engine::grammar_of(const Samplin
   if (!tokenizer_) throw Error("a structured output needs the model's tokenizer, and this engine has none");
   if (!grammars_) {
     std::vector<std::string> bytes(static_cast<std::size_t>(config_.vocab));
+    std::vector<int32_t> specials;  // read by a grammar only where it names them (<[ID]>: Mistral's [TOOL_CALLS])
     for (int32_t id = 0; id < config_.vocab && id < tokenizer_->vocab_size(); ++id) {
       bytes[static_cast<std::size_t>(id)] = tokenizer_->token_bytes(id);
+      if (tokenizer_->is_special(id)) specials.push_back(id);
     }
     grammars_ = std::make_unique<grammar::GrammarCache>(
-        std::make_shared<grammar::Vocabulary>(std::move(bytes), config_.eos_token_ids));
+        std::make_shared<grammar::Vocabulary>(std::move(bytes), config_.eos_token_ids, specials));
   }
   return grammars_->get(p.grammar);
 }

@@ -295,3 +295,30 @@ TEST_CASE("token masks equal trying every token, on random walks", "[grammar]") 
     }
   }
 }
+
+TEST_CASE("a special token is read only where a grammar names it, never spelled by other tokens", "[grammar]") {
+  // ids: 0 ends; 1 [TOOL_CALLS] as a special token; 2 the same text as ordinary tokens would spell it;
+  // 3 a byte token 0xFF; 4..: pieces of the marker, '[', 'x', '{', '}'.
+  std::vector<std::string> v{"", "[TOOL_CALLS]", "[TOOL_CALLS]", "\xFF", "[", "TOOL", "_CALLS", "]", "x", "{", "}"};
+  v.push_back(special_token_spelling(1).substr(0, 3));  // 11: an ordinary token holding part of the spelling
+  const auto vocab = std::make_shared<Vocabulary>(v, std::vector<int32_t>{0}, std::vector<int32_t>{1});
+  const auto allowed = [&](const std::string& ebnf, const std::vector<int32_t>& prefix) {
+    TokenMatcher m(std::make_shared<CompiledGrammar>(Grammar::from_ebnf(ebnf), vocab));
+    for (const int32_t t : prefix) REQUIRE(m.accept_token(t));
+    std::vector<uint64_t> mask(vocab->mask_words());
+    m.fill_mask(mask);
+    std::vector<int32_t> out;
+    for (int32_t id = 0; id < vocab->size(); ++id) {
+      if ((mask[static_cast<std::size_t>(id) / 64] >> (id % 64)) & 1) out.push_back(id);
+    }
+    return out;
+  };
+  CHECK(allowed("root ::= <[1]> \"[\" \"x\" \"]\"", {}) == std::vector<int32_t>{1});
+  CHECK(allowed("root ::= <[1]> \"[\" \"x\" \"]\"", {1}) == std::vector<int32_t>{4});
+  CHECK(allowed("root ::= \"x\"? <[1]>", {}) == std::vector<int32_t>{1, 8});
+  // Where a grammar reads text, the special token is not text, and the ordinary spelling is.
+  CHECK(allowed("root ::= \"[TOOL_CALLS]\"", {}) == std::vector<int32_t>{2, 4});
+  CHECK(allowed("root ::= [^\\x00]*", {}) == std::vector<int32_t>{0, 2, 4, 5, 6, 7, 8, 9, 10});
+  CHECK_THROWS_WITH(parse_ebnf("root ::= <[x]>"), Catch::Contains("expected a token id and ']>'"));
+  CHECK_THROWS_WITH(parse_ebnf("root ::= <tool>"), Catch::Contains("expected '<[' to begin a token reference"));
+}
