@@ -133,8 +133,8 @@ Action add_tokenize_command(CLI::App& root) {
   cmd->add_flag("--chat", o->chat,
                 "Read conversations (JSON arrays of {role, content}) and write the prompt text the chat template makes")
       ->excludes(decode);
-  cmd->add_option("--chat-template", o->chat_template, "With --chat: auto, chatml, llama3 or llama3.1 (as model.chat_template)")
-      ->check(CLI::IsMember({"auto", "chatml", "llama3", "llama3.1"}));
+  cmd->add_option("--chat-template", o->chat_template, "With --chat: auto, chatml, llama3, llama3.1 or mistral (as model.chat_template)")
+      ->check(CLI::IsMember({"auto", "chatml", "llama3", "llama3.1", "mistral"}));
   cmd->add_flag("--no-generation-prompt", o->no_generation_prompt, "With --chat: do not open an assistant turn");
   return [o]() { return run_tokenize(*o); };
 }

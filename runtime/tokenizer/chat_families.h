@@ -1,5 +1,5 @@
 // The chat template families Tandem renders, one file each
-// (chat_qwen3.cpp, chat_llama31.cpp), and the string helpers their Jinja
+// (chat_qwen3.cpp, chat_llama31.cpp, chat_mistral.cpp), and the string helpers their Jinja
 // templates lean on (Python's str methods). Internal to chat_template.cpp.
 #pragma once
 
@@ -28,5 +28,10 @@ std::string render_qwen3(std::span<const ChatMessage> messages, const ChatOption
 // Llama 3.1 / 3.2 / 3.3's template: the dated system header, tools in the first user turn, one
 // {"name", "parameters"} call per assistant turn, results as ipython turns. bos: the model's BOS text.
 std::string render_llama31(std::span<const ChatMessage> messages, const ChatOptions& options, const std::string& bos);
+
+// Mistral-Nemo's template: [INST] turns, the tools before the last user turn, [TOOL_CALLS] with 9-character
+// ids, [TOOL_RESULTS]; no generation prompt of its own. bos, eos: the model's.
+std::string render_mistral(std::span<const ChatMessage> messages, const ChatOptions& options, const std::string& bos,
+                           const std::string& eos);
 
 }  // namespace tandem::runtime::chat

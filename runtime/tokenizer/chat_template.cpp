@@ -52,6 +52,8 @@ namespace {
 using chat::has_tools;
 using chat::py_trim;
 
+constexpr std::string_view kFamilies = "\"chatml\", \"llama3\", \"llama3.1\" or \"mistral\"";
+
 // A ChatML template's built-in system prompt, written as a literal
 // '<|im_start|>system\n...<|im_end|>' in the Jinja text (Qwen2, Qwen2.5).
 std::string chatml_default_system(const std::string& tmpl) {
@@ -79,6 +81,7 @@ void check_role(const ChatMessage& m, std::size_t i) {
 ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfig& config, const std::string& where) {
   ChatTemplate t;
   t.bos_ = config.bos_token;
+  t.eos_ = config.eos_token;
   const std::string& tmpl = config.chat_template;
   if (setting == "chatml") {
     t.family_ = Family::kChatml;
@@ -93,13 +96,17 @@ ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfi
     t.family_ = Family::kLlama31;
     return t;
   }
+  if (setting == "mistral") {
+    t.family_ = Family::kMistral;
+    return t;
+  }
   if (setting != "auto") {
-    throw Error("model.chat_template must be \"auto\", \"chatml\", \"llama3\" or \"llama3.1\", got \"" +
-                std::string(setting) + "\"");
+    throw Error("model.chat_template must be \"auto\", " + std::string(kFamilies) + ", got \"" + std::string(setting) +
+                "\"");
   }
   if (tmpl.empty()) {
-    throw Error(where + ": the model has no chat_template; set model.chat_template = \"chatml\", \"llama3\" or "
-                        "\"llama3.1\" in the job config, or send prompts instead of messages");
+    throw Error(where + ": the model has no chat_template; set model.chat_template = " + std::string(kFamilies) +
+                " in the job config, or send prompts instead of messages");
   }
   if (tmpl.find("<|im_start|>") != std::string::npos) {
     const bool qwen3 = tmpl.find("</think>") != std::string::npos && tmpl.find("reasoning_content") != std::string::npos;
@@ -117,8 +124,17 @@ ChatTemplate ChatTemplate::select(std::string_view setting, const TokenizerConfi
     t.honours_generation_prompt_ = tmpl.find("add_generation_prompt") != std::string::npos;
     return t;
   }
-  throw Error(where + ": chat_template not recognised (Tandem renders the ChatML/Qwen and Llama 3 families); set "
-                      "model.chat_template = \"chatml\", \"llama3\" or \"llama3.1\" in the job config");
+  if (tmpl.find("[AVAILABLE_TOOLS]") != std::string::npos && tmpl.find("[TOOL_CALLS]") != std::string::npos) {
+    // Mistral's v3 tool format; Nemo writes "[INST]" + content, v0.3 "[INST] " + content.
+    if (tmpl.find("\"[INST] \"") != std::string::npos) {
+      throw Error(where + ": Mistral v0.3's chat template (\"[INST] \" with a space) is not rendered yet; Tandem "
+                          "renders Mistral-Nemo's (model.chat_template = \"mistral\", which differs in spacing)");
+    }
+    t.family_ = Family::kMistral;
+    return t;
+  }
+  throw Error(where + ": chat_template not recognised (Tandem renders the ChatML/Qwen, Llama 3 and Mistral-Nemo "
+                      "families); set model.chat_template = " + std::string(kFamilies) + " in the job config");
 }
 
 std::string_view ChatTemplate::name() const {
@@ -127,6 +143,7 @@ std::string_view ChatTemplate::name() const {
     case Family::kQwen3: return "chatml (qwen3)";
     case Family::kLlama3: return "llama3";
     case Family::kLlama31: return "llama3.1";
+    case Family::kMistral: return "mistral";
   }
   return "";
 }
@@ -135,6 +152,7 @@ ToolFormat ChatTemplate::tool_format() const {
   switch (family_) {
     case Family::kQwen3: return ToolFormat::kHermes;
     case Family::kLlama31: return ToolFormat::kLlama3Json;
+    case Family::kMistral: return ToolFormat::kMistral;
     default: return ToolFormat::kNone;
   }
 }
@@ -179,6 +197,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
   }
 
   if (family_ == Family::kLlama31) return chat::render_llama31(messages, options, bos_);
+  if (family_ == Family::kMistral) return chat::render_mistral(messages, options, bos_, eos_);
   return chat::render_qwen3(messages, options);
 }
 

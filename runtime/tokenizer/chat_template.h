@@ -2,7 +2,8 @@
 // was trained on. Tandem recognises the template families it implements from
 // the model's own Jinja `chat_template` (no Jinja engine): ChatML (Qwen2/2.5,
 // with their default system prompts; Qwen3 with its <think> handling and its
-// tools), Llama 3, and Llama 3.1/3.2/3.3 (the dated system header, tools). `model.chat_template` forces one. Renders equal the
+// tools), Llama 3, Llama 3.1/3.2/3.3 (the dated system header, tools) and
+// Mistral-Nemo (its [INST] turns and [TOOL_CALLS]). `model.chat_template` forces one. Renders equal the
 // models' own templates (tests/data/chat_expected.json, rendered by Hugging
 // Face), tools and tool calls included.
 #pragma once
@@ -50,14 +51,16 @@ enum class ToolFormat {
   kNone,    // the template defines no tools: a request with tools is refused
   kHermes,  // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, one per call
   kLlama3Json,  // Llama 3.1+: the whole answer is one {"name": ..., "parameters": {...}}
+  kMistral,     // Mistral: [TOOL_CALLS] (a special token), then [{"name": ..., "arguments": {...}}, ...]
 };
 
 class ChatTemplate {
  public:
-  enum class Family { kChatml, kQwen3, kLlama3, kLlama31 };
+  enum class Family { kChatml, kQwen3, kLlama3, kLlama31, kMistral };
 
-  // setting: "auto" (recognise config.chat_template), "chatml", "llama3" or
-  // "llama3.1" (Llama 3.1, 3.2 and 3.3's template, with its tools).
+  // setting: "auto" (recognise config.chat_template), "chatml", "llama3",
+  // "llama3.1" (Llama 3.1, 3.2 and 3.3's template, with its tools) or
+  // "mistral" (Mistral-Nemo's, with its tools).
   // Throws tandem::Error naming `where` and the config key to set when the
   // template is missing or not recognised.
   static ChatTemplate select(std::string_view setting, const TokenizerConfig& config, const std::string& where);
@@ -71,7 +74,8 @@ class ChatTemplate {
 
  private:
   Family family_ = Family::kChatml;
-  std::string bos_;                   // Llama 3: put before the first message
+  std::string bos_;                   // Llama 3, Mistral: put before the first message
+  std::string eos_;                   // Mistral: ends each assistant turn
   std::string default_system_;        // ChatML: system prompt used when the messages have none
   bool honours_generation_prompt_ = true;  // Llama 3 (original) always appends the assistant header
 };

