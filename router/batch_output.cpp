@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -74,10 +75,18 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string derived_id(const std::string& prefix, const std::string& key) { return hex_id(prefix, key); }
 
-std::optional<ToolAnswer> tool_answer(const BatchRequest& req, const std::string& text, std::size_t choice) {
+std::optional<ToolAnswer> tool_answer(const BatchRequest& req, const std::string& text, std::span<const int32_t> tokens,
+                                      const runtime::Tokenizer* tokenizer, std::size_t choice) {
   if (!req.tools || req.tools->choice == ToolChoice::kNone || req.tool_format == runtime::ToolFormat::kNone)
     return std::nullopt;
-  return parse_tool_answer(req.tool_format, *req.tools, text, req.custom_id + "/" + std::to_string(choice));
+  const std::string key = req.custom_id + "/" + std::to_string(choice);
+  if (req.tool_format != runtime::ToolFormat::kMistral) return parse_tool_answer(req.tool_format, *req.tools, text, key);
+  const auto at = std::find(tokens.begin(), tokens.end(), req.tool_marker);
+  if (at == tokens.end() || !tokenizer) return std::nullopt;
+  const auto k = static_cast<std::size_t>(at - tokens.begin());
+  const std::string kept = tokenizer->decode(tokens.first(k), true) + tokenizer->id_to_token(req.tool_marker) +
+                           tokenizer->decode(tokens.subspan(k + 1), true);
+  return parse_tool_answer(req.tool_format, *req.tools, kept, key);
 }
 
 json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
@@ -103,7 +112,7 @@ json response_body(const BatchRequest& req, const std::vector<RequestResult>& re
     json choice = {{"index", i}, {"finish_reason", res.finish_reason}, {"logprobs", nullptr}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", res.text}};
-      if (const auto answer = tool_answer(req, res.text, i)) {
+      if (const auto answer = tool_answer(req, res.text, res.token_ids, ctx.tokenizer, i)) {
         choice["message"]["content"] = answer->content.empty() ? json(nullptr) : json(answer->content);
         choice["message"]["tool_calls"] = tool_calls_json(answer->calls, false);
         if (res.finish_reason == "stop") choice["finish_reason"] = "tool_calls";

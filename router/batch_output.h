@@ -60,7 +60,10 @@ std::string format_error(const LineError& err, const OutputContext& ctx);
 // A chat answer's tool calls, when the request gave tools (tool_choice not
 // "none") and the text is content followed by calls; `choice` (its index)
 // keeps the calls' ids apart between choices.
-std::optional<ToolAnswer> tool_answer(const BatchRequest& req, const std::string& text, std::size_t choice);
+// tokens and tokenizer: the answer's ids, to put back the [TOOL_CALLS] token a
+// decode leaves out (Mistral); text alone serves the other formats.
+std::optional<ToolAnswer> tool_answer(const BatchRequest& req, const std::string& text, std::span<const int32_t> tokens,
+                                      const runtime::Tokenizer* tokenizer, std::size_t choice);
 // message.tool_calls (with_index: a stream's delta.tool_calls, each with its index).
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);
 

@@ -39,6 +39,7 @@ struct BatchRequest {
   std::optional<std::string> date_string;  // chat_template_kwargs.date_string (Llama 3.1+'s "Today Date")
   std::shared_ptr<const ToolRequest> tools;  // chat: tools, tool_choice, parallel_tool_calls; null: none
   runtime::ToolFormat tool_format = runtime::ToolFormat::kNone;  // how the model writes calls (set by build_prompt)
+  int32_t tool_marker = -1;  // Mistral: the [TOOL_CALLS] token id (set by build_prompt)
   runtime::SamplingParams params;
   bool max_tokens_given = false;  // chat without max_tokens: up to the context's end
   bool echo = false;              // completions: the prompt precedes the text in the output

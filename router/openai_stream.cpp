@@ -11,15 +11,16 @@ namespace tandem::router {
 using json = nlohmann::json;
 
 StreamText::StreamText(const runtime::Tokenizer* tokenizer, const std::vector<std::string>& stop,
-                       runtime::ToolFormat tools)
-    : tools_(tools) {
+                       runtime::ToolFormat tools, int32_t marker)
+    : tools_(tools), marker_(marker) {
+  if (tokenizer && marker >= 0) marker_text_ = tokenizer->id_to_token(marker);
   if (tokenizer) decoder_.emplace(*tokenizer, true);
   for (const auto& s : stop) hold_ = std::max(hold_, s.empty() ? 0 : s.size() - 1);
 }
 
 std::string StreamText::push(const std::vector<int32_t>& tokens) {
   if (!decoder_) return {};
-  for (int32_t t : tokens) text_ += decoder_->push(t);
+  for (int32_t t : tokens) text_ += t == marker_ ? marker_text_ : decoder_->push(t);
   if (text_.size() <= sent_ + hold_) return {};
   std::size_t end = std::min(text_.size() - hold_, tool_content_end(tools_, text_));
   if (end <= sent_) return {};

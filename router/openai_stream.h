@@ -27,9 +27,11 @@ namespace tandem::router {
 
 class StreamText {
  public:
-  // tools: the format of the answer's tool calls (kNone: the answer is all content).
+  // tools: the format of the answer's tool calls (kNone: the answer is all
+  // content); marker: Mistral's [TOOL_CALLS] token, a special token the
+  // decode leaves out, put back into the text where it comes.
   StreamText(const runtime::Tokenizer* tokenizer, const std::vector<std::string>& stop,
-             runtime::ToolFormat tools = runtime::ToolFormat::kNone);
+             runtime::ToolFormat tools = runtime::ToolFormat::kNone, int32_t marker = -1);
   // New tokens of an unfinished request: the text that may be sent now.
   std::string push(const std::vector<int32_t>& tokens);
   // The request finished with final_text: the rest to send. Returns nullopt
@@ -39,6 +41,8 @@ class StreamText {
  private:
   std::optional<runtime::StreamDecoder> decoder_;
   runtime::ToolFormat tools_;
+  int32_t marker_ = -1;
+  std::string marker_text_;
   std::size_t hold_ = 0;  // bytes held back
   std::string text_;      // decoded so far
   std::size_t sent_ = 0;  // bytes of text_ released

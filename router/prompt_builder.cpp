@@ -11,15 +11,18 @@ namespace {
 
 // The grammar of the answer (unless a structured output gives one, with
 // tool_choice "none") and how to read its calls: both by the model's format.
-void settle_tools(BatchRequest& req, const runtime::ChatTemplate& chat) {
+void settle_tools(BatchRequest& req, const runtime::ChatTemplate& chat, const runtime::Tokenizer& tokenizer) {
   const ToolRequest& t = *req.tools;
   req.tool_format = chat.tool_format();
+  if (req.tool_format == runtime::ToolFormat::kMistral) req.tool_marker = tokenizer.token_to_id("[TOOL_CALLS]");
   if (!req.params.grammar.empty()) return;
   const bool think_first = chat.family() == runtime::ChatTemplate::Family::kQwen3 && req.enable_thinking != false;
   const std::string key = "tools\n" + std::to_string(static_cast<int>(req.tool_format)) + " " +
                           std::to_string(static_cast<int>(t.choice)) + " " + t.named + " " +
-                          std::to_string(t.parallel) + std::to_string(think_first) + "\n" + runtime::py_json_dumps(t.tools);
-  req.params.grammar = checked_ebnf("tools", key, [&] { return tool_grammar(req.tool_format, t, think_first); });
+                          std::to_string(t.parallel) + std::to_string(think_first) + " " + std::to_string(req.tool_marker) +
+                          "\n" + runtime::py_json_dumps(t.tools);
+  req.params.grammar =
+      checked_ebnf("tools", key, [&] { return tool_grammar(req.tool_format, t, think_first, req.tool_marker); });
 }
 
 }  // namespace
@@ -47,7 +50,7 @@ std::variant<std::vector<int32_t>, LineError> build_prompt(BatchRequest& req, co
       options.date_string = req.date_string;
       if (req.tools) options.tools = &req.tools->tools;
       ids = ctx.tokenizer->encode(ctx.chat->render(*req.messages, options), false);
-      if (req.tools) settle_tools(req, *ctx.chat);
+      if (req.tools) settle_tools(req, *ctx.chat, *ctx.tokenizer);
     } catch (const Error& e) {
       err.message = e.what();
       return err;

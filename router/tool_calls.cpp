@@ -129,6 +129,30 @@ std::string hermes_grammar(const ToolRequest& t, bool think_first) {
   return out + c.rules + grammar::json_basics_ebnf();
 }
 
+// ---- Mistral: [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] ----
+
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";  // one special token: <[ID]> in the grammar
+
+std::string mistral_grammar(const ToolRequest& t, int32_t marker) {
+  if (marker < 0) throw Error("the model's tokenizer has no [TOOL_CALLS] token, which Mistral's tool calls begin with");
+  const CallRules c = call_rules(t, [](const std::string& name, const std::string& fn) {
+    return grammar::ebnf_literal("{\"name\": \"" + name + "\", \"arguments\": ") + " " + fn + " \"}\"";
+  });
+  const bool many = t.parallel && t.choice != ToolChoice::kNamed;
+  const std::string calls = "<[" + std::to_string(marker) + "]> \"[\" " + c.calls +
+                            (many ? " (\", \" " + c.calls + ")*" : "") + " \"]\"";
+  std::string root;
+  switch (t.choice) {
+    case ToolChoice::kNone: root = "text"; break;
+    case ToolChoice::kAuto: root = "text calls?"; break;
+    case ToolChoice::kRequired:
+    case ToolChoice::kNamed: root = "calls"; break;
+  }
+  // The text never spells the marker either: the answer's only [TOOL_CALLS] is the token.
+  return "root ::= " + root + "\ntext ::= " + grammar::ebnf_text_without(kMistralCalls) + "\ncalls ::= " + calls +
+         "\n" + c.rules + grammar::json_basics_ebnf();
+}
+
 // ---- Llama 3.1+: the whole answer is {"name": "f", "parameters": {...}} ----
 
 constexpr std::string_view kLlamaCall = "{\"name\": \"";
@@ -233,6 +257,37 @@ std::optional<ToolAnswer> hermes_parse(const ToolRequest& t, const std::string& 
   return a;
 }
 
+// Mistral's call ids: 9 letters and digits (its template refuses others when they come back).
+std::string mistral_id(const std::string& key) {
+  static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  const std::string hex = derived_id("", key);  // 16 hex digits, the same on every run
+  uint64_t h = std::stoull(hex, nullptr, 16);
+  std::string id;
+  for (int k = 0; k < 9; ++k, h /= 62) id += kAlnum[h % 62];
+  return id;
+}
+
+// After the [TOOL_CALLS] token (kept in the text by the caller): a JSON array of calls.
+std::optional<ToolAnswer> mistral_parse(const ToolRequest& t, const std::string& text, const std::string& id_key) {
+  const std::size_t at = text.find(kMistralCalls);
+  if (at == std::string::npos) return std::nullopt;
+  const std::string_view list = trim(std::string_view(text).substr(at + kMistralCalls.size()));
+  if (list.empty() || list.front() != '[' || !ojson::accept(list)) return std::nullopt;
+  ToolAnswer a;
+  a.content = text.substr(0, at);
+  for (std::size_t i = 1; i < list.size();) {
+    const std::size_t b = list.find_first_not_of(" \t\r\n,", i);
+    if (b == std::string_view::npos || list[b] == ']') break;
+    const std::size_t e = value_end(list, b);
+    auto call = read_call(t, list.substr(b, e - b), "arguments", mistral_id(id_key + "#" + std::to_string(a.calls.size())));
+    if (!call) return std::nullopt;
+    a.calls.push_back(std::move(*call));
+    i = e;
+  }
+  if (a.calls.empty()) return std::nullopt;
+  return a;
+}
+
 std::optional<ToolAnswer> llama_parse(const ToolRequest& t, const std::string& text, const std::string& id_key) {
   if (text.rfind(kLlamaCall, 0) != 0) return std::nullopt;
   auto call = read_call(t, trim(text), "parameters", derived_id("call_", id_key + "#0"));
@@ -278,10 +333,11 @@ std::optional<ToolRequest> parse_tools(const ojson& body) {
   return t;
 }
 
-std::string tool_grammar(runtime::ToolFormat format, const ToolRequest& tools, bool think_first) {
+std::string tool_grammar(runtime::ToolFormat format, const ToolRequest& tools, bool think_first, int32_t marker) {
   switch (format) {
     case runtime::ToolFormat::kHermes: return hermes_grammar(tools, think_first);
     case runtime::ToolFormat::kLlama3Json: return llama_grammar(tools);
+    case runtime::ToolFormat::kMistral: return mistral_grammar(tools, marker);
     case runtime::ToolFormat::kNone: break;
   }
   throw Error("the chat template defines no tool calls");
@@ -292,6 +348,7 @@ std::optional<ToolAnswer> parse_tool_answer(runtime::ToolFormat format, const To
   switch (format) {
     case runtime::ToolFormat::kHermes: return hermes_parse(tools, text, id_key);
     case runtime::ToolFormat::kLlama3Json: return llama_parse(tools, text, id_key);
+    case runtime::ToolFormat::kMistral: return mistral_parse(tools, text, id_key);
     case runtime::ToolFormat::kNone: break;
   }
   return std::nullopt;
@@ -303,7 +360,7 @@ std::size_t tool_content_end(runtime::ToolFormat format, std::string_view text) 
     const std::size_t n = std::min(text.size(), kLlamaCall.size());
     return text.substr(0, n) == kLlamaCall.substr(0, n) ? 0 : text.size();
   }
-  const std::string_view marker = kCallOpen;
+  const std::string_view marker = format == runtime::ToolFormat::kMistral ? kMistralCalls : kCallOpen;
   const std::size_t at = text.find(marker);
   if (at != std::string_view::npos) return at;
   // The longest tail that begins the marker.

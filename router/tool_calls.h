@@ -48,9 +48,10 @@ std::optional<ToolRequest> parse_tools(const nlohmann::ordered_json& body);
 // The EBNF an answer follows in `format` under the request's tool_choice.
 // think_first: the template lets the model think before it answers (Qwen3
 // unless enable_thinking is false), so a required call may come after a
-// <think> block. Throws tandem::Error naming the tool whose parameters use a
-// schema keyword the grammar does not enforce.
-std::string tool_grammar(runtime::ToolFormat format, const ToolRequest& tools, bool think_first);
+// <think> block. marker: Mistral's [TOOL_CALLS] token id (a special token,
+// <[ID]> in the grammar). Throws tandem::Error naming the tool whose
+// parameters use a schema keyword the grammar does not enforce.
+std::string tool_grammar(runtime::ToolFormat format, const ToolRequest& tools, bool think_first, int32_t marker = -1);
 
 struct ToolCall {
   std::string id;         // call_… : derived from the request, so a rerun writes the same
@@ -65,7 +66,10 @@ struct ToolAnswer {
 
 // A finished answer split as `format` writes calls; nullopt when the text is
 // not content followed by well-formed calls of declared functions (then all
-// of it is content, as a truncated answer is). id_key makes the calls' ids.
+// of it is content, as a truncated answer is). id_key makes the calls' ids
+// (Mistral's: 9 letters and digits, as its template wants them back). For
+// Mistral the text holds the [TOOL_CALLS] token's text, which a decode that
+// skips special tokens leaves out (batch_output.h's tool_answer keeps it).
 std::optional<ToolAnswer> parse_tool_answer(runtime::ToolFormat format, const ToolRequest& tools,
                                             const std::string& text, const std::string& id_key);
 

@@ -300,7 +300,7 @@ class HttpFrontend {
     const bool calls = ex->req.tools && ex->req.tools->choice != router::ToolChoice::kNone;
     for (int64_t i = 0; i < ex->req.n; ++i)
       st->text.emplace_back(s_.prompts.tokenizer, ex->req.params.stop,
-                            calls ? ex->req.tool_format : runtime::ToolFormat::kNone);
+                            calls ? ex->req.tool_format : runtime::ToolFormat::kNone, ex->req.tool_marker);
     st->started.assign(static_cast<std::size_t>(ex->req.n), false);
     st->finished.assign(static_cast<std::size_t>(ex->req.n), false);
     res.set_header("Cache-Control", "no-cache");
@@ -341,7 +341,7 @@ class HttpFrontend {
             st->finished[c] = true;
             const service::WireResult& r = *e.final;
             std::string finish = r.ok ? r.finish_reason : "abort";
-            const auto answer = r.ok ? router::tool_answer(ex->req, r.text, c) : std::nullopt;
+            const auto answer = r.ok ? router::tool_answer(ex->req, r.text, r.tokens, s_.prompts.tokenizer, c) : std::nullopt;
             std::optional<std::string> rest = r.ok ? st->text[c].finish(answer ? answer->content : r.text) : std::string();
             if (!rest) {
               spdlog::warn("{}: streamed text is not a prefix of the final text; the stream ends here", ex->ids.id);

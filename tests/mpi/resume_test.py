@@ -3,7 +3,7 @@
   - SIGKILL of a running `mpirun ... tandem run` at arbitrary points (three
     times), each followed by `--resume`: the output then holds every input
     line exactly once, every line complete, token ids equal to an
-    uninterrupted run;
+    uninterrupted run (structured outputs and tool calls among them);
   - SIGUSR1 (what Slurm sends before a time limit): the job stops admitting,
     drains, commits and exits 0; `--resume` finishes it, same property;
   - without --resume, an existing output is refused.
@@ -69,11 +69,21 @@ with tempfile.TemporaryDirectory() as tmp:
     subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "tiny", "--tokenizer", tok, "--seed", "5",
                     "--out", model], check=True, capture_output=True)
     workload = tmp / "in.jsonl"
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                               "tag": {"type": "string", "maxLength": 6}}, "required": ["n", "tag"]}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": schema}}]
     with open(workload, "w") as f:
         for i in range(300):
-            f.write(json.dumps({"custom_id": f"r{i:03d}", "prompt": f"request number {i} " * (1 + i % 9),
-                                "max_tokens": 24 + i % 17, "temperature": 0 if i % 3 else 0.8, "seed": i,
-                                "ignore_eos": True}) + "\n")
+            line = {"custom_id": f"r{i:03d}", "prompt": f"request number {i} " * (1 + i % 9),
+                    "max_tokens": 24 + i % 17, "temperature": 0 if i % 3 else 0.8, "seed": i, "ignore_eos": True}
+            if i % 20 == 7:  # structured lines resume too: the grammar's state is rebuilt from the request alone
+                line.update(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+                del line["ignore_eos"]
+            if i % 20 == 13:
+                del line["prompt"], line["ignore_eos"]
+                line.update(messages=[{"role": "user", "content": f"Look up {i}."}], tools=tools,
+                            tool_choice="required", chat_template_kwargs={"enable_thinking": False})
+            f.write(json.dumps(line) + "\n")
     ids = [f"r{i:03d}" for i in range(300)]
     job = tmp / "job.toml"
     job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{workload}"\nmode = "disagg"\nmax_num_seqs = 8\n'

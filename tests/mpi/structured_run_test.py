@@ -13,7 +13,8 @@ regex, choice and grammars on batch lines, chat and completions.
     it; the other lines go on.
   - A random model with the real Qwen3 vocabulary (151k tokens): outputs
     validate too.
-  - Tools on the same model (Qwen3's chat template and call format): calls
+  - Tools on the same model (Qwen3's chat template and call format), and on
+    random models with Llama 3.2's and Mistral-Nemo's templates: calls
     under tool_choice required / named / parallel_tool_calls false are calls
     only, their arguments valid under ajv; none holds no call; the same token
     ids in one process, disaggregated and tensor-parallel.
@@ -119,7 +120,7 @@ def tool_lines(family):
     """Chat lines with tools under every tool_choice, for a model of `family` (qwen3: thinking switched off;
     llama: Meta's 3.1 template, one call per answer, a date given); (custom_id -> kind)."""
     out, kinds = [], {}
-    kwargs = {"enable_thinking": False} if family == "qwen3" else {"date_string": "05 Dec 2026"}
+    kwargs = {"qwen3": {"enable_thinking": False}, "llama": {"date_string": "05 Dec 2026"}}.get(family)
     choices = [("required", "required", {}), ("required1", "required", {"parallel_tool_calls": False}),
                ("named", {"type": "function", "function": {"name": "lookup"}}, {}), ("auto", "auto", {}),
                ("none", "none", {"max_tokens": 24})]
@@ -128,7 +129,7 @@ def tool_lines(family):
             cid = f"tool-{kind}-{rep}"
             body = {"messages": [{"role": "user", "content": f"Question {rep}: the weather in Oslo?"}],
                     "tools": [WEATHER, LOOKUP, PING], "tool_choice": choice, "max_tokens": 160, "temperature": 1.0,
-                    "seed": 100 + rep, "chat_template_kwargs": kwargs, **extra}
+                    "seed": 100 + rep, **({"chat_template_kwargs": kwargs} if kwargs else {}), **extra}
             out.append({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
             kinds[cid] = kind
     if family == "qwen3":
@@ -136,12 +137,13 @@ def tool_lines(family):
         out.append({"custom_id": "tool-think", "messages": [{"role": "user", "content": "Ping it."}], "tools": [PING],
                     "tool_choice": "required", "max_tokens": 40, "temperature": 1.0, "seed": 7})
         kinds["tool-think"] = "think"
-    # A conversation that carries earlier calls and their results.
+    # A conversation that carries earlier calls and their results (Mistral's template wants 9-character ids).
+    call_id = "a1B2c3D4e" if family == "mistral" else "call_1"
     out.append({"custom_id": "tool-history", "messages": [
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {
             "name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"celsius\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "5 C"}], "tools": [WEATHER], "max_tokens": 40, "seed": 8})
+        {"role": "tool", "tool_call_id": call_id, "content": "5 C"}], "tools": [WEATHER], "max_tokens": 40, "seed": 8})
     kinds["tool-history"] = "auto"
     # Refused, one error record each.
     out.append({"custom_id": "tool-bad-keyword", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
@@ -160,6 +162,8 @@ def judge_tools(got, kinds, family):
             continue
         c = o["response"]["body"]["choices"][0]
         calls = c["message"].get("tool_calls") or []
+        if family == "mistral" and any(len(t["id"]) != 9 or not t["id"].isalnum() for t in calls):
+            wrong.append(f"{cid}: Mistral's ids are 9 letters and digits: {calls}")
         if kind in ("required", "required1", "named") and c["finish_reason"] != "length":
             stopped[kind] = stopped.get(kind, 0) + 1
             if c["finish_reason"] != "tool_calls" or not calls or c["message"]["content"] is not None:
@@ -174,7 +178,7 @@ def judge_tools(got, kinds, family):
         if calls and c["finish_reason"] not in ("tool_calls", "length"):
             wrong.append(f"{cid}: calls with finish_reason {c['finish_reason']}")
         for t in calls:
-            if not t["id"].startswith("call_") or t["type"] != "function":
+            if (family != "mistral" and not t["id"].startswith("call_")) or t["type"] != "function":
                 wrong.append(f"{cid}: {t}")
             items.append({"schema": TOOL_SCHEMAS.get(t["function"]["name"], False), "text": t["function"]["arguments"]})
             where.append(cid)
@@ -280,13 +284,15 @@ with tempfile.TemporaryDirectory() as d:
               f"rc {p.returncode}")
         judge("random model, Qwen3's vocabulary", got)
 
-    # Tool calls on random models with real tokenizers and chat templates: Qwen3's (<tool_call> blocks) and
-    # Llama 3.2's (Meta's 3.1 template: the answer is one {"name", "parameters"} object).
+    # Tool calls on random models with real tokenizers and chat templates: Qwen3's (<tool_call> blocks),
+    # Llama 3.2's (Meta's 3.1 template: the answer is one {"name", "parameters"} object) and Mistral-Nemo's
+    # (the special token [TOOL_CALLS], then a list of calls).
     for family, tokenizer, widths in (("qwen3", "qwen3", ("one process", "disagg 1P+1D", "agg tp=2")),
-                                      ("llama", "llama3_2", ("one process", "disagg 1P+1D"))):
+                                      ("llama", "llama3_2", ("one process", "disagg 1P+1D")),
+                                      ("mistral", "mistral_nemo", ("one process", "disagg 1P+1D"))):
         if not check.wants(f"tools {family}"):
             continue
-        model = tmp / "tiny" if family == "qwen3" else tmp / "tiny-llama"
+        model = tmp / "tiny" if family == "qwen3" else tmp / f"tiny-{family}"
         if not model.exists():
             model = make_model(tandem, src, model, "tiny", 3, "qwen3", "--dtype", "f32", tokenizer=tokenizer)
         rows, kinds = tool_lines(family)

