@@ -59,7 +59,6 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
     weights.checkpoint->release(weights.lm_head.data,                // embedding's rows come back as they are read)
                                 static_cast<std::size_t>(weights.lm_head.rows * weights.lm_head.cols) *
                                     dtype_size(weights.lm_head.dtype));
-  tree_buffers_.resize(static_cast<std::size_t>(threads.size()), std::vector<std::vector<float>>(4));
   for (int64_t l = 0, k = 0; l < c_.layers; ++l) moe_index_.push_back(c_.moe.at(l) ? k++ : -1);
   expert_tokens_.assign(static_cast<std::size_t>(std::count_if(moe_index_.begin(), moe_index_.end(), [](int64_t i) {
                           return i >= 0;
@@ -190,7 +189,8 @@ void CpuModel::matmul(const float* x, int64_t rows, std::initializer_list<Produc
 }
 
 // Each thread takes a range of output columns and, a block of rows at a
-// time, computes the chunks' partial products and adds them in the tree.
+// time, computes the chunks' partial products added in the tree (one fused
+// kernel where the table has one: kernels.h's matmul_tree).
 void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matrix>& parts, float* y,
                             const std::vector<float>* bias, bool exchange) {
   const int64_t n = parts.front().rows;
@@ -200,18 +200,10 @@ void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matr
   threads_.run(threads, [&](int64_t t) {
     const auto [n0, n1] = column_range(n, threads, t);
     if (n0 >= n1) return;
-    constexpr int64_t kRowBlock = 64;
+    constexpr int64_t kRowBlock = 64;  // bounds the partials of a table without a fused kernel
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
       const int64_t rb = std::min(kRowBlock, rows - r0);
-      TreeSum tree(tree_buffers_[static_cast<std::size_t>(t)], rb, n, n0, n1);
-      int64_t k0 = 0;
-      for (const Matrix& p : parts) {
-        kern_.matmul(x + r0 * k + k0, k, rb, p, n0, n1, tree.next(), n);
-        tree.push();
-        k0 += p.cols;
-      }
-      const float* s = tree.result();
-      for (int64_t r = 0; r < rb; ++r) std::copy(s + r * n + n0, s + r * n + n1, y + (r0 + r) * n + n0);
+      kern_.matmul_tree(x + r0 * k, k, rb, parts.data(), static_cast<int>(parts.size()), n0, n1, y + r0 * n, n);
     }
   });
   if (group_ && exchange) group_->reduce_tree(y, rows * n);  // the ranks' chunks, added in the same tree

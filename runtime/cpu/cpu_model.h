@@ -96,7 +96,6 @@ class CpuModel final : public ModelBackend {
   PanelStore parts_;             // owns the chunks below
   std::vector<std::vector<Matrix>> wo_parts_, down_parts_;  // per layer, the reduction's column chunks
   std::vector<std::vector<std::vector<Matrix>>> expert_down_parts_;  // per layer, per expert (MoE layers)
-  std::vector<std::vector<std::vector<float>>> tree_buffers_;  // per thread: the tree's partial sums
 
   // Step buffers, [rows][width].
   std::vector<float> x_, xn_, q_, kbuf_, vbuf_, attn_, gate_, up_;

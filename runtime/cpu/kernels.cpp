@@ -1,10 +1,39 @@
 // Registry of CPU kernel tables: the one place that picks an ISA.
 #include "runtime/cpu/kernels.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace tandem::runtime::cpu {
+
+// A stack of partials, [M][n1] each (columns [n0, n1) used); two of one level
+// are a subtree's halves and are added at once, the left one keeping the sum.
+void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx, int64_t M, const Matrix* parts,
+                          int count, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  thread_local std::vector<std::vector<float>> slots;
+  const auto size = static_cast<std::size_t>(M * n1);
+  std::vector<int> levels;  // of the partials on the stack, bottom first
+  int64_t k0 = 0;
+  for (int c = 0; c < count; ++c) {
+    const std::size_t top = levels.size();
+    if (slots.size() <= top) slots.resize(top + 1);
+    if (slots[top].size() < size) slots[top].resize(size);
+    table.matmul(x + k0, ldx, M, parts[c], n0, n1, slots[top].data(), n1);
+    k0 += parts[c].cols;
+    levels.push_back(0);
+    while (levels.size() >= 2 && levels[levels.size() - 1] == levels[levels.size() - 2]) {
+      float* left = slots[levels.size() - 2].data();
+      const float* right = slots[levels.size() - 1].data();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) left[m * n1 + n] += right[m * n1 + n];
+      levels.pop_back();
+      ++levels.back();
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) std::copy(slots[0].data() + m * n1 + n0, slots[0].data() + m * n1 + n1, y + m * ldy + n0);
+}
 
 const KernelTable& kernels() {
   static const KernelTable& chosen = [] () -> const KernelTable& {

@@ -37,7 +37,20 @@ struct KernelTable {
   // in registers.
   void (*weighted_sum)(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count,
                        int64_t n, bool accumulate, float* out, int64_t ldo);
+  // The row-parallel product (row_parallel.h): parts[c] is column chunk c of
+  // one weight matrix (all of W.rows), and x's columns for part c follow part
+  // c - 1's. y[m * ldy + n] (n in [n0, n1)) = the fixed tree over the parts'
+  // dot products, ((p0 + p1) + (p2 + p3)) + ..., count a power of two:
+  // bitwise what matmul() of each part, added in that tree, gives.
+  void (*matmul_tree)(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
+                      float* y, int64_t ldy);
 };
+
+// matmul_tree as each part's matmul through `table`, the partials added in the
+// tree: every table's reference, and the AVX-512 table's path where its fused
+// kernel does not apply.
+void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx, int64_t M, const Matrix* parts,
+                          int count, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
 const KernelTable& kernels();         // the best table this CPU runs
 const KernelTable& scalar_kernels();  // the portable reference

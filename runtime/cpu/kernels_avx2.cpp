@@ -224,10 +224,15 @@ void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* 
   with_dtype(kv, [&](auto d) { weighted_sum_d<decltype(d)::value>(w, ldw, M, rows, count, n, accumulate, out, ldo); });
 }
 
+void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy) {
+  matmul_tree_by_parts(*avx2_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
+}
+
 }  // namespace
 
 const KernelTable* avx2_kernels() {
-  static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum};
+  static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree};
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return ok ? &t : nullptr;
 }

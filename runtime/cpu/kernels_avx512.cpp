@@ -51,11 +51,88 @@ inline float fold(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_shuffle_ps(a, a, 1)));
 }
 
+// Sixteen dot products folded at once: a[j] holds the 8-lane accumulators of
+// two columns (lanes 0-7 and 8-15); lanes 2j and 2j + 1 of the result are
+// their folds, each ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) with exactly the
+// additions fold() makes (addition commutes, so which operand is on the left
+// does not change a bit). Three levels of adds over shuffled registers, about
+// two instructions an output where fold() takes seven.
+inline __m512 fold16(const __m512 (&a)[8]) {
+  // Level 1, each 128-bit quarter: lanes i + (i + 4) of an 8-lane half; two registers packed into one,
+  // quarters [a.col0, a.col1, b.col0, b.col1].
+  __m512 u[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512 s0 = _mm512_add_ps(a[2 * j], _mm512_shuffle_f32x4(a[2 * j], a[2 * j], _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512 s1 = _mm512_add_ps(a[2 * j + 1], _mm512_shuffle_f32x4(a[2 * j + 1], a[2 * j + 1], _MM_SHUFFLE(2, 3, 0, 1)));
+    u[j] = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(2, 0, 2, 0));
+  }
+  // Level 2: (a0 + a2) and (a1 + a3) of each quarter; two registers packed, pairs side by side.
+  __m512 w[2];
+  for (int j = 0; j < 2; ++j) {
+    const __m512 v0 = _mm512_add_ps(u[2 * j], _mm512_permute_ps(u[2 * j], _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 v1 = _mm512_add_ps(u[2 * j + 1], _mm512_permute_ps(u[2 * j + 1], _MM_SHUFFLE(1, 0, 3, 2)));
+    w[j] = _mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(1, 0, 1, 0));
+  }
+  // Level 3: b0 + b1 in lanes 0 and 2 of each quarter, then packed.
+  const __m512 x0 = _mm512_add_ps(w[0], _mm512_permute_ps(w[0], _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512 x1 = _mm512_add_ps(w[1], _mm512_permute_ps(w[1], _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512 r = _mm512_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+  // r: quarter q, position i holds register 2i + (q >> 1), column q & 1; reordered to lanes 2j + h (register j, column h).
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+// MR rows of x against one panel (8 columns, K % 8 == 0) of type D, the
+// 8-lane accumulators folded sixteen at a time: out[g] = rows 2g and 2g + 1,
+// 8 columns each (a missing last row's lanes are 0).
+template <DType D, int MR>
+inline void panel_folds(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, __m512 (&out)[(MR + 1) / 2]) {
+  constexpr int64_t es = D == DType::kF32 ? 4 : 2;
+  __m512 acc[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int p = 0; p < 4; ++p) acc[m][p] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    if constexpr (D != DType::kF32) {  // a panel streaming from memory: one stream, fetched ahead
+      for (int64_t b = 0; b < 8 * 8 * es; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (8 * k) * es + 1024 + b), _MM_HINT_T0);
+    }
+    __m512 wv[4];
+    for (int p = 0; p < 4; ++p) wv[p] = load_pair<D, true>(panel + 16 * p * es, nullptr, 8 * k);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + m * ldx + k));
+      for (int p = 0; p < 4; ++p) acc[m][p] = _mm512_fmadd_ps(xv, wv[p], acc[m][p]);
+    }
+  }
+  for (int m = 0; m < MR; m += 2) {
+    __m512 g[8];
+    for (int p = 0; p < 4; ++p) {
+      g[p] = acc[m][p];
+      g[4 + p] = m + 1 < MR ? acc[std::min(m + 1, MR - 1)][p] : _mm512_setzero_ps();
+    }
+    out[m / 2] = fold16(g);
+  }
+}
+
+// Rows 2g and 2g + 1 of a folded tile into y (8 columns; MR may be odd).
+template <int MR>
+inline void store_folds(const __m512 (&r)[(MR + 1) / 2], float* y, int64_t ldy) {
+  for (int m = 0; m < MR; m += 2) {
+    _mm256_storeu_ps(y + m * ldy, _mm512_castps512_ps256(r[m / 2]));
+    if (m + 1 < MR) _mm256_storeu_ps(y + (m + 1) * ldy, _mm512_extractf32x8_ps(r[m / 2], 1));
+  }
+}
+
 // MR rows of x against NP pairs of W rows (2 * NP output columns). Row j's
 // weights for k..k+7 start at w[j] + KS * k elements (KS = 1 row-major, 8 in
 // a panel); with Contig, w[0] alone locates all of them (a whole panel).
 template <DType D, int MR, int NP, int KS, bool Contig>
 inline void tile(const float* x, int64_t ldx, const uint8_t* const* w, int64_t K, float* y, int64_t ldy) {
+  if constexpr (Contig && NP == 4 && KS == 8) {  // a whole panel, no tail: the folds sixteen at a time
+    __m512 r[(MR + 1) / 2];
+    panel_folds<D, MR>(x, ldx, w[0], K, r);
+    store_folds<MR>(r, y, ldy);
+    return;
+  }
   constexpr int64_t es = D == DType::kF32 ? 4 : 2;
   __m512 acc[MR][NP];
   for (int m = 0; m < MR; ++m)
@@ -187,6 +264,88 @@ void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   if (t1 < n1) avx2_kernels()->matmul(x, ldx, M, W, t1, n1, y, ldy);
 }
 
+// The row-parallel product on panels, fused: for each tile of MR rows and 8
+// columns, every part's dot products (its own columns of x against its own
+// panel, folded as matmul folds them) are added in the fixed tree while they
+// are still in registers, and y is written once. Bitwise the same as
+// matmul_tree_by_parts, without its partial matrices and passes over them.
+constexpr int kMaxParts = 64;
+
+template <DType D, int MR>
+inline void tile_tree(const float* x, int64_t ldx, const uint8_t* const* panels, const int64_t* koff, const int64_t* kc,
+                      int count, float* y, int64_t ldy) {
+  constexpr int G = (MR + 1) / 2;
+  __m512 stack[8][G];  // partial sums of subtrees; levels alongside
+  int level[8];
+  int depth = 0;
+  for (int c = 0; c < count; ++c) {
+    panel_folds<D, MR>(x + koff[c], ldx, panels[c], kc[c], stack[depth]);
+    level[depth++] = 0;
+    while (depth >= 2 && level[depth - 1] == level[depth - 2]) {
+      for (int g = 0; g < G; ++g) stack[depth - 2][g] = _mm512_add_ps(stack[depth - 2][g], stack[depth - 1][g]);
+      --depth;
+      ++level[depth - 1];
+    }
+  }
+  store_folds<MR>(stack[0], y, ldy);
+}
+
+template <DType D, int MR>
+inline void tile_tree_rows(int64_t mr, const float* x, int64_t ldx, const uint8_t* const* panels, const int64_t* koff,
+                           const int64_t* kc, int count, float* y, int64_t ldy) {
+  if constexpr (MR == 1) {
+    tile_tree<D, 1>(x, ldx, panels, koff, kc, count, y, ldy);
+  } else {
+    if (mr == MR) tile_tree<D, MR>(x, ldx, panels, koff, kc, count, y, ldy);
+    else tile_tree_rows<D, MR - 1>(mr, x, ldx, panels, koff, kc, count, y, ldy);
+  }
+}
+
+template <DType D>
+void matmul_tree_panels(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
+                        float* y, int64_t ldy) {
+  const auto es = static_cast<int64_t>(dtype_size(D));
+  int64_t koff[kMaxParts], kc[kMaxParts], K = 0;
+  for (int c = 0; c < count; ++c) {
+    koff[c] = K;
+    kc[c] = parts[c].cols;
+    K += parts[c].cols;
+  }
+  const int64_t t0 = std::min(n1, (n0 + 7) / 8 * 8);
+  const int64_t t1 = std::max(t0, n1 / 8 * 8);
+  const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 19) / (K * 4));  // ~512 KiB of x
+  thread_local std::vector<float> wide[kMaxParts];
+  const uint8_t* panels[kMaxParts];
+  constexpr int64_t kWiden = 16;  // fewer rows: converting in registers beats a widened copy
+  for (int64_t mb = 0; mb < M; mb += m_block) {
+    const int64_t me = std::min(M, mb + m_block);
+    const bool widen = D != DType::kF32 && me - mb >= kWiden;
+    for (int64_t n = t0; n < t1; n += 8) {
+      for (int c = 0; c < count; ++c) {
+        panels[c] = static_cast<const uint8_t*>(parts[c].data) + n * kc[c] * es;
+        if (widen) panels[c] = reinterpret_cast<const uint8_t*>(panel_as_f32<D>(panels[c], kc[c], wide[c]));
+      }
+      for (int64_t m = mb, left = (me - mb + 5) / 6; left > 0; --left) {  // tiles of near-equal height, as row_tiles
+        const int64_t mr = (me - m + left - 1) / left;
+        if (widen) tile_tree_rows<DType::kF32, 6>(mr, x + m * ldx, ldx, panels, koff, kc, count, y + m * ldy + n, ldy);
+        else tile_tree_rows<D, 6>(mr, x + m * ldx, ldx, panels, koff, kc, count, y + m * ldy + n, ldy);
+        m += mr;
+      }
+    }
+  }
+  if (n0 < t0) matmul_tree_by_parts(*avx512_kernels(), x, ldx, M, parts, count, n0, t0, y, ldy);
+  if (t1 < n1) matmul_tree_by_parts(*avx512_kernels(), x, ldx, M, parts, count, t1, n1, y, ldy);
+}
+
+void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy) {
+  bool fused = count <= kMaxParts && (count & (count - 1)) == 0;
+  for (int c = 0; c < count && fused; ++c) fused = parts[c].panels && parts[c].dtype == parts[0].dtype;
+  if (!fused) return matmul_tree_by_parts(*avx512_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
+  with_dtype(parts[0].dtype,
+             [&](auto d) { matmul_tree_panels<decltype(d)::value>(x, ldx, M, parts, count, n0, n1, y, ldy); });
+}
+
 // Attention scores: the queries are the rows of x, six keys make a tile
 // (three pairs), exactly the matrix tile on row pointers.
 template <DType D>
@@ -281,7 +440,7 @@ const KernelTable* avx512_kernels() {
     if (!base || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
       return nullptr;
-    static const KernelTable t{"avx512", matmul, base->dot, base->axpy, dot_rows, weighted_sum};
+    static const KernelTable t{"avx512", matmul, base->dot, base->axpy, dot_rows, weighted_sum, matmul_tree};
     return &t;
   }();
   return table;

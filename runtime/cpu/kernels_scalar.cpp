@@ -74,10 +74,15 @@ void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* 
   }
 }
 
+void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
+                 float* y, int64_t ldy) {
+  matmul_tree_by_parts(scalar_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable t{"scalar", matmul, dot, axpy, dot_rows, weighted_sum};
+  static const KernelTable t{"scalar", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree};
   return t;
 }
 

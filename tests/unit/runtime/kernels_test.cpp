@@ -245,3 +245,55 @@ TEST_CASE("a row-parallel product split over 1, 2, 4 or 8 ranks sums to the same
   }
   CHECK(some_order_differs);
 }
+
+TEST_CASE("the fused row-parallel kernel gives the bits of each part's matmul added in the tree", "[kernels][tp]") {
+  // matmul_tree against matmul per part + TreeSum, on every table, for panel
+  // parts (the fused AVX-512 path) and row-major ones, 1..8 parts, row counts
+  // that make every tile height, column ranges inside panels.
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t K : {64, 200, 1024}) {  // 200: chunks of 25 columns, no panels
+      const int64_t N = 44;
+      RandomMatrix w(dt, N, K, rng);
+      PanelStore store;
+      const auto chunks = split_columns(w.m, 0, kReduceChunks, store);
+      for (int count : {1, 2, 4, 8}) {
+        const int64_t kc = chunk_begin(K, count);  // the parts' columns: chunks [0, count)
+        for (int64_t M : {1, 2, 5, 6, 7, 12, 17, 40}) {
+          std::vector<float> x(static_cast<std::size_t>(M * K));
+          for (float& v : x) v = u(rng);
+          std::vector<float> want(static_cast<std::size_t>(M * N));
+          {
+            std::vector<std::vector<float>> buffers(4);
+            TreeSum tree(buffers, M, N, 0, N);
+            for (int c = 0; c < count; ++c) {
+              scalar_kernels().matmul(x.data() + chunk_begin(K, c), K, M, chunks[static_cast<std::size_t>(c)], 0, N,
+                                      tree.next(), N);
+              tree.push();
+            }
+            std::copy(tree.result(), tree.result() + M * N, want.begin());
+          }
+          for (const KernelTable* t : tables) {
+            for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {8, 40}, {3, 29}}) {
+              std::vector<float> got(want.size(), -7.0f);
+              t->matmul_tree(x.data(), K, M, chunks.data(), count, n0, n1, got.data(), N);
+              INFO(t->name << " " << dtype_name(dt) << " K=" << K << " parts=" << count << " M=" << M << " columns "
+                           << n0 << ".." << n1 << " (" << kc << " of x's columns)");
+              for (int64_t m = 0; m < M; ++m) {
+                for (int64_t n = 0; n < N; ++n) {
+                  const float g = got[static_cast<std::size_t>(m * N + n)];
+                  const float e = n >= n0 && n < n1 ? want[static_cast<std::size_t>(m * N + n)] : -7.0f;
+                  REQUIRE(std::memcmp(&g, &e, 4) == 0);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
