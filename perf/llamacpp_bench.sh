@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Tandem's CPU engine against llama.cpp on the same weights, back to back:
+# prefill of 512-token prompts, decode of 1 and of 32 concurrent sequences,
+# each engine alternately, twice, the better of each kept (this machine's
+# neighbours swing single runs by 10% and more). Prints a table with the
+# ratios. Figures only: it never fails on time.
+#
+#   perf/llamacpp_bench.sh [BUILD_DIR] [THREADS]
+#
+# llama.cpp is the CPU build inside the npm package node-llama-cpp (pinned
+# below), installed once under BUILD_DIR/llamacpp (outside git, not by `make
+# setup`: only this benchmark needs it); perf/gguf_export.py writes the bench
+# model (perf/engine_bench's, Qwen3-0.6B's shape, bf16) as a GGUF with the
+# same weights.
+set -euo pipefail
+build=$(readlink -f "${1:-build}")
+threads=${2:-2}
+src=$(cd "$(dirname "$0")/.." && pwd)
+version=3.21.1
+deps=$build/llamacpp
+if [ ! -d "$deps/node_modules/@node-llama-cpp/linux-x64" ]; then
+  echo "installing node-llama-cpp@$version (its prebuilt CPU build) under $deps ..."
+  mkdir -p "$deps"
+  (cd "$deps" && npm init -y > /dev/null && npm install --ignore-scripts --no-audit --no-fund --omit=optional \
+    --loglevel=error "node-llama-cpp@$version" "@node-llama-cpp/linux-x64@$version" > /dev/null)
+fi
+model=$build/bench-model
+[ -f "$model/model.safetensors" ] || "$build/perf/engine_bench" --only decode:1 --quick > /dev/null  # makes it
+gguf=$build/bench-model.gguf
+[ -f "$gguf" ] && [ "$gguf" -nt "$model/model.safetensors" ] || /usr/bin/python3 "$src/perf/gguf_export.py" "$model" "$gguf"
+
+best() { printf '%s\n' "$@" | sort -g | tail -1; }
+declare -A tandem llama
+for run in 1 2; do
+  for what in prefill decode:1 decode:32; do
+    tandem[$what]="${tandem[$what]:-} $("$build/perf/engine_bench" --threads "$threads" --only "$what" | awk '{print $(NF-1)}')"
+  done
+  json=$(node "$src/perf/llamacpp_bench.mjs" "$deps/node_modules" "$gguf" "$threads")
+  for key in prefill_512 decode_1 decode_32; do
+    llama[$key]="${llama[$key]:-} $(echo "$json" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['$key'])")"
+  done
+done
+echo "Tandem against llama.cpp (node-llama-cpp $version, its CPU build), $threads threads, the same bf16 weights,"
+echo "the better of two alternated runs each:"
+printf '%-28s %13s %13s %8s\n' "workload" "Tandem tok/s" "llama.cpp" "ratio"
+row() {  # label, Tandem's runs, llama.cpp's runs
+  local t l
+  t=$(best $2); l=$(best $3)
+  /usr/bin/python3 -c "import sys; t, l = float(sys.argv[2]), float(sys.argv[3]); print(f'{sys.argv[1]:28s} {t:13.1f} {l:13.1f} {t / l:7.2f}x')" "$1" "$t" "$l"
+}
+row "prefill, 512-token prompts" "${tandem[prefill]}" "${llama[prefill_512]}"
+row "decode, 1 sequence" "${tandem[decode:1]}" "${llama[decode_1]}"
+row "decode, 32 sequences" "${tandem[decode:32]}" "${llama[decode_32]}"
