@@ -233,6 +233,7 @@ nlohmann::json JobStats::write_batch_summary(const std::string& path, double ela
   out["stopped_by_signal"] = end.stopped_by_signal;
   out["requests_abandoned"] = end.abandoned;
   out["input_format"] = end.input_format;
+  if (!end.kernels.empty()) out["kernels"] = end.kernels;
   // Rank 0's memory does not grow with the input (docs/run.md): its peak, for anyone to check.
   struct rusage usage {};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) out["router_peak_rss_bytes"] = static_cast<int64_t>(usage.ru_maxrss) * 1024;

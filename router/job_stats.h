@@ -57,6 +57,7 @@ class JobStats {
     bool stopped_by_signal = false;
     int64_t abandoned = 0;  // requests in flight when the drain ran out
     std::string input_format, input_error;
+    std::string kernels;  // the workers' CPU kernel table (which bits to expect), or their backend
     const nlohmann::json* planner = nullptr;  // "epochs" and "planner_profile" (job.mode = "auto")
   };
   // A batch job's summary (summary() with `end`'s fields and rank 0's peak

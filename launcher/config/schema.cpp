@@ -77,6 +77,12 @@ std::vector<KeySpec> build_schema() {
           .choices({"auto", "chatml", "llama3", "llama3.1", "mistral"})
           .doc("Chat format for `messages`; auto recognises the model's own template.")
           ,
+      key("model", "cpu_matmul", &C::model, &ModelConfig::cpu_matmul)
+          .choices({"f32", "bf16"})
+          .doc("The CPU backend's products with bf16 weights: f32 (FP32 FMAs on exactly widened weights, the same bits "
+               "on every CPU) or bf16 (activations rounded to bf16, AVX512-BF16 dot products: about 1.7x the prefill, "
+               "other bits; docs/engine.md).")
+          ,
       key("model", "served_name", &C::model, &ModelConfig::served_name)
           .doc("Model name in API responses and /v1/models; empty: the model directory's name.")
           ,

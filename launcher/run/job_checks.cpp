@@ -17,6 +17,7 @@
 #include "router/input_file.h"
 #include "launcher/run/transport_setup.h"
 #include "mpi_transport/transport_registry.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/weights.h"
@@ -75,8 +76,12 @@ void check_backend(const Prepared& p, int ranks) {
   if (c.on_cpu()) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
+    if (p.cfg.model.cpu_matmul == "bf16") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Dot);  // throws here
     return;
   }
+  if (p.cfg.model.cpu_matmul != "f32")
+    throw Error("model.cpu_matmul = \"" + p.cfg.model.cpu_matmul + "\" sets the CPU backend's arithmetic; with model.backend = \"" +
+                b + "\" remove it");
   if (const std::string why = runtime::backend_unavailable(b); !why.empty())
     throw Error("model.backend = \"" + b + "\": " + why + "; use \"cpu\" or run where a GPU is visible");
   if (const std::string why = runtime::backend_model_problem(b, p.model); !why.empty())

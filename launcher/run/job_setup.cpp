@@ -11,6 +11,7 @@
 
 #include "common/backoff.h"
 #include "common/error.h"
+#include "runtime/cpu/kernels.h"
 #include "mpi_transport/collectives.h"
 #include "mpi_transport/mpi_check.h"
 #include "planner/machine.h"
@@ -89,6 +90,9 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
   prompt_and_output_contexts(p, chat, s.prompts, s.outputs);
   s.window_per_worker = 2 * c.job.max_num_seqs;
   s.input_order = c.choices.output_order == OutputOrder::kInput;
+  s.kernels = !c.choices.on_cpu()              ? c.model.backend
+              : c.model.cpu_matmul == "bf16" ? std::string("avx512-bf16")
+                                             : std::string(runtime::cpu::kernels().name);
   s.flush_seconds = c.job.flush_seconds;
   s.progress_seconds = c.job.progress_seconds;
   s.drain_seconds = c.job.drain_seconds;

@@ -338,6 +338,7 @@ void BatchFrontend::ended(std::vector<service::RankReport> reports, std::size_t 
                                          .abandoned = static_cast<int64_t>(abandoned),
                                          .input_format = std::string(InputFile::name(input_.format())),
                                          .input_error = input_.error(),
+                                         .kernels = s_.kernels,
                                          .planner = s_.planner ? &planned : nullptr});
 }
 

@@ -51,6 +51,7 @@ struct BatchSetup {
   int64_t epoch_requests = 1024;
   std::vector<int> worker_ranks;
   std::vector<std::string> hosts;  // every rank's host, by rank (empty: one process): the summary's nodes
+  std::string kernels;             // the workers' arithmetic, for the summary: their CPU kernel table, or the backend
   double worker_timeout_seconds = 0;  // a worker silent this long ends the job (0: never; router_loop.h)
 };
 

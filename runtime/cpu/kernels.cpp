@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/error.h"
+
 namespace tandem::runtime::cpu {
 
 // A stack of partials, [M][n1] each (columns [n0, n1) used); two of one level
@@ -35,17 +37,42 @@ void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx,
   for (int64_t m = 0; m < M; ++m) std::copy(slots[0].data() + m * n1 + n0, slots[0].data() + m * n1 + n1, y + m * ldy + n0);
 }
 
+namespace {
+
+const KernelTable* chosen = nullptr;
+
+const KernelTable& best_f32() {
+  if (const KernelTable* t = avx512_kernels()) return *t;
+  if (const KernelTable* t = avx2_kernels()) return *t;
+  return scalar_kernels();
+}
+
+}  // namespace
+
+void use_kernels(MatmulMode mode) {
+  if (mode == MatmulMode::kF32) {
+    chosen = &best_f32();
+    return;
+  }
+  chosen = avx512_bf16_kernels();
+  if (!chosen)
+    throw Error("model.cpu_matmul = \"bf16\" needs a CPU with AVX512-BF16 (vdpbf16ps), and this one has none; use "
+                "\"f32\"");
+}
+
 const KernelTable& kernels() {
-  static const KernelTable& chosen = [] () -> const KernelTable& {
-    // TANDEM_CPU_KERNELS=scalar|avx2 caps the ISA (the results are the same bits).
+  // TANDEM_CPU_KERNELS=scalar|avx2|avx512-bf16 forces a table (scalar and avx2 cap the ISA, with kF32's bits).
+  static const KernelTable* forced = [] () -> const KernelTable* {
     const char* force = std::getenv("TANDEM_CPU_KERNELS");
-    if (force && std::strcmp(force, "scalar") == 0) return scalar_kernels();
-    const bool no512 = force && std::strcmp(force, "avx2") == 0;
-    if (const KernelTable* t = avx512_kernels(); t && !no512) return *t;
-    if (const KernelTable* t = avx2_kernels()) return *t;
-    return scalar_kernels();
+    if (!force) return nullptr;
+    if (std::strcmp(force, "scalar") == 0) return &scalar_kernels();
+    if (std::strcmp(force, "avx2") == 0) return avx2_kernels() ? avx2_kernels() : &scalar_kernels();
+    if (std::strcmp(force, "avx512-bf16") == 0 && avx512_bf16_kernels()) return avx512_bf16_kernels();
+    return nullptr;
   }();
-  return chosen;
+  if (forced) return *forced;
+  if (!chosen) chosen = &best_f32();
+  return *chosen;
 }
 
 }  // namespace tandem::runtime::cpu

@@ -1,5 +1,6 @@
 // The CPU backend's inner loops, behind one table chosen at run time by ISA
-// (AVX-512, else AVX2+FMA+F16C, else scalar) — never by batch shape.
+// (AVX-512, else AVX2+FMA+F16C, else scalar) — never by batch shape — and
+// by the matrix products' arithmetic (MatmulMode, below).
 //
 // Batch invariance, bit for bit: every reduction has one fixed order that
 // depends only on its length. A dot product of length K keeps 8 lanes (lane j
@@ -52,9 +53,30 @@ struct KernelTable {
 void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx, int64_t M, const Matrix* parts,
                           int count, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
-const KernelTable& kernels();         // the best table this CPU runs
+// The arithmetic of the matrix products.
+//   kF32: the dot products above (FP32 FMAs on exactly widened weights): the
+//     same bits on every table, every ISA. The default.
+//   kBf16Dot: products with bf16 weights in panels (the linear layers and the
+//     LM head of a bf16 checkpoint) take x rounded to bf16 (nearest even) and
+//     keep 4 lanes per output: lane j adds, 8 columns of K at a time (k-group
+//     g), fma(x[8g+2j+1], w[8g+2j+1]) then fma(x[8g+2j], w[8g+2j]) (exact
+//     products, subnormals flushed: AVX512-BF16's vdpbf16ps), folded as
+//     (l0 + l2) + (l1 + l3). Twice the multiply-adds an instruction on CPUs
+//     that have it, and other bits than kF32 (llama.cpp's bf16 arithmetic);
+//     every other product, attention and the rest are kF32's. The row-parallel
+//     tree and batch invariance hold as in kF32, so outputs stay the same bits
+//     across batches, splits and widths. Needs AVX512-BF16.
+enum class MatmulMode { kF32, kBf16Dot };
+
+// Chooses what kernels() returns, once per process, before the first model
+// (TANDEM_CPU_KERNELS, below, wins); throws tandem::Error with one line when
+// the CPU lacks what the mode needs.
+void use_kernels(MatmulMode mode);
+
+const KernelTable& kernels();         // the table chosen (by default the best kF32 table this CPU runs)
 const KernelTable& scalar_kernels();  // the portable reference
 const KernelTable* avx2_kernels();    // nullptr when not built or not supported here
 const KernelTable* avx512_kernels();  // AVX-512 matrix tiles over the AVX2 table; nullptr when unsupported
+const KernelTable* avx512_bf16_kernels();  // kBf16Dot on AVX512-BF16; nullptr when unsupported
 
 }  // namespace tandem::runtime::cpu

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -290,6 +291,85 @@ TEST_CASE("the fused row-parallel kernel gives the bits of each part's matmul ad
                   REQUIRE(std::memcmp(&g, &e, 4) == 0);
                 }
               }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// kBf16Dot as kernels.h states it, one output at a time: x rounded to bf16
+// (a subnormal to 0), 4 lanes, each k-group's odd element of a lane's pair
+// first, every step an FMA of exact products with subnormal results flushed
+// to signed zero, the lanes folded (l0 + l2) + (l1 + l3).
+float flush(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
+
+float bf16dot(const float* x, const Matrix& w, int64_t n, int64_t k0, int64_t K) {
+  float lane[4] = {0, 0, 0, 0};
+  for (int64_t g = 0; g < K; g += 8) {
+    for (int j = 0; j < 4; ++j) {
+      for (const int64_t k : {g + 2 * j + 1, g + 2 * j}) {
+        const float xv = flush(bf16_to_f32(f32_to_bf16(flush(x[k]))));
+        lane[j] = flush(std::fma(xv, flush(w.at(n, k0 + k)), lane[j]));
+      }
+    }
+  }
+  return (lane[0] + lane[2]) + (lane[1] + lane[3]);
+}
+
+}  // namespace
+
+TEST_CASE("the bf16 dot-product table computes exactly the arithmetic kernels.h states", "[kernels]") {
+  const KernelTable* t = avx512_bf16_kernels();
+  if (!t) {
+    WARN("no AVX512-BF16 on this CPU: the bf16 dot-product table is not checked here");
+    return;
+  }
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t K : {8, 64, 200 / 8 * 8, 1024}) {
+    for (int64_t N : {8, 13, 40}) {
+      RandomMatrix raw(DType::kBF16, N, K, rng);
+      PanelStore store;
+      const Matrix w = store.pack(raw.m);
+      REQUIRE(w.panels);
+      for (int64_t M : {1, 3, 6, 7, 13}) {
+        std::vector<float> x(static_cast<std::size_t>(M * K));
+        for (float& v : x) v = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+        x[0] = 1e-39f;  // a subnormal activation: 0, as vcvtneps2bf16 makes it
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}, {N / 2, N / 2 + 1}}) {
+          std::vector<float> got(static_cast<std::size_t>(M * N), -7.0f);
+          t->matmul(x.data(), K, M, w, n0, n1, got.data(), N);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              const float want = n >= n0 && n < n1 ? bf16dot(x.data() + m * K, w, n, 0, K) : -7.0f;
+              const float g = got[static_cast<std::size_t>(m * N + n)];
+              INFO("K=" << K << " N=" << N << " M=" << M << " m=" << m << " n=" << n << " of " << n0 << ".." << n1);
+              REQUIRE(std::memcmp(&g, &want, 4) == 0);
+            }
+          }
+        }
+      }
+      // The row-parallel product: the 8 chunks' bf16 dot products in the fixed tree.
+      if (K % 64 == 0) {
+        const auto chunks = split_columns(raw.m, 0, kReduceChunks, store);
+        for (int64_t M : {1, 7}) {
+          std::vector<float> x(static_cast<std::size_t>(M * K));
+          for (float& v : x) v = u(rng);
+          std::vector<float> got(static_cast<std::size_t>(M * N));
+          t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              float p[kReduceChunks];
+              for (int c = 0; c < kReduceChunks; ++c)
+                p[c] = bf16dot(x.data() + m * K + chunk_begin(K, c), raw.m, n, chunk_begin(K, c), K / kReduceChunks);
+              const float want = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+              const float g = got[static_cast<std::size_t>(m * N + n)];
+              INFO("tree K=" << K << " N=" << N << " M=" << M << " m=" << m << " n=" << n);
+              REQUIRE(std::memcmp(&g, &want, 4) == 0);
             }
           }
         }
