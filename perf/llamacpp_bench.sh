@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Tandem's CPU engine against llama.cpp on the same weights, back to back:
 # prefill of 512-token prompts, decode of 1 and of 32 concurrent sequences,
+# Tandem in both arithmetics (model.cpu_matmul f32, and bf16 where the CPU
+# has AVX512-BF16),
 # each engine alternately, twice, the better of each kept (this machine's
 # neighbours swing single runs by 10% and more). Prints a table with the
 # ratios. Figures only: it never fails on time.
@@ -30,10 +32,14 @@ gguf=$build/bench-model.gguf
 [ -f "$gguf" ] && [ "$gguf" -nt "$model/model.safetensors" ] || /usr/bin/python3 "$src/perf/gguf_export.py" "$model" "$gguf"
 
 best() { printf '%s\n' "$@" | sort -g | tail -1; }
-declare -A tandem llama
+declare -A tandem bf16 llama
+# model.cpu_matmul = "bf16" (AVX512-BF16 dot products), where the CPU has them.
+has_bf16=$(grep -qw avx512_bf16 /proc/cpuinfo && echo 1 || echo 0)
 for run in 1 2; do
   for what in prefill decode:1 decode:32; do
     tandem[$what]="${tandem[$what]:-} $("$build/perf/engine_bench" --threads "$threads" --only "$what" | awk '{print $(NF-1)}')"
+    [ "$has_bf16" = 1 ] && bf16[$what]="${bf16[$what]:-} $(TANDEM_CPU_KERNELS=avx512-bf16 "$build/perf/engine_bench" \
+      --threads "$threads" --only "$what" | awk '{print $(NF-1)}')"
   done
   json=$(node "$src/perf/llamacpp_bench.mjs" "$deps/node_modules" "$gguf" "$threads")
   for key in prefill_512 decode_1 decode_32; do
@@ -42,12 +48,14 @@ for run in 1 2; do
 done
 echo "Tandem against llama.cpp (node-llama-cpp $version, its CPU build), $threads threads, the same bf16 weights,"
 echo "the better of two alternated runs each:"
-printf '%-28s %13s %13s %8s\n' "workload" "Tandem tok/s" "llama.cpp" "ratio"
-row() {  # label, Tandem's runs, llama.cpp's runs
-  local t l
-  t=$(best $2); l=$(best $3)
-  /usr/bin/python3 -c "import sys; t, l = float(sys.argv[2]), float(sys.argv[3]); print(f'{sys.argv[1]:28s} {t:13.1f} {l:13.1f} {t / l:7.2f}x')" "$1" "$t" "$l"
+printf '%-28s %13s %13s %8s %13s %8s\n' "workload" "llama.cpp" "Tandem f32" "ratio" "Tandem bf16" "ratio"
+row() {  # label, llama.cpp's runs, Tandem's f32 runs, Tandem's bf16 runs (may be empty)
+  /usr/bin/python3 -c "
+import sys
+l, t = float(sys.argv[2]), float(sys.argv[3])
+b = f'{float(sys.argv[4]):13.1f} {float(sys.argv[4]) / l:7.2f}x' if sys.argv[4] else f'{\"(no AVX512-BF16)\":>22s}'
+print(f'{sys.argv[1]:28s} {l:13.1f} {t:13.1f} {t / l:7.2f}x {b}')" "$1" "$(best $2)" "$(best $3)" "$( [ -n "$4" ] && best $4)"
 }
-row "prefill, 512-token prompts" "${tandem[prefill]}" "${llama[prefill_512]}"
-row "decode, 1 sequence" "${tandem[decode:1]}" "${llama[decode_1]}"
-row "decode, 32 sequences" "${tandem[decode:32]}" "${llama[decode_32]}"
+row "prefill, 512-token prompts" "${llama[prefill_512]}" "${tandem[prefill]}" "${bf16[prefill]:-}"
+row "decode, 1 sequence" "${llama[decode_1]}" "${tandem[decode:1]}" "${bf16[decode:1]:-}"
+row "decode, 32 sequences" "${llama[decode_32]}" "${tandem[decode:32]}" "${bf16[decode:32]:-}"
