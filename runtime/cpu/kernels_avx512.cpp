@@ -270,6 +270,7 @@ void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
 // are still in registers, and y is written once. Bitwise the same as
 // matmul_tree_by_parts, without its partial matrices and passes over them.
 constexpr int kMaxParts = 64;
+constexpr int64_t kFusedRows = 8;  // fewer rows: matmul_tree_by_parts
 
 template <DType D, int MR>
 inline void tile_tree(const float* x, int64_t ldx, const uint8_t* const* panels, const int64_t* koff, const int64_t* kc,
@@ -339,7 +340,9 @@ void matmul_tree_panels(const float* x, int64_t ldx, int64_t M, const Matrix* pa
 
 void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
                  float* y, int64_t ldy) {
-  bool fused = count <= kMaxParts && (count & (count - 1)) == 0;
+  // A few rows are bound by reading the weights: each part is then streamed whole, as one region, rather
+  // than the fused tiles' hops between the parts' panels every few KiB.
+  bool fused = M >= kFusedRows && count <= kMaxParts && (count & (count - 1)) == 0;
   for (int c = 0; c < count && fused; ++c) fused = parts[c].panels && parts[c].dtype == parts[0].dtype;
   if (!fused) return matmul_tree_by_parts(*avx512_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
   with_dtype(parts[0].dtype,

@@ -174,6 +174,8 @@ void matmul_tree_bf16dot(const float* x, int64_t ldx, int64_t M, const Matrix* p
   bool ours = count <= kMaxParts && (count & (count - 1)) == 0;
   for (int c = 0; c < count && ours; ++c) ours = parts[c].panels && parts[c].dtype == DType::kBF16;
   if (!ours) return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // FP32's contract
+  // A few rows are bound by reading the weights: each part streamed whole (as the FP32 table does).
+  if (M < 8) return matmul_tree_by_parts(*avx512_bf16_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
   int64_t koff[kMaxParts], kc[kMaxParts], K = 0;
   for (int c = 0; c < count; ++c) {
     koff[c] = K;
