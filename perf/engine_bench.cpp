@@ -1,7 +1,7 @@
 // The CPU engine against the machine's own limits, measured in the same run.
 //
 //   engine_bench [--model DIR] [--threads N] [--quick]
-//                [--only prefill|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]
+//                [--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]
 //
 // Without --model it makes the `bench` model (Qwen3-0.6B's shape, bf16) under
 // build/bench-model once. Prints: STREAM triad and FMA peak; prefill tokens/s
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
   if (!parse_options(argc, argv, o)) {
     std::fprintf(stderr,
                  "usage: engine_bench [--model DIR] [--threads N] [--quick] "
-                 "[--only prefill|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
+                 "[--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
     return 2;
   }
   try {
@@ -257,9 +257,10 @@ int main(int argc, char** argv) {
     const auto w = runtime::ModelWeights::load(c, model_dir);
     runtime::cpu::ThreadPool threads(o.threads);
     if (!o.only.empty()) {
-      const bool pre = o.only == "prefill", sampled = o.only.rfind("decode-sampled:", 0) == 0;
+      const bool pre = o.only.rfind("prefill", 0) == 0, sampled = o.only.rfind("decode-sampled:", 0) == 0;
       const bool deep = o.only.rfind("decode-long:", 0) == 0;
-      const Run r = pre    ? prefill(c, *w, threads, 2, kPrefillLen)
+      const int64_t len = o.only.rfind("prefill:", 0) == 0 ? std::atol(o.only.c_str() + 8) : kPrefillLen;
+      const Run r = pre    ? prefill(c, *w, threads, len > kPrefillLen ? 1 : 2, len)
                     : deep ? decode_long(c, *w, threads, o.quick, o.only == "decode-long:bf16" ? 2 : 4)
                            : decode(c, *w, threads, std::atol(o.only.c_str() + (sampled ? 15 : 7)), 96, sampled);
       std::printf("%s: %.1f tokens/s\n", o.only.c_str(), tokens_per_s(r));
