@@ -126,7 +126,7 @@ struct Decode {
 // Everything measured in one run, machine limits included.
 struct Figures {
   int threads = 0;
-  double read_bw = 0, peak2 = 0, peak512 = 0, peak = 0;
+  double read_bw = 0, peak2 = 0, peak512 = 0, peak = 0, peak_bf16 = 0;
   bool has512 = false;
   Run prefill;
   std::vector<Decode> decodes;  // 1 (median round), 8, 32, 64 sequences
@@ -157,6 +157,7 @@ Figures measure_all(const runtime::ModelConfig& c, const runtime::ModelWeights& 
   f.has512 = planner::cpu_has_avx512();
   f.peak512 = f.has512 ? planner::fma_peak_gflops(T, true) : 0;
   f.peak = f.has512 ? f.peak512 : f.peak2;
+  f.peak_bf16 = planner::bf16_dot_peak_gflops(T);
   f.prefill = prefill(c, w, threads, quick ? 1 : 2, kPrefillLen);
   auto measure = [&](int64_t n) {
     const double before = planner::triad_gbps(T);
@@ -198,6 +199,7 @@ void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtim
   std::printf("  read-only stream      %8.1f GB/s\n", f.read_bw);
   std::printf("  FMA peak (AVX2)       %8.1f GFLOP/s\n", f.peak2);
   if (f.has512) std::printf("  FMA peak (AVX-512)    %8.1f GFLOP/s\n", f.peak512);
+  if (f.peak_bf16 > 0) std::printf("  BF16 dot peak         %8.1f GFLOP/s (AVX512-BF16)\n", f.peak_bf16);
   std::printf("model: %s, %ld layers, hidden %ld, %s, %.2f GB of matrices read per decode step\n",
               c.architecture.c_str(), static_cast<long>(c.layers), static_cast<long>(c.hidden),
               std::string(runtime::dtype_name(c.dtype)).c_str(), weight_bytes / 1e9);
@@ -209,6 +211,13 @@ void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtim
   const double gflops = ptps * flops_per_token / 1e9;
   std::printf("prefill, %ld-token prompts: %8.1f tokens/s = %6.1f GFLOP/s = %5.1f%% of FMA peak (%s)\n",
               static_cast<long>(kPrefillLen), ptps, gflops, 100.0 * gflops / f.peak, f.has512 ? "AVX-512" : "AVX2");
+  if (std::string(runtime::cpu::kernels().name) == "avx512-bf16" && f.peak_bf16 > 0) {
+    // The bf16 table: the products at the BF16 dot peak, attention (FP32) at the FMA peak.
+    const double attn = flops_per_token - 2.0 * matmul_params;
+    const double ideal_s = 2.0 * matmul_params / (f.peak_bf16 * 1e9) + attn / (f.peak * 1e9);
+    std::printf("  = %5.1f%% of the roofline of bf16 dot products (products at %.0f GFLOP/s, attention at %.0f)\n",
+                100.0 * ideal_s * ptps, f.peak_bf16, f.peak);
+  }
 
   // A decode step reads every matrix once (the bandwidth roofline: triad / bytes) and does
   // 2 flops per weight per sequence, the LM head included (the compute roofline).

@@ -58,6 +58,26 @@ __attribute__((target("avx512f"))) double fma_avx512(long iters) {
 }
 #undef TANDEM_FMA12
 
+// Twelve vdpbf16ps chains, each from its own value (see TANDEM_FMA12).
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16(long iters) {
+  __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3), a3 = _mm512_set1_ps(4),
+         a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6), a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8),
+         a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
+  const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x2000);  // 1, ~1e-19
+  for (long k = 0; k < iters; ++k) {
+    a0 = _mm512_dpbf16_ps(a0, x, y), a1 = _mm512_dpbf16_ps(a1, x, y), a2 = _mm512_dpbf16_ps(a2, x, y);
+    a3 = _mm512_dpbf16_ps(a3, x, y), a4 = _mm512_dpbf16_ps(a4, x, y), a5 = _mm512_dpbf16_ps(a5, x, y);
+    a6 = _mm512_dpbf16_ps(a6, x, y), a7 = _mm512_dpbf16_ps(a7, x, y), a8 = _mm512_dpbf16_ps(a8, x, y);
+    a9 = _mm512_dpbf16_ps(a9, x, y), a10 = _mm512_dpbf16_ps(a10, x, y), a11 = _mm512_dpbf16_ps(a11, x, y);
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                 _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                               _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0];
+}
+
 }  // namespace
 
 bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
@@ -136,6 +156,17 @@ double fma_peak_gflops(int threads, bool avx512) {
   }
   const double lanes = avx512 ? 16 : 8;
   return 2.0 * lanes * 12.0 * static_cast<double>(iters) * threads / best / 1e9;
+}
+
+double bf16_dot_peak_gflops(int threads) {
+  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  const long iters = 50'000'000;
+  std::vector<double> sink(static_cast<std::size_t>(threads));
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    best = std::min(best, timed_parallel(threads, [&](int t) { sink[static_cast<std::size_t>(t)] = dot_bf16(iters); }));
+  }
+  return 4.0 * 16 * 12.0 * static_cast<double>(iters) * threads / best / 1e9;
 }
 
 }  // namespace tandem::planner

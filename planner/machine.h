@@ -22,6 +22,10 @@ double read_gbps(int threads);
 double fma_peak_gflops(int threads, bool avx512);
 bool cpu_has_avx512();
 
+// Peak GFLOP/s of independent AVX512-BF16 dot-product chains (vdpbf16ps:
+// 2 products a lane, 4 flops); 0 when the CPU has no AVX512-BF16.
+double bf16_dot_peak_gflops(int threads);
+
 // A profile of this CPU for `threads` compute threads per worker: FMA peak
 // and triad bandwidth measured now (about a second), memory sized to hold
 // `memory_bytes`, KV moving between ranks at the triad's speed.
