@@ -31,6 +31,7 @@ void log_effective_config(const Config& config);
 Action add_config_command(CLI::App& root);
 Action add_tokenize_command(CLI::App& root);
 Action add_make_model_command(CLI::App& root);
+Action add_quantize_command(CLI::App& root);
 Action add_generate_command(CLI::App& root);
 // argc/argv go to MPI_Init_thread.
 Action add_run_command(CLI::App& root, int argc, char** argv);

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   add(add_config_command(app));
   add(add_tokenize_command(app));
   add(add_make_model_command(app));
+  add(add_quantize_command(app));
   add(add_generate_command(app));
   add(add_run_command(app, argc, argv));
   add(add_serve_command(app, argc, argv));

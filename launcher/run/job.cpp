@@ -92,7 +92,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
     // Workers compute on model.backend: it must be built and have a device here.
     if (rank != 0 || env.size() == 1) check_backend(p, env.size());
     if (rank == 0 && o.serve) {
-      runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks
+      runtime::ModelWeights::check(p.model, p.cfg.model.path);  // maps and checks every tensor; reads no weights
       s.serve.config = &s.p.cfg;
       prompt_and_output_contexts(p, s.serve_chat, s.serve.prompts, s.serve.outputs);
       s.serve.workers = roles.workers();

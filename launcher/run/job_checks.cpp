@@ -52,7 +52,7 @@ void check_files(Prepared& p) {
   if (!p.cfg.job.resume && std::filesystem::exists(p.cfg.job.output) && std::filesystem::file_size(p.cfg.job.output, ec) > 0)
     throw Error(p.cfg.job.output + ": the output already exists; pass --resume (or set job.resume = true) to continue "
                 "it, or choose another output");
-  runtime::ModelWeights::load(p.model, p.cfg.model.path, /*panels=*/false);  // maps and shape-checks; reads no weights
+  runtime::ModelWeights::check(p.model, p.cfg.model.path);  // maps and checks every tensor; reads no weights
   // Last, as the slowest: compressed input whole, and on --resume every line against the checkpoint.
   p.input_scan = router::InputScan::run(
       {p.cfg.job.input, p.cfg.job.output, p.max_line_bytes, p.cfg.job.resume, share.index, share.count});

@@ -40,6 +40,8 @@ void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0,
           r = dot8(xr, [&](int64_t k) { return f16_to_f32(w[W.index(n, k)]); }, K);
           break;
         }
+        case DType::kF8E4M3:
+        case DType::kI8: throw std::logic_error("an 8-bit matrix reached a kernel; it should have been dequantized at load");
       }
       y[m * ldy + n] = r;
     }

@@ -19,6 +19,8 @@ cudaDataType_t cuda_type(DType t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
+    case DType::kF8E4M3:
+    case DType::kI8: break;  // dequantized at load: never uploaded as such
   }
   return CUDA_R_32F;
 }

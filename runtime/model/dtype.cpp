@@ -1,16 +1,40 @@
 #include "runtime/model/dtype.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace tandem::runtime {
 
-std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16:
+    case DType::kF16: return 2;
+    case DType::kF8E4M3:
+    case DType::kI8: return 1;
+  }
+  return 4;
+}
 
 std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::kF32: return "f32";
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
+    case DType::kF8E4M3: return "f8e4m3";
+    case DType::kI8: return "i8";
+  }
+  return "?";
+}
+
+std::string_view safetensors_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kI8: return "I8";
   }
   return "?";
 }
@@ -19,8 +43,39 @@ bool parse_dtype(std::string_view name, DType& out) {
   if (name == "F32" || name == "f32" || name == "float32") out = DType::kF32;
   else if (name == "BF16" || name == "bf16" || name == "bfloat16") out = DType::kBF16;
   else if (name == "F16" || name == "f16" || name == "float16") out = DType::kF16;
+  else if (name == "F8_E4M3" || name == "f8e4m3") out = DType::kF8E4M3;
+  else if (name == "I8" || name == "i8") out = DType::kI8;
   else return false;
   return true;
+}
+
+float f8e4m3_to_f32(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int exp = (b >> 3) & 0xF, man = b & 7;
+  if (exp == 15 && man == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
+  return sign * std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+}
+
+uint8_t f32_to_f8e4m3(float f) {
+  if (std::isnan(f)) return 0x7F;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7E;  // saturate: the largest finite
+  // Every E4M3 value a multiple of its binade's step: 2^-9 below 2^-6 (subnormals), else 2^(e-3).
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): the binade [2^(e-1), 2^e)
+  const int step = std::max(e - 1, -6) - 3;
+  const float q = std::nearbyint(std::ldexp(a, -step));  // ties to even (the default rounding mode)
+  const float v = std::ldexp(q, step);
+  if (v >= 448.0f) return sign | 0x7E;
+  // Encode v exactly.
+  if (v < std::ldexp(1.0f, -6)) return sign | static_cast<uint8_t>(std::ldexp(v, 9));  // subnormal (or zero)
+  int ve;
+  const float vm = std::frexp(v, &ve);  // v = vm * 2^ve, vm in [0.5, 1)
+  const int exp = ve - 1 + 7;
+  const int man = static_cast<int>(std::ldexp(vm, 4)) - 8;  // vm * 16 in [8, 16)
+  return sign | static_cast<uint8_t>(exp << 3) | static_cast<uint8_t>(man);
 }
 
 float f16_to_f32(uint16_t h) {

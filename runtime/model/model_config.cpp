@@ -141,9 +141,10 @@ ModelConfig ModelConfig::parse(const nlohmann::json& j, const std::string& where
   c.qk_norm = qwen3;
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
     const std::string d = j["torch_dtype"];
-    if (!parse_dtype(d, c.dtype))
+    if (!parse_dtype(d, c.dtype) || dtype_size(c.dtype) == 1)
       throw Error(where + ": torch_dtype '" + d + "' is not supported (supported: float32, bfloat16, float16)");
   }
+  c.quant = parse_quantization(j, where);
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const auto& r = j["rope_scaling"];
     const std::string type = r.value("rope_type", r.value("type", ""));

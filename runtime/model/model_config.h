@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "runtime/model/dtype.h"
+#include "runtime/model/quantization.h"
 
 namespace tandem::runtime {
 
@@ -61,6 +62,7 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
   MoeConfig moe;
+  QuantConfig quant;  // quantization_config (quantization.h); kNone for bf16/f16/f32 checkpoints
 
   // Reads DIR/config.json; throws tandem::Error with one line naming the file
   // and the problem (missing field, unsupported architecture or dtype).

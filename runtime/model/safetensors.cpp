@@ -198,26 +198,47 @@ const TensorView* Checkpoint::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-void write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors) {
+SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path, const std::vector<TensorSpec>& tensors)
+    : path_(path.string()), out_(path, std::ios::binary | std::ios::trunc) {
+  if (!out_) throw Error(path_ + ": cannot write");
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    const char* name = t.dtype == DType::kF32 ? "F32" : t.dtype == DType::kBF16 ? "BF16" : "F16";
-    header[t.name] = {{"dtype", name}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    uint64_t bytes = dtype_size(t.dtype);
+    for (const int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", safetensors_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
+  expected_ = offset;
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h += ' ';  // align data to 8 bytes, as the reference writer does
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(path.string() + ": cannot write");
   uint8_t len[8];
-  uint64_t n = h.size();
+  const uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-  if (!out) throw Error(path.string() + ": write failed (disk full?)");
+  out_.write(reinterpret_cast<const char*>(len), 8);
+  out_.write(h.data(), static_cast<std::streamsize>(h.size()));
+}
+
+void SafetensorsWriter::write(const void* bytes, std::size_t n) {
+  out_.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+  written_ += n;
+  if (!out_) throw Error(path_ + ": write failed (disk full?)");
+}
+
+void SafetensorsWriter::finish() {
+  if (written_ != expected_)
+    throw Error(path_ + ": internal: " + std::to_string(written_) + " data bytes written of " + std::to_string(expected_));
+  out_.close();
+  if (!out_) throw Error(path_ + ": write failed (disk full?)");
+}
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter w(path, specs);
+  for (const auto& t : tensors) w.write(t.bytes.data(), t.bytes.size());
+  w.finish();
 }
 
 }  // namespace tandem::runtime

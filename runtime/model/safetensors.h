@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,5 +66,24 @@ struct TensorData {
   std::vector<uint8_t> bytes;  // little-endian elements
 };
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors);
+
+// Writes one safetensors file a tensor at a time (memory bounded by what the
+// caller holds): the header from the specs, then each tensor's bytes, in order.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::filesystem::path& path, const std::vector<TensorSpec>& tensors);
+  void write(const void* bytes, std::size_t n);  // the next bytes of the data, in the specs' order
+  void finish();                                  // throws unless every tensor's bytes were written
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+  uint64_t expected_ = 0, written_ = 0;
+};
 
 }  // namespace tandem::runtime

@@ -15,6 +15,7 @@ struct Binder {
   const Checkpoint& ckpt;
   const ModelConfig& config;
   std::string dir;
+  std::vector<std::vector<float>>* dequantized;  // where a quantized weight's f32 values go; null: check only
 
   const TensorView& get(const std::string& name, std::vector<int64_t> shape) const {
     const TensorView* t = ckpt.find(name);
@@ -32,7 +33,44 @@ struct Binder {
   }
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
     const TensorView& t = get(name, {rows, cols});
+    if (dtype_size(t.dtype) == 1) return dequantize(t, rows, cols);
     return Matrix{t.data, t.dtype, rows, cols};
+  }
+
+  // W[n][k] = q[n][k] * scale of (n, k)'s block, one f32 rounding, as torch's q.float() * scale.
+  Matrix dequantize(const TensorView& t, int64_t rows, int64_t cols) const {
+    const QuantConfig& q = config.quant;
+    if (!q.any())
+      throw Error(t.file + ": tensor '" + t.name + "' is " + std::string(safetensors_name(t.dtype)) +
+                  " but config.json has no quantization_config saying how to scale it");
+    if (t.dtype != q.weight)
+      throw Error(t.file + ": tensor '" + t.name + "' is " + std::string(safetensors_name(t.dtype)) + " but " + q.name() +
+                  " weights are " + std::string(safetensors_name(q.weight)));
+    const std::string scale_name = t.name.substr(0, t.name.size() - std::string("weight").size()) + q.scale_suffix;
+    const int64_t br = q.block_rows > 0 ? q.block_rows : rows, bc = q.block_cols > 0 ? q.block_cols : cols;
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    const TensorView* s = ckpt.find(scale_name);
+    if (!s) throw Error(dir + ": tensor '" + scale_name + "' (the scales of " + q.name() + " '" + t.name + "') is missing");
+    if (s->numel() != sr * sc || dtype_size(s->dtype) == 1) {
+      TensorView want;
+      want.shape = {sr, sc};
+      throw Error(s->file + ": tensor '" + scale_name + "' has shape " + s->shape_string() + " and dtype " +
+                  std::string(safetensors_name(s->dtype)) + "; " + q.name() + " scales of a " + std::to_string(rows) +
+                  " x " + std::to_string(cols) + " weight are " + want.shape_string() + " f32, bf16 or f16");
+    }
+    if (!dequantized) return Matrix{t.data, t.dtype, rows, cols};  // checked, not computed on
+    std::vector<float>& out = dequantized->emplace_back(static_cast<std::size_t>(rows * cols));
+    for (int64_t n = 0; n < rows; ++n) {
+      for (int64_t k = 0; k < cols; ++k) {
+        const float scale = load_as_f32(s->data, s->dtype, static_cast<std::size_t>((n / br) * sc + k / bc));
+        const auto i = static_cast<std::size_t>(n * cols + k);
+        const float v = load_as_f32(t.data, t.dtype, i);
+        if (v != v) throw Error(t.file + ": tensor '" + t.name + "' holds a NaN (byte 0x7F or 0xFF) at row " +
+                                std::to_string(n) + ", column " + std::to_string(k));
+        out[i] = v * scale;
+      }
+    }
+    return Matrix{out.data(), DType::kF32, rows, cols};
   }
   std::vector<float> vector(const std::string& name, int64_t n) const {
     const TensorView& t = get(name, {n});
@@ -112,11 +150,20 @@ Matrix PanelStore::pack(const Matrix& m) {
   return out;
 }
 
+void ModelWeights::check(const ModelConfig& c, const std::filesystem::path& model_dir) {
+  bind(c, model_dir, /*panels=*/false, /*compute=*/false);
+}
+
 std::unique_ptr<ModelWeights> ModelWeights::load(const ModelConfig& c, const std::filesystem::path& model_dir,
                                                  bool panels) {
+  return bind(c, model_dir, panels, /*compute=*/true);
+}
+
+std::unique_ptr<ModelWeights> ModelWeights::bind(const ModelConfig& c, const std::filesystem::path& model_dir, bool panels,
+                                                 bool compute) {
   auto w = std::make_unique<ModelWeights>();
   w->checkpoint = Checkpoint::open(model_dir);
-  const Binder b{*w->checkpoint, c, model_dir.string()};
+  const Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->dequantized : nullptr};
   const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
   w->embed = b.matrix("model.embed_tokens.weight", c.vocab, c.hidden);
   if (c.tie_embeddings && !w->checkpoint->find("lm_head.weight")) w->lm_head = w->embed;

@@ -82,13 +82,24 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mappings row-major matrices point into
   std::unique_ptr<PanelStore> panels;      // owns the panel-layout copies
+  std::vector<std::vector<float>> dequantized;  // a quantized checkpoint's weights as f32 (quantization.h)
 
   // Throws tandem::Error with one line naming the tensor and file: missing
-  // tensor, wrong shape, unsupported dtype, truncated shard. With panels (the
-  // default) the linear layers and the LM head are copied into the panel
-  // layout, in their own dtype; otherwise every matrix stays in the mapping.
+  // tensor, wrong shape, unsupported dtype, truncated shard, a quantized
+  // weight without its scale. With panels (the default) the linear layers
+  // and the LM head are copied into the panel layout, in their own dtype;
+  // otherwise every matrix stays in the mapping. A quantized checkpoint's
+  // 8-bit weights are dequantized to f32 (quantization.h).
   static std::unique_ptr<ModelWeights> load(const ModelConfig& config, const std::filesystem::path& model_dir,
                                             bool panels = true);
+  // The same checks as load (every tensor present, shaped and typed, every
+  // quantized weight's scales), computing nothing: maps the files, reads no
+  // weight. For the router rank's checks before any work starts.
+  static void check(const ModelConfig& config, const std::filesystem::path& model_dir);
+
+ private:
+  static std::unique_ptr<ModelWeights> bind(const ModelConfig& config, const std::filesystem::path& model_dir, bool panels,
+                                            bool compute);
 };
 
 }  // namespace tandem::runtime

@@ -9,9 +9,11 @@ parallelism) or split, give the same token ids, aggregated and with the
 prefill and decode widths mismatched; a width that does not divide the
 experts is refused before any work with one line. Under bf16 dot products
 (model.cpu_matmul = "bf16") the token ids differ from f32's and are the same
-bits in one process, expert-parallel and disaggregated.
+bits in one process, expert-parallel and disaggregated. So are an FP8-block
+checkpoint's (written by `tandem quantize`), against its bf16 source.
 Usage: moe_run_test.py TANDEM SRC_DIR"""
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -115,6 +117,30 @@ with tempfile.TemporaryDirectory() as d:
                                 'model.cpu_matmul="bf16"', *sets)
                 check(f"bf16 dot products, {name}: the same token ids as one process", p.returncode == 0 and got == one,
                       f"rc {p.returncode}, {sum(got.get(k) != v for k, v in one.items())} differ")
+
+    # An FP8-block checkpoint written by `tandem quantize`: other bits than its bf16 source, the same bits in one
+    # process, expert-parallel at width 2 and disaggregated with mismatched widths.
+    if check.wants("fp8"):
+        source = tmp / "moe-bf16"
+        if not source.exists():
+            make_model(tandem, src, source, "tiny", 5, "qwen3_moe", "--dtype", "bf16")
+        fp8 = tmp / "moe-fp8"
+        q = subprocess.run([tandem, "quantize", "--model", str(source), "--out", str(fp8), "--scheme", "fp8-block",
+                            "--quiet"], capture_output=True, text=True, timeout=120)
+        p, one, _ = run(fp8, "fp8-single", 1)
+        _, plain, _ = run(source, "fp8-source", 1)
+        check("fp8 block: quantized, one process completes, other bits than the bf16 source's",
+              q.returncode == 0 and p.returncode == 0 and len(one) == 24 and one != plain,
+              f"quantize rc {q.returncode} {q.stderr.strip()[-200:]}, run rc {p.returncode}, "
+              f"{sum(one[k] != plain.get(k) for k in one)} of 24 differ")
+        for name, np, sets in (("agg tp=2, experts whole", 3, ['job.mode="agg"', "cluster.tp=2"]),
+                               ("1P+1D, prefill 1 rank, decode 2 ranks", 4,
+                                ['job.mode="disagg"', "cluster.prefill_tp=1", "cluster.decode_tp=2",
+                                 "cluster.prefill_ranks=1", "router.local_prefill_tokens=1"])):
+            p, got, _ = run(fp8, "fp8-" + name.split(",")[0].replace(" ", "_").replace("=", "").replace("+", ""), np,
+                            *sets)
+            check(f"fp8 block, {name}: the same token ids as one process", p.returncode == 0 and got == one,
+                  f"rc {p.returncode}, {sum(got.get(k) != v for k, v in one.items())} differ")
 
     if check.wants("refused"):
         six = make_model(tandem, src, tmp / "six", "tiny", 5, "qwen3_moe", "--dtype", "f32", "--experts", "6")

@@ -13,6 +13,10 @@ AVX512-BF16, the bf16 checkpoints also run under model.cpu_matmul = "bf16"
 (activations rounded to bf16 in the products with bf16 weights): their
 logits within TOL_BF16 of torch's (measured on the trained demo model:
 1.7e-3, every argmax the same; random weights up to 6.7e-3).
+Quantized variants are written by `tandem quantize` (FP8 128x128 blocks, INT8
+per channel), held to the public layout by check_quantized.py, then run the
+same way: both sides dequantize the same 8-bit weights (torch_forward.py from
+the formats' definitions), so TOL holds for them too.
 Usage: test_vs_torch.py TANDEM ENGINE_LOGITS SRC_DIR
 """
 import json
@@ -52,6 +56,24 @@ VARIANTS = [
     ("mixtral: 8 experts, top 2", ["--arch", "mixtral", "--tokenizer", llama_tok]),
     ("the trained demo model (demo/model, bf16)", None),  # committed: not made here
 ]
+# name, make-model arguments, `tandem quantize` scheme: the quantized checkpoint is what runs, after
+# check_quantized.py has held it to the format (its weights dequantized by each side on its own)
+QUANTIZED = [
+    ("qwen3 fp8 block, intermediate 320 (2.5 blocks), two shards",
+     ["--arch", "qwen3", "--tokenizer", qwen_tok, "--dtype", "bf16", "--intermediate", "320", "--shards", "2"], "fp8-block"),
+    ("qwen3_moe fp8 block, experts 320 wide (2.5 blocks), a dense layer",
+     ["--arch", "qwen3_moe", "--tokenizer", qwen_tok, "--dtype", "bf16", "--moe-intermediate", "320"], "fp8-block"),
+    ("llama int8 channel", ["--arch", "llama", "--tokenizer", llama_tok, "--dtype", "bf16"], "int8-channel"),
+    ("mixtral int8 channel", ["--arch", "mixtral", "--tokenizer", llama_tok, "--dtype", "f32"], "int8-channel"),
+    # forms tandem quantize does not write, written by write_quantized.py (which knows only the formats)
+    ("qwen3 fp8 block with bf16 scales (written by another tool)",
+     ["--arch", "qwen3", "--tokenizer", qwen_tok, "--intermediate", "320"], "fp8-block-bf16"),
+    ("llama compressed-tensors fp8 per channel (written by another tool)",
+     ["--arch", "llama", "--tokenizer", llama_tok, "--dtype", "bf16"], "ct-fp8-channel"),
+    ("qwen3_moe compressed-tensors fp8 per tensor, bf16 scale (written by another tool)",
+     ["--arch", "qwen3_moe", "--tokenizer", qwen_tok, "--dtype", "bf16"], "ct-fp8-tensor"),
+]
+OTHER_TOOL = ("fp8-block-bf16", "ct-fp8-channel", "ct-fp8-tensor")
 
 rng = np.random.default_rng(7)
 passed = failed = 0
@@ -74,12 +96,24 @@ def check(name, ok, detail):
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for i, (name, args) in enumerate(VARIANTS):
+    for i, (name, args, scheme) in enumerate([(n, a, None) for n, a in VARIANTS] + QUANTIZED):
         model = Path(tmp) / f"m{i}" if args is not None else src / "demo/model"
         try:
             if args is not None:
                 run([tandem, "make-model", "--preset", "tiny", "--seed", str(i), "--out", model,
                      *(["--dtype", "f32"] if "--dtype" not in args else []), *args])
+            if scheme in OTHER_TOOL:
+                run(["/usr/bin/python3", src / "tests/reference/write_quantized.py", model, Path(tmp) / f"q{i}", scheme])
+                model = Path(tmp) / f"q{i}"
+            elif scheme is not None:
+                quantized = Path(tmp) / f"q{i}"
+                report = Path(tmp) / f"q{i}.txt"
+                report.write_text(run([tandem, "quantize", "--model", model, "--out", quantized, "--scheme", scheme]))
+                p = subprocess.run(["/usr/bin/python3", src / "tests/reference/check_quantized.py", model, quantized, scheme,
+                                    report], capture_output=True, text=True, timeout=600)
+                check(f"{name}: the checkpoint is the public layout", p.returncode == 0,
+                      (p.stdout + p.stderr).strip().splitlines()[-1] if (p.stdout + p.stderr).strip() else "no output")
+                model = quantized
             vocab = json.loads((model / "config.json").read_text())["vocab_size"]
             n = 300 if "rope" in name else 24  # long prompts where RoPE scaling matters
             ids = ",".join(str(x) for x in rng.integers(0, min(vocab, 120000), size=n))

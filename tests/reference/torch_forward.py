@@ -35,6 +35,17 @@ Conventions (matching Hugging Face's modeling code):
     (ties to the lower expert id), their probabilities renormalised to sum to
     one (Mixtral always; Qwen3-MoE when `norm_topk_prob`), and the token's
     output the sum of weight x expert SwiGLU(token) in that order.
+  * Quantized checkpoints (config.json's `quantization_config`), weights
+    dequantized to float32 as W = float(q) * scale, one float32 product:
+      - "fp8" (DeepSeek-V3 / Qwen -FP8 layout): `weight` F8_E4M3 [out, in],
+        `weight_scale_inv` one scale per `weight_block_size` block
+        ([ceil(out/br), ceil(in/bc)]); it multiplies, despite its name.
+      - "compressed-tensors", format "float-quantized" (F8_E4M3) or
+        "int-quantized" (I8): `weight_scale` per channel ([out, 1]), per
+        tensor ([1]) or per `block_structure` block; symmetric only.
+    F8_E4M3 is decoded from the OCP definition (1 sign bit, 4 exponent bits
+    of bias 7, 3 mantissa bits, subnormals at exponent 0, 0x7F/0xFF NaN, no
+    infinities) by a 256-entry table built here, not by any library.
 """
 
 import argparse
@@ -74,7 +85,27 @@ _ST_DTYPES = {
     "F32": (np.dtype("<f4"), 4),
     "F16": (np.dtype("<f2"), 2),
     "BF16": (np.dtype("<u2"), 2),
+    "F8_E4M3": (np.dtype("u1"), 1),
+    "I8": (np.dtype("i1"), 1),
 }
+
+
+def _e4m3_table():
+    """The 256 values of OCP FP8 E4M3 ("e4m3fn"), from the format's definition."""
+    t = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 0x7
+        if e == 0xF and m == 0x7:
+            t[b] = np.nan
+        elif e == 0:
+            t[b] = sign * (m / 8.0) * 2.0 ** -6
+        else:
+            t[b] = sign * (1.0 + m / 8.0) * 2.0 ** (e - 7)
+    return t
+
+
+E4M3 = _e4m3_table()
 
 
 def read_safetensors_header(path):
@@ -114,7 +145,7 @@ def load_tensor_f32(entry, name):
     """Reads one tensor from disk and returns it as a float32 torch tensor."""
     path, dtype, shape, offset, nbytes = entry
     if dtype not in _ST_DTYPES:
-        raise RefError("tensor %s has unsupported dtype %s (want F32, F16 or BF16)" % (name, dtype))
+        raise RefError("tensor %s has unsupported dtype %s (want F32, F16, BF16, F8_E4M3 or I8)" % (name, dtype))
     np_dtype, _ = _ST_DTYPES[dtype]
     numel = int(np.prod(shape)) if shape else 1
     if numel == 0:
@@ -123,15 +154,61 @@ def load_tensor_f32(entry, name):
     raw = np.array(raw)  # copy out of the mapping (writable, owned by numpy)
     if dtype == "BF16":
         t = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).float()
+    elif dtype == "F8_E4M3":
+        t = torch.from_numpy(E4M3[raw])
     else:
         t = torch.from_numpy(raw.astype(np.float32))
     return t.reshape(shape)
 
 
+class Quantization:
+    """How a quantized checkpoint's 8-bit weights are scaled (see the module docstring)."""
+
+    def __init__(self, q):
+        method = q.get("quant_method")
+        if method == "fp8":
+            if q.get("fmt", "e4m3") != "e4m3" or not q.get("weight_block_size"):
+                raise RefError("fp8 quantization without e4m3 block scales is not supported here")
+            self.dtypes = ("F8_E4M3",)
+            self.suffix = "weight_scale_inv"
+            self.block = tuple(int(x) for x in q["weight_block_size"])
+        elif method == "compressed-tensors":
+            (group,) = q["config_groups"].values()
+            w = group["weights"]
+            if w["num_bits"] != 8 or not w.get("symmetric", True):
+                raise RefError("compressed-tensors: only symmetric 8-bit weights are supported here")
+            self.dtypes = ("F8_E4M3",) if w["type"] == "float" else ("I8",)
+            self.suffix = "weight_scale"
+            strategy = w["strategy"]
+            if strategy == "channel":
+                self.block = (1, None)
+            elif strategy == "tensor":
+                self.block = (None, None)
+            elif strategy == "block":
+                self.block = tuple(int(x) for x in w["block_structure"])
+            else:
+                raise RefError("compressed-tensors strategy %r is not supported here" % strategy)
+        else:
+            raise RefError("quant_method %r is not supported here" % method)
+
+    def dequantize(self, ckpt, name, q):
+        """q: [out, in] float32 holding the 8-bit values; returns q * scale, each element's block scale."""
+        out_dim, in_dim = q.shape
+        br = self.block[0] or out_dim
+        bc = self.block[1] or in_dim
+        scale = ckpt.get_raw(name[: -len("weight")] + self.suffix)
+        grid = (-(-out_dim // br), -(-in_dim // bc))
+        if scale.numel() != grid[0] * grid[1]:
+            raise RefError("scale of %s has %d elements, expected %s" % (name, scale.numel(), list(grid)))
+        full = scale.reshape(grid).repeat_interleave(br, 0).repeat_interleave(bc, 1)[:out_dim, :in_dim]
+        return q * full
+
+
 class Checkpoint:
     """All tensors of MODEL_DIR: model.safetensors or the shards of an index."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, quant=None):
+        self.quant = quant
         single = os.path.join(model_dir, "model.safetensors")
         index = os.path.join(model_dir, "model.safetensors.index.json")
         self.entries = {}
@@ -156,10 +233,17 @@ class Checkpoint:
     def has(self, name):
         return name in self.entries
 
-    def get(self, name, shape=None):
+    def get_raw(self, name):
         if name not in self.entries:
             raise RefError("missing tensor %s" % name)
-        t = load_tensor_f32(self.entries[name], name)
+        return load_tensor_f32(self.entries[name], name)
+
+    def get(self, name, shape=None):
+        t = self.get_raw(name)
+        if self.entries[name][1] in ("F8_E4M3", "I8"):
+            if self.quant is None or self.entries[name][1] not in self.quant.dtypes:
+                raise RefError("tensor %s is %s but the config says no such quantization" % (name, self.entries[name][1]))
+            t = self.quant.dequantize(self, name, t)
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise RefError("tensor %s has shape %s, expected %s" % (name, list(t.shape), list(shape)))
         return t
@@ -496,8 +580,10 @@ def load_model(model_dir):
     if not os.path.exists(cfg_path):
         raise RefError("%s not found" % cfg_path)
     with open(cfg_path) as f:
-        cfg = Config(json.load(f))
-    return Model(cfg, Checkpoint(model_dir))
+        raw = json.load(f)
+    cfg = Config(raw)
+    quant = Quantization(raw["quantization_config"]) if raw.get("quantization_config") else None
+    return Model(cfg, Checkpoint(model_dir, quant))
 
 
 def parse_ids(s):

@@ -1,10 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "runtime/model/quantize.h"
 #include "test_model.h"
 
 using namespace tandem;
@@ -174,4 +176,118 @@ TEST_CASE("a safetensors file whose tensors overlap or leave holes is refused, a
   write_raw(d / "model.safetensors", {{"a", {{"dtype", "F32"}, {"shape", {-1}}, {"data_offsets", {0, 4}}}}}, 4);
   CHECK_THAT(open_error(d), Catch::Contains("impossible shape"));
   fs::remove_all(d);
+}
+
+TEST_CASE("FP8 E4M3: every code decodes as the format defines it, and encoding rounds to the nearest, ties to even",
+          "[model][quant]") {
+  // Decode: sign, exponent bias 7, subnormals at exponent 0, 0x7F / 0xFF NaN, largest 448.
+  CHECK(f8e4m3_to_f32(0x00) == 0.0f);
+  CHECK(std::signbit(f8e4m3_to_f32(0x80)));
+  CHECK(f8e4m3_to_f32(0x01) == std::ldexp(1.0f, -9));  // the smallest subnormal
+  CHECK(f8e4m3_to_f32(0x08) == std::ldexp(1.0f, -6));  // the smallest normal
+  CHECK(f8e4m3_to_f32(0x38) == 1.0f);
+  CHECK(f8e4m3_to_f32(0x7E) == 448.0f);
+  CHECK(f8e4m3_to_f32(0xFE) == -448.0f);
+  CHECK(std::isnan(f8e4m3_to_f32(0x7F)));
+  CHECK(std::isnan(f8e4m3_to_f32(0xFF)));
+  // Every finite code survives a round trip; midpoints between neighbours go to the even code.
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7F) == 0x7F) continue;
+    const float v = f8e4m3_to_f32(static_cast<uint8_t>(b));
+    INFO("code " << b);
+    CHECK(f32_to_f8e4m3(v) == (b == 0x80 ? 0x80 : b));
+    if ((b & 0x7F) < 0x7E) {
+      const float next = f8e4m3_to_f32(static_cast<uint8_t>(b + 1));
+      const float mid = (v + next) / 2;  // exact in f32
+      CHECK(f32_to_f8e4m3(mid) == ((b & 1) == 0 ? b : b + 1));
+      CHECK(f32_to_f8e4m3(std::nextafter(mid, v)) == b);
+      CHECK(f32_to_f8e4m3(std::nextafter(mid, next)) == b + 1);
+    }
+  }
+  CHECK(f32_to_f8e4m3(1e6f) == 0x7E);  // saturates
+  CHECK(f32_to_f8e4m3(-500.0f) == 0xFE);
+  CHECK(f32_to_f8e4m3(std::ldexp(1.0f, -11)) == 0x00);  // below half the smallest subnormal
+}
+
+TEST_CASE("quantized checkpoints: quantize, reload, and every unsupported scheme refused with one line",
+          "[model][quant][errors]") {
+  testing::TinyModel tiny("qwen3", "bf16");
+  const fs::path fp8 = tiny.dir.string() + "-fp8", int8 = tiny.dir.string() + "-int8";
+  std::vector<TensorQuantError> seen;
+  const auto s = quantize_checkpoint({tiny.dir, fp8, "fp8-block"}, [&](const TensorQuantError& e) { seen.push_back(e); });
+  CHECK(s.quantized == 14);  // 2 layers x (q, k, v, o, gate, up, down)
+  CHECK(static_cast<int64_t>(seen.size()) == s.quantized);
+  for (const auto& e : seen) {
+    INFO(e.name);
+    CHECK(quantizable_weight(e.name));
+    CHECK(e.rms_rel > 0);
+    CHECK(e.max_rel < 0.0625);  // half an e4m3 step (2^-4) of the block's largest value at most
+  }
+  quantize_checkpoint({tiny.dir, int8, "int8-channel"});
+
+  // They load; their matrices are the dequantized values, not the codes.
+  for (const fs::path& d : {fp8, int8}) {
+    auto c = ModelConfig::load(d);
+    REQUIRE(c.quant.any());
+    auto w = ModelWeights::load(c, d, /*panels=*/false);
+    const Matrix& q = w->layers[0].wq;
+    CHECK(q.dtype == DType::kF32);
+    const auto orig = ModelWeights::load(tiny.config, tiny.dir, false);
+    double err = 0, mag = 0;
+    for (int64_t i = 0; i < q.rows * q.cols; ++i) {
+      const float a = load_as_f32(q.data, q.dtype, static_cast<std::size_t>(i));
+      const float b = load_as_f32(orig->layers[0].wq.data, orig->layers[0].wq.dtype, static_cast<std::size_t>(i));
+      err = std::max(err, static_cast<double>(std::fabs(a - b)));
+      mag = std::max(mag, static_cast<double>(std::fabs(b)));
+    }
+    CHECK(err > 0);
+    CHECK(err < 0.07 * mag);
+  }
+
+  CHECK_THROWS_WITH(quantize_checkpoint({fp8, tiny.dir.string() + "-again", "fp8-block"}),
+                    Catch::Contains("already quantized (fp8 128x128 block)"));
+  CHECK_THROWS_WITH(quantize_checkpoint({tiny.dir, fp8, "fp8-block"}), Catch::Contains("is not an empty directory"));
+  CHECK_THROWS_WITH(quantize_checkpoint({tiny.dir, tiny.dir.string() + "-x", "nf4"}), Catch::Contains("--scheme must be"));
+
+  const std::string original = [&] {
+    std::ifstream in(fp8 / "config.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto restore = [&] { std::ofstream(fp8 / "config.json") << original; };
+  edit_config(fp8, [](auto& j) { j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}}; });
+  CHECK_THAT(load_error(fp8), Catch::Contains("quant_method \"awq\" is not supported"));
+  edit_config(fp8, [](auto& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}}; });
+  CHECK_THAT(load_error(fp8), Catch::Contains("without weight_block_size (per-tensor FP8) is not supported"));
+  edit_config(fp8, [](auto& j) { j["quantization_config"]["fmt"] = "e5m2"; });
+  CHECK_THAT(load_error(fp8), Catch::Contains("fmt \"e5m2\" is not supported"));
+  restore();
+  edit_config(fp8, [](auto& j) { j["quantization_config"]["some_new_knob"] = true; });
+  CHECK_THAT(load_error(fp8), Catch::Contains("quantization_config.some_new_knob is not a setting Tandem reads"));
+  restore();
+  edit_config(fp8, [](auto& j) { j.erase("quantization_config"); });
+  CHECK_THAT(load_error(fp8), Catch::Contains("is F8_E4M3 but config.json has no quantization_config"));
+  restore();
+  edit_config(fp8, [](auto& j) { j["quantization_config"]["weight_block_size"] = {64, 64}; });
+  CHECK_THAT(load_error(fp8), Catch::Contains("weight_scale_inv' has shape [1, 1]") && Catch::Contains("are [2, 1]"));
+  restore();
+
+  const std::string original8 = [&] {
+    std::ifstream in(int8 / "config.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  edit_config(int8, [](auto& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 4; });
+  CHECK_THAT(load_error(int8), Catch::Contains("weights.num_bits 4 is not supported"));
+  std::ofstream(int8 / "config.json") << original8;
+  edit_config(int8, [](auto& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128; });
+  CHECK_THAT(load_error(int8), Catch::Contains("group_size (grouped weights) is not supported"));
+  std::ofstream(int8 / "config.json") << original8;
+  edit_config(int8, [](auto& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false; });
+  CHECK_THAT(load_error(int8), Catch::Contains("symmetric false (zero points) is not supported"));
+  std::ofstream(int8 / "config.json") << original8;
+  edit_config(int8, [](auto& j) { j["quantization_config"]["kv_cache_scheme"] = {{"num_bits", 8}}; });
+  CHECK_THAT(load_error(int8), Catch::Contains("kv_cache_scheme (a quantized KV cache) is not supported"));
+  std::ofstream(int8 / "config.json") << original8;
+  CHECK_NOTHROW(ModelWeights::load(ModelConfig::load(int8), int8));
+  fs::remove_all(fp8);
+  fs::remove_all(int8);
 }
