@@ -72,11 +72,8 @@ namespace {
 // whole panel on), else a copy; packed into panels when m was not.
 Matrix rows_of(const Matrix& m, int64_t a, int64_t b, PanelStore& store) {
   if (a == 0 && b == m.rows) return m.panels ? m : store.pack(m);
-  const std::size_t es = dtype_size(m.dtype);
   if (m.panels && a % 8 != 0) return store.pack_slice(m, a, b, 0, m.cols);  // a panel split between ranks
-  Matrix v = m;
-  v.data = static_cast<const uint8_t*>(m.data) + static_cast<std::size_t>(a * m.cols) * es;  // as index(a, 0) for both
-  v.rows = b - a;
+  const Matrix v = m.row_view(a, b);
   return m.panels ? v : store.pack(v);
 }
 

@@ -37,6 +37,42 @@ void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx,
   for (int64_t m = 0; m < M; ++m) std::copy(slots[0].data() + m * n1 + n0, slots[0].data() + m * n1 + n1, y + m * ldy + n0);
 }
 
+void dequantize_rows(const Matrix& W, int64_t a, int64_t b, float* out) {
+  const int64_t K = W.cols;
+  const Scales& s = W.scales;
+  const float* fp8 = f8e4m3_table();
+  const auto* codes = static_cast<const uint8_t*>(W.data);
+  for (int64_t n = a; n < b; ++n) {
+    const float* srow = s.grid + ((n + s.r0) / s.block_rows) * s.ld;
+    float* o = out + (n - a) * K;
+    for (int64_t k0 = 0; k0 < K;) {  // one column block at a time: one scale
+      const int64_t cb = (k0 + s.c0) / s.block_cols;
+      const int64_t k1 = std::min(K, (cb + 1) * s.block_cols - s.c0);
+      const float scale = srow[cb];
+      if (W.dtype == DType::kF8E4M3) {
+        for (int64_t k = k0; k < k1; ++k) o[k] = fp8[codes[W.index(n, k)]] * scale;
+      } else {
+        for (int64_t k = k0; k < k1; ++k) o[k] = static_cast<float>(static_cast<int8_t>(codes[W.index(n, k)])) * scale;
+      }
+      k0 = k1;
+    }
+  }
+}
+
+void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0,
+                        int64_t n1, float* y, int64_t ldy) {
+  thread_local std::vector<float> rows;
+  constexpr int64_t kRows = 8;
+  for (int64_t a = n0; a < n1;) {
+    const int64_t b = std::min(n1, (a / kRows + 1) * kRows);  // within one panel
+    rows.resize(static_cast<std::size_t>((b - a) * W.cols));
+    dequantize_rows(W, a, b, rows.data());
+    const Matrix f{rows.data(), DType::kF32, b - a, W.cols, false, {}};
+    table.matmul(x, ldx, M, f, 0, b - a, y + a, ldy);
+    a = b;
+  }
+}
+
 namespace {
 
 const KernelTable* chosen = nullptr;

@@ -53,6 +53,16 @@ struct KernelTable {
 void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx, int64_t M, const Matrix* parts,
                           int count, int64_t n0, int64_t n1, float* y, int64_t ldy);
 
+// 8-bit matrices (weights.h: codes and their scales): every table computes
+// the product on the matrix's values, code x scale rounded once to f32, with
+// the f32 arithmetic above: bitwise what the f32 matrix of those values gives.
+// Rows [a, b) of W's values, row-major, into out ([b - a][W.cols]).
+void dequantize_rows(const Matrix& W, int64_t a, int64_t b, float* out);
+// The product with an 8-bit W through `table`'s f32 matmul, a few rows of W
+// dequantized at a time: the reference path (scalar, AVX2, edges).
+void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0,
+                        int64_t n1, float* y, int64_t ldy);
+
 // The arithmetic of the matrix products.
 //   kF32: the dot products above (FP32 FMAs on exactly widened weights): the
 //     same bits on every table, every ISA. The default.

@@ -131,6 +131,7 @@ void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n
 }
 
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (W.quantized()) return matmul_dequantized(*avx2_kernels(), x, ldx, M, W, n0, n1, y, ldy);
   with_dtype(W.dtype, [&](auto d) { matmul_d<decltype(d)::value>(x, ldx, M, W, n0, n1, y, ldy); });
 }
 

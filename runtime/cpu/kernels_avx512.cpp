@@ -85,19 +85,15 @@ inline __m512 fold16(const __m512 (&a)[8]) {
 // MR rows of x against one panel (8 columns, K % 8 == 0) of type D, the
 // 8-lane accumulators folded sixteen at a time: out[g] = rows 2g and 2g + 1,
 // 8 columns each (a missing last row's lanes are 0).
-template <DType D, int MR>
-inline void panel_folds(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, __m512 (&out)[(MR + 1) / 2]) {
-  constexpr int64_t es = D == DType::kF32 ? 4 : 2;
+// load(k, wv) sets wv[p] to the panel's rows 2p and 2p + 1 at columns k..k+7, as float.
+template <int MR, class Load>
+inline void panel_folds_with(const float* x, int64_t ldx, int64_t K, Load&& load, __m512 (&out)[(MR + 1) / 2]) {
   __m512 acc[MR][4];
   for (int m = 0; m < MR; ++m)
     for (int p = 0; p < 4; ++p) acc[m][p] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) {
-    if constexpr (D != DType::kF32) {  // a panel streaming from memory: one stream, fetched ahead
-      for (int64_t b = 0; b < 8 * 8 * es; b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(panel + (8 * k) * es + 1024 + b), _MM_HINT_T0);
-    }
     __m512 wv[4];
-    for (int p = 0; p < 4; ++p) wv[p] = load_pair<D, true>(panel + 16 * p * es, nullptr, 8 * k);
+    load(k, wv);
     for (int m = 0; m < MR; ++m) {
       const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + m * ldx + k));
       for (int p = 0; p < 4; ++p) acc[m][p] = _mm512_fmadd_ps(xv, wv[p], acc[m][p]);
@@ -111,6 +107,18 @@ inline void panel_folds(const float* x, int64_t ldx, const uint8_t* panel, int64
     }
     out[m / 2] = fold16(g);
   }
+}
+
+template <DType D, int MR>
+inline void panel_folds(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, __m512 (&out)[(MR + 1) / 2]) {
+  constexpr int64_t es = D == DType::kF32 ? 4 : 2;
+  panel_folds_with<MR>(x, ldx, K, [&](int64_t k, __m512 (&wv)[4]) {
+    if constexpr (D != DType::kF32) {  // a panel streaming from memory: one stream, fetched ahead
+      for (int64_t b = 0; b < 8 * 8 * es; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (8 * k) * es + 1024 + b), _MM_HINT_T0);
+    }
+    for (int p = 0; p < 4; ++p) wv[p] = load_pair<D, true>(panel + 16 * p * es, nullptr, 8 * k);
+  }, out);
 }
 
 // Rows 2g and 2g + 1 of a folded tile into y (8 columns; MR may be odd).
@@ -264,6 +272,133 @@ void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   if (t1 < n1) avx2_kernels()->matmul(x, ldx, M, W, t1, n1, y, ldy);
 }
 
+// One panel (8 rows x K) of an 8-bit matrix as float, in panel order: each
+// code widened exactly (FP8 E4M3: its bits moved into a float's and scaled by
+// 2^120, exact for subnormals too; INT8: converted), then times its block's
+// scale, one rounding, as dequantize_rows and Matrix::at compute it. Needs the
+// column blocks to start on multiples of 8 (quantized_panels_ok); codes 0x7F /
+// 0xFF (NaN) never get here (refused when the panels were made).
+bool quantized_panels_ok(const Matrix& W) {
+  return W.panels && W.scales.block_cols % 8 == 0 && W.scales.c0 % 8 == 0;
+}
+
+// Reads one panel (8 rows) of an 8-bit matrix as float, 16 weights (rows 2p
+// and 2p + 1, 8 columns) at a time, keeping its rows' scales for the current
+// column block in registers. FP8: the code's sign and 7 bits moved into a
+// float's (sign extension, shift, mask: an exact float of the code's value
+// times 2^-120, subnormal for the code's subnormals), times scale x 2^120
+// (exact: a power of two) in one multiply, the one rounding of code x scale;
+// where scale x 2^120 would overflow, times 2^120 first, then the scale.
+// INT8: converted, times the scale.
+template <DType D>
+struct QPanel {
+  const uint8_t* codes;
+  const float* srow[8];
+  int64_t block_cols, cb, next;
+  __m512 sv[4];
+  bool two_step = false;
+
+  QPanel(const Matrix& W, int64_t n) : codes(static_cast<const uint8_t*>(W.data) + W.index(n, 0)) {
+    const Scales& s = W.scales;
+    for (int j = 0; j < 8; ++j) srow[j] = s.grid + ((std::min(n + j, W.rows - 1) + s.r0) / s.block_rows) * s.ld;
+    block_cols = s.block_cols;
+    cb = s.c0 / block_cols;
+    next = (cb + 1) * block_cols - s.c0;
+    scales();
+  }
+  void scales() {
+    two_step = false;
+    for (int p = 0; p < 4; ++p) {
+      __m512 v = _mm512_insertf32x8(_mm512_set1_ps(srow[2 * p][cb]), _mm256_set1_ps(srow[2 * p + 1][cb]), 1);
+      if constexpr (D == DType::kF8E4M3) {
+        two_step |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(0x1p7f), _CMP_GE_OQ) != 0;  // x 2^120 overflows past 2^127
+        if (!two_step) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
+      }
+      sv[p] = v;
+    }
+    if (two_step)  // undo any folded 2^120: all four plain
+      for (int p = 0; p < 4; ++p)
+        sv[p] = _mm512_insertf32x8(_mm512_set1_ps(srow[2 * p][cb]), _mm256_set1_ps(srow[2 * p + 1][cb]), 1);
+  }
+  __attribute__((always_inline)) inline void load(int64_t k, __m512 (&wv)[4]) {
+    if (k >= next) {
+      ++cb;
+      next += block_cols;
+      scales();
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 1024), _MM_HINT_T0);  // one stream, fetched ahead
+    for (int p = 0; p < 4; ++p) {
+      const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 8 * k + 16 * p)));
+      if constexpr (D == DType::kF8E4M3) {
+        __m512 v = _mm512_castsi512_ps(
+            _mm512_and_si512(_mm512_slli_epi32(b, 20), _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u))));
+        if (two_step) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
+        wv[p] = _mm512_mul_ps(v, sv[p]);
+      } else {
+        wv[p] = _mm512_mul_ps(_mm512_cvtepi32_ps(b), sv[p]);
+      }
+    }
+  }
+};
+
+// MR rows of x against one 8-bit panel, stored (MR may be below 6: the last tile).
+template <DType D, int MR>
+inline void quantized_tile(int64_t mr, const float* x, int64_t ldx, const Matrix& W, int64_t n, float* y, int64_t ldy) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return quantized_tile<D, MR - 1>(mr, x, ldx, W, n, y, ldy);
+  }
+  QPanel<D> q(W, n);
+  __m512 r[(MR + 1) / 2];
+  panel_folds_with<MR>(x, ldx, W.cols, [&](int64_t k, __m512 (&wv)[4]) { q.load(k, wv); }, r);
+  store_folds<MR>(r, y, ldy);
+}
+
+// One panel of an 8-bit matrix as float, in panel order (for many rows of x).
+template <DType D>
+void dequantize_panel(const Matrix& W, int64_t n, float* out) {
+  QPanel<D> q(W, n);
+  for (int64_t k = 0; k < W.cols; k += 8) {
+    __m512 wv[4];
+    q.load(k, wv);
+    for (int p = 0; p < 4; ++p) _mm512_storeu_ps(out + 8 * k + 16 * p, wv[p]);
+  }
+}
+
+// Panels of an 8-bit matrix. A few rows of x: each panel's weights made
+// float in registers as the tiles read them. Many: each panel dequantized
+// once per block of x rows into float (it stays in L2), then the f32 row
+// tiles read it. Either way the bytes streamed from memory are the codes: a
+// quarter of f32's, half of bf16's.
+template <DType D>
+void matmul_panels_quantized(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+                             int64_t ldy) {
+  const int64_t K = W.cols;
+  const int64_t t0 = std::min(n1, (n0 + 7) / 8 * 8);
+  const int64_t t1 = std::max(t0, n1 / 8 * 8);
+  const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 19) / (K * 4));  // ~512 KiB of x
+  thread_local std::vector<float> wide;
+  wide.resize(static_cast<std::size_t>(8 * K));
+  constexpr int64_t kWiden = 16;
+  for (int64_t mb = 0; mb < M; mb += m_block) {
+    const int64_t me = std::min(M, mb + m_block);
+    for (int64_t n = t0; n < t1; n += 8) {
+      if (me - mb < kWiden) {
+        for (int64_t m = mb, left = (me - mb + 5) / 6; left > 0; --left) {  // tiles of near-equal height, as row_tiles
+          const int64_t mr = (me - m + left - 1) / left;
+          quantized_tile<D, 6>(mr, x + m * ldx, ldx, W, n, y + m * ldy + n, ldy);
+          m += mr;
+        }
+        continue;
+      }
+      dequantize_panel<D>(W, n, wide.data());
+      const auto* panel = reinterpret_cast<const uint8_t*>(wide.data());
+      row_tiles<DType::kF32, 6, 4, 8, true>(mb, me, x, ldx, &panel, K, y + n, ldy);
+    }
+  }
+  if (n0 < t0) matmul_dequantized(*avx512_kernels(), x, ldx, M, W, n0, t0, y, ldy);
+  if (t1 < n1) matmul_dequantized(*avx512_kernels(), x, ldx, M, W, t1, n1, y, ldy);
+}
+
 // The row-parallel product on panels, fused: for each tile of MR rows and 8
 // columns, every part's dot products (its own columns of x against its own
 // panel, folded as matmul folds them) are added in the fixed tree while they
@@ -343,7 +478,8 @@ void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, in
   // A few rows are bound by reading the weights: each part is then streamed whole, as one region, rather
   // than the fused tiles' hops between the parts' panels every few KiB.
   bool fused = M >= kFusedRows && count <= kMaxParts && (count & (count - 1)) == 0;
-  for (int c = 0; c < count && fused; ++c) fused = parts[c].panels && parts[c].dtype == parts[0].dtype;
+  for (int c = 0; c < count && fused; ++c)
+    fused = parts[c].panels && parts[c].dtype == parts[0].dtype && !parts[c].quantized();
   if (!fused) return matmul_tree_by_parts(*avx512_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
   with_dtype(parts[0].dtype,
              [&](auto d) { matmul_tree_panels<decltype(d)::value>(x, ldx, M, parts, count, n0, n1, y, ldy); });
@@ -431,6 +567,11 @@ void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n
 }
 
 void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (W.quantized()) {
+    if (!quantized_panels_ok(W)) return matmul_dequantized(*avx512_kernels(), x, ldx, M, W, n0, n1, y, ldy);
+    if (W.dtype == DType::kF8E4M3) return matmul_panels_quantized<DType::kF8E4M3>(x, ldx, M, W, n0, n1, y, ldy);
+    return matmul_panels_quantized<DType::kI8>(x, ldx, M, W, n0, n1, y, ldy);
+  }
   if (M < 4 && !W.panels) return avx2_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);
   with_dtype(W.dtype, [&](auto d) { matmul_d<decltype(d)::value>(x, ldx, M, W, n0, n1, y, ldy); });
 }

@@ -41,7 +41,9 @@ void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0,
           break;
         }
         case DType::kF8E4M3:
-        case DType::kI8: throw std::logic_error("an 8-bit matrix reached a kernel; it should have been dequantized at load");
+        case DType::kI8:
+          r = dot8(xr, [&](int64_t k) { return W.at(n, k); }, K);  // code x scale, one rounding
+          break;
       }
       y[m * ldy + n] = r;
     }

@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <string>
 #include <cstring>
+#include <vector>
 
 #include "common/backoff.h"
 #include "common/error.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/model/rope.h"
@@ -30,13 +32,15 @@ cudaDataType_t cuda_type(DType t) {
 CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what) {
   DevMatrix d;
   const Matrix& first = *parts.begin()->m;
-  d.dtype = first.dtype;
+  // 8-bit weights go up as their f32 values (code x scale): the products are cuBLAS's f32 ones on those values.
+  auto computed = [](const Matrix& m) { return m.quantized() ? DType::kF32 : m.dtype; };
+  d.dtype = computed(first);
   auto cols_of = [](const Part& p) { return (p.c1 < 0 ? p.m->cols : p.c1) - p.c0; };
   auto rows_of = [](const Part& p) { return (p.r1 < 0 ? p.m->rows : p.r1) - p.r0; };
   d.cols = cols_of(*parts.begin());
   for (const Part& p : parts) {
     if (p.m->panels) throw Error("internal: the CUDA backend needs row-major weights (load them with panels = false)");
-    if (p.m->dtype != d.dtype || cols_of(p) != d.cols)
+    if (computed(*p.m) != d.dtype || cols_of(p) != d.cols)
       throw Error("the CUDA backend multiplies " + what + " as one product, but their weights differ in dtype or width (" +
                   std::string(dtype_name(first.dtype)) + " vs " + std::string(dtype_name(p.m->dtype)) +
                   "); convert the checkpoint to one dtype");
@@ -47,6 +51,17 @@ CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const 
   std::size_t at = 0;
   for (const Part& p : parts) {  // the region, row by row out of the checkpoint's rows
     const auto rows = static_cast<std::size_t>(rows_of(p));
+    if (p.m->quantized()) {  // a row at a time, dequantized on the host
+      std::vector<float> row(static_cast<std::size_t>(p.m->cols));
+      for (std::size_t r = 0; r < rows; ++r) {
+        const auto n = static_cast<int64_t>(r) + p.r0;
+        cpu::dequantize_rows(*p.m, n, n + 1, row.data());
+        TANDEM_CUDA_CHECK(cudaMemcpy(d.data.get() + at + r * row_bytes, row.data() + p.c0, row_bytes,
+                                     cudaMemcpyHostToDevice));
+      }
+      at += rows * row_bytes;
+      continue;
+    }
     const auto* src = static_cast<const uint8_t*>(p.m->data) + static_cast<std::size_t>(p.r0 * p.m->cols + p.c0) * es;
     TANDEM_CUDA_CHECK(cudaMemcpy2D(d.data.get() + at, row_bytes, src, static_cast<std::size_t>(p.m->cols) * es, row_bytes,
                                    rows, cudaMemcpyHostToDevice));

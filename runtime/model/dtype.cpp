@@ -1,6 +1,7 @@
 #include "runtime/model/dtype.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -55,6 +56,15 @@ float f8e4m3_to_f32(uint8_t b) {
   if (exp == 15 && man == 7) return std::numeric_limits<float>::quiet_NaN();
   if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
   return sign * std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+}
+
+const float* f8e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[static_cast<std::size_t>(b)] = f8e4m3_to_f32(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table.data();
 }
 
 uint8_t f32_to_f8e4m3(float f) {

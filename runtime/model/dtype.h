@@ -12,7 +12,7 @@
 namespace tandem::runtime {
 
 // kF8E4M3 and kI8 are quantized checkpoints' weights (runtime/model/quantization.h):
-// read from files and dequantized at load, never a kernel's operand.
+// codes whose values are scaled per block (Matrix::scales, weights.h).
 enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8 };
 
 std::size_t dtype_size(DType t);
@@ -43,13 +43,14 @@ uint16_t f32_to_f16(float f);
 // OCP FP8 E4M3 ("e4m3fn": 1 sign, 4 exponent bits with bias 7, 3 mantissa
 // bits; no infinities, 0x7F and 0xFF are NaN): exact to float.
 float f8e4m3_to_f32(uint8_t b);
+const float* f8e4m3_table();  // the 256 values, by code
 // Nearest E4M3 to f (ties to even), saturating at +-448, the largest finite.
 uint8_t f32_to_f8e4m3(float f);
 
 // f(std::integral_constant<DType, t>{}): a kernel templated on the element
 // type, chosen at run time (f's parameter is `auto d`; the type is
 // decltype(d)::value).
-// Only f32, bf16 and f16 (8-bit weights are dequantized at load).
+// Only f32, bf16 and f16: 8-bit matrices take their own kernel paths (they need their scales).
 template <class F>
 decltype(auto) with_dtype(DType t, F&& f) {
   switch (t) {
@@ -57,7 +58,7 @@ decltype(auto) with_dtype(DType t, F&& f) {
     case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
     case DType::kF32: break;
     case DType::kF8E4M3:
-    case DType::kI8: throw std::logic_error("an 8-bit tensor reached a kernel; it should have been dequantized at load");
+    case DType::kI8: throw std::logic_error("internal: an 8-bit matrix reached a kernel that does not scale its codes");
   }
   return f(std::integral_constant<DType, DType::kF32>{});
 }
@@ -68,7 +69,7 @@ inline float load_as_f32(const void* data, DType t, std::size_t i) {
     case DType::kF32: return static_cast<const float*>(data)[i];
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    case DType::kF8E4M3: return f8e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
+    case DType::kF8E4M3: return f8e4m3_table()[static_cast<const uint8_t*>(data)[i]];
     case DType::kI8: return static_cast<float>(static_cast<const int8_t*>(data)[i]);
   }
   return 0.0f;

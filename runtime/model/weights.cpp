@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -15,7 +16,7 @@ struct Binder {
   const Checkpoint& ckpt;
   const ModelConfig& config;
   std::string dir;
-  std::vector<std::vector<float>>* dequantized;  // where a quantized weight's f32 values go; null: check only
+  std::vector<std::vector<float>>* scale_grids;  // where a quantized weight's scales go; null: check only
 
   const TensorView& get(const std::string& name, std::vector<int64_t> shape) const {
     const TensorView* t = ckpt.find(name);
@@ -34,10 +35,10 @@ struct Binder {
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
     const TensorView& t = get(name, {rows, cols});
     if (dtype_size(t.dtype) == 1) return dequantize(t, rows, cols);
-    return Matrix{t.data, t.dtype, rows, cols};
+    return Matrix{t.data, t.dtype, rows, cols, false, {}};
   }
 
-  // W[n][k] = q[n][k] * scale of (n, k)'s block, one f32 rounding, as torch's q.float() * scale.
+  // The 8-bit codes stay in the mapping; their scales are read into an f32 grid (quantization.h).
   Matrix dequantize(const TensorView& t, int64_t rows, int64_t cols) const {
     const QuantConfig& q = config.quant;
     if (!q.any())
@@ -58,19 +59,21 @@ struct Binder {
                   std::string(safetensors_name(s->dtype)) + "; " + q.name() + " scales of a " + std::to_string(rows) +
                   " x " + std::to_string(cols) + " weight are " + want.shape_string() + " f32, bf16 or f16");
     }
-    if (!dequantized) return Matrix{t.data, t.dtype, rows, cols};  // checked, not computed on
-    std::vector<float>& out = dequantized->emplace_back(static_cast<std::size_t>(rows * cols));
-    for (int64_t n = 0; n < rows; ++n) {
-      for (int64_t k = 0; k < cols; ++k) {
-        const float scale = load_as_f32(s->data, s->dtype, static_cast<std::size_t>((n / br) * sc + k / bc));
-        const auto i = static_cast<std::size_t>(n * cols + k);
-        const float v = load_as_f32(t.data, t.dtype, i);
-        if (v != v) throw Error(t.file + ": tensor '" + t.name + "' holds a NaN (byte 0x7F or 0xFF) at row " +
-                                std::to_string(n) + ", column " + std::to_string(k));
-        out[i] = v * scale;
-      }
+    Matrix m{t.data, t.dtype, rows, cols, false, {}};
+    m.scales.block_rows = br;
+    m.scales.block_cols = bc;
+    m.scales.ld = sc;
+    m.scales.name = &t.name;
+    if (!scale_grids) return m;  // checked, not computed on
+    std::vector<float>& grid = scale_grids->emplace_back(static_cast<std::size_t>(sr * sc));
+    for (std::size_t i = 0; i < grid.size(); ++i) {
+      grid[i] = load_as_f32(s->data, s->dtype, i);
+      if (!std::isfinite(grid[i]) || grid[i] < 0)
+        throw Error(s->file + ": tensor '" + scale_name + "' holds the scale " + std::to_string(grid[i]) + " at element " +
+                    std::to_string(i) + "; scales are finite and not negative");
     }
-    return Matrix{out.data(), DType::kF32, rows, cols};
+    m.scales.grid = grid.data();
+    return m;
   }
   std::vector<float> vector(const std::string& name, int64_t n) const {
     const TensorView& t = get(name, {n});
@@ -79,6 +82,27 @@ struct Binder {
     return v;
   }
 };
+
+}  // namespace
+
+namespace {
+
+// An FP8 code 0x7F / 0xFF is NaN: a damaged checkpoint, refused when its matrix is copied for use.
+void refuse_nan_codes(const Matrix& m, const Matrix& copy) {
+  if (m.dtype != DType::kF8E4M3) return;
+  const auto* p = static_cast<const uint8_t*>(copy.data);
+  const std::size_t n = static_cast<std::size_t>((copy.panels ? (copy.rows + 7) / 8 * 8 : copy.rows) * copy.cols);
+  bool any = false;
+  for (std::size_t i = 0; i < n; ++i) any |= (p[i] & 0x7F) == 0x7F;
+  if (!any) return;
+  for (int64_t r = 0; r < copy.rows; ++r)
+    for (int64_t k = 0; k < copy.cols; ++k)
+      if ((p[copy.index(r, k)] & 0x7F) == 0x7F)
+        throw Error("tensor '" + (m.scales.name ? *m.scales.name : std::string("?")) + "' holds an FP8 NaN (byte 0x" +
+                    (p[copy.index(r, k)] == 0x7F ? std::string("7F") : std::string("FF")) + ") at row " +
+                    std::to_string(r + copy.scales.r0) + ", column " + std::to_string(k + copy.scales.c0) +
+                    ": the checkpoint is damaged; download or quantize it again");
+}
 
 }  // namespace
 
@@ -102,6 +126,8 @@ Matrix PanelStore::pack_slice(const Matrix& m, int64_t r0, int64_t r1, int64_t k
   out.rows = used;
   out.cols = cols;
   out.panels = panels;
+  out.scales.r0 += r0;
+  out.scales.c0 += k0;
   auto* dst = static_cast<uint8_t*>(p);
   const auto* src = static_cast<const uint8_t*>(m.data);
   for (int64_t n = 0; n < rows; ++n) {
@@ -116,6 +142,7 @@ Matrix PanelStore::pack_slice(const Matrix& m, int64_t r0, int64_t r1, int64_t k
         std::memcpy(dst + out.index(n, k) * es, src + m.index(r0 + n, k0 + k) * es, es);
     }
   }
+  refuse_nan_codes(m, out);
   return out;
 }
 
@@ -147,6 +174,7 @@ Matrix PanelStore::pack(const Matrix& m) {
       else std::memset(d, 0, chunk);
     }
   }
+  refuse_nan_codes(m, out);
   return out;
 }
 
@@ -163,7 +191,7 @@ std::unique_ptr<ModelWeights> ModelWeights::bind(const ModelConfig& c, const std
                                                  bool compute) {
   auto w = std::make_unique<ModelWeights>();
   w->checkpoint = Checkpoint::open(model_dir);
-  const Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->dequantized : nullptr};
+  const Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->scale_grids : nullptr};
   const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
   w->embed = b.matrix("model.embed_tokens.weight", c.vocab, c.hidden);
   if (c.tie_embeddings && !w->checkpoint->find("lm_head.weight")) w->lm_head = w->embed;

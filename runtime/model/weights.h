@@ -22,19 +22,47 @@ namespace tandem::runtime {
 // sequential stream instead of eight (a decode step is that stream: ~30% more
 // of the memory bandwidth here, perf/engine_bench). The last panel is padded
 // with zero rows. The layout changes where weights are, never the arithmetic.
+// An 8-bit matrix's scales (quantization.h): weight (n, k) is code(n, k) x
+// the f32 scale of its block, one f32 product (the value torch's
+// q.float() * scale gives). The grid covers the checkpoint's whole matrix;
+// (r0, c0) is where this matrix's (0, 0) sits in it (a shard, a column chunk).
+struct Scales {
+  const float* grid = nullptr;      // [ceil(R / block_rows)][ld]
+  int64_t block_rows = 1, block_cols = 1, ld = 1;
+  int64_t r0 = 0, c0 = 0;
+  const std::string* name = nullptr;  // the checkpoint tensor's, for messages
+
+  float at(int64_t n, int64_t k) const { return grid[((n + r0) / block_rows) * ld + (k + c0) / block_cols]; }
+};
+
 struct Matrix {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   bool panels = false;
+  Scales scales;  // 8-bit dtypes only
+
+  bool quantized() const { return dtype_size(dtype) == 1; }
 
   // Offset, in elements, of weight (n, k).
   std::size_t index(int64_t n, int64_t k) const {
     if (!panels) return static_cast<std::size_t>(n * cols + k);
     return static_cast<std::size_t>((n >> 3) * 8 * cols + 8 * (k & ~int64_t{7}) + 8 * (n & 7) + (k & 7));
   }
-  float at(int64_t n, int64_t k) const { return load_as_f32(data, dtype, index(n, k)); }
+  // Weight (n, k) as float: widened exactly, or an 8-bit code times its scale. n < rows.
+  float at(int64_t n, int64_t k) const {
+    const float v = load_as_f32(data, dtype, index(n, k));
+    return quantized() ? v * scales.at(n, k) : v;
+  }
+  // Rows [a, b) of the matrix as a view: the same memory (a % 8 == 0 in panels).
+  Matrix row_view(int64_t a, int64_t b) const {
+    Matrix v = *this;
+    v.data = static_cast<const uint8_t*>(data) + static_cast<std::size_t>(a * cols) * dtype_size(dtype);  // index(a, 0)
+    v.rows = b - a;
+    v.scales.r0 += a;
+    return v;
+  }
 };
 
 // Storage of panel-layout copies (64-byte aligned, huge pages where the
@@ -82,14 +110,14 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mappings row-major matrices point into
   std::unique_ptr<PanelStore> panels;      // owns the panel-layout copies
-  std::vector<std::vector<float>> dequantized;  // a quantized checkpoint's weights as f32 (quantization.h)
+  std::vector<std::vector<float>> scale_grids;  // a quantized checkpoint's scales as f32 (quantization.h)
 
   // Throws tandem::Error with one line naming the tensor and file: missing
   // tensor, wrong shape, unsupported dtype, truncated shard, a quantized
   // weight without its scale. With panels (the default) the linear layers
   // and the LM head are copied into the panel layout, in their own dtype;
   // otherwise every matrix stays in the mapping. A quantized checkpoint's
-  // 8-bit weights are dequantized to f32 (quantization.h).
+  // weights stay 8-bit, with their scales (as f32) beside them.
   static std::unique_ptr<ModelWeights> load(const ModelConfig& config, const std::filesystem::path& model_dir,
                                             bool panels = true);
   // The same checks as load (every tensor present, shaped and typed, every

@@ -26,7 +26,7 @@ struct RandomMatrix {
         std::memcpy(bytes.data() + 2 * i, &h, 2);
       }
     }
-    m = Matrix{bytes.data(), dt, rows, cols};
+    m = Matrix{bytes.data(), dt, rows, cols, false, {}};
   }
 };
 
@@ -376,4 +376,129 @@ TEST_CASE("the bf16 dot-product table computes exactly the arithmetic kernels.h 
       }
     }
   }
+}
+
+namespace {
+
+// An 8-bit matrix with random codes (every finite FP8 code, subnormals included; INT8 -127..127) and random
+// scales on a (br x bc) grid, and the f32 matrix of its values computed independently: f8e4m3_to_f32(code) or
+// the integer, times the scale, one rounding.
+struct QuantMatrix {
+  std::vector<uint8_t> codes;
+  std::vector<float> grid, values;
+  Matrix q, f;
+  QuantMatrix(DType dt, int64_t rows, int64_t cols, int64_t br, int64_t bc, std::mt19937& rng, float lo = 1e-4f,
+              float hi = 1e-2f) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(lo, hi);
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    for (int64_t i = 0; i < sr * sc; ++i) grid.push_back(scale(rng));
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      int b = byte(rng);
+      if (dt == DType::kF8E4M3 && (b & 0x7F) == 0x7F) b ^= 1;  // not NaN
+      if (dt == DType::kI8 && b == 0x80) b = 0x81;              // -127 at most
+      codes.push_back(static_cast<uint8_t>(b));
+      const float v = dt == DType::kF8E4M3 ? f8e4m3_to_f32(static_cast<uint8_t>(b))
+                                           : static_cast<float>(static_cast<int8_t>(b));
+      values.push_back(v * grid[static_cast<std::size_t>((i / cols) / br * sc + (i % cols) / bc)]);
+    }
+    q = Matrix{codes.data(), dt, rows, cols, false, {}};
+    q.scales.grid = grid.data();
+    q.scales.block_rows = br;
+    q.scales.block_cols = bc;
+    q.scales.ld = sc;
+    f = Matrix{values.data(), DType::kF32, rows, cols, false, {}};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of those values, every table and layout",
+          "[kernels][quant]") {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  if (avx512_bf16_kernels()) tables.push_back(avx512_bf16_kernels());  // 8-bit weights: its f32 contract
+  const int64_t N = 44, K = 320;  // 2.5 blocks of 128
+  // block grids: FP8 128 x 128 (partial blocks), per channel, per tensor, 16 x 24 blocks, and 5 x 12 (columns
+  // blocks not on multiples of 8: the reference path)
+  // (last: channel scales of 64..1024, past where the AVX-512 reader folds 2^120 into FP8 scales)
+  const std::vector<std::pair<int64_t, int64_t>> grids{{128, 128}, {1, K}, {N, K}, {16, 24}, {5, 12}, {1, K}};
+  for (DType dt : {DType::kF8E4M3, DType::kI8}) {
+    for (std::size_t gi = 0; gi < grids.size(); ++gi) {
+      const auto [br, bc] = grids[gi];
+      const bool big = gi + 1 == grids.size();
+      QuantMatrix w(dt, N, K, br, bc, rng, big ? 64.0f : 1e-4f, big ? 1024.0f : 1e-2f);
+      PanelStore store;
+      // whole (row-major and panels), a shard of rows starting inside a panel and one on a panel, a column chunk
+      struct Case {
+        const char* what;
+        Matrix q;
+        int64_t r0, k0;
+      };
+      const std::vector<Case> cases{{"row-major", w.q, 0, 0},
+                                    {"panels", store.pack(w.q), 0, 0},
+                                    {"rows 13..44 copied", store.pack_slice(w.q, 13, 44, 0, K), 13, 0},
+                                    {"rows 16..44 viewed", store.pack(w.q).row_view(16, 44), 16, 0},
+                                    {"columns 136..272", store.pack_columns(w.q, 136, 272), 0, 136}};
+      for (const Case& c : cases) {
+        const int64_t n = c.q.rows, k = c.q.cols;
+        std::vector<float> sub(static_cast<std::size_t>(n * k));
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < k; ++j) sub[static_cast<std::size_t>(i * k + j)] = w.f.at(c.r0 + i, c.k0 + j);
+        const Matrix f{sub.data(), DType::kF32, n, k, false, {}};
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < k; ++j) REQUIRE(c.q.at(i, j) == f.at(i, j));
+        for (int64_t M : {1, 2, 3, 5, 16, 17}) {
+          std::vector<float> x(static_cast<std::size_t>(M * k));
+          for (float& v : x) v = u(rng);
+          std::vector<float> want(static_cast<std::size_t>(M * n));
+          scalar_kernels().matmul(x.data(), k, M, f, 0, n, want.data(), n);
+          for (const KernelTable* t : tables) {
+            for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 2}, {8, 16}}) {
+              std::vector<float> got(want.size(), -7.0f);
+              t->matmul(x.data(), k, M, c.q, n0, n1, got.data(), n);
+              INFO(t->name << " " << dtype_name(dt) << " blocks " << br << "x" << bc << " " << c.what << " M=" << M
+                           << " columns " << n0 << ".." << n1);
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t j = 0; j < n; ++j) {
+                  const float g = got[static_cast<std::size_t>(m * n + j)];
+                  const float e = j >= n0 && j < n1 ? want[static_cast<std::size_t>(m * n + j)] : -7.0f;
+                  REQUIRE(std::memcmp(&g, &e, 4) == 0);
+                }
+            }
+          }
+        }
+      }
+      // The row-parallel product over 8-bit column chunks: the tree of the f32 chunks' products.
+      const auto qchunks = split_columns(w.q, 0, kReduceChunks, store);
+      const auto fchunks = split_columns(w.f, 0, kReduceChunks, store);
+      for (int64_t M : {1, 9}) {
+        std::vector<float> x(static_cast<std::size_t>(M * K));
+        for (float& v : x) v = u(rng);
+        std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
+        scalar_kernels().matmul_tree(x.data(), K, M, fchunks.data(), kReduceChunks, 0, N, want.data(), N);
+        for (const KernelTable* t : tables) {
+          t->matmul_tree(x.data(), K, M, qchunks.data(), kReduceChunks, 0, N, got.data(), N);
+          INFO(t->name << " tree " << dtype_name(dt) << " blocks " << br << "x" << bc << " M=" << M);
+          REQUIRE(std::memcmp(got.data(), want.data(), 4 * want.size()) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("an FP8 NaN code is refused when its matrix is copied for use, naming the place", "[kernels][quant]") {
+  std::mt19937 rng(3);
+  QuantMatrix w(DType::kF8E4M3, 16, 32, 128, 128, rng);
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  w.q.scales.name = &name;
+  w.codes[static_cast<std::size_t>(9 * 32 + 20)] = 0xFF;
+  PanelStore store;
+  CHECK_THROWS_WITH(store.pack(w.q), Catch::Contains("'model.layers.0.mlp.up_proj.weight' holds an FP8 NaN (byte 0xFF) "
+                                                     "at row 9, column 20"));
+  CHECK_THROWS_WITH(store.pack_slice(w.q, 8, 16, 16, 32), Catch::Contains("at row 9, column 20"));
+  CHECK_NOTHROW(store.pack_slice(w.q, 0, 8, 0, 32));
 }

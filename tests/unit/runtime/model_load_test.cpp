@@ -225,23 +225,33 @@ TEST_CASE("quantized checkpoints: quantize, reload, and every unsupported scheme
   }
   quantize_checkpoint({tiny.dir, int8, "int8-channel"});
 
-  // They load; their matrices are the dequantized values, not the codes.
+  // They load and stay 8-bit (codes in the mapping, scales beside them); their values are code x scale.
   for (const fs::path& d : {fp8, int8}) {
     auto c = ModelConfig::load(d);
     REQUIRE(c.quant.any());
-    auto w = ModelWeights::load(c, d, /*panels=*/false);
-    const Matrix& q = w->layers[0].wq;
-    CHECK(q.dtype == DType::kF32);
-    const auto orig = ModelWeights::load(tiny.config, tiny.dir, false);
-    double err = 0, mag = 0;
-    for (int64_t i = 0; i < q.rows * q.cols; ++i) {
-      const float a = load_as_f32(q.data, q.dtype, static_cast<std::size_t>(i));
-      const float b = load_as_f32(orig->layers[0].wq.data, orig->layers[0].wq.dtype, static_cast<std::size_t>(i));
-      err = std::max(err, static_cast<double>(std::fabs(a - b)));
-      mag = std::max(mag, static_cast<double>(std::fabs(b)));
+    for (const bool panels : {false, true}) {
+      auto w = ModelWeights::load(c, d, panels);
+      const Matrix& q = w->layers[0].w_gate;  // [128, 64]
+      CHECK(q.dtype == (d == fp8 ? DType::kF8E4M3 : DType::kI8));
+      CHECK(q.panels == panels);
+      const auto orig = ModelWeights::load(tiny.config, tiny.dir, false);
+      const Matrix& o = orig->layers[0].w_gate;
+      double err = 0, mag = 0;
+      for (int64_t n = 0; n < q.rows; ++n) {
+        for (int64_t k = 0; k < q.cols; ++k) {
+          const auto code = static_cast<const uint8_t*>(q.data)[q.index(n, k)];
+          const float v = d == fp8 ? f8e4m3_to_f32(code) : static_cast<float>(static_cast<int8_t>(code));
+          REQUIRE(q.at(n, k) == v * q.scales.at(n, k));
+          err = std::max(err, static_cast<double>(std::fabs(q.at(n, k) - o.at(n, k))));
+          mag = std::max(mag, static_cast<double>(std::fabs(o.at(n, k))));
+        }
+      }
+      CHECK(err > 0);
+      CHECK(err < 0.07 * mag);
+      // A shard of rows, as a tensor-parallel rank takes it: the same values.
+      const Matrix half = q.row_view(64, 128);
+      CHECK(half.at(3, 5) == q.at(67, 5));
     }
-    CHECK(err > 0);
-    CHECK(err < 0.07 * mag);
   }
 
   CHECK_THROWS_WITH(quantize_checkpoint({fp8, tiny.dir.string() + "-again", "fp8-block"}),
