@@ -20,6 +20,7 @@
 #include "runtime/engine/backend_registry.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/sampling.h"
+#include "runtime/model/quantize.h"
 #include "../unit/runtime/test_model.h"
 #include "gpu_helpers.h"
 
@@ -526,5 +527,30 @@ TEST_CASE("greedy tokens equal the CPU engine's for 32 steps in float32", "[gpu]
   for (const auto& [id, tokens] : want) {
     INFO("request " << id);
     CHECK(got.at(id) == tokens);
+  }
+}
+
+TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels) gives the CPU engine's logits (< 1e-4: both on code x scale)",
+          "[gpu]") {
+  testing::TinyModel tiny("qwen3", "bf16");
+  for (const char* scheme : {"fp8-block", "int8-channel"}) {
+    INFO(scheme);
+    const std::filesystem::path dir = tiny.dir.string() + "-" + scheme;
+    quantize_checkpoint({tiny.dir, dir, scheme});
+    const auto config = ModelConfig::load(dir);
+    const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+    std::mt19937 rng(5);
+    std::vector<int32_t> prompt(40);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
+    cpu::ThreadPool threads(2);
+    kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 8);
+    cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+    const auto want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+    DevPool dev(config, 8, 4);
+    cu::CudaModel gpu(config, *rowmajor, *dev.pool);
+    const auto got = testing::chunked_logits(gpu, *dev.pool, prompt);
+    REQUIRE(got.size() == want.size());
+    CHECK(rel_err(got, want) < 1e-4);
+    std::filesystem::remove_all(dir);
   }
 }
