@@ -26,10 +26,12 @@ ModelShape ModelShape::from(const runtime::ModelConfig& c, double bytes_per_para
   m.matmul_params = active;
   m.lm_head_params = h * static_cast<double>(c.vocab);
   m.bytes_per_param = bytes_per_param;
+  const bool eight_bit = c.quant.any() || c.load_as == "fp8" || c.load_as == "int8";
+  m.linear_bytes_per_param = eight_bit ? 1.0 : bytes_per_param;
   // Read once per step: the linear layers and the LM head (a MoE's every
   // expert: an upper bound, as a step reads only the experts its tokens
   // chose). An untied embedding table is only looked up, a few rows per step.
-  m.weight_bytes = (stored + m.lm_head_params) * bytes_per_param;
+  m.weight_bytes = stored * m.linear_bytes_per_param + m.lm_head_params * bytes_per_param;
   m.kv_bytes_per_token = 2 * static_cast<double>(c.layers) * kv * (kv_bytes_per_value > 0 ? kv_bytes_per_value : bytes_per_param);
   m.attn_flops_per_ctx = 4 * static_cast<double>(c.layers) * static_cast<double>(c.heads) * hd;
   m.layers = static_cast<double>(c.layers);
@@ -68,7 +70,8 @@ std::pair<double, double> PerfModel::work(const StepLoad& s) const {
                        2 * m_.lm_head_params * s.logit_rows;
   const double lm_head_bytes = m_.lm_head_params * m_.bytes_per_param;
   // A MoE step reads only the experts its tokens chose, spread over the group's GPUs.
-  const double untouched = m_.moe_layers * (m_.experts - m_.experts_touched(tokens)) * m_.expert_params * m_.bytes_per_param;
+  const double untouched =
+      m_.moe_layers * (m_.experts - m_.experts_touched(tokens)) * m_.expert_params * m_.linear_bytes_per_param;
   const double bytes = (m_.weight_bytes - lm_head_bytes - untouched) / tp + lm_head_bytes +
                        m_.kv_bytes_per_token * m_.kv_share() * (s.decode_ctx + tokens);
   return {flops, bytes};

@@ -39,7 +39,8 @@ struct ModelShape {
   double weight_bytes = 0;      // everything read once per step
   double kv_bytes_per_token = 0;
   double attn_flops_per_ctx = 0;  // per (query token, context token): 4 * layers * heads * head_dim
-  double bytes_per_param = 2;   // bf16
+  double bytes_per_param = 2;   // bf16: the LM head's, and activations'
+  double linear_bytes_per_param = 2;  // the linear layers': 1 for 8-bit weights (a quantized checkpoint, model.dtype fp8/int8)
   double layers = 0, hidden = 0, heads = 0, kv_heads = 0;
   // A worker is a tensor-parallel group of `tp` GPUs (runtime/cpu/tp_group.h's
   // split): each holds 1/tp of the linear layers and of the KV heads (at
@@ -52,7 +53,9 @@ struct ModelShape {
   // The experts a step of `tokens` rows reads in each MoE layer, on average: E (1 - (1 - k/E)^tokens).
   double experts_touched(double tokens) const;
 
-  // kv_bytes_per_value: 0 means the same as bytes_per_param (the CPU engine keeps KV in fp32: 4).
+  // kv_bytes_per_value: 0 means the same as bytes_per_param (the CPU engine keeps KV in fp32: 4). The
+  // linear layers count 1 byte a weight where the config says they are 8-bit (quantization_config, or
+  // load_as fp8 / int8), bytes_per_param otherwise; the LM head is never quantized.
   static ModelShape from(const runtime::ModelConfig& c, double bytes_per_param = 2, double kv_bytes_per_value = 0);
   // The same model run by groups of `width` GPUs.
   ModelShape at_width(int width) const {

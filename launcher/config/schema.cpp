@@ -66,9 +66,13 @@ std::vector<KeySpec> build_schema() {
           .doc("Hugging Face model directory: config.json, *.safetensors, tokenizer.json.")
           ,
       key("model", "dtype", &C::model, &ModelConfig::dtype)
-          .choices({"auto", "f32", "bf16", "f16"})
-          .doc("Weight dtype in memory; auto keeps the checkpoint's.")
-          .pending(kRun),
+          .choices({"auto", "f32", "bf16", "f16", "fp8", "int8"})
+          .doc("How the CPU backend holds the weights: auto as the checkpoint stores them; f32, bf16 or f16 every "
+               "matrix converted as it loads (rounded to nearest even); fp8 or int8 the linear layers quantized as "
+               "they load, as `tandem quantize --scheme fp8-block | int8-channel` writes them (half of bf16's memory "
+               "and bytes per decode step; docs/quantization.md). Each rank converts the whole model, then keeps "
+               "its shard.")
+          ,
       key("model", "backend", &C::model, &ModelConfig::backend)
           .choices({"cpu", "cuda"})
           .doc("Compute backend of the worker ranks.")

@@ -73,6 +73,14 @@ void check_backend(const Prepared& p, int ranks) {
   if (c.transport == TransportKind::kLibfabric && !c.on_cpu())
     throw Error("transport.backend = \"libfabric\" moves KV in host memory, not a GPU's pool; with model.backend = \"" +
                 b + "\" use \"nccl\" (which reaches EFA through its plugin) or \"auto\"");
+  const std::string& as = p.cfg.model.dtype;
+  if ((as == "fp8" || as == "int8") && p.model.quant.any())
+    throw Error("model.dtype = \"" + as + "\": " + p.cfg.model.path + " is already quantized (" + p.model.quant.name() +
+                "); use \"auto\"");
+  if (as != "auto" && !c.on_cpu())
+    throw Error("model.dtype = \"" + as + "\" converts the weights for the CPU backend; with model.backend = \"" + b +
+                "\" the weights are computed in the checkpoint's dtype: remove it (or write the checkpoint you want with "
+                "`tandem quantize`)");
   if (c.on_cpu()) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");

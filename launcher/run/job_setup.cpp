@@ -45,6 +45,7 @@ Prepared prepare(const RunOptions& o) {
     else p.cfg.job.summary = slurm::shard_output_path(p.cfg.job.summary, slurm::SlurmEnv::from_environment());
   }
   p.model = runtime::ModelConfig::load(p.cfg.model.path);
+  p.model.load_as = p.cfg.model.dtype;
   p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);
   p.max_model_len = p.cfg.model.max_model_len > 0 ? std::min(p.cfg.model.max_model_len, p.model.max_position_embeddings)
                                                   : p.model.max_position_embeddings;
@@ -190,7 +191,9 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
                                ? static_cast<int>(p.cfg.cluster.threads_per_rank)
                                : std::max(1, runtime::cpu::ThreadPool::available_cpus() / local_workers);
   // A worker of tp ranks: the planner's model of it is the group's (its exchanges included).
-  const auto whole = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(p.model.dtype)),
+  runtime::DType held = p.model.dtype;  // model.dtype f32 / bf16 / f16 converts every matrix
+  if (runtime::DType as; runtime::parse_dtype(p.model.load_as, as) && runtime::dtype_size(as) > 1) held = as;
+  const auto whole = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(held)),
                                                static_cast<double>(kv_layout(p).elem_bytes));
   auto shape = whole.at_width(tp);
   shape.expert_parallel = p.cfg.cluster.expert_parallel;

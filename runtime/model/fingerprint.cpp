@@ -185,6 +185,7 @@ std::string model_fingerprint(const std::filesystem::path& dir, const ModelConfi
     add(st, hex(*content));
   }
   add(st, dtype_name(config.dtype));
+  if (config.load_as != "auto") add(st, "as:" + config.load_as);  // model.dtype changes the weights computed with
   add(st, "kv:float32");
   return hex(XXH3_64bits_digest(st));
 }

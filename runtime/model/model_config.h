@@ -63,6 +63,10 @@ struct ModelConfig {
   int32_t bos_token_id = -1;
   MoeConfig moe;
   QuantConfig quant;  // quantization_config (quantization.h); kNone for bf16/f16/f32 checkpoints
+  // How the matrices are held once loaded (tandem run's model.dtype; not in config.json): "auto" as
+  // stored; "f32" | "bf16" | "f16" converted (rounded to nearest even); "fp8" | "int8" the linear
+  // layers quantized as `tandem quantize --scheme fp8-block | int8-channel` would (quantize.h).
+  std::string load_as = "auto";
 
   // Reads DIR/config.json; throws tandem::Error with one line naming the file
   // and the problem (missing field, unsupported architecture or dtype).

@@ -78,12 +78,7 @@ json quantization_config(const Scheme& s) {
           {"global_compression_ratio", nullptr}};
 }
 
-// One quantized matrix: q (1 byte each) and its scales (f32), with the error it introduced.
-struct Quantized {
-  std::vector<uint8_t> q;
-  std::vector<float> scales;
-  double max_rel = 0, rms_rel = 0;
-};
+using Quantized = QuantizedWeight;
 
 Quantized quantize_matrix(const TensorView& t, const Scheme& s) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -133,6 +128,10 @@ Quantized quantize_matrix(const TensorView& t, const Scheme& s) {
   }
   out.max_rel = max_w == 0 ? 0 : max_err / max_w;
   out.rms_rel = norm2 == 0 ? 0 : std::sqrt(err2 / norm2);
+  out.dtype = s.weight;
+  out.block_rows = br;
+  out.block_cols = bc;
+  out.scale_cols = sc;
   return out;
 }
 
@@ -149,6 +148,11 @@ void write_text(const fs::path& p, const std::string& text) {
 }
 
 }  // namespace
+
+QuantizedWeight quantize_weight(const TensorView& t, const std::string& scheme) {
+  if (t.shape.size() != 2) throw Error("internal: quantize_weight of a tensor that is not a matrix: " + t.name);
+  return quantize_matrix(t, scheme_of(scheme));
+}
 
 bool quantizable_weight(const std::string& name) {
   if (ends_with(name, "_proj.weight")) return true;

@@ -23,6 +23,10 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "runtime/model/dtype.h"
+#include "runtime/model/safetensors.h"
 
 namespace tandem::runtime {
 
@@ -52,5 +56,18 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& options,
 
 // Whether `tandem quantize` quantizes this tensor (by name, for a 2-D weight).
 bool quantizable_weight(const std::string& name);
+
+// One matrix quantized as `tandem quantize` writes it (also model.dtype =
+// "fp8" | "int8" as a checkpoint loads): codes [rows][cols], scales
+// [ceil(rows / block_rows)][scale_cols] f32, and the error introduced.
+struct QuantizedWeight {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+  DType dtype = DType::kF8E4M3;
+  int64_t block_rows = 0, block_cols = 0, scale_cols = 0;
+  double max_rel = 0, rms_rel = 0;
+};
+// Throws tandem::Error when a weight is not finite or the scheme is unknown.
+QuantizedWeight quantize_weight(const TensorView& t, const std::string& scheme);
 
 }  // namespace tandem::runtime

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "runtime/model/quantize.h"
 
 namespace tandem::runtime {
 namespace {
@@ -17,6 +18,7 @@ struct Binder {
   const ModelConfig& config;
   std::string dir;
   std::vector<std::vector<float>>* scale_grids;  // where a quantized weight's scales go; null: check only
+  std::vector<std::vector<uint8_t>>* converted;  // model.dtype's converted matrices
 
   const TensorView& get(const std::string& name, std::vector<int64_t> shape) const {
     const TensorView* t = ckpt.find(name);
@@ -34,8 +36,44 @@ struct Binder {
   }
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
     const TensorView& t = get(name, {rows, cols});
-    if (dtype_size(t.dtype) == 1) return dequantize(t, rows, cols);
-    return Matrix{t.data, t.dtype, rows, cols, false, {}};
+    if (dtype_size(t.dtype) == 1) return convert(dequantize(t, rows, cols), t);
+    return convert(Matrix{t.data, t.dtype, rows, cols, false, {}}, t);
+  }
+
+  // model.dtype: the matrix converted or quantized as it loads (the whole matrix, so a shard of it is the
+  // same whatever the width), held in memory the weights own.
+  Matrix convert(Matrix m, const TensorView& t) const {
+    const std::string& as = config.load_as;
+    if (as == "auto" || !scale_grids) return m;
+    if (as == "fp8" || as == "int8") {
+      if (!quantizable_weight(t.name)) return m;
+      QuantizedWeight q = quantize_weight(t, as == "fp8" ? "fp8-block" : "int8-channel");
+      m.data = converted->emplace_back(std::move(q.q)).data();
+      m.dtype = q.dtype;
+      m.scales = Scales{};
+      m.scales.block_rows = q.block_rows;
+      m.scales.block_cols = q.block_cols;
+      m.scales.ld = q.scale_cols;
+      m.scales.name = &t.name;
+      m.scales.grid = scale_grids->emplace_back(std::move(q.scales)).data();
+      return m;
+    }
+    DType target = DType::kF32;
+    if (!parse_dtype(as, target) || dtype_size(target) == 1) throw Error("model.dtype '" + as + "' is not a dtype");
+    if (m.dtype == target) return m;
+    std::vector<uint8_t>& bytes = converted->emplace_back(static_cast<std::size_t>(m.rows * m.cols) * dtype_size(target));
+    for (int64_t n = 0; n < m.rows; ++n) {
+      for (int64_t k = 0; k < m.cols; ++k) {
+        const float v = m.at(n, k);
+        const auto i = static_cast<std::size_t>(n * m.cols + k);
+        if (target == DType::kF32) std::memcpy(bytes.data() + 4 * i, &v, 4);
+        else {
+          const uint16_t h = target == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+          std::memcpy(bytes.data() + 2 * i, &h, 2);
+        }
+      }
+    }
+    return Matrix{bytes.data(), target, m.rows, m.cols, false, {}};
   }
 
   // The 8-bit codes stay in the mapping; their scales are read into an f32 grid (quantization.h).
@@ -191,7 +229,7 @@ std::unique_ptr<ModelWeights> ModelWeights::bind(const ModelConfig& c, const std
                                                  bool compute) {
   auto w = std::make_unique<ModelWeights>();
   w->checkpoint = Checkpoint::open(model_dir);
-  const Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->scale_grids : nullptr};
+  const Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->scale_grids : nullptr, &w->converted};
   const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
   w->embed = b.matrix("model.embed_tokens.weight", c.vocab, c.hidden);
   if (c.tie_embeddings && !w->checkpoint->find("lm_head.weight")) w->lm_head = w->embed;

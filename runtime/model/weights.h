@@ -111,6 +111,7 @@ struct ModelWeights {
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mappings row-major matrices point into
   std::unique_ptr<PanelStore> panels;      // owns the panel-layout copies
   std::vector<std::vector<float>> scale_grids;  // a quantized checkpoint's scales as f32 (quantization.h)
+  std::vector<std::vector<uint8_t>> converted;  // matrices converted or quantized as they loaded (config.load_as)
 
   // Throws tandem::Error with one line naming the tensor and file: missing
   // tensor, wrong shape, unsupported dtype, truncated shard, a quantized

@@ -133,6 +133,18 @@ with tempfile.TemporaryDirectory() as d:
               q.returncode == 0 and p.returncode == 0 and len(one) == 24 and one != plain,
               f"quantize rc {q.returncode} {q.stderr.strip()[-200:]}, run rc {p.returncode}, "
               f"{sum(one[k] != plain.get(k) for k in one)} of 24 differ")
+        # model.dtype = "fp8" quantizes the bf16 source as it loads, as tandem quantize wrote it: the same bits
+        p, at_load, _ = run(source, "fp8-at-load", 1, 'model.dtype="fp8"')
+        check("model.dtype = \"fp8\": the bf16 checkpoint quantized as it loads gives the quantized checkpoint's ids",
+              p.returncode == 0 and at_load == one, f"rc {p.returncode}, {sum(at_load.get(k) != v for k, v in one.items())} differ")
+        p, _, _ = run(fp8, "fp8-again", 1, 'model.dtype="int8"', timeout=60)
+        errors = [l for l in p.stderr.splitlines() if l.startswith("tandem: error:")]
+        check("model.dtype = \"int8\" on an FP8 checkpoint is refused with one line",
+              p.returncode != 0 and len(errors) == 1 and "is already quantized (fp8 128x128 block)" in errors[0],
+              f"rc {p.returncode}: {p.stderr.strip()[-300:]}")
+        p, widened, _ = run(source, "f32-at-load", 1, 'model.dtype="f32"')
+        check("model.dtype = \"f32\": bf16 weights widened as they load, exactly: the checkpoint's own ids",
+              p.returncode == 0 and widened == plain, f"rc {p.returncode}, {sum(widened.get(k) != v for k, v in plain.items())} differ")
         for name, np, sets in (("agg tp=2, experts whole", 3, ['job.mode="agg"', "cluster.tp=2"]),
                                ("1P+1D, prefill 1 rank, decode 2 ranks", 4,
                                 ['job.mode="disagg"', "cluster.prefill_tp=1", "cluster.decode_tp=2",

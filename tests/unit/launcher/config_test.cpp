@@ -167,9 +167,10 @@ TEST_CASE("the example job files load cleanly", "[config]") {
   }
 }
 
-TEST_CASE("a key that does not act yet is refused, never accepted and ignored", "[config]") {
-  CHECK_THAT(error_of("[model]\ndtype = \"f32\"\n"),
-             Catch::Contains("model.dtype = \"f32\" does not act yet") && Catch::Contains("leave it at \"auto\""));
-  CHECK_THAT(error_of("", {"model.dtype=\"bf16\""}), Catch::Contains("model.dtype = \"bf16\" does not act yet"));
-  CHECK_NOTHROW(parse_config("[model]\ndtype = \"auto\"\n", "job.toml", {}));  // its default says nothing new
+TEST_CASE("model.dtype takes the dtypes it converts to and refuses any other", "[config]") {
+  for (const char* d : {"auto", "f32", "bf16", "f16", "fp8", "int8"}) {
+    INFO(d);
+    CHECK_NOTHROW(parse_config(std::string("[model]\ndtype = \"") + d + "\"\n", "job.toml", {}));
+  }
+  CHECK_THAT(error_of("[model]\ndtype = \"fp4\"\n"), Catch::Contains("model.dtype") && Catch::Contains("fp4"));
 }

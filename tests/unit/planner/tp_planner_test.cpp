@@ -202,6 +202,26 @@ TEST_CASE("the epoch planner with two widths: splits of cells, each width fitted
   CHECK(fitted.decide(epoch).predicted_s > fresh.decide(epoch).predicted_s);
 }
 
+TEST_CASE("8-bit weights count a byte each: an FP8 70B fits one H100 with room for KV, and a step reads half",
+          "[planner][tp]") {
+  auto config = llama_70b();
+  const auto bf16 = ModelShape::from(config);
+  config.quant.method = runtime::QuantConfig::Method::kFp8Block;  // as a checkpoint's quantization_config says
+  const auto fp8 = ModelShape::from(config);
+  auto at_load = llama_70b();
+  at_load.load_as = "int8";  // or model.dtype quantizing as it loads
+  CHECK(ModelShape::from(at_load).weight_bytes == fp8.weight_bytes);
+  CHECK(fp8.linear_bytes_per_param == 1);
+  CHECK(fp8.weight_bytes == Approx((bf16.weight_bytes - 2 * bf16.lm_head_params) / 2 + 2 * bf16.lm_head_params));
+  const auto h100 = HardwareProfile::named("h100");
+  CHECK(PerfModel(bf16, h100).kv_capacity_tokens() == 0);  // 141 GB of bf16 weights on 80 GB
+  CHECK(PerfModel(fp8, h100).kv_capacity_tokens() > 10000);
+  StepLoad decode;
+  decode.decode_seqs = 1;
+  decode.logit_rows = 1;
+  CHECK(PerfModel(fp8, h100).work(decode).second < 0.55 * PerfModel(bf16, h100).work(decode).second);
+}
+
 TEST_CASE("a mixture of experts: flops from the active experts, memory from all, a step's bytes from those it touches",
           "[planner][tp][moe]") {
   std::ifstream f(TANDEM_SOURCE_DIR "/jobs/sim/qwen3-30b-a3b.json");
