@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -27,6 +28,7 @@
 #include "planner/machine.h"
 #include "runtime/engine/engine.h"
 #include "perf/bench_model.h"
+#include "runtime/model/quantize.h"
 #include "runtime/model/weights.h"
 
 using namespace tandem;
@@ -100,6 +102,7 @@ struct Options {
   int threads = 0;
   bool quick = false;
   std::string only;  // one measurement, for a profiler
+  bool quantized = false;  // also the FP8 and INT8 twins of the bench model against it
 };
 
 bool parse_options(int argc, char** argv, Options& o) {
@@ -108,6 +111,7 @@ bool parse_options(int argc, char** argv, Options& o) {
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) o.quick = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
+    else if (!std::strcmp(argv[i], "--quantized")) o.quantized = true;
     else return false;
   }
   return true;
@@ -250,13 +254,88 @@ void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtim
               static_cast<long>(kLongN), static_cast<long>(kLongCtx), tokens_per_s(f.long16) / tokens_per_s(f.long32));
 }
 
+// --quantized: the bench model against its FP8-block and INT8-channel twins
+// (written once by tandem quantize's code beside it), measured round-robin
+// so the machine's drift falls on all three alike.
+struct Variant {
+  std::string name;
+  runtime::ModelConfig c;
+  std::unique_ptr<runtime::ModelWeights> w;
+  std::vector<Decode> ones;  // decode of 1, several rounds
+  Run decode32, prefill;
+  double step_bytes = 0, held_bytes = 0;
+};
+
+double step_bytes(const runtime::ModelWeights& w) {  // every matrix a decode step reads, as held
+  double b = matrix_bytes(w.lm_head);
+  for (const auto& l : w.layers)
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += matrix_bytes(*m);
+  return b;
+}
+
+double held_bytes(const runtime::ModelWeights& w) {  // the matrices as held in memory, the scales too
+  double b = step_bytes(w);
+  if (w.lm_head.data != w.embed.data) b += matrix_bytes(w.embed);
+  for (const auto& g : w.scale_grids) b += static_cast<double>(g.size() * sizeof(float));
+  return b;
+}
+
+void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& threads, bool quick) {
+  std::vector<Variant> vs;
+  for (const char* scheme : {"", "fp8-block", "int8-channel"}) {
+    Variant v;
+    v.name = *scheme ? scheme : "bf16";
+    const std::string dir = *scheme ? bf16_dir + "-" + scheme : bf16_dir;
+    if (*scheme && !std::filesystem::exists(std::filesystem::path(dir) / "config.json")) {
+      std::printf("quantizing the bench model (%s) into %s ...\n", scheme, dir.c_str());
+      runtime::quantize_checkpoint({bf16_dir, dir, scheme});
+    }
+    v.c = runtime::ModelConfig::load(dir);
+    v.w = runtime::ModelWeights::load(v.c, dir);
+    v.step_bytes = step_bytes(*v.w);
+    v.held_bytes = held_bytes(*v.w);
+    vs.push_back(std::move(v));
+  }
+  const int T = threads.size();
+  for (int r = 0; r < (quick ? 3 : 5); ++r) {
+    for (auto& v : vs) {
+      const double before = planner::triad_gbps(T);
+      Run d = decode(v.c, *v.w, threads, 1, quick ? 8 : 24);
+      v.ones.push_back({1, d, std::max(before, planner::triad_gbps(T))});
+    }
+  }
+  for (auto& v : vs) v.decode32 = decode(v.c, *v.w, threads, 32, quick ? 8 : 24);
+  for (auto& v : vs) v.prefill = prefill(v.c, *v.w, threads, quick ? 1 : 2, kPrefillLen);
+  std::printf("\n8-bit weights against bf16 (the bench model and its tandem quantize twins; the LM head stays bf16), "
+              "round-robin:\n");
+  std::printf("  %-13s %10s %12s %22s %26s %12s %14s\n", "weights", "held MiB", "read/step MB", "decode 1 (tok/s, x)",
+              "of 8-bit roofline (triad)", "decode 32", "prefill 512");
+  const double base1 = [&] {
+    auto o = vs[0].ones;
+    std::sort(o.begin(), o.end(), [](const Decode& a, const Decode& b) { return tokens_per_s(a.run) < tokens_per_s(b.run); });
+    return tokens_per_s(o[o.size() / 2].run);
+  }();
+  for (auto& v : vs) {
+    // decode 1: the median round by tokens/s against its own triad (the bandwidth-bound case)
+    std::sort(v.ones.begin(), v.ones.end(), [&](const Decode& a, const Decode& b) {
+      return tokens_per_s(a.run) / a.triad < tokens_per_s(b.run) / b.triad;
+    });
+    const Decode& d = v.ones[v.ones.size() / 2];
+    const double tps = tokens_per_s(d.run), gbps = v.step_bytes * tps / 1e9;
+    std::printf("  %-13s %10.0f %12.0f %14.1f (%.2fx) %17.1f%% (%4.1f GB/s) %6.1f (%.2fx) %7.1f (%.2fx)\n",
+                v.name.c_str(), v.held_bytes / (1 << 20), v.step_bytes / 1e6, tps, tps / base1, 100.0 * gbps / d.triad,
+                d.triad, tokens_per_s(v.decode32), tokens_per_s(v.decode32) / tokens_per_s(vs[0].decode32),
+                tokens_per_s(v.prefill), tokens_per_s(v.prefill) / tokens_per_s(vs[0].prefill));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: engine_bench [--model DIR] [--threads N] [--quick] "
+                 "usage: engine_bench [--model DIR] [--threads N] [--quick] [--quantized] "
                  "[--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
     return 2;
   }
@@ -276,6 +355,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     print_figures(measure_all(c, *w, threads, o.quick), c, *w);
+    if (o.quantized) {
+      if (!o.model_dir.empty()) throw Error("--quantized measures the bench model's twins; leave out --model");
+      quantized_figures(model_dir, threads, o.quick);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());
     return 2;
