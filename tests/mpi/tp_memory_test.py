@@ -8,7 +8,10 @@ width (tp_group_test --memory) on a model whose layers are 60 MiB in bf16
     the layers' size (what a rank copied from the file was given back);
   - the same for a mixture of experts (8 layers of 8 experts of 512 units,
     50 MiB of experts): each rank holds only its experts (expert
-    parallelism), or its share of every expert (experts split).
+    parallelism), or its share of every expert (experts split);
+  - the dense model's FP8-block twin (tandem quantize): about half the
+    layers' bytes less at width 1 than bf16 (weights stay 8-bit), and its
+    memory falls with the width too.
 Usage: tp_memory_test.py TP_GROUP_TEST"""
 import json
 import os
@@ -39,12 +42,13 @@ def layer_bytes(c):
         mlp = c["num_experts"] * (c["hidden_size"] + 3 * c["hidden_size"] * c["moe_intermediate_size"])
     else:
         mlp = 3 * c["hidden_size"] * c["intermediate_size"]
-    return 2 * c["num_hidden_layers"] * (attention + mlp)  # bf16
+    return (1 if c.get("quantization_config") else 2) * c["num_hidden_layers"] * (attention + mlp)  # 8-bit or bf16
 
 
 with tempfile.TemporaryDirectory() as d:
+    by_what = {}
     for arch, split, what in (("qwen3", "", "dense"), ("qwen3_moe", "whole", "MoE, experts whole on their ranks"),
-                              ("qwen3_moe", "split", "MoE, experts split")):
+                              ("qwen3_moe", "split", "MoE, experts split"), ("qwen3+fp8", "", "dense FP8")):
         model = Path(d) / arch
         held = {}
         for width in (1, 2, 4) if split != "split" else (4,):
@@ -58,6 +62,7 @@ with tempfile.TemporaryDirectory() as d:
             held_whole = held
         if split == "split" and 1 in held_whole:
             held[1] = held_whole[1]
+        by_what[what] = held
         layers = layer_bytes(json.loads((model / "config.json").read_text()))
         print(f"figures ({what}): layers " + mib(layers) + "; per width, the largest rank's anonymous / file-backed "
               "memory: " + "; ".join(f"{w}: {mib(a)} / {mib(f)}" for w, (a, f) in sorted(held.items())))
@@ -67,4 +72,11 @@ with tempfile.TemporaryDirectory() as d:
                   fell >= 0.6 * 0.75 * layers, f"fell {mib(fell)}, the layers' 3/4 is {mib(0.75 * layers)}")
             check(f"{what}: the checkpoint's mapping is given back once copied",
                   all(f < layers / 2 for _, f in held.values()), f"file-backed at most {mib(max(f for _, f in held.values()))}")
+    bf16, fp8 = by_what.get("dense", {}), by_what.get("dense FP8", {})
+    if 1 in bf16 and 1 in fp8:
+        saved = bf16[1][0] - fp8[1][0]
+        layers = layer_bytes(json.loads((Path(d) / "qwen3" / "config.json").read_text()))
+        check("dense FP8 at width 1: about half the layers' bf16 bytes less than bf16 (weights held 8-bit)",
+              saved >= 0.8 * 0.5 * layers, f"bf16 {mib(bf16[1][0])}, fp8 {mib(fp8[1][0])}: {mib(saved)} less, "
+              f"half the layers is {mib(0.5 * layers)}")
 sys.exit(1 if failed else 0)
