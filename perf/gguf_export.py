@@ -5,7 +5,13 @@ bit for bit (bf16, f16 and f32 matrices are copied as they are; the norms'
 vectors are widened to f32, exactly, as llama.cpp wants them), so Tandem and
 llama.cpp can be benchmarked on identical models (perf/llamacpp_bench.sh).
 
-    gguf_export.py MODEL_DIR OUT.gguf
+    gguf_export.py MODEL_DIR OUT.gguf [--q8_0]
+
+With --q8_0 the linear layers (*_proj.weight) are written in llama.cpp's Q8_0
+(blocks of 32 weights along a row: an f16 scale d = max|w| / 127 and 32 int8
+codes round(w / d)), as llama.cpp's quantizer makes them; the embedding (the
+tied LM head) and norms stay as above, as Tandem keeps them in its 8-bit
+checkpoints.
 
 Written from the GGUF format's definition (version 3: header, metadata
 key/values, tensor infos, 32-byte aligned data) and llama.cpp's names for the
@@ -16,7 +22,8 @@ import sys
 from pathlib import Path
 
 GGUF_TYPE = {"U32": 4, "I32": 5, "F32": 6, "BOOL": 7, "STRING": 8, "ARRAY": 9, "U64": 10}
-GGML_TYPE = {"F32": 0, "F16": 1, "BF16": 30}
+GGML_TYPE = {"F32": 0, "F16": 1, "Q8_0": 8, "BF16": 30}
+Q8_BLOCK = 32
 ALIGN = 32
 
 
@@ -102,10 +109,30 @@ def tokenizer_kvs(model):
     return out, size
 
 
+def q8_0(raw, dtype, shape):
+    """A row-major matrix's bytes in Q8_0: per 32 weights of a row, f16 d then 32 int8 codes."""
+    import numpy as np
+    if dtype == "BF16":
+        w = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        w = np.frombuffer(raw, dtype="<f4" if dtype == "F32" else "<f2").astype(np.float32)
+    if shape[-1] % Q8_BLOCK:
+        raise SystemExit(f"a row of {shape[-1]} weights is not whole Q8_0 blocks of {Q8_BLOCK}")
+    blocks = w.reshape(-1, Q8_BLOCK)
+    d = np.abs(blocks).max(axis=1) / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0)
+    q = np.clip(np.rint(blocks * inv[:, None]), -127, 127).astype(np.int8)
+    out = np.empty(len(blocks), dtype=[("d", "<f2"), ("q", "i1", (Q8_BLOCK,))])
+    out["d"], out["q"] = d.astype(np.float16), q
+    return out.tobytes()
+
+
 def main():
-    if len(sys.argv) != 3:
+    q8 = "--q8_0" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--q8_0"]
+    if len(args) != 2:
         raise SystemExit(__doc__)
-    model, out_path = Path(sys.argv[1]), Path(sys.argv[2])
+    model, out_path = Path(args[0]), Path(args[1])
     cfg = json.loads((model / "config.json").read_text())
     arch = {"qwen3": "qwen3", "llama": "llama"}.get(cfg["model_type"])
     if arch is None:
@@ -139,6 +166,9 @@ def main():
         if len(shape) == 1 and dtype == "BF16":  # vectors (norms) in f32: bf16 is f32's upper half
             dtype, nbytes = "F32", nbytes * 2
             tensors[name] = (dtype, shape, f, at, nbytes, "widen")
+        elif q8 and name.endswith("_proj.weight"):
+            tensors[name] = ("Q8_0", shape, f, at, nbytes // (4 if dtype == "F32" else 2) // Q8_BLOCK * 34, "q8", dtype)
+            dtype, nbytes = "Q8_0", tensors[name][4]
         dims = list(reversed(shape))  # GGUF lists the fastest dimension first
         infos.append(s(gguf_name(name)) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) +
                      struct.pack("<IQ", GGML_TYPE[dtype], offset))
@@ -151,10 +181,13 @@ def main():
             out.write(i)
         out.write(b"\0" * (-out.tell() % ALIGN))
         for name in order:
-            _, _, f, at, nbytes, *widen = tensors[name]
+            _, shape, f, at, nbytes, *widen = tensors[name]
             with open(f, "rb") as fh:
                 fh.seek(at)
-                if widen:
+                if widen and widen[0] == "q8":
+                    src = widen[1]
+                    out.write(q8_0(fh.read(nbytes // 34 * Q8_BLOCK * (4 if src == "F32" else 2)), src, shape))
+                elif widen:
                     raw = fh.read(nbytes // 2)
                     out.write(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
                 else:

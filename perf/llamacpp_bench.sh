@@ -5,7 +5,9 @@
 # has AVX512-BF16),
 # each engine alternately, twice, the better of each kept (this machine's
 # neighbours swing single runs by 10% and more). Prints a table with the
-# ratios. Figures only: it never fails on time.
+# ratios; then the same for 8-bit weights: llama.cpp Q8_0 against Tandem FP8
+# and INT8 (tandem quantize) of the same bf16 weights. Figures only: it never
+# fails on time.
 #
 #   perf/llamacpp_bench.sh [BUILD_DIR] [THREADS]
 #
@@ -59,3 +61,32 @@ print(f'{sys.argv[1]:28s} {l:13.1f} {t:13.1f} {t / l:7.2f}x {b}')" "$1" "$(best 
 row "prefill, 512-token prompts" "${llama[prefill_512]}" "${tandem[prefill]}" "${bf16[prefill]:-}"
 row "decode, 1 sequence" "${llama[decode_1]}" "${tandem[decode:1]}" "${bf16[decode:1]:-}"
 row "decode, 32 sequences" "${llama[decode_32]}" "${tandem[decode:32]}" "${bf16[decode:32]:-}"
+
+# 8-bit weights: llama.cpp's Q8_0 of the same bf16 weights (gguf_export.py --q8_0) against Tandem's FP8-block
+# and INT8-channel twins (tandem quantize); the embedding / tied LM head stays bf16 in all three.
+q8=$build/bench-model-q8_0.gguf
+[ -f "$q8" ] && [ "$q8" -nt "$model/model.safetensors" ] || /usr/bin/python3 "$src/perf/gguf_export.py" "$model" "$q8" --q8_0
+for scheme in fp8-block int8-channel; do
+  [ -f "$model-$scheme/config.json" ] ||
+    "$build/launcher/tandem" quantize --model "$model" --out "$model-$scheme" --scheme "$scheme" --quiet
+done
+declare -A fp8 int8 q8l
+for run in 1 2; do
+  for what in prefill decode:1 decode:32; do
+    fp8[$what]="${fp8[$what]:-} $("$build/perf/engine_bench" --model "$model-fp8-block" --threads "$threads" --only "$what" |
+      awk '{print $(NF-1)}')"
+    int8[$what]="${int8[$what]:-} $("$build/perf/engine_bench" --model "$model-int8-channel" --threads "$threads" \
+      --only "$what" | awk '{print $(NF-1)}')"
+  done
+  json=$(node "$src/perf/llamacpp_bench.mjs" "$deps/node_modules" "$q8" "$threads")
+  for key in prefill_512 decode_1 decode_32; do
+    q8l[$key]="${q8l[$key]:-} $(echo "$json" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['$key'])")"
+  done
+done
+echo
+echo "8-bit weights: llama.cpp Q8_0 against Tandem FP8 (128x128 blocks) and INT8 (per channel), the same bf16 source,"
+echo "the better of two alternated runs each:"
+printf '%-28s %13s %13s %8s %13s %8s\n' "workload" "llama.cpp Q8_0" "Tandem fp8" "ratio" "Tandem int8" "ratio"
+row "prefill, 512-token prompts" "${q8l[prefill_512]}" "${fp8[prefill]}" "${int8[prefill]}"
+row "decode, 1 sequence" "${q8l[decode_1]}" "${fp8[decode:1]}" "${int8[decode:1]}"
+row "decode, 32 sequences" "${q8l[decode_32]}" "${fp8[decode:32]}" "${int8[decode:32]}"

@@ -73,7 +73,11 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     products, subnormals flushed: AVX512-BF16's vdpbf16ps), folded as
 //     (l0 + l2) + (l1 + l3). Twice the multiply-adds an instruction on CPUs
 //     that have it, and other bits than kF32 (llama.cpp's bf16 arithmetic);
-//     every other product, attention and the rest are kF32's. The row-parallel
+//     every other product, attention and the rest are kF32's. 8-bit weights
+//     in panels (column blocks on multiples of 8) count as bf16 weights whose
+//     values are code x scale (f32) rounded to bf16 (nearest even, a
+//     subnormal to 0): the same arithmetic on those values, their row-
+//     parallel tree each part's product added in the tree. The row-parallel
 //     tree and batch invariance hold as in kF32, so outputs stay the same bits
 //     across batches, splits and widths. Needs AVX512-BF16.
 enum class MatmulMode { kF32, kBf16Dot };

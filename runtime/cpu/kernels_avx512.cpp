@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/cpu/kernels.h"
+#include "runtime/cpu/quantized_panel.h"
 
 namespace tandem::runtime::cpu {
 namespace {
@@ -272,74 +273,6 @@ void matmul_panels(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   if (t1 < n1) avx2_kernels()->matmul(x, ldx, M, W, t1, n1, y, ldy);
 }
 
-// One panel (8 rows x K) of an 8-bit matrix as float, in panel order: each
-// code widened exactly (FP8 E4M3: its bits moved into a float's and scaled by
-// 2^120, exact for subnormals too; INT8: converted), then times its block's
-// scale, one rounding, as dequantize_rows and Matrix::at compute it. Needs the
-// column blocks to start on multiples of 8 (quantized_panels_ok); codes 0x7F /
-// 0xFF (NaN) never get here (refused when the panels were made).
-bool quantized_panels_ok(const Matrix& W) {
-  return W.panels && W.scales.block_cols % 8 == 0 && W.scales.c0 % 8 == 0;
-}
-
-// Reads one panel (8 rows) of an 8-bit matrix as float, 16 weights (rows 2p
-// and 2p + 1, 8 columns) at a time, keeping its rows' scales for the current
-// column block in registers. FP8: the code's sign and 7 bits moved into a
-// float's (sign extension, shift, mask: an exact float of the code's value
-// times 2^-120, subnormal for the code's subnormals), times scale x 2^120
-// (exact: a power of two) in one multiply, the one rounding of code x scale;
-// where scale x 2^120 would overflow, times 2^120 first, then the scale.
-// INT8: converted, times the scale.
-template <DType D>
-struct QPanel {
-  const uint8_t* codes;
-  const float* srow[8];
-  int64_t block_cols, cb, next;
-  __m512 sv[4];
-  bool two_step = false;
-
-  QPanel(const Matrix& W, int64_t n) : codes(static_cast<const uint8_t*>(W.data) + W.index(n, 0)) {
-    const Scales& s = W.scales;
-    for (int j = 0; j < 8; ++j) srow[j] = s.grid + ((std::min(n + j, W.rows - 1) + s.r0) / s.block_rows) * s.ld;
-    block_cols = s.block_cols;
-    cb = s.c0 / block_cols;
-    next = (cb + 1) * block_cols - s.c0;
-    scales();
-  }
-  void scales() {
-    two_step = false;
-    for (int p = 0; p < 4; ++p) {
-      __m512 v = _mm512_insertf32x8(_mm512_set1_ps(srow[2 * p][cb]), _mm256_set1_ps(srow[2 * p + 1][cb]), 1);
-      if constexpr (D == DType::kF8E4M3) {
-        two_step |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(0x1p7f), _CMP_GE_OQ) != 0;  // x 2^120 overflows past 2^127
-        if (!two_step) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
-      }
-      sv[p] = v;
-    }
-    if (two_step)  // undo any folded 2^120: all four plain
-      for (int p = 0; p < 4; ++p)
-        sv[p] = _mm512_insertf32x8(_mm512_set1_ps(srow[2 * p][cb]), _mm256_set1_ps(srow[2 * p + 1][cb]), 1);
-  }
-  __attribute__((always_inline)) inline void load(int64_t k, __m512 (&wv)[4]) {
-    if (k >= next) {
-      ++cb;
-      next += block_cols;
-      scales();
-    }
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 1024), _MM_HINT_T0);  // one stream, fetched ahead
-    for (int p = 0; p < 4; ++p) {
-      const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 8 * k + 16 * p)));
-      if constexpr (D == DType::kF8E4M3) {
-        __m512 v = _mm512_castsi512_ps(
-            _mm512_and_si512(_mm512_slli_epi32(b, 20), _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u))));
-        if (two_step) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
-        wv[p] = _mm512_mul_ps(v, sv[p]);
-      } else {
-        wv[p] = _mm512_mul_ps(_mm512_cvtepi32_ps(b), sv[p]);
-      }
-    }
-  }
-};
 
 // MR rows of x against one 8-bit panel, stored (MR may be below 6: the last tile).
 template <DType D, int MR>

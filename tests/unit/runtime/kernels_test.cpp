@@ -420,7 +420,7 @@ TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of
   std::vector<const KernelTable*> tables{&scalar_kernels()};
   if (avx2_kernels()) tables.push_back(avx2_kernels());
   if (avx512_kernels()) tables.push_back(avx512_kernels());
-  if (avx512_bf16_kernels()) tables.push_back(avx512_bf16_kernels());  // 8-bit weights: its f32 contract
+  std::vector<const KernelTable*> tree_tables = tables;  // the bf16 table has its own contract for 8-bit (below)
   const int64_t N = 44, K = 320;  // 2.5 blocks of 128
   // block grids: FP8 128 x 128 (partial blocks), per channel, per tensor, 16 x 24 blocks, and 5 x 12 (columns
   // blocks not on multiples of 8: the reference path)
@@ -480,7 +480,7 @@ TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of
         for (float& v : x) v = u(rng);
         std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
         scalar_kernels().matmul_tree(x.data(), K, M, fchunks.data(), kReduceChunks, 0, N, want.data(), N);
-        for (const KernelTable* t : tables) {
+        for (const KernelTable* t : tree_tables) {
           t->matmul_tree(x.data(), K, M, qchunks.data(), kReduceChunks, 0, N, got.data(), N);
           INFO(t->name << " tree " << dtype_name(dt) << " blocks " << br << "x" << bc << " M=" << M);
           REQUIRE(std::memcmp(got.data(), want.data(), 4 * want.size()) == 0);
@@ -501,4 +501,40 @@ TEST_CASE("an FP8 NaN code is refused when its matrix is copied for use, naming 
                                                      "at row 9, column 20"));
   CHECK_THROWS_WITH(store.pack_slice(w.q, 8, 16, 16, 32), Catch::Contains("at row 9, column 20"));
   CHECK_NOTHROW(store.pack_slice(w.q, 0, 8, 0, 32));
+}
+
+TEST_CASE("the bf16 dot-product table takes an 8-bit matrix's values rounded to bf16 (nearest even, subnormals to 0)",
+          "[kernels][quant]") {
+  if (!avx512_bf16_kernels()) return;  // no AVX512-BF16 here: nothing to hold to its contract
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t N = 44, K = 320;
+  for (DType dt : {DType::kF8E4M3, DType::kI8}) {
+    for (auto [br, bc] : {std::pair<int64_t, int64_t>{128, 128}, {1, K}}) {
+      QuantMatrix w(dt, N, K, br, bc, rng, br == 1 ? 1e-40f : 1e-4f, br == 1 ? 1e-2f : 1e-2f);  // some values subnormal
+      std::vector<uint16_t> rounded(w.values.size());
+      for (std::size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16(flush(w.values[i]));
+      PanelStore store;
+      const Matrix q = store.pack(w.q), b = store.pack(Matrix{rounded.data(), DType::kBF16, N, K, false, {}});
+      for (int64_t M : {1, 3, 6, 7, 16, 40}) {
+        std::vector<float> x(static_cast<std::size_t>(M * K));
+        for (float& v : x) v = u(rng);
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, 29}}) {
+          std::vector<float> want(static_cast<std::size_t>(M * N), -7.0f), got(want.size(), -7.0f);
+          avx512_bf16_kernels()->matmul(x.data(), K, M, b, n0, n1, want.data(), N);
+          avx512_bf16_kernels()->matmul(x.data(), K, M, q, n0, n1, got.data(), N);
+          INFO(dtype_name(dt) << " blocks " << br << "x" << bc << " M=" << M << " columns " << n0 << ".." << n1);
+          REQUIRE(std::memcmp(got.data(), want.data(), 4 * want.size()) == 0);
+        }
+        // The row-parallel product over 8-bit column chunks: the same tree over the bf16 chunks' products.
+        const auto qchunks = split_columns(w.q, 0, kReduceChunks, store);
+        const auto bchunks = split_columns(Matrix{rounded.data(), DType::kBF16, N, K, false, {}}, 0, kReduceChunks, store);
+        std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
+        matmul_tree_by_parts(*avx512_bf16_kernels(), x.data(), K, M, bchunks.data(), kReduceChunks, 0, N, want.data(), N);
+        avx512_bf16_kernels()->matmul_tree(x.data(), K, M, qchunks.data(), kReduceChunks, 0, N, got.data(), N);
+        INFO(dtype_name(dt) << " tree, M=" << M);
+        REQUIRE(std::memcmp(got.data(), want.data(), 4 * want.size()) == 0);
+      }
+    }
+  }
 }
