@@ -2,7 +2,9 @@
 // checkpoint is valid only for the same checkpoint run the same way. It
 // hashes config.json, every safetensors file's name, size and every byte
 // of it (a fine-tune that changes one layer's k_proj has the same names,
-// shapes and sizes, and other KV), and the dtype the weights are computed in.
+// shapes and sizes, and other KV), the dtype the weights are computed in, how
+// they were converted as they loaded (model.dtype) and the CPU's product
+// arithmetic (model.cpu_matmul): KV stored under one is never read under another.
 //
 // Reading every byte of a large checkpoint costs time (measured: perf/
 // fingerprint_bench), so each file's hash is cached in `cache_file`, keyed
