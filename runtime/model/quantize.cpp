@@ -177,15 +177,17 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& o, const std::functio
   std::map<std::string, std::vector<const TensorView*>> by_file;  // shard name -> its tensors, by name
   for (const auto& [name, t] : ckpt->tensors()) by_file[fs::path(t.file).filename().string()].push_back(&t);
 
+  // Decided once per tensor: the header is written before the data, and both must agree.
+  auto quantized = [](const TensorView& t) { return quantizable_weight(t.name) && t.shape.size() == 2; };
+  auto scale_name = [&](const TensorView& t) { return t.name.substr(0, t.name.size() - 6) + scheme.scale_suffix; };
   QuantizeSummary summary;
   json weight_map = json::object();
   for (const auto& [file, tensors] : by_file) {
     std::vector<TensorSpec> specs;
     for (const TensorView* t : tensors) {
-      const bool quantize = quantizable_weight(t->name) && t->shape.size() == 2;
-      if (quantize) {
+      if (quantized(*t)) {
         specs.push_back({t->name, scheme.weight, t->shape});
-        specs.push_back({t->name.substr(0, t->name.size() - 6) + scheme.scale_suffix, DType::kF32,
+        specs.push_back({scale_name(*t), DType::kF32,
                          {scheme.scale_rows(t->shape[0]), scheme.scale_cols(t->shape[1])}});
       } else {
         specs.push_back({t->name, t->dtype, t->shape});
@@ -196,7 +198,7 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& o, const std::functio
       const auto bytes = static_cast<std::size_t>(t->numel()) * dtype_size(t->dtype);
       summary.bytes_in += bytes;
       weight_map[t->name] = file;
-      if (!(quantizable_weight(t->name) && t->shape.size() == 2)) {
+      if (!quantized(*t)) {
         writer.write(t->data, bytes);
         summary.bytes_out += bytes;
         ++summary.kept;
@@ -205,7 +207,7 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& o, const std::functio
         writer.write(q.q.data(), q.q.size());
         writer.write(q.scales.data(), q.scales.size() * sizeof(float));
         summary.bytes_out += q.q.size() + q.scales.size() * sizeof(float);
-        weight_map[t->name.substr(0, t->name.size() - 6) + scheme.scale_suffix] = file;
+        weight_map[scale_name(*t)] = file;
         ++summary.quantized;
         const TensorQuantError e{t->name, t->shape[0], t->shape[1], q.max_rel, q.rms_rel};
         if (e.max_rel >= summary.worst_max.max_rel) summary.worst_max = e;
