@@ -29,7 +29,14 @@ double now_s() {
 }
 
 // The "dtype" attribute of a store of this layout's elements.
-std::string store_dtype(const KvLayout& l) { return l.elem_bytes == 2 ? "bfloat16" : "float32"; }
+// FP8 rows are head_dim E4M3 codes then their float32 scale, as the pool holds them.
+std::string store_dtype(const KvLayout& l) {
+  return l.fp8() ? "float8_e4m3fn+scale" : l.elem_bytes == 2 ? "bfloat16" : "float32";
+}
+// The kv.dtype setting that reads a store of this "dtype" attribute.
+std::string kv_dtype_setting(const std::string& store) {
+  return store == "bfloat16" ? "bf16" : store == "float8_e4m3fn+scale" ? "fp8" : "f32";
+}
 // bf16 files are layout version 2: a Tandem that knows only float32 stores calls them another layout.
 // A row's checksum covers its key as well as its data: a row whose /hash
 // entry was changed (rows swapped, hashes shifted) fails it, so KV is never
@@ -38,11 +45,13 @@ uint64_t row_checksum(uint64_t block_hash, const void* block, const KvLayout& l)
   return XXH3_64bits_withSeed(block, l.block_bytes(), block_hash);
 }
 
-int64_t store_version(const KvLayout& l) { return l.elem_bytes == 2 ? kStoreLayoutVersion + 1 : kStoreLayoutVersion; }
+int64_t store_version(const KvLayout& l) {
+  return l.fp8() ? kStoreLayoutVersion + 2 : l.elem_bytes == 2 ? kStoreLayoutVersion + 1 : kStoreLayoutVersion;
+}
 
 Dims6 block_dims(const KvLayout& l, hsize_t rows) {
   return {rows, static_cast<hsize_t>(l.layers), 2, static_cast<hsize_t>(l.kv_heads),
-          static_cast<hsize_t>(l.block_size), static_cast<hsize_t>(l.head_dim)};
+          static_cast<hsize_t>(l.block_size), static_cast<hsize_t>(l.row_elems())};
 }
 
 H5Id file_access() {
@@ -229,7 +238,7 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
                             ? "it was written by an older Tandem (layout version " + std::to_string(*version) +
                                   "); point kv.store_path elsewhere, or remove its files"
                         : *fingerprint == o_.id.fingerprint && *bs == l.block_size && dtype != store_dtype(l)
-                            ? "set kv.dtype = \"" + std::string(dtype == "bfloat16" ? "bf16" : "f32") +
+                            ? "set kv.dtype = \"" + kv_dtype_setting(dtype) +
                                   "\" to use it, or point kv.store_path elsewhere"
                             : std::string("point kv.store_path elsewhere")));
     return;
@@ -355,8 +364,9 @@ bool DiskStore::start_file(std::string& warning) {
     H5Id space(H5Screate_simple(6, zero.data(), max.data()));
     H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
     H5Pset_chunk(dcpl.get(), 6, chunk.data());
-    // bf16 has no HDF5 type: its bits, as unsigned 16-bit integers (the "dtype" attribute says so).
-    f.kv = H5Id(H5Dcreate2(h, "kv", l.elem_bytes == 2 ? H5T_STD_U16LE : H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+    // bf16 and FP8 have no HDF5 type: their bits, as unsigned integers (the "dtype" attribute says so).
+    f.kv = H5Id(H5Dcreate2(h, "kv", l.fp8() ? H5T_STD_U8LE : l.elem_bytes == 2 ? H5T_STD_U16LE : H5T_IEEE_F32LE,
+                           space.get(), H5P_DEFAULT,
                            dcpl.get(), H5P_DEFAULT));
     hash_set_ = create_u64(h, "hash");
     checksum_set_ = create_u64(h, "checksum");

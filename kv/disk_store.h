@@ -8,11 +8,13 @@
 // of what it stored. A later job opens every *.h5 file read-only and indexes
 // it by its /hash dataset: the index is in the files, no separate file to
 // keep consistent. Layout of one file:
-//   /kv        float32 [n][layers][2][kv_heads][block_size][head_dim]  (block-major, head-major inside, as the pool)
+//   /kv        float32 [n][layers][2][kv_heads][block_size][head_dim]  (block-major, head-major inside, as the pool;
+//              bf16: its bits as uint16; FP8: uint8 [...][block_size][head_dim + 4], each row's E4M3 codes then
+//              its scale, float32 little-endian)
 //   /hash      uint64  [n]  chained block hash (block_hash.h) of row i
 //   /checksum  uint64  [n]  XXH3-64 of row i's bytes seeded with its /hash, checked on every read
 //   attributes: format "tandem-kv-store", layout_version, model_fingerprint,
-//               model, dtype "float32", block_size, layers, kv_heads,
+//               model, dtype "float32" | "bfloat16" | "float8_e4m3fn+scale", block_size, layers, kv_heads,
 //               head_dim, blocks (rows written completely; later rows are ignored)
 //
 // Size: past max_bytes, whole files go, least recently used first (a read
@@ -36,7 +38,7 @@
 
 namespace tandem::kv {
 
-// The store's version: 5 float32, 6 bf16, head-major ([layers][2][kv_heads][block_size][head_dim]), each
+// The store's version: 5 float32, 6 bf16, 7 FP8 with row scales, head-major ([layers][2][kv_heads][block_size][head_dim]), each
 // row's checksum over its block hash and its data. 3 and 4 checksummed the data alone (before 2026-12-03);
 // 1 and 2 were token-major ([layers][2][block_size][kv_heads][head_dim]), before 2026-12-02.
 inline constexpr int64_t kStoreLayoutVersion = 5;

@@ -22,6 +22,7 @@ struct GenerateOptions {
   std::string prompt_ids;
   bool json = false;
   int threads = 0;
+  std::string kv_dtype = "f32";
   runtime::SamplingParams params;
 };
 
@@ -63,6 +64,7 @@ int run_generate(const GenerateOptions& o) {
   const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + std::max<int64_t>(1, o.params.max_tokens),
                                            config.max_position_embeddings);
   kv::KvLayout layout{config.layers, config.kv_heads, config.head_dim, block};
+  layout.elem_bytes = o.kv_dtype == "fp8" ? 1 : o.kv_dtype == "bf16" ? 2 : 4;
   kv::BlockPool pool(layout, (tokens + block - 1) / block);
   runtime::cpu::ThreadPool threads(o.threads);
   runtime::Engine engine(config, *weights, pool, threads, tok.get(), runtime::EngineOptions{1, 2048, 0});
@@ -113,6 +115,8 @@ Action add_generate_command(CLI::App& root) {
   cmd->add_option("--logprobs", o->params.logprobs, "With --json: log-probabilities of each token and the top N");
   cmd->add_flag("--ignore-eos", o->params.ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_option("--threads", o->threads, "Compute threads; 0: every CPU this process may use");
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache elements, as kv.dtype: f32, bf16 or fp8")
+      ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
   cmd->add_flag("--json", o->json, "Print JSON with token_ids, text, finish_reason and timings");
   return [o, text, ids]() {
     if (text->count() == 0 && ids->count() == 0) throw Error("generate: give --prompt TEXT or --prompt-ids 1,2,3");

@@ -1,7 +1,7 @@
 // The CPU engine against the machine's own limits, measured in the same run.
 //
 //   engine_bench [--model DIR] [--threads N] [--quick]
-//                [--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]
+//                [--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|bf16|fp8]
 //
 // Without --model it makes the `bench` model (Qwen3-0.6B's shape, bf16) under
 // build/bench-model once. Prints: STREAM triad and FMA peak; prefill tokens/s
@@ -10,7 +10,7 @@
 // percentage of its roofline (decode: bandwidth / bytes of weights read per
 // step; prefill: FMA peak / flops per token). Then long-context decode (8
 // sequences 1,024 tokens deep, where KV reads rival the weights') with
-// float32 KV and with bf16 KV, against the roofline of weights + KV bytes.
+// float32, bf16 and FP8 KV, against the roofline of weights + KV bytes.
 // Figures only: it never fails on time.
 #include <algorithm>
 #include <chrono>
@@ -48,7 +48,7 @@ struct Run {
 // Decode throughput: n sequences with prompts of prompt_len tokens; times
 // only steps that have no prefill in them.
 // sampled: temperature 0.7, top_p 0.9 instead of greedy (the host sampler's cost on top of the step).
-// kv_bytes: the KV pool's element size (4: f32, 2: bf16).
+// kv_bytes: the KV pool's element size (4: f32, 2: bf16, 1: FP8 rows with their scales).
 Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads, int64_t n,
            int64_t steps, bool sampled = false, int64_t prompt_len = 32, int64_t kv_bytes = 4) {
   kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_bytes}, n * ((prompt_len + steps + 16) / 16 + 1));
@@ -135,7 +135,7 @@ struct Figures {
   Run prefill;
   std::vector<Decode> decodes;  // 1 (median round), 8, 32, 64 sequences
   double triad_lo = 1e30, triad_hi = 0;
-  Run sampled32, long32, long16;
+  Run sampled32, long32, long16, long8;
   double long_triad = 0;
   int measurements = 0;
 };
@@ -183,6 +183,7 @@ Figures measure_all(const runtime::ModelConfig& c, const runtime::ModelWeights& 
   const double long_triad0 = planner::triad_gbps(T);
   f.long32 = decode_long(c, w, threads, quick, 4);
   f.long16 = decode_long(c, w, threads, quick, 2);
+  f.long8 = decode_long(c, w, threads, quick, 1);
   f.long_triad = std::max(long_triad0, planner::triad_gbps(T));
   return f;
 }
@@ -240,18 +241,23 @@ void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtim
               tokens_per_s(f.sampled32), 100.0 * tokens_per_s(f.sampled32) / tokens_per_s(f.decodes[2].run));
   // A long-context step reads the weights once and every sequence's K and V
   // (the average depth over the timed steps: about kLongCtx).
-  for (auto [name, run, kv_bytes] : {std::tuple{"f32 ", f.long32, 4}, std::tuple{"bf16", f.long16, 2}}) {
+  for (auto [name, run, kv_bytes] :
+       {std::tuple{"f32 ", f.long32, 4}, std::tuple{"bf16", f.long16, 2}, std::tuple{"fp8 ", f.long8, 1}}) {
     const double tps = tokens_per_s(run);
     const double step_s = static_cast<double>(kLongN) / tps;
-    const double kv = static_cast<double>(kLongN * kLongCtx * c.layers * 2 * c.kv_heads * c.head_dim * kv_bytes);
+    const double per_value = kv::KvLayout{c.layers, c.kv_heads, c.head_dim, 16, kv_bytes}.bytes_per_value();
+    const double kv = static_cast<double>(kLongN * kLongCtx * c.layers * 2 * c.kv_heads * c.head_dim) * per_value;
     const double gbps = (weight_bytes + kv) / step_s / 1e9;
     std::printf("decode, %ld sequences %ld tokens deep, %s KV: %8.1f tokens/s, %6.1f ms/step, %.2f GB of KV + "
                 "%.2f GB of weights per step at %5.1f GB/s = %5.1f%% of the bandwidth roofline (triad %.1f GB/s)\n",
                 static_cast<long>(kLongN), static_cast<long>(kLongCtx), name, tps, 1e3 * step_s, kv / 1e9,
                 weight_bytes / 1e9, gbps, 100.0 * gbps / f.long_triad, f.long_triad);
   }
-  std::printf("decode, %ld sequences %ld tokens deep: bf16 KV %.2fx the tokens/s of f32 KV, half the KV memory\n",
-              static_cast<long>(kLongN), static_cast<long>(kLongCtx), tokens_per_s(f.long16) / tokens_per_s(f.long32));
+  std::printf("decode, %ld sequences %ld tokens deep: bf16 KV %.2fx the tokens/s of f32 KV, half the KV memory; fp8 KV "
+              "%.2fx, %.1f%% of it\n",
+              static_cast<long>(kLongN), static_cast<long>(kLongCtx), tokens_per_s(f.long16) / tokens_per_s(f.long32),
+              tokens_per_s(f.long8) / tokens_per_s(f.long32),
+              100.0 * kv::KvLayout{c.layers, c.kv_heads, c.head_dim, 16, 1}.bytes_per_value() / 4.0);
 }
 
 // --quantized: the bench model against its FP8-block and INT8-channel twins
@@ -336,7 +342,7 @@ int main(int argc, char** argv) {
   if (!parse_options(argc, argv, o)) {
     std::fprintf(stderr,
                  "usage: engine_bench [--model DIR] [--threads N] [--quick] [--quantized] "
-                 "[--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|decode-long:bf16]\n");
+                 "[--only prefill|prefill:LEN|decode:N|decode-sampled:N|decode-long:f32|bf16|fp8]\n");
     return 2;
   }
   try {
@@ -349,7 +355,8 @@ int main(int argc, char** argv) {
       const bool deep = o.only.rfind("decode-long:", 0) == 0;
       const int64_t len = o.only.rfind("prefill:", 0) == 0 ? std::atol(o.only.c_str() + 8) : kPrefillLen;
       const Run r = pre    ? prefill(c, *w, threads, len > kPrefillLen ? 1 : 2, len)
-                    : deep ? decode_long(c, *w, threads, o.quick, o.only == "decode-long:bf16" ? 2 : 4)
+                    : deep ? decode_long(c, *w, threads, o.quick,
+                                         o.only == "decode-long:bf16" ? 2 : o.only == "decode-long:fp8" ? 1 : 4)
                            : decode(c, *w, threads, std::atol(o.only.c_str() + (sampled ? 15 : 7)), 96, sampled);
       std::printf("%s: %.1f tokens/s\n", o.only.c_str(), tokens_per_s(r));
       return 0;

@@ -81,6 +81,12 @@ void check_backend(const Prepared& p, int ranks) {
     throw Error("model.dtype = \"" + as + "\" converts the weights for the CPU backend; with model.backend = \"" + b +
                 "\" the weights are computed in the checkpoint's dtype: remove it (or write the checkpoint you want with "
                 "`tandem quantize`)");
+  if (p.cfg.kv.dtype == "fp8" && !c.on_cpu())
+    throw Error("kv.dtype = \"fp8\" is the CPU backend's for now; with model.backend = \"" + b +
+                "\" use \"bf16\" or \"auto\"");
+  if (p.cfg.kv.dtype == "fp8" && p.model.head_dim % 4 != 0)
+    throw Error("kv.dtype = \"fp8\" needs head_dim to be a multiple of 4 (each row's scale is an aligned float32); " +
+                p.cfg.model.path + " has head_dim " + std::to_string(p.model.head_dim) + ": use \"bf16\"");
   if (c.on_cpu()) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
@@ -110,7 +116,7 @@ kv::KvLayout kv_layout(const Prepared& p, int tp) {
   kv::KvLayout l{p.model.layers, kv_heads, p.model.head_dim, p.cfg.kv.block_size};
   const std::string& d = p.cfg.kv.dtype;
   const bool bf16 = d == "bf16" || (d == "auto" && !p.cfg.choices.on_cpu() && p.model.dtype != runtime::DType::kF32);
-  l.elem_bytes = bf16 ? 2 : 4;
+  l.elem_bytes = d == "fp8" ? 1 : bf16 ? 2 : 4;
   return l;
 }
 

@@ -195,7 +195,7 @@ std::unique_ptr<planner::EpochPlanner> make_epoch_planner(const Prepared& p, int
   runtime::DType held = p.model.dtype;  // model.dtype f32 / bf16 / f16 converts every matrix
   if (runtime::DType as; runtime::parse_dtype(p.model.load_as, as) && runtime::dtype_size(as) > 1) held = as;
   const auto whole = planner::ModelShape::from(p.model, static_cast<double>(runtime::dtype_size(held)),
-                                               static_cast<double>(kv_layout(p).elem_bytes));
+                                               kv_layout(p).bytes_per_value());
   auto shape = whole.at_width(tp);
   shape.expert_parallel = p.cfg.cluster.expert_parallel;
   // With GPU workers rank 0 does not touch a GPU (it may have none): the CPU profile is only the

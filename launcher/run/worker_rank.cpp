@@ -117,7 +117,7 @@ class WorkerLoader {
                                        : fmt::format(", tensor-parallel rank {} of {} (leader rank {})", l_.group.place,
                                                      width_, l_.roles.map().leader_of(rank));
     spdlog::info("worker ready: {} {} KV blocks of {} tokens ({:.2f} GiB{}), {} threads, {}{}", blocks_,
-                 layout_.elem_bytes == 2 ? "bf16" : "f32", p_.cfg.kv.block_size,
+                 layout_.dtype_name(), p_.cfg.kv.block_size,
                  static_cast<double>(blocks_) * static_cast<double>(layout_.block_bytes()) / (1 << 30),
                  w_.transport ? std::string(", ") + std::string(w_.transport->name()) + " window" : std::string(), n_threads,
                  p_.cfg.choices.on_cpu() ? std::string(runtime::cpu::kernels().name) + " kernels" : "backend " + backend(), tp);

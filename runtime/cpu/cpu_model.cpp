@@ -38,10 +38,15 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
       threads_(threads),
       kern_(cpu::kernels()),
       inv_freq_(rope_inv_freq(config)),
-      kv_dtype_(pool.layout().elem_bytes == 2 ? DType::kBF16 : DType::kF32) {
-  if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
-    throw Error("the CPU backend keeps KV in float32 or bf16, not " + std::to_string(8 * pool.layout().elem_bytes) +
+      kv_dtype_(pool.layout().elem_bytes == 2   ? DType::kBF16
+                : pool.layout().elem_bytes == 1 ? DType::kF8E4M3
+                                                : DType::kF32) {
+  if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2 && pool.layout().elem_bytes != 1)
+    throw Error("the CPU backend keeps KV in float32, bf16 or fp8, not " + std::to_string(8 * pool.layout().elem_bytes) +
                 "-bit elements");
+  if (pool.layout().fp8() && pool.layout().head_dim % 4 != 0)
+    throw Error("kv.dtype = \"fp8\" needs head_dim to be a multiple of 4 (its rows' scales are aligned floats); this "
+                "model's is " + std::to_string(pool.layout().head_dim) + ": use kv.dtype = \"bf16\"");
   if (group) {
     const std::string why = tp_problem(config, group->shard().width, expert_parallel);
     if (!why.empty()) throw Error(why);
@@ -142,7 +147,7 @@ void CpuModel::shard_layers(const ModelConfig& full, const ModelWeights& weights
   }
 }
 
-// Element e of the pool, as bytes (float32 or bf16 elements).
+// Element e of the pool, as bytes (float32, bf16 or FP8 elements).
 const void* CpuModel::kv_at(int64_t e) const {
   return reinterpret_cast<const uint8_t*>(pool_.data()) + e * pool_.layout().elem_bytes;
 }
@@ -150,6 +155,10 @@ const void* CpuModel::kv_at(int64_t e) const {
 void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
   if (kv_dtype_ == DType::kF32) {
     std::copy_n(src, n, pool_.data() + e);
+    return;
+  }
+  if (kv_dtype_ == DType::kF8E4M3) {
+    quantize_fp8_row(src, n, reinterpret_cast<uint8_t*>(pool_.data()) + e);
     return;
   }
   uint16_t* dst = reinterpret_cast<uint16_t*>(pool_.data()) + e;
@@ -268,11 +277,24 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
       keys[sz(j - lo)] = kv_at(L.offset(blk, layer, 0, g, j % L.block_size));
       values[sz(j - lo)] = kv_at(L.offset(blk, layer, 1, g, j % L.block_size));
     }
+    DType kv = kv_dtype_;
+    if (kv == DType::kF8E4M3) {  // the rows' values in float32, then the float32 attention on them
+      thread_local std::vector<float> wide;
+      wide.resize(sz(2 * count * hd));
+      for (int64_t j = 0; j < count; ++j) {
+        float* k = wide.data() + j * hd;
+        float* v = wide.data() + (count + j) * hd;
+        kern_.widen_fp8_row(static_cast<const uint8_t*>(keys[sz(j)]), hd, k);
+        kern_.widen_fp8_row(static_cast<const uint8_t*>(values[sz(j)]), hd, v);
+        keys[sz(j)] = k, values[sz(j)] = v;
+      }
+      kv = DType::kF32;
+    }
     // Queries are hd apart within a row (heads of one KV head) or q_dim apart (one head, many rows).
     const int64_t ldq = nh > 1 ? hd : q_dim;
     const float* q = q_.data() + qb.r0 * q_dim + qb.h0 * hd;
     float* out = attn_.data() + qb.r0 * q_dim + qb.h0 * hd;
-    kern_.dot_rows(q, ldq, M, kv_dtype_, keys.data(), count, hd, scores.data(), count);
+    kern_.dot_rows(q, ldq, M, kv, keys.data(), count, hd, scores.data(), count);
     for (int64_t m = 0; m < M; ++m) {
       float* s = scores.data() + m * count + (first_of(m) - lo);
       const int64_t n = pos_of(m) + 1 - first_of(m);
@@ -289,17 +311,17 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
       for (int64_t j = 0; j < n; ++j) s[j] /= sum;
       // The positions before the joint range, alone (this also zeroes the output).
       const int64_t pre = std::max<int64_t>(0, std::min(joint_lo, pos_of(m) + 1) - first_of(m));
-      kern_.weighted_sum(s, count, 1, kv_dtype_, values.data() + (first_of(m) - lo), pre, hd, false, out + m * ldq, ldq);
+      kern_.weighted_sum(s, count, 1, kv, values.data() + (first_of(m) - lo), pre, hd, false, out + m * ldq, ldq);
     }
     if (joint_lo < joint_hi) {  // every query's middle part, together
-      kern_.weighted_sum(scores.data() + (joint_lo - lo), count, M, kv_dtype_, values.data() + (joint_lo - lo),
+      kern_.weighted_sum(scores.data() + (joint_lo - lo), count, M, kv, values.data() + (joint_lo - lo),
                          joint_hi - joint_lo, hd, true, out, ldq);
     }
     for (int64_t m = 0; m < M; ++m) {  // the rest, alone
       const int64_t from = std::max(joint_lo, std::max(joint_hi, first_of(m)));
       const int64_t n = pos_of(m) + 1 - from;
       if (n > 0)
-        kern_.weighted_sum(scores.data() + m * count + (from - lo), count, 1, kv_dtype_, values.data() + (from - lo), n, hd,
+        kern_.weighted_sum(scores.data() + m * count + (from - lo), count, 1, kv, values.data() + (from - lo), n, hd,
                            true, out + m * ldq, ldq);
     }
   });

@@ -78,7 +78,9 @@ class CpuModel final : public ModelBackend {
   void moe(int64_t layer, int64_t rows);
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
   // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
-  // nearest even as on a GPU, which halves the pool and every KV transfer.
+  // nearest even as on a GPU, which halves the pool and every KV transfer,
+  // or FP8 E4M3 with a scale per row (kernels.h's quantize_fp8_row), which
+  // halves it again; attention widens FP8 rows to float32 values first.
   const void* kv_at(int64_t element) const;
   void store_kv(const float* src, int64_t n, int64_t element);
 
@@ -92,7 +94,7 @@ class CpuModel final : public ModelBackend {
   ThreadPool& threads_;
   const KernelTable& kern_;
   std::vector<float> inv_freq_;  // [head_dim / 2], RoPE frequencies after scaling
-  DType kv_dtype_;               // the pool's elements
+  DType kv_dtype_;               // the pool's elements (kF8E4M3: rows with their scales)
   PanelStore parts_;             // owns the chunks below
   std::vector<std::vector<Matrix>> wo_parts_, down_parts_;  // per layer, the reduction's column chunks
   std::vector<std::vector<std::vector<Matrix>>> expert_down_parts_;  // per layer, per expert (MoE layers)

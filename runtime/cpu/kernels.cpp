@@ -2,6 +2,8 @@
 #include "runtime/cpu/kernels.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -71,6 +73,25 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
     table.matmul(x, ldx, M, f, 0, b - a, y + a, ldy);
     a = b;
   }
+}
+
+void quantize_fp8_row(const float* x, int64_t n, uint8_t* row) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  const float scale = finite ? amax / 448.0f : std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 0; i < n; ++i) row[i] = scale > 0.0f ? f32_to_f8e4m3(x[i] / scale) : 0;
+  std::memcpy(row + n, &scale, sizeof scale);
+}
+
+void widen_fp8_row_scalar(const uint8_t* row, int64_t n, float* out) {
+  float scale;
+  std::memcpy(&scale, row + n, sizeof scale);
+  const float* value = f8e4m3_table();
+  for (int64_t i = 0; i < n; ++i) out[i] = value[row[i]] * scale;
 }
 
 namespace {

@@ -45,7 +45,21 @@ struct KernelTable {
   // bitwise what matmul() of each part, added in that tree, gives.
   void (*matmul_tree)(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
                       float* y, int64_t ldy);
+  // FP8 KV rows (kv/kv_layout.h: n E4M3 codes, then the row's float32
+  // scale): out[i] = value(code i) x scale, rounded once to float32 — the
+  // same bits on every table. Attention then runs the kF32 kernels above on
+  // these values (dot_rows and weighted_sum take float32 and bf16 rows).
+  void (*widen_fp8_row)(const uint8_t* row, int64_t n, float* out);
 };
+
+// An FP8 KV row of n values from x (one token, one head): scale = max|x| /
+// 448 (float32 division; 0 for a row of zeros, NaN for a row with a NaN or
+// an infinity, which then widens to NaN), code i = E4M3 nearest x[i] / scale
+// (ties to even, saturating). Depends on the row alone: chunking, batching
+// and tensor-parallel widths give the same bytes.
+void quantize_fp8_row(const float* x, int64_t n, uint8_t* row);
+// widen_fp8_row for the scalar and AVX2 tables: a table lookup and a multiply.
+void widen_fp8_row_scalar(const uint8_t* row, int64_t n, float* out);
 
 // matmul_tree as each part's matmul through `table`, the partials added in the
 // tree: every table's reference, and the AVX-512 table's path where its fused

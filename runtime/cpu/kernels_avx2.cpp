@@ -233,7 +233,8 @@ void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, in
 }  // namespace
 
 const KernelTable* avx2_kernels() {
-  static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree};
+  static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree,
+                             widen_fp8_row_scalar};
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return ok ? &t : nullptr;
 }

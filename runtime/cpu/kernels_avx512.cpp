@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -493,6 +494,25 @@ void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* 
   with_dtype(kv, [&](auto d) { weighted_sum_d<decltype(d)::value>(w, ldw, M, rows, count, n, accumulate, out, ldo); });
 }
 
+// An FP8 KV row as floats, 16 at a time: the code's bits moved into a
+// float's (QPanel's three integer operations: an exact float of value x
+// 2^-120), times scale x 2^120 — or, where that would overflow, times 2^120
+// and then the scale: the one rounding of value x scale either way.
+void widen_fp8_row(const uint8_t* row, int64_t n, float* out) {
+  float scale;
+  std::memcpy(&scale, row + n, sizeof scale);
+  const bool two_step = !(scale < 0x1p7f);  // a NaN scale takes it too: NaN either way
+  const __m512 sv = _mm512_set1_ps(two_step ? scale : scale * 0x1p120f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - i)) - 1u);
+    const __m512i b = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row + i));
+    __m512 v = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(b, 20), _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u))));
+    if (two_step) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(v, sv));
+  }
+}
+
 template <DType D>
 void matmul_d(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   if (W.panels) matmul_panels<D>(x, ldx, M, W, n0, n1, y, ldy);
@@ -517,7 +537,8 @@ const KernelTable* avx512_kernels() {
     if (!base || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
       return nullptr;
-    static const KernelTable t{"avx512", matmul, base->dot, base->axpy, dot_rows, weighted_sum, matmul_tree};
+    static const KernelTable t{"avx512", matmul, base->dot, base->axpy, dot_rows, weighted_sum, matmul_tree,
+                               widen_fp8_row};
     return &t;
   }();
   return table;

@@ -16,7 +16,9 @@ Checks, each against the tokens of a run without any tier:
    requests by shared prefix, output still in input order;
  - kv.dtype = bf16: the store holds the bf16 bits (uint16, dtype attribute
    "bfloat16"), a second bf16 job reads them back with outputs equal to a
-   cold bf16 run, and a float32 job ignores that store with one warning.
+   cold bf16 run, and a float32 job ignores that store with one warning;
+   kv.dtype = fp8 the same (uint8 rows of codes and a float32 scale, decoded
+   here from the E4M3 definition), its cold run disaggregated.
 Usage: kv_tiers_test.py TANDEM SRC_DIR"""
 import json
 import os
@@ -288,33 +290,51 @@ with tempfile.TemporaryDirectory() as d:
           p3.returncode == 0 and disk == big and dt.get("hit_tokens", {}).get("disk", 0) > 0, json.dumps(dt))
     print(f"     prompt tokens computed: {json.dumps(computed)}; with the store: {sd.get('prompt_tokens_computed')}")
 
-    # 6. bf16 KV: half the bytes in the store, the same exactly-once reuse.
-    bf16 = 'dtype = "bf16"\n'
-    store16 = tmp / "store16"
-    kv16 = bf16 + f'store_path = "{store16}"\nstore_min_hits = 1\n'
-    p0, cold16, _, _ = run("cold16", bf16)
-    p1, first16, s1, w1 = run("first16", kv16)
-    p2, second16, s2, w2 = run("second16", kv16)
-    check("bf16: cold, first and second job with the store complete with equal outputs, no warnings",
-          p0.returncode == 0 and p1.returncode == 0 and p2.returncode == 0 and len(cold16) == 48 and
-          first16 == cold16 and second16 == cold16 and not w1 and not w2, "; ".join(w1 + w2))
-    t2 = s2.get("kv_tiers", {})
-    check("bf16: the second job's prompts come from the store",
-          t2.get("hit_tokens", {}).get("disk", 0) > 0 and
-          s2.get("prompt_tokens_computed", 1 << 30) <= 0.1 * s1.get("prompt_tokens_computed", 0), json.dumps(t2))
-    files16 = sorted(store16.glob("*.h5"))
-    ok16 = bool(files16)
-    for f in files16:
-        with h5py.File(f, "r") as h:
-            n = int(h.attrs["blocks"])
-            bits = h["kv"][:n]
-            ok16 &= h["kv"].dtype == np.uint16 and h.attrs["dtype"] == "bfloat16" and int(h.attrs["layout_version"]) == 6
-            ok16 &= bits.shape[1:] == (cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, cfg["head_dim"])
-            values = (bits.astype(np.uint32) << 16).view(np.float32)  # bf16 is float32's upper half
-            ok16 &= bool(np.isfinite(values).all()) and bool(np.abs(values).sum() > 0)
-    written16 = s1.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
-    check("bf16: h5py reads uint16 bits, dtype = bfloat16, layout_version 6, finite non-zero values",
-          ok16 and written16 > 0, f"{len(files16)} files, {written16} blocks written")
+    # 6. bf16 and FP8 KV: a half and about a quarter of the bytes in the store, the same exactly-once reuse. FP8's
+    # cold run is disaggregated (1 prefill + 1 decode rank): its KV crosses the transport as rows and scales.
+    e4m3 = np.array([(-1.0 if b & 0x80 else 1.0) * ((b & 7) / 8 * 2.0 ** -6 if (b >> 3) & 15 == 0
+                     else (1 + (b & 7) / 8) * 2.0 ** (((b >> 3) & 15) - 7)) for b in range(256)], dtype=np.float32)
+    e4m3[[0x7F, 0xFF]] = np.nan
+
+    def bf16_values(bits):
+        return (bits.astype(np.uint32) << 16).view(np.float32)  # bf16 is float32's upper half
+
+    def fp8_values(raw):  # each row: head_dim E4M3 codes, then its float32 scale (little-endian)
+        hd = raw.shape[-1] - 4
+        scale = np.ascontiguousarray(raw[..., hd:]).view("<f4")
+        return e4m3[raw[..., :hd]] * scale
+
+    for name, setting, dtype, attr, version, row, values, cold_ranks in (
+            ("bf16", "bf16", np.uint16, "bfloat16", 6, cfg["head_dim"], bf16_values, 1),
+            ("fp8", "fp8", np.uint8, "float8_e4m3fn+scale", 7, cfg["head_dim"] + 4, fp8_values, 3)):
+        kv_set = f'dtype = "{setting}"\n'
+        store16 = tmp / f"store-{name}"
+        kv16 = kv_set + f'store_path = "{store16}"\nstore_min_hits = 1\n'
+        p0, cold16, _, _ = run(f"cold-{name}", kv_set, ranks=cold_ranks)
+        p1, first16, s1, w1 = run(f"first-{name}", kv16)
+        p2, second16, s2, w2 = run(f"second-{name}", kv16)
+        check(f"{name}: cold ({cold_ranks} ranks), first and second job with the store complete with equal outputs, "
+              "no warnings",
+              p0.returncode == 0 and p1.returncode == 0 and p2.returncode == 0 and len(cold16) == 48 and
+              first16 == cold16 and second16 == cold16 and not w1 and not w2, "; ".join(w1 + w2))
+        t2 = s2.get("kv_tiers", {})
+        check(f"{name}: the second job's prompts come from the store",
+              t2.get("hit_tokens", {}).get("disk", 0) > 0 and
+              s2.get("prompt_tokens_computed", 1 << 30) <= 0.1 * s1.get("prompt_tokens_computed", 0), json.dumps(t2))
+        files16 = sorted(store16.glob("*.h5"))
+        ok16 = bool(files16)
+        for f in files16:
+            with h5py.File(f, "r") as h:
+                n = int(h.attrs["blocks"])
+                raw = h["kv"][:n]
+                ok16 &= h["kv"].dtype == dtype and h.attrs["dtype"] == attr and int(h.attrs["layout_version"]) == version
+                ok16 &= raw.shape[1:] == (cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 16, row)
+                v = values(raw)
+                ok16 &= bool(np.isfinite(v).all()) and bool(np.abs(v).sum() > 0)
+        written16 = s1.get("kv_tiers", {}).get("disk", {}).get("written_blocks", 0)
+        check(f"{name}: h5py reads {np.dtype(dtype).name} rows of {row}, dtype = {attr}, layout_version {version}, "
+              "finite non-zero values", ok16 and written16 > 0, f"{len(files16)} files, {written16} blocks written")
+    store16 = tmp / "store-bf16"
     p, tokens, s, w = run("f32_on_bf16_store", f'store_path = "{store16}"\n')
     check("a float32 job ignores a bf16 store with one warning, outputs as cold",
           p.returncode == 0 and tokens == cold and len(w) == 1 and 'set kv.dtype = "bf16" to use it' in w[0] and

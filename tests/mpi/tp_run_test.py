@@ -115,6 +115,20 @@ with tempfile.TemporaryDirectory() as d:
                   f'{summary["kv_bytes_transferred"]} against {kv_once.get("bytes")}')
         same_as(ref, f"disagg prefill_tp {a} -> decode_tp {b}", 1 + a + b, tiny, f"cluster.prefill_tp={a}",
                 f"cluster.decode_tp={b}", f"cluster.prefill_ranks={a}", *disagg, summary_check=wire)
+    # FP8 KV (kv.dtype = "fp8": rows of E4M3 codes and a float32 scale): other outputs than float32 KV, the same at
+    # every width; the head runs cross between widths as bytes, (head_dim + 4) / (4 head_dim) of float32's.
+    rc, log = run(2, tiny, inp, tmp / "ref_fp8.jsonl", 'kv.dtype="fp8"')
+    ref8 = outputs(tmp / "ref_fp8.jsonl") if rc == 0 else {}
+    check("fp8 KV, tp 1: runs, other logprobs than float32 KV", rc == 0 and len(ref8) == 14 and ref8 != ref,
+          "" if rc == 0 else log[-500:])
+    hd = json.loads((tiny / "config.json").read_text())["head_dim"]
+
+    def fp8_wire(summary, log):
+        want = kv_once.get("bytes", 0) * (hd + 4) // (4 * hd)
+        check("fp8 KV, prefill_tp 2 -> decode_tp 1: the prompts' KV once on the wire, at FP8's size",
+              want > 0 and summary["kv_bytes_transferred"] == want, f'{summary["kv_bytes_transferred"]} against {want}')
+    same_as(ref8, "fp8 KV: disagg prefill_tp 2 -> decode_tp 1", 4, tiny, 'kv.dtype="fp8"', "cluster.prefill_tp=2",
+            "cluster.decode_tp=1", "cluster.prefill_ranks=2", *disagg, summary_check=fp8_wire)
     same_as(ref, "disagg 1P+1D workers of tp4 (9 ranks)", 9, tiny, "cluster.tp=4", *disagg)
     # libfabric over TCP: a rank's heads of each row (a layer's K or V) are one fi_write.
     same_as(ref, "libfabric tcp: prefill_tp 2 -> decode_tp 1", 4, tiny, "cluster.prefill_tp=2", "cluster.decode_tp=1",

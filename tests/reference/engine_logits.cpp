@@ -1,7 +1,8 @@
 // Test tool: the CPU engine's logits for every position of a prompt, as a
 // float32 .npy [T][vocab], for comparison with tests/reference/torch_forward.py.
-// usage: engine_logits MODEL_DIR 1,2,3 OUT.npy [CHUNK]
-//   CHUNK: prefill in chunks of this many tokens (default: all at once).
+// usage: engine_logits MODEL_DIR 1,2,3 OUT.npy [CHUNK [KV_DTYPE]]
+//   CHUNK: prefill in chunks of this many tokens (default, or 0: all at once).
+//   KV_DTYPE: f32 (default), bf16 or fp8, as kv.dtype.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -16,7 +17,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: engine_logits MODEL_DIR 1,2,3 OUT.npy [CHUNK]\n");
+    std::fprintf(stderr, "usage: engine_logits MODEL_DIR 1,2,3 OUT.npy [CHUNK [KV_DTYPE]]\n");
     return 2;
   }
   try {
@@ -26,8 +27,10 @@ int main(int argc, char** argv) {
     std::stringstream ss(argv[2]);
     for (std::string item; std::getline(ss, item, ',');) ids.push_back(std::stoi(item));
     const int64_t T = static_cast<int64_t>(ids.size());
-    const int64_t chunk = argc > 4 ? std::stol(argv[4]) : T;
+    const int64_t chunk = argc > 4 && std::stol(argv[4]) > 0 ? std::stol(argv[4]) : T;
+    const std::string kv = argc > 5 ? argv[5] : "f32";
     kv::KvLayout layout{config.layers, config.kv_heads, config.head_dim, 16};
+    layout.elem_bytes = kv == "fp8" ? 1 : kv == "bf16" ? 2 : 4;
     kv::BlockPool pool(layout, (T + 15) / 16);
     auto blocks = *pool.allocate((T + 15) / 16);
     runtime::cpu::ThreadPool threads;

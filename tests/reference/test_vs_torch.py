@@ -18,6 +18,12 @@ per channel), held to the public layout by check_quantized.py, then run the
 same way: both sides dequantize the same 8-bit weights (torch_forward.py from
 the formats' definitions), so TOL holds for them too; under bf16 dot products
 their weights' values are rounded to bf16 as well (TOL_BF16_Q).
+The KV_FP8 variants also run with FP8 KV (kv.dtype = "fp8", rows of E4M3 codes
+with a float32 scale each): against torch_forward.py --kv fp8, which stores its
+cache the same way from the definition, within TOL_KV_FP8 (a code can round
+the other way where the two sides' keys differ by an ulp), chunks of 7 bitwise
+the same, the greedy tokens equal; and the accuracy FP8 KV costs, against the
+float32 reference, printed and held under KV_FP8_ACCURACY.
 Usage: test_vs_torch.py TANDEM ENGINE_LOGITS SRC_DIR
 """
 import json
@@ -38,6 +44,10 @@ TOL_BF16 = 1e-2  # bf16 keeps 8 bits of each activation (2^-9 relative): measure
 # 8-bit weights under bf16 dot products are also rounded to bf16 (code x scale has up to 12 significant bits): measured
 # 4.3e-3 to 7.0e-3, and 3.9e-2 on a random MoE whose expert choice flips at a few positions (argmax equal at 96%)
 TOL_BF16_Q = 5e-2
+TOL_KV_FP8 = 1e-4  # the same FP8 cache on both sides: measured 2.6e-6 (demo model)
+KV_FP8_ACCURACY = 5e-2  # FP8 KV against float32 KV: measured 1.4e-2 (demo model), argmax equal at 98%
+KV_FP8 = ("llama gqa4:1 rope llama3", "qwen3 tied gqa4:1", "the trained demo model (demo/model, bf16)",
+          "qwen3 fp8 block, intermediate 320 (2.5 blocks), two shards")
 
 # name, make-model arguments
 VARIANTS = [
@@ -146,6 +156,25 @@ with tempfile.TemporaryDirectory() as tmp:
             same = gen["token_ids"] == ref["greedy"]
             check(f"{name} 32 greedy tokens", same,
                   "equal" if same else f"tandem {gen['token_ids']} torch {ref['greedy']}")
+            if name in KV_FP8:
+                ref8, ours8, chunk8 = (Path(tmp) / f"{k}{i}.npy" for k in ("ref8-", "ours8-", "chunk8-"))
+                ref_q = json.loads(run(["/usr/bin/python3", torch_forward, model, "--ids", ids, "--greedy", "32",
+                                        "--kv", "fp8", "--out-logits", ref8]).strip().splitlines()[-1])
+                run([engine_logits, model, ids, ours8, "0", "fp8"])
+                run([engine_logits, model, ids, chunk8, "7", "fp8"])
+                rq, q, q7 = np.load(ref8), np.load(ours8), np.load(chunk8)
+                err = float(np.abs(rq - q).max()) / scale
+                check(f"{name} logits, FP8 KV", err <= TOL_KV_FP8, f"max rel err {err:.2e} against torch's FP8 cache")
+                check(f"{name} FP8 KV: chunked prefill is bitwise the same", np.array_equal(q, q7), "chunks of 7 vs one")
+                cost = float(np.abs(a - q).max()) / scale
+                agree = float((a.argmax(1) == q.argmax(1)).mean())
+                check(f"{name} FP8 KV against float32 KV", cost <= KV_FP8_ACCURACY,
+                      f"max rel err {cost:.2e}, argmax equal at {100 * agree:.0f}% of positions")
+                gen = json.loads(run([tandem, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens", "32",
+                                      "--temperature", "0", "--ignore-eos", "--json", "--kv-dtype", "fp8"]))
+                same = gen["token_ids"] == ref_q["greedy"]
+                check(f"{name} FP8 KV: 32 greedy tokens", same,
+                      "equal" if same else f"tandem {gen['token_ids']} torch {ref_q['greedy']}")
         except Exception as e:  # one variant's failure must not hide the others
             check(name, False, str(e))
 

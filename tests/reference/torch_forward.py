@@ -5,7 +5,7 @@ Tandem's C++ engine is tested against this file; it shares no code with it and
 does not use `transformers` or `safetensors`.  Run it with Debian's Python
 (`/usr/bin/python3`, torch >= 1.13, numpy).
 
-usage: torch_forward.py MODEL_DIR --ids 1,2,3 [--greedy N]
+usage: torch_forward.py MODEL_DIR --ids 1,2,3 [--greedy N] [--kv fp8]
                         [--out-logits FILE.npy] [--out-json FILE.json]
 
 Supported `architectures[0]`: LlamaForCausalLM, MistralForCausalLM,
@@ -46,6 +46,12 @@ Conventions (matching Hugging Face's modeling code):
     F8_E4M3 is decoded from the OCP definition (1 sign bit, 4 exponent bits
     of bias 7, 3 mantissa bits, subnormals at exponent 0, 0x7F/0xFF NaN, no
     infinities) by a 256-entry table built here, not by any library.
+  * --kv fp8 (Tandem's kv.dtype = "fp8"): every key and value row (one token,
+    one kv head, after RoPE) is stored as E4M3 codes with one float32 scale,
+    scale = max|row| / 448, code = the E4M3 value nearest row / scale (ties to
+    the even code, saturating at 448), and read back as E4M3[code] * scale
+    (one float32 product); a row of zeros has scale 0, a row with a NaN or an
+    infinity a NaN scale.
 """
 
 import argparse
@@ -106,6 +112,25 @@ def _e4m3_table():
 
 
 E4M3 = _e4m3_table()
+
+
+def fp8_kv_rows(x):
+    """x: float32 tensor [..., hd] -> the values its rows read back as after FP8 storage (see --kv)."""
+    a = x.numpy().astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        amax = np.abs(a).max(axis=-1, keepdims=True)
+        finite = np.isfinite(a).all(axis=-1, keepdims=True)
+        scale = np.where(finite, amax / np.float32(448), np.float32(np.nan)).astype(np.float32)
+        y = np.where(scale > 0, a / np.where(scale > 0, scale, np.float32(1)), np.float32(0)).astype(np.float32)
+    mag = np.minimum(np.abs(y).astype(np.float64), 448.0)
+    grid = E4M3[:127].astype(np.float64)              # codes 0x00..0x7E, increasing
+    hi = np.clip(np.searchsorted(grid, mag), 0, 126)  # first code whose value >= mag
+    lo = np.clip(hi - 1, 0, 126)
+    d_lo, d_hi = mag - grid[lo], grid[hi] - mag       # exact in float64
+    code = np.where(d_hi < d_lo, hi, np.where(d_lo < d_hi, lo, np.where(hi % 2 == 0, hi, lo)))
+    code = code | np.where(np.signbit(y), 0x80, 0)
+    values = (E4M3[code].astype(np.float32) * scale).astype(np.float32)
+    return torch.from_numpy(values)
 
 
 def read_safetensors_header(path):
@@ -410,6 +435,7 @@ class Layer:
 
 
 class Model:
+    kv_fp8 = False  # --kv fp8: keys and values stored as FP8 rows
     def __init__(self, cfg, ckpt):
         self.cfg = cfg
         D, H, KV, hd, F, V = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim, cfg.vocab_size
@@ -525,6 +551,8 @@ class Model:
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
 
+            if self.kv_fp8:                                       # stored as FP8 rows, read back as their values
+                k, v = fp8_kv_rows(k), fp8_kv_rows(v)
             cache[li][0] = torch.cat((cache[li][0], k), dim=1)    # [KV, S+T, hd]
             cache[li][1] = torch.cat((cache[li][1], v), dim=1)
             keys = cache[li][0][kv_of_head]                       # [H, S+T, hd]
@@ -602,6 +630,7 @@ def main(argv=None):
     ap.add_argument("--ids", required=True, help="prompt token ids, comma-separated")
     ap.add_argument("--greedy", type=int, default=0, metavar="N", help="greedy-generate N tokens after the prompt")
     ap.add_argument("--out-logits", metavar="FILE.npy", help="save the prompt's logits, float32 [T, vocab]")
+    ap.add_argument("--kv", choices=("f32", "fp8"), default="f32", help="KV cache storage (fp8: see above)")
     ap.add_argument("--out-json", metavar="FILE.json", help='write {"greedy": [...], "arch": ..., "n_params": ...}')
     args = ap.parse_args(argv)
 
@@ -612,6 +641,7 @@ def main(argv=None):
             raise RefError("--greedy must be >= 0")
         with torch.no_grad():
             model = load_model(args.model_dir)
+            model.kv_fp8 = args.kv == "fp8"
             bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
             if bad:
                 raise RefError("token id %d out of range [0, %d)" % (bad[0], model.cfg.vocab_size))

@@ -356,3 +356,36 @@ TEST_CASE("disk store of bf16 blocks: bits come back as written; a float32 job d
   CHECK(warnings[0].find("float32") != std::string::npos);
   CHECK(f32.blocks() == 0);
 }
+
+TEST_CASE("an FP8 layout: rows of codes and a scale, blocks of whole floats, a store of its own dtype", "[kv]") {
+  KvLayout fp8 = kLayout;
+  fp8.elem_bytes = 1;
+  REQUIRE(fp8.row_elems() == 8);                                 // head_dim 4 codes, then the scale's 4 bytes
+  CHECK(fp8.head_run_bytes() == 4 * 8);                          // a head's run: block_size rows
+  CHECK(fp8.block_bytes() == 2 * 2 * 4 * 8);                     // layers x K/V x run
+  CHECK(fp8.block_floats() * 4 == static_cast<int64_t>(fp8.block_bytes()));
+  CHECK(fp8.offset(1, 1, 1, 0, 3) == fp8.block_elems() + (1 * 2 + 1) * fp8.head_run() + 3 * 8);
+  CHECK(fp8.bytes_per_value() == 2.0);                           // 1 + 4 / head_dim at head_dim 4
+  TempDir dir;
+  std::vector<std::string> warnings;
+  std::vector<uint8_t> bytes(fp8.block_bytes() * 2);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+  {
+    DiskStore s({dir.path, {"0123456789abcdef", "test model", fp8}}, warnings);
+    const uint64_t hashes[] = {31, 32};
+    std::string w;
+    REQUIRE(s.write(hashes, reinterpret_cast<const float*>(bytes.data()), w));
+  }
+  REQUIRE(warnings.empty());
+  DiskStore again({dir.path, {"0123456789abcdef", "test model", fp8}}, warnings);
+  REQUIRE(warnings.empty());
+  std::vector<uint8_t> out(fp8.block_bytes());
+  std::string w;
+  REQUIRE(again.read(32, reinterpret_cast<float*>(out.data()), w));
+  CHECK(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<std::ptrdiff_t>(fp8.block_bytes())));
+  DiskStore f32({dir.path, identity()}, warnings);  // a float32 job: another layout, told how to use it
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("float8_e4m3fn+scale") != std::string::npos);
+  CHECK(warnings[0].find("kv.dtype = \"fp8\"") != std::string::npos);
+  CHECK(f32.blocks() == 0);
+}

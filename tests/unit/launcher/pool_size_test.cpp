@@ -50,3 +50,18 @@ TEST_CASE("a cell's pool fits both forms' room and holds no more than the larger
   // No room at all still leaves a block of either form, as pool_blocks never gives none.
   CHECK(cell_pool_bytes(4e9, 0, 2e9, 0, b1, b2) == b1);
 }
+
+TEST_CASE("kv.dtype = fp8: rows of head_dim codes and a scale on the CPU; refused on a GPU with one line", "[pool]") {
+  Prepared p = eight_b();
+  p.cfg.kv.dtype = "fp8";
+  CHECK_THROWS_WITH(tandem::launcher::check_backend(p, 2),
+                    Catch::Contains("kv.dtype = \"fp8\" is the CPU backend's for now") && Catch::Contains("\"bf16\""));
+  p.cfg.model.backend = "cpu";
+  p.cfg.choices.backend = tandem::launcher::ComputeBackend::kCpu;
+  const auto l = kv_layout(p, 1);
+  CHECK(l.elem_bytes == 1);
+  CHECK(l.block_bytes() == 32u * 2 * 8 * 16 * (128 + 4));
+  CHECK(l.bytes_per_value() == Approx(1.03125));
+  p.model.head_dim = 126;  // a row's scale would not be an aligned float
+  CHECK_THROWS_WITH(tandem::launcher::check_backend(p, 2), Catch::Contains("multiple of 4"));
+}

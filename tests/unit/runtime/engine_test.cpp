@@ -26,7 +26,7 @@ struct Seq {
 };
 
 // Logits of every position of `target` computed alone, in chunks of `chunk`
-// tokens, with KV elements of kv_bytes (4: float32, 2: bf16).
+// tokens, with KV elements of kv_bytes (4: float32, 2: bf16, 1: FP8 with row scales).
 std::vector<float> alone(const ModelConfig& c, const ModelWeights& w, const std::vector<int32_t>& target, int64_t chunk,
                          int64_t kv_bytes = 4) {
   kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_bytes}, 64);
@@ -62,9 +62,10 @@ std::map<uint64_t, EngineOutput> run_all(Engine& e) {
 TEST_CASE("a row's logits are bitwise the same alone, among 64 others at any position, and in any chunking",
           "[engine][invariance]") {
   // Dense, and mixtures of experts: there a batch changes which rows each expert computes, never a row's result.
-  // float32 and bf16 KV on the dense model; the KV element is orthogonal to the experts, so they take float32.
-  const auto [arch, kv_bytes] = GENERATE(table<std::string, int64_t>({{"qwen3", 4}, {"qwen3", 2}, {"qwen3_moe", 4},
-                                                                       {"mixtral", 4}}));
+  // float32, bf16 and FP8 KV (a scale per row: the row alone decides it) on the dense model; the KV element is
+  // orthogonal to the experts, so they take float32.
+  const auto [arch, kv_bytes] = GENERATE(table<std::string, int64_t>({{"qwen3", 4}, {"qwen3", 2}, {"qwen3", 1},
+                                                                       {"qwen3_moe", 4}, {"mixtral", 4}}));
   testing::TinyModel tiny(arch, "f32");
   const auto& c = tiny.config;
   INFO(arch << ", KV element bytes " << kv_bytes);

@@ -538,3 +538,54 @@ TEST_CASE("the bf16 dot-product table takes an 8-bit matrix's values rounded to 
     }
   }
 }
+
+TEST_CASE("FP8 KV rows: scale max|x|/448, nearest codes, widened to code x scale the same on every table",
+          "[kernels][kv]") {
+  std::mt19937 rng(11);
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  const float* e4m3 = f8e4m3_table();
+  for (const int64_t n : {4, 8, 24, 64, 128, 132}) {
+    for (const float magnitude : {1e-30f, 1e-3f, 1.0f, 300.0f, 1e30f}) {  // 1e30: scale x 2^120 overflows
+      std::normal_distribution<float> g(0.0f, magnitude);
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (auto& v : x) v = g(rng);
+      x[0] = -0.0f;
+      std::vector<uint8_t> row(static_cast<std::size_t>(n + 4));
+      quantize_fp8_row(x.data(), n, row.data());
+      float amax = 0, scale;
+      for (float v : x) amax = std::max(amax, std::fabs(v));
+      std::memcpy(&scale, row.data() + n, 4);
+      REQUIRE(scale == amax / 448.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        REQUIRE(row[static_cast<std::size_t>(i)] == f32_to_f8e4m3(x[static_cast<std::size_t>(i)] / scale));
+        REQUIRE((row[static_cast<std::size_t>(i)] & 0x7F) != 0x7F);  // never a NaN code
+      }
+      for (const KernelTable* t : tables) {
+        std::vector<float> wide(static_cast<std::size_t>(n), -1.0f);
+        t->widen_fp8_row(row.data(), n, wide.data());
+        for (int64_t i = 0; i < n; ++i) {
+          const float want = e4m3[row[static_cast<std::size_t>(i)]] * scale;
+          INFO(t->name << " n " << n << " magnitude " << magnitude << " i " << i);
+          REQUIRE(std::memcmp(&wide[static_cast<std::size_t>(i)], &want, 4) == 0);
+          REQUIRE(std::fabs(wide[static_cast<std::size_t>(i)] - x[static_cast<std::size_t>(i)]) <=
+                  amax / 16.0f + 1e-45f);  // within half an E4M3 step of the largest binade
+        }
+      }
+    }
+  }
+  SECTION("a row of zeros has scale 0 and reads back as zeros; a NaN or infinity makes the row NaN") {
+    std::vector<float> x(16, 0.0f);
+    std::vector<uint8_t> row(20);
+    for (const float bad : {0.0f, NAN, INFINITY}) {
+      x[3] = bad;
+      quantize_fp8_row(x.data(), 16, row.data());
+      for (const KernelTable* t : tables) {
+        std::vector<float> wide(16);
+        t->widen_fp8_row(row.data(), 16, wide.data());
+        for (float v : wide) CHECK((bad == 0.0f ? v == 0.0f : std::isnan(v)));
+      }
+    }
+  }
+}

@@ -16,9 +16,11 @@ namespace tandem::testing {
 // decode steps; every logit of every step, as one rank of a group computes them.
 inline std::vector<float> tp_forward(const runtime::ModelConfig& c, const runtime::ModelWeights& w,
                                      runtime::cpu::TpGroup* group, const std::vector<int32_t>& prompt, int steps,
-                                     bool expert_parallel = true) {
+                                     bool expert_parallel = true, int64_t kv_elem_bytes = 4) {
   const runtime::ModelConfig local = group ? runtime::cpu::shard_config(c, group->shard()) : c;
-  kv::BlockPool pool({c.layers, local.kv_heads, c.head_dim, 16}, 8);
+  kv::KvLayout layout{c.layers, local.kv_heads, c.head_dim, 16};
+  layout.elem_bytes = kv_elem_bytes;  // 4 f32, 2 bf16, 1 FP8 (kv.dtype)
+  kv::BlockPool pool(layout, 8);
   runtime::cpu::ThreadPool threads(1);
   runtime::cpu::CpuModel model(c, w, pool, threads, group, expert_parallel);
   std::vector<int32_t> blocks(8);

@@ -26,15 +26,15 @@ namespace {
 using tandem::testing::ThreadGroup;
 
 std::vector<float> run_group(const ModelConfig& c, const ModelWeights& w, int width, const std::vector<int32_t>& prompt,
-                             int steps, bool expert_parallel = true) {
-  if (width == 1) return testing::tp_forward(c, w, nullptr, prompt, steps);
+                             int steps, bool expert_parallel = true, int64_t kv_elem_bytes = 4) {
+  if (width == 1) return testing::tp_forward(c, w, nullptr, prompt, steps, true, kv_elem_bytes);
   ThreadGroup g(width);
   std::vector<std::vector<float>> out(static_cast<std::size_t>(width));
   std::vector<std::thread> ranks;
   for (int r = 0; r < width; ++r)
     ranks.emplace_back([&, r] {
       ThreadGroup::Member m(g, r);
-      out[static_cast<std::size_t>(r)] = testing::tp_forward(c, w, &m, prompt, steps, expert_parallel);
+      out[static_cast<std::size_t>(r)] = testing::tp_forward(c, w, &m, prompt, steps, expert_parallel, kv_elem_bytes);
     });
   for (auto& t : ranks) t.join();
   for (int r = 1; r < width; ++r) REQUIRE(out[static_cast<std::size_t>(r)] == out[0]);  // every rank: the same logits
@@ -59,6 +59,20 @@ TEST_CASE("tensor parallel: the logits are the same bits at every width", "[tp]"
         CHECK(std::memcmp(got.data(), reference.data(), got.size() * sizeof(float)) == 0);
       }
     }
+  }
+}
+
+TEST_CASE("tensor parallel with FP8 KV: the same bits at every width, other bits than float32 KV", "[tp][kv]") {
+  std::vector<int32_t> prompt(21);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(100 + 37 * i);
+  testing::TinyModel tiny("qwen3", "bf16");
+  const auto f32_kv = run_group(tiny.config, *tiny.weights, 1, prompt, 4);
+  const auto reference = run_group(tiny.config, *tiny.weights, 1, prompt, 4, true, 1);
+  CHECK(reference != f32_kv);  // the KV really is FP8
+  for (int width : {2, 4}) {
+    INFO("width " << width);
+    const auto got = run_group(tiny.config, *tiny.weights, width, prompt, 4, true, 1);
+    CHECK(std::memcmp(got.data(), reference.data(), got.size() * sizeof(float)) == 0);
   }
 }
 
