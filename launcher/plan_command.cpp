@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "launcher/commands.h"
+#include "router/body_defaults.h"
 #include "planner/epoch_planner.h"
 #include "router/prompt_builder.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -29,6 +30,8 @@ int plan(const PlanOptions& o) {
   if (o.workers < 2) throw Error("--workers: the worker ranks of the job (ranks - 1), at least 2 to split");
   const auto model = runtime::ModelConfig::load(cfg.model.path);
   const auto tokenizer = runtime::Tokenizer::load(cfg.model.path);
+  std::unique_ptr<router::BodyDefaults> defaults;  // [defaults]: the lines as the job would read them
+  if (!cfg.defaults.empty()) defaults = std::make_unique<router::BodyDefaults>(router::BodyDefaults::parse(cfg.defaults, cfg.defaults_source));
   router::PromptContext prompts;
   prompts.tokenizer = tokenizer.get();
   std::unique_ptr<runtime::ChatTemplate> chat;
@@ -52,7 +55,7 @@ int plan(const PlanOptions& o) {
   std::string line;
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto parsed = router::parse_batch_line(line);
+    auto parsed = router::parse_batch_line(line, 16, defaults.get());
     if (std::holds_alternative<router::LineError>(parsed)) {
       ++bad;
       continue;

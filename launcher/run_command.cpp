@@ -14,6 +14,8 @@ Action add_run_command(CLI::App& root, int argc, char** argv) {
   cmd->add_option("--model", o->model, "Model directory (overrides model.path)");
   cmd->add_option("--input", o->input, "Input JSONL (overrides job.input)");
   cmd->add_option("--output", o->output, "Output JSONL, appended to (overrides job.output)");
+  cmd->add_option("--defaults", o->defaults,
+                  "JSON object of request fields merged under every line's body (instead of [defaults] in the job file)");
   cmd->add_flag("--resume", o->resume,
                 "Continue an existing output: skip what its checkpoint says is done (automatic on a Slurm requeue)");
   return [o, argc, argv]() { return run_job(*o, argc, argv); };

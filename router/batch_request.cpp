@@ -1,6 +1,7 @@
 #include "router/batch_request.h"
 
 #include "router/structured_output.h"
+#include "router/body_defaults.h"
 
 #include <algorithm>
 #include <charconv>
@@ -527,7 +528,11 @@ std::string duplicate_message(const std::string& key) {
 
 }  // namespace
 
-ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
+namespace {
+constexpr const char* kDefaultsHint = " (a field of the job's defaults, [defaults] or --defaults: the line alone is valid)";
+}  // namespace
+
+ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens, const BodyDefaults* defaults) {
   std::string duplicate;
   json j = parse_checked(line, duplicate);
   if (j.is_discarded()) {
@@ -541,6 +546,7 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
   if (!duplicate.empty()) return LineError{line_key_id(line), 400, duplicate_message(duplicate)};
   LineError err;
   if (j.contains("custom_id") && j["custom_id"].is_string()) err.custom_id = j["custom_id"].get<std::string>();
+  const bool use_defaults = defaults && !defaults->empty();
   try {
     if (!j.contains("custom_id")) throw Bad{"missing 'custom_id' (every line needs a unique string id)"};
     if (!j["custom_id"].is_string() || err.custom_id.empty())
@@ -553,16 +559,31 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens) {
       else if (url == "/v1/chat/completions") r.endpoint = Endpoint::kChat;
       else throw Bad{"unknown 'url' " + json(url).dump() + "; use \"/v1/completions\" or \"/v1/chat/completions\""};
       if (j.contains("method") && j["method"] != "POST") throw Bad{"'method' must be \"POST\""};
-      parse_body(j["body"], r, default_max_tokens, false, false,
-                 [&] { return nlohmann::ordered_json::parse(line)["body"]; });
+      if (!use_defaults) {
+        parse_body(j["body"], r, default_max_tokens, false, false,
+                   [&] { return nlohmann::ordered_json::parse(line)["body"]; });
+      } else {
+        parse_body(defaults->merged(j["body"]), r, default_max_tokens, false, false,
+                   [&] { return defaults->merged(nlohmann::ordered_json::parse(line)["body"]); });
+      }
     } else {
       // Short form: the request's fields sit next to custom_id.
       r.endpoint = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
-      parse_body(j, r, default_max_tokens, false, true, [&] { return nlohmann::ordered_json::parse(line); });
+      if (!use_defaults) {
+        parse_body(j, r, default_max_tokens, false, true, [&] { return nlohmann::ordered_json::parse(line); });
+      } else {
+        if (!j.contains("messages") && !j.contains("prompt") && !j.contains("prompt_token_ids") &&
+            defaults->body.contains("messages"))
+          r.endpoint = Endpoint::kChat;  // the defaults' messages alone make it a chat
+        parse_body(defaults->merged(j), r, default_max_tokens, false, true,
+                   [&] { return defaults->merged(nlohmann::ordered_json::parse(line)); });
+      }
     }
     return r;
   } catch (const Bad& b) {
     err.message = b.message;
+    if (use_defaults && std::holds_alternative<BatchRequest>(parse_batch_line(line, default_max_tokens)))
+      err.message += kDefaultsHint;
     return err;
   } catch (const json::exception& e) {
     err.message = std::string("malformed request: ") + e.what();
@@ -591,6 +612,63 @@ ParsedLine parse_request_body(Endpoint endpoint, std::string_view text, int64_t 
 uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const std::string& custom_id) {
   if (seed_given) return XXH3_64bits_withSeed("seed", 4, seed);
   return XXH3_64bits_withSeed(custom_id.data(), custom_id.size(), job_seed);
+}
+
+}  // namespace tandem::router
+
+namespace tandem::router {
+
+namespace {
+
+template <class Json>
+Json merge_under(const Json& defaults, const Json& line) {
+  Json out = line;
+  for (auto it = defaults.begin(); it != defaults.end(); ++it) {
+    if (it.key() == "messages" && line.contains("messages") && line["messages"].is_array() && it.value().is_array()) {
+      Json all = it.value();
+      for (const auto& m : line["messages"]) all.push_back(m);
+      out["messages"] = std::move(all);
+    } else if (!line.contains(it.key())) {
+      out[it.key()] = it.value();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+json BodyDefaults::merged(const json& line_body) const {
+  return line_body.is_object() ? merge_under(body, line_body) : line_body;
+}
+
+nlohmann::ordered_json BodyDefaults::merged(const nlohmann::ordered_json& line_body) const {
+  return line_body.is_object() ? merge_under(ordered, line_body) : line_body;
+}
+
+BodyDefaults BodyDefaults::parse(const std::string& text, const std::string& source) {
+  BodyDefaults d;
+  try {
+    d.ordered = nlohmann::ordered_json::parse(text);
+    d.body = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(source + ": not valid JSON (" + e.what() + "); the defaults are one JSON object of request fields");
+  }
+  if (!d.body.is_object())
+    throw Error(source + ": the defaults must be an object of request fields, got " + type_name(d.body));
+  for (const char* key : {"custom_id", "url", "method", "body", "prompt", "prompt_token_ids"})
+    if (d.body.contains(key))
+      throw Error(source + ": '" + key + "' cannot be a default (each line gives its own" +
+                  (std::string(key) == "body" ? "; write the body's fields themselves" : "") + ")");
+  // Checked as lines would be: it must suit chat or completions lines (a field of one only is fine).
+  std::string why;
+  for (const char* sample : {R"({"custom_id":"defaults","url":"/v1/chat/completions","method":"POST","body":{"messages":[{"role":"user","content":"x"}]}})",
+                             R"({"custom_id":"defaults","url":"/v1/completions","method":"POST","body":{"prompt":"x"}})"}) {
+    const ParsedLine p = parse_batch_line(sample, 16, &d);
+    if (std::holds_alternative<BatchRequest>(p)) return d;
+    if (why.empty()) why = std::get<LineError>(p).message;
+  }
+  if (const auto hint = why.find(kDefaultsHint); hint != std::string::npos) why.erase(hint);  // it is the defaults
+  throw Error(source + ": " + why);
 }
 
 }  // namespace tandem::router

@@ -23,7 +23,8 @@
 
 namespace tandem::router {
 
-struct ToolRequest;  // router/tool_calls.h
+struct ToolRequest;   // router/tool_calls.h
+struct BodyDefaults;  // router/body_defaults.h
 
 enum class Endpoint { kCompletions, kChat };
 
@@ -61,7 +62,9 @@ struct LineError {
 using ParsedLine = std::variant<BatchRequest, LineError>;
 
 // default_max_tokens: for completions without max_tokens (OpenAI's default is 16).
-ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens = 16);
+// defaults: the job's fields merged under the line's body (body_defaults.h); null: none.
+ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens = 16,
+                            const BodyDefaults* defaults = nullptr);
 
 // The body of an HTTP request to `endpoint` (tandem serve): the same fields as
 // a batch line's body, plus n (up to kMaxChoices), stream and

@@ -35,6 +35,7 @@ struct JobConfig {
   double flush_seconds = 10.0;              // fsync output + checkpoint at least this often
   double progress_seconds = 30.0;           // a progress line this often when stderr is not a terminal
   std::string summary;                      // summary JSON; empty: <output>.summary.json
+  std::string progress_file;                // progress JSON; empty: <output>.progress.json; "none": off
   bool resume = false;                      // continue an existing output (skip what its checkpoint has)
   int64_t max_line_bytes = 0;               // longest input line; 0: 64 bytes per context token, at least 1 MiB
 };
@@ -125,6 +126,10 @@ struct Config {
   TransportConfig transport;
   HttpConfig http;
   LogConfig log;
+  // [defaults]: request fields merged under every batch line's body
+  // (router/body_defaults.h), as JSON text; empty: none. defaults_source
+  // names where they came from, for messages.
+  std::string defaults, defaults_source;
   Choices choices;  // from the strings above, by resolve_choices()
 };
 

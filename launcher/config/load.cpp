@@ -83,6 +83,16 @@ void apply_table(Config& config, const toml::table& root, std::string_view sourc
   for (auto&& [section_key, section_node] : root) {
     const std::string section(section_key.str());
     const auto* table = section_node.as_table();
+    if (section == "defaults") {  // free-form: request fields, checked as a line's (router/body_defaults.h)
+      if (!table)
+        throw Error(where(source, section_key.source()) + ": 'defaults' must be a section ([defaults]) of request "
+                    "fields, got " + describe(section_node));
+      std::ostringstream json;
+      json << toml::json_formatter{*table};
+      config.defaults = json.str();
+      config.defaults_source = where(source, section_key.source()) + ": [defaults]";
+      continue;
+    }
     if (key_names(section).empty()) {
       throw Error(where(source, section_key.source()) + ": " + unknown_section(section));
     }
@@ -169,6 +179,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 std::string to_toml(const Config& config) {
   std::string out;
+  if (!config.defaults.empty()) out += "# [defaults] (" + config.defaults_source + "), as JSON: " + config.defaults + "\n";
   std::string section;
   for (const auto& spec : schema()) {
     if (spec.section != section) {

@@ -155,6 +155,10 @@ std::vector<KeySpec> build_schema() {
           .doc("When stderr is not a terminal (a Slurm log), one progress line this often, in seconds."),
       key("job", "summary", &C::job, &JobConfig::summary)
           .doc("Where the job's summary JSON goes; empty: next to the output as <output>.summary.json."),
+      key("job", "progress_file", &C::job, &JobConfig::progress_file)
+          .doc("A JSON file with the progress line's figures (state, done, failed, to_do, rates, eta_s), replaced "
+               "whole at every progress line and at the end, for scripts to read at any time; empty: next to the output "
+               "as <output>.progress.json; \"none\": not written."),
       key("job", "resume", &C::job, &JobConfig::resume)
           .doc("Continue an existing output: skip what its checkpoint (<output>.ckpt) records as done. "
                "Also --resume; automatic when Slurm requeues the job. Off: an existing output is an error.")

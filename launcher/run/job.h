@@ -14,6 +14,7 @@ namespace tandem::launcher {
 struct RunOptions {
   ConfigOptions config;
   std::string model, input, output;
+  std::string defaults;  // --defaults FILE.json: [defaults] from a file
   bool resume = false;
   bool serve = false;  // tandem serve: HTTP on rank 0 instead of the input file
   std::string host;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <tuple>
 
 #include <spdlog/spdlog.h>
@@ -26,6 +27,38 @@
 #include "topology/cells.h"
 
 namespace tandem::launcher {
+
+// A run with defaults records them beside its output (<output>.defaults.json);
+// a resumed run must bring the same ones, or its lines would be answered
+// under two sets of defaults.
+void check_defaults_record(const Prepared& p) {
+  const std::string record = p.cfg.job.output + ".defaults.json";
+  const std::string now = p.defaults ? p.defaults->canonical() : std::string();
+  std::error_code ec;
+  const bool continuing = p.cfg.job.resume && std::filesystem::exists(p.cfg.job.output) &&
+                          std::filesystem::file_size(p.cfg.job.output, ec) > 0;
+  if (continuing) {
+    std::string before;
+    if (std::ifstream in(record, std::ios::binary); in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      before = text.str();
+      while (!before.empty() && before.back() == '\n') before.pop_back();
+    }
+    if (before != now)
+      throw Error(p.cfg.job.output + ": its earlier run had " +
+                  (before.empty() ? std::string("no defaults") : "other defaults (" + record + ")") + " than this one (" +
+                  (now.empty() ? std::string("none") : p.cfg.defaults_source) +
+                  "); resume it with the same [defaults] / --defaults, or start a new output");
+    return;
+  }
+  if (now.empty()) {
+    std::filesystem::remove(record, ec);  // a stale record of an output that is gone
+    return;
+  }
+  std::ofstream out(record, std::ios::binary | std::ios::trunc);
+  if (!(out << now << "\n")) throw Error(record + ": cannot write the defaults' record beside the output");
+}
 
 void check_files(Prepared& p) {
   if (const std::string busy = slurm::output_in_use(p.cfg.job.output); !busy.empty()) throw Error(busy);
@@ -52,6 +85,7 @@ void check_files(Prepared& p) {
   if (!p.cfg.job.resume && std::filesystem::exists(p.cfg.job.output) && std::filesystem::file_size(p.cfg.job.output, ec) > 0)
     throw Error(p.cfg.job.output + ": the output already exists; pass --resume (or set job.resume = true) to continue "
                 "it, or choose another output");
+  check_defaults_record(p);
   runtime::ModelWeights::check(p.model, p.cfg.model.path);  // maps and checks every tensor; reads no weights
   // Last, as the slowest: compressed input whole, and on --resume every line against the checkpoint.
   p.input_scan = router::InputScan::run(

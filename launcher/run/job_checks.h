@@ -10,6 +10,7 @@
 
 #include "kv/kv_layout.h"
 #include "launcher/config/config.h"
+#include "router/body_defaults.h"
 #include "router/input_scan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -27,6 +28,8 @@ struct Prepared {
   // Rank 0 of `tandem run`: what check_files read of the input (null: it
   // needed no reading through; router/input_scan.h).
   std::shared_ptr<const router::InputScan> input_scan;
+  // [defaults] / --defaults, checked (router/body_defaults.h); null: none.
+  std::shared_ptr<const router::BodyDefaults> defaults;
 };
 
 // Rank 0's checks of what only it touches: input, output, summary, and that

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -43,6 +44,26 @@ Prepared prepare(const RunOptions& o) {
     // Its summary too: an explicit job.summary is per task like the output ({task}, or .task<ID>).
     if (p.cfg.job.summary.empty()) p.cfg.job.summary = p.cfg.job.output + ".summary.json";
     else p.cfg.job.summary = slurm::shard_output_path(p.cfg.job.summary, slurm::SlurmEnv::from_environment());
+    if (p.cfg.job.progress_file.empty()) p.cfg.job.progress_file = p.cfg.job.output + ".progress.json";
+    else if (p.cfg.job.progress_file != "none")
+      p.cfg.job.progress_file = slurm::shard_output_path(p.cfg.job.progress_file, slurm::SlurmEnv::from_environment());
+  }
+  if (!o.defaults.empty()) {
+    if (!p.cfg.defaults.empty())
+      throw Error("--defaults " + o.defaults + ": the job file has [defaults] too (" + p.cfg.defaults_source +
+                  "); give them once");
+    std::ifstream in(o.defaults, std::ios::binary);
+    if (!in) throw Error("--defaults " + o.defaults + ": cannot read it; check the path");
+    std::stringstream text;
+    text << in.rdbuf();
+    p.cfg.defaults = text.str();
+    p.cfg.defaults_source = "--defaults " + o.defaults;
+  }
+  if (!p.cfg.defaults.empty()) {
+    if (o.serve)
+      throw Error(p.cfg.defaults_source + ": defaults apply to tandem run's batch lines; tandem serve takes each "
+                  "request's body as sent: remove them");
+    p.defaults = std::make_shared<const router::BodyDefaults>(router::BodyDefaults::parse(p.cfg.defaults, p.cfg.defaults_source));
   }
   p.model = runtime::ModelConfig::load(p.cfg.model.path);
   p.model.load_as = p.cfg.model.dtype;
@@ -88,6 +109,8 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
   s.input = c.job.input;
   s.output = c.job.output;
   s.summary = c.job.summary;
+  s.defaults = p.defaults;
+  s.progress_file = c.job.progress_file == "none" ? std::string() : c.job.progress_file;
   s.max_line_bytes = p.max_line_bytes;
   prompt_and_output_contexts(p, chat, s.prompts, s.outputs);
   s.window_per_worker = 2 * c.job.max_num_seqs;

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <optional>
 #include <span>
@@ -98,6 +100,8 @@ class BatchFrontend : public Frontend {
   void read_one(RouterLoop& loop);
   void fail(uint64_t i, slurm::OutputKey key, const LineError& e);
   void progress(bool final);
+  void write_progress_file(bool final, int64_t finished, int64_t to_do, bool known, double rps, double tps, double eta,
+                           double elapsed);
 
   const BatchSetup& s_;
   const int64_t window_size_;
@@ -110,6 +114,7 @@ class BatchFrontend : public Frontend {
   Clock::time_point start_ = Clock::now(), last_progress_ = start_;
   const bool tty_ = ::isatty(STDERR_FILENO);
   bool loaded_ = false;
+  bool progress_file_failed_ = false;  // warned once; not tried again
   std::unordered_map<uint64_t, InFlight> in_flight_;
   uint64_t index_ = 0;  // the next input line to admit
   bool input_done_ = false;
@@ -124,7 +129,9 @@ class BatchFrontend : public Frontend {
 BatchFrontend::BatchFrontend(const BatchSetup& s)
     : s_(s), window_size_(std::max<int64_t>(1, s.reorder_window)), scan_(scan_of(s)), file_(s.output, s.resume),
       out_(file_, s.input_order, s.flush_seconds), ledger_(scan_), epochs_(s.planner, s.epoch_requests),
-      input_({s.input, s.max_line_bytes, s.tokenize_threads, &s.prompts, s.dispatch.block_size, window_size_ > 1}, scan_,
+      input_({s.input, s.max_line_bytes, s.tokenize_threads, &s.prompts, s.dispatch.block_size, window_size_ > 1,
+              s.defaults.get()},
+             scan_,
              shard_of(s, file_)) {
   if (scan_)
     if (const std::string why = scan_->changed(); !why.empty()) throw Error(why);
@@ -133,6 +140,7 @@ BatchFrontend::BatchFrontend(const BatchSetup& s)
   else if (s.resume)
     spdlog::info("resuming {}: 0 line(s) already done (nothing committed yet)", s.output);
   stats_.set_hosts(s.hosts);
+  progress(false);  // the progress file exists ("loading") from the start
 }
 
 // Workers load the model while rank 0 starts: nothing is placed before every
@@ -143,6 +151,7 @@ void BatchFrontend::workers_loaded(std::size_t loaded, std::size_t want) {
   loaded_ = true;
   spdlog::info("{} worker(s) loaded in {:.1f} s", want, std::chrono::duration<double>(Clock::now() - start_).count());
   start_ = last_progress_ = Clock::now();
+  progress(false);  // "running" in the progress file (and a first line in the log)
 }
 
 // The planner's look-ahead: at the first line of an epoch the whole epoch is
@@ -284,14 +293,18 @@ void BatchFrontend::on_result(service::WireResult& r) {
 
 // "N/M done": M counts the lines this run has to answer (resumed ones left
 // out), known from the start when the input was read through before any work.
+// The same figures go to the progress file, replaced whole (written beside
+// it, then renamed) so a reader never sees half of it.
 void BatchFrontend::progress(bool final) {
   const double el = std::chrono::duration<double>(Clock::now() - start_).count();
   const int64_t finished = stats_.ok() + stats_.failed();
-  const double rps = el > 0 ? static_cast<double>(finished) / el : 0;
-  const double tps = el > 0 ? static_cast<double>(stats_.generated_tokens()) / el : 0;
+  const double rps = el > 0 && loaded_ ? static_cast<double>(finished) / el : 0;
+  const double tps = el > 0 && loaded_ ? static_cast<double>(stats_.generated_tokens()) / el : 0;
   const auto [to_do, known] = ledger_.to_do(input_done_);
   const std::string total = known ? std::to_string(to_do) : std::to_string(to_do) + "+";
   const double eta = known && rps > 0 ? static_cast<double>(to_do - finished) / rps : -1;
+  write_progress_file(final, finished, to_do, known, rps, tps, eta, el);
+  if (!loaded_ && !final) return;  // the file says "loading"; the log says when the workers are ready
   char line[320];
   std::snprintf(line, sizeof line, "%lld/%s done (%lld failed), %.2f req/s, %.1f output tok/s, ETA %s%s",
                 static_cast<long long>(finished), total.c_str(), static_cast<long long>(stats_.failed()), rps, tps,
@@ -300,6 +313,36 @@ void BatchFrontend::progress(bool final) {
                                       : "");
   if (tty_ && !final) std::fprintf(stderr, "\r%s\033[K", line);
   else spdlog::info("progress: {}", line);
+}
+
+void BatchFrontend::write_progress_file(bool final, int64_t finished, int64_t to_do, bool known, double rps, double tps,
+                                        double eta, double elapsed) {
+  if (s_.progress_file.empty() || progress_file_failed_) return;
+  const nlohmann::json j = {
+      {"state", final ? (stopping_ ? "stopped" : "done") : loaded_ ? "running" : "loading"},
+      {"output", s_.output},
+      {"done", finished},
+      {"failed", stats_.failed()},
+      {"to_do", known ? nlohmann::json(to_do) : nlohmann::json(nullptr)},
+      {"read_so_far", to_do},
+      {"answered_before_this_run", ledger_.resumed()},
+      {"requests_per_s", rps},
+      {"output_tokens_per_s", tps},
+      {"eta_s", eta < 0 ? nlohmann::json(nullptr) : nlohmann::json(eta)},
+      {"elapsed_s", loaded_ ? elapsed : 0.0},
+      {"updated_unix_s", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+      {"pid", static_cast<int64_t>(::getpid())}};
+  const std::string tmp = s_.progress_file + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  const std::string text = j.dump() + "\n";
+  const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f && std::fclose(f) != 0) f = nullptr;
+  if (!ok || !f || std::rename(tmp.c_str(), s_.progress_file.c_str()) != 0) {
+    progress_file_failed_ = true;
+    spdlog::warn("{}: cannot write the progress file ({}); the job goes on without it (job.progress_file)",
+                 s_.progress_file, std::strerror(errno));
+    std::remove(tmp.c_str());
+  }
 }
 
 void BatchFrontend::tick(RouterLoop& loop) {

@@ -14,6 +14,7 @@
 
 #include "planner/epoch_planner.h"
 #include "router/batch_output.h"
+#include "router/body_defaults.h"
 #include "router/dispatcher.h"
 #include "router/input_scan.h"
 #include "router/prompt_builder.h"
@@ -22,6 +23,10 @@ namespace tandem::router {
 
 struct BatchSetup {
   std::string input, output, summary;
+  // A small JSON file of the figures in the progress lines (state, done, failed, to_do, rates, ETA),
+  // replaced whole at every line and at the end: docs/run.md. Empty: none.
+  std::string progress_file;
+  std::shared_ptr<const BodyDefaults> defaults;  // merged under every line's body; null: none
   int64_t max_line_bytes = 1 << 20;  // a longer input line becomes an error record, never held whole
   PromptContext prompts;
   OutputContext outputs;

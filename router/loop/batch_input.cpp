@@ -41,7 +41,7 @@ void BatchInput::prepare(PreparedLine& p) const {
     p.done = true;
     return;
   }
-  p.parsed = parse_batch_line(p.line.text);
+  p.parsed = parse_batch_line(p.line.text, 16, o_.defaults);
   // (the text is freed on the main thread, which allocated it)
   auto* req = std::get_if<BatchRequest>(&p.parsed);
   if (!req || p.line.too_long) return;

@@ -66,6 +66,7 @@ class BatchInput {
     const PromptContext* prompts = nullptr;
     int64_t block_size = 16;
     bool hash_blocks = false;  // the prompt's full block hashes (a reorder window groups by them)
+    const BodyDefaults* defaults = nullptr;  // the job's fields under every line's body; null: none
   };
   // scan: which lines an earlier run answered (null: none).
   BatchInput(Options o, std::shared_ptr<const InputScan> scan, InputShard shard);

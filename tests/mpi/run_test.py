@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 tandem, src = sys.argv[1], Path(sys.argv[2])
@@ -29,13 +30,43 @@ def check(name, ok, detail=""):
     failed += not ok
 
 
-def run(np, out, *sets, timeout=300):
+def run(np, out, *sets, timeout=300, extra=()):
     cmd = ([] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]) + [
-        tandem, "run", "-c", str(job), "--output", str(out), *[a for s in sets for a in ("--set", s)]]
+        tandem, "run", "-c", str(job), "--output", str(out), *extra, *[a for s in sets for a in ("--set", s)]]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if p.returncode != 0:
         print(p.stdout[-3000:], p.stderr[-3000:])
     return p
+
+
+def run_watching(np, out, *sets, timeout=300):
+    """run(), reading <out>.progress.json every few ms while the job runs: every read must parse."""
+    cmd = ["mpirun", "--oversubscribe", "-np", str(np), tandem, "run", "-c", str(job), "--output", str(out),
+           *[a for s in sets for a in ("--set", s)]]
+    progress, reads, bad = Path(str(out) + ".progress.json"), [], []
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(env, TANDEM_LOG_LEVEL="info"))
+    import threading
+    log = []
+    reader = threading.Thread(target=lambda: log.append(p.stdout.read()))
+    reader.start()
+    deadline = time.time() + timeout
+    while p.poll() is None and time.time() < deadline:
+        try:
+            text = progress.read_text()
+        except FileNotFoundError:
+            text = None
+        if text is not None:
+            try:
+                reads.append(json.loads(text))
+            except ValueError:
+                bad.append(text)
+        time.sleep(0.005)
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+    reader.join()
+    return p, "".join(log), reads, bad, json.loads(progress.read_text()) if progress.exists() else {}
 
 
 def load(out):
@@ -164,18 +195,34 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Input order: the output follows the input line by line.
     out = tmp / "ordered.jsonl"
-    p = run(4, out, "job.output_order=input", "job.mode=disagg", "router.tokenize_threads=2")
+    p = run(4, out, "job.output_order=input", "job.mode=disagg", "router.tokenize_threads=2", "job.progress_file=none")
     ids = [l["custom_id"] for l in load(out)] if p.returncode == 0 else []
     check("output_order = input keeps the input's order", ids == list(inputs), f"{len(ids)} lines")
+    check("job.progress_file = none: no progress file", p.returncode == 0 and
+          not Path(str(out) + ".progress.json").exists() and not Path(str(out) + ".progress.json.tmp").exists())
 
     # Bad lines: each becomes a 400 line with a message; the rest complete.
     bad_in = tmp / "bad.jsonl"
     subprocess.run(["/usr/bin/python3", src / "tests/mpi/make_workload.py", bad_in, "40", "--bad"], check=True)
     out = tmp / "bad-out.jsonl"
-    p = run(3, out, f"job.input={bad_in}", "job.mode=disagg", "router.tokenize_threads=2")
-    check("bad lines: exit 0", p.returncode == 0, p.stderr[-300:])
+    # Progress: a line in the log every job.progress_seconds, and the progress file, read here all the while.
+    p, log, reads, bad_reads, final = run_watching(3, out, f"job.input={bad_in}", "job.mode=disagg",
+                                                   "router.tokenize_threads=2", "job.progress_seconds=0.1")
+    check("bad lines: exit 0", p.returncode == 0, log[-300:])
     lines = load(out)
     n_in = len([l for l in bad_in.read_text().split("\n") if l])
+    done = [r["done"] for r in reads]
+    check("progress file: every read while the job ran parses, done never goes back",
+          len(reads) >= 3 and not bad_reads and done == sorted(done) and
+          {r["state"] for r in reads} <= {"loading", "running", "done"},
+          f"{len(reads)} reads, {len(bad_reads)} unparsable, states {sorted({r['state'] for r in reads})}")
+    check("progress file: at the end, state done with every line counted",
+          final.get("state") == "done" and final.get("done") == n_in and final.get("failed") == 8 and
+          final.get("to_do") == n_in and final.get("eta_s") is not None and final.get("output") == str(out) and
+          not Path(str(out) + ".progress.json.tmp").exists(), json.dumps(final))
+    check("progress lines in the log: done/total, failed, rates, ETA",
+          f"progress: {n_in}/{n_in} done (8 failed)" in log and "req/s" in log and "ETA" in log,
+          [l for l in log.splitlines() if "progress:" in l][-2:])
     check("bad lines: one output line per input line", len(lines) == n_in, f"{len(lines)} vs {n_in}")
     msgs = [l["response"]["body"]["error"]["message"] for l in lines if l["response"]["status_code"] == 400]
     for what, needle in [("not JSON", "not valid JSON"), ("missing custom_id", "missing 'custom_id'"),
@@ -210,6 +257,56 @@ with tempfile.TemporaryDirectory() as tmp:
               lines[k]["error"]["message"] for k in ("huge", "mid")) and
           all(lines[k]["response"]["status_code"] == 200 for k in ("small", "small2")),
           f"rc {p.returncode}, {json.dumps({k: l['response']['status_code'] for k, l in lines.items()})}")
+
+    # Job defaults ([defaults] in the job file, or --defaults FILE.json): a shared system message and settings
+    # merged under every line give the same outputs as the lines that spell them out; a line's own field wins.
+    questions = ["What is a cluster?", "Name a queue.", "How big is a block?", "Why cache prefixes?"]
+    system = {"role": "system", "content": "You answer batch questions tersely."}
+    spelled = tmp / "spelled.jsonl"
+    short = tmp / "short.jsonl"
+    spelled.write_text("".join(json.dumps({"custom_id": f"d{i}", "url": "/v1/chat/completions", "method": "POST", "body": {
+        "messages": [system, {"role": "user", "content": q}], "max_tokens": 3 if i == 0 else 6, "temperature": 0,
+        "logprobs": True}}) + "\n" for i, q in enumerate(questions)))
+    short.write_text("".join(json.dumps({"custom_id": f"d{i}", "messages": [{"role": "user", "content": q}],
+                                         **({"max_tokens": 3} if i == 0 else {})}) + "\n" for i, q in enumerate(questions)))
+    defaults_toml = ('[defaults]\nmax_tokens = 6\ntemperature = 0\nlogprobs = true\n[[defaults.messages]]\n'
+                     f'role = "system"\ncontent = "{system["content"]}"\n')
+    djob = tmp / "defaults.toml"
+    djob.write_text(job.read_text() + defaults_toml)
+    dfile = tmp / "defaults.json"
+    dfile.write_text(json.dumps({"max_tokens": 6, "temperature": 0, "logprobs": True, "messages": [system]}))
+
+    def outputs_of(out):
+        return {l["custom_id"]: (l["tandem"]["token_ids"], l["response"]["body"]["choices"][0]["logprobs"])
+                for l in load(out)}
+    p0 = run(1, tmp / "spelled-out.jsonl", f"job.input={spelled}")
+    want = outputs_of(tmp / "spelled-out.jsonl") if p0.returncode == 0 else None
+    p1 = subprocess.run([tandem, "run", "-c", djob, "--input", short, "--output", tmp / "dflt-out.jsonl"],
+                        capture_output=True, text=True, timeout=300, env=env)
+    p2 = run(1, tmp / "dflt2-out.jsonl", f"job.input={short}", extra=["--defaults", str(dfile)])
+    got1 = outputs_of(tmp / "dflt-out.jsonl") if p1.returncode == 0 else None
+    got2 = outputs_of(tmp / "dflt2-out.jsonl") if p2.returncode == 0 else None
+    check("[defaults] and --defaults: the same outputs as lines that spell the fields out (a line's max_tokens wins)",
+          want is not None and len(want) == 4 and got1 == want and got2 == want and len(want["d0"][0]) == 3,
+          f"{p1.stderr.strip()[-300:]} {p2.stderr.strip()[-300:]}")
+    # Resuming under other defaults would answer one file two ways: refused before any work.
+    p = run(1, tmp / "dflt2-out.jsonl", f"job.input={short}", "job.resume=true", timeout=60)
+    err = [l for l in p.stderr.split("\n") if l.startswith("tandem: error:")]
+    check("resume with other defaults than the output's first run is refused with one line",
+          p.returncode != 0 and len(err) == 1 and "its earlier run had other defaults" in err[0], p.stderr.strip()[-300:])
+    p = run(1, tmp / "dflt2-out.jsonl", f"job.input={short}", "job.resume=true", extra=["--defaults", str(dfile)],
+            timeout=60)
+    check("resume with the same defaults goes on", p.returncode == 0, p.stderr.strip()[-300:])
+    bad_defaults = tmp / "bad-defaults.json"
+    bad_defaults.write_text(json.dumps({"temperature": "hot"}))
+    for what, job_file, extra, needle in [
+            ("defaults with a bad field", job, ["--defaults", bad_defaults], "'temperature' must be a number"),
+            ("[defaults] and --defaults both", djob, ["--defaults", dfile], "give them once")]:
+        p = subprocess.run(["mpirun", "--oversubscribe", "-np", "3", tandem, "run", "-c", job_file, "--output",
+                            tmp / "never.jsonl", *extra], capture_output=True, text=True, timeout=60, env=env)
+        err = [l for l in p.stderr.split("\n") if l.startswith("tandem: error:")]
+        check(f"start-up: {what} stops with one line", p.returncode != 0 and len(err) == 1 and needle in err[0] and
+              not (tmp / "never.jsonl").exists(), p.stderr.strip()[-300:])
 
     # Start-up failures: one line from rank 0, every rank exits non-zero, before work.
     for what, sets, needle in [("missing input", ["job.input=/nonexistent/in.jsonl"], "/nonexistent/in.jsonl: cannot read the input"),

@@ -3,6 +3,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
 #include "launcher/config/load.h"
 #include "launcher/config/schema.h"
@@ -173,4 +175,21 @@ TEST_CASE("model.dtype takes the dtypes it converts to and refuses any other", "
     CHECK_NOTHROW(parse_config(std::string("[model]\ndtype = \"") + d + "\"\n", "job.toml", {}));
   }
   CHECK_THAT(error_of("[model]\ndtype = \"fp4\"\n"), Catch::Contains("model.dtype") && Catch::Contains("fp4"));
+}
+
+TEST_CASE("[defaults] is kept as the JSON of its table, nested tables and arrays included", "[config][defaults]") {
+  const Config c = parse_config(
+      "[defaults]\nmax_tokens = 8\ntemperature = 0.5\nstop = [\"\\n\"]\n"
+      "[[defaults.messages]]\nrole = \"system\"\ncontent = \"Be brief.\"\n"
+      "[defaults.response_format]\ntype = \"json_object\"\n",
+      "job.toml");
+  const auto j = nlohmann::json::parse(c.defaults);
+  CHECK(j["max_tokens"] == 8);
+  CHECK(j["temperature"] == 0.5);
+  CHECK(j["stop"] == nlohmann::json::array({"\n"}));
+  CHECK(j["messages"][0]["content"] == "Be brief.");
+  CHECK(j["response_format"]["type"] == "json_object");
+  CHECK(c.defaults_source == "job.toml:1:2: [defaults]");
+  CHECK_THAT(error_of("defaults = 3\n"), Catch::StartsWith("job.toml:1:1: 'defaults' must be a section ([defaults])"));
+  CHECK(parse_config("", "job.toml").defaults.empty());
 }

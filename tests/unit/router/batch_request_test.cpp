@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include "common/error.h"
 #include "router/batch_request.h"
+#include "router/body_defaults.h"
 
 using namespace tandem::router;
 
@@ -217,4 +219,56 @@ TEST_CASE("structured outputs: each field becomes the grammar the workers use, o
     CHECK_THAT(error_of(R"({"custom_id":"a","prompt":"x","guided_json":{"type":"number","minimum":1}})"),
                Catch::Contains("'guided_json': JSON schema at /: 'minimum' on a number"));
   }
+}
+
+TEST_CASE("job defaults: merged under every line's body, the line's own fields winning", "[router][input][defaults]") {
+  const auto d = BodyDefaults::parse(
+      R"({"messages":[{"role":"system","content":"Answer in French."}],"max_tokens":5,"temperature":0.3,"top_k":7})",
+      "job.toml:3:1: [defaults]");
+  auto parse = [&](const std::string& line) {
+    auto p = parse_batch_line(line, 16, &d);
+    if (auto* e = std::get_if<LineError>(&p)) FAIL(e->message);
+    return std::get<BatchRequest>(p);
+  };
+  // The defaults' messages first, then the line's; fields the line lacks come from the defaults.
+  auto r = parse(R"({"custom_id":"a","url":"/v1/chat/completions","method":"POST","body":{"messages":[{"role":"user","content":"Hi"}],"temperature":0}})");
+  REQUIRE(r.messages);
+  REQUIRE(r.messages->size() == 2);
+  CHECK((*r.messages)[0].role == "system");
+  CHECK((*r.messages)[0].content == "Answer in French.");
+  CHECK((*r.messages)[1].content == "Hi");
+  CHECK(r.params.max_tokens == 5);
+  CHECK(r.params.temperature == 0.0f);  // the line's
+  CHECK(r.params.top_k == 7);
+  // null removes a default; the short form merges the same way.
+  r = parse(R"({"custom_id":"b","messages":[{"role":"user","content":"Hi"}],"top_k":null})");
+  CHECK(r.params.top_k == 0);
+  CHECK(r.messages->size() == 2);
+  // A completions line cannot take messages: an error record that says the defaults are the cause.
+  auto p = parse_batch_line(R"({"custom_id":"c","url":"/v1/completions","body":{"prompt":"x"}})", 16, &d);
+  REQUIRE(std::holds_alternative<LineError>(p));
+  CHECK_THAT(std::get<LineError>(p).message, Catch::Contains("messages") && Catch::Contains("job's defaults"));
+  // Without messages in them, defaults serve completions too.
+  const auto plain = BodyDefaults::parse(R"({"max_tokens":3,"stop":["\n"]})", "--defaults d.json");
+  auto q = parse_batch_line(R"({"custom_id":"d","prompt":"x"})", 16, &plain);
+  REQUIRE(std::holds_alternative<BatchRequest>(q));
+  CHECK(std::get<BatchRequest>(q).params.max_tokens == 3);
+  CHECK(plain.canonical() == R"({"max_tokens":3,"stop":["\n"]})");
+}
+
+TEST_CASE("bad job defaults stop the job with one line naming where they came from", "[router][input][defaults]") {
+  auto why = [](const std::string& text) {
+    try {
+      (void)BodyDefaults::parse(text, "job.toml:3:1: [defaults]");
+    } catch (const tandem::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK_THAT(why("[1, 2]"), Catch::StartsWith("job.toml:3:1: [defaults]: the defaults must be an object"));
+  CHECK_THAT(why("{\"custom_id\": \"x\"}"), Catch::Contains("'custom_id' cannot be a default"));
+  CHECK_THAT(why("{\"prompt\": \"x\"}"), Catch::Contains("'prompt' cannot be a default"));
+  CHECK_THAT(why("{\"temperature\": \"hot\"}"), Catch::Contains("'temperature' must be a number"));
+  CHECK_THAT(why("{\"frobnicate\": 1}"), Catch::Contains("frobnicate"));
+  CHECK(why("{\"echo\": true}") == "accepted");  // a completions field: chat lines will say so, line by line
 }
