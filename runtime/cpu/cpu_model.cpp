@@ -416,7 +416,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
   const int64_t q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
 
   rows_.clear();
-  std::vector<int64_t> logit_rows;
+  std::vector<int64_t> logit_rows, hidden_rows;
   for (std::size_t ci = 0; ci < chunks.size(); ++ci) {
     const SeqChunk& ch = chunks[ci];
     const int64_t end = ch.start_pos + static_cast<int64_t>(ch.tokens.size());
@@ -428,6 +428,8 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
     for (std::size_t t = 0; t < ch.tokens.size(); ++t) {
       if (ch.logits_all || (ch.logits_last && t + 1 == ch.tokens.size()))
         logit_rows.push_back(static_cast<int64_t>(rows_.size()));
+      if (ch.hidden_all || (ch.hidden_last && t + 1 == ch.tokens.size()))
+        hidden_rows.push_back(static_cast<int64_t>(rows_.size()));
       rows_.push_back({static_cast<int64_t>(ci), ch.start_pos + static_cast<int64_t>(t)});
     }
   }
@@ -513,7 +515,11 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
     for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
   }
 
-  // Final norm and LM head for the rows that want logits only.
+  // The final-normed hidden states asked for (embeddings), then the final
+  // norm and LM head for the rows that want logits only.
+  hidden_out_.resize(hidden_rows.size() * sz(H));
+  for (std::size_t i = 0; i < hidden_rows.size(); ++i)
+    rms_norm(x_.data() + hidden_rows[i] * H, w_.final_norm, H, hidden_out_.data() + i * sz(H));
   const int64_t LR = static_cast<int64_t>(logit_rows.size());
   for (int64_t i = 0; i < LR; ++i) rms_norm(x_.data() + logit_rows[sz(i)] * H, w_.final_norm, H, xn_.data() + i * H);
   logits.resize(sz(LR * c_.vocab));

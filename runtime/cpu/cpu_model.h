@@ -48,6 +48,10 @@ class CpuModel final : public ModelBackend {
   // too short for the positions it must hold.
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
   std::string_view name() const override { return "cpu"; }
+  bool hidden_rows(std::vector<float>& rows) override {
+    rows = hidden_out_;
+    return true;
+  }
   std::vector<int64_t> expert_tokens() const override { return expert_tokens_; }
   int expert_ranks() const override { return expert_parallel_ ? split_.width : 1; }
 
@@ -95,6 +99,7 @@ class CpuModel final : public ModelBackend {
   const KernelTable& kern_;
   std::vector<float> inv_freq_;  // [head_dim / 2], RoPE frequencies after scaling
   DType kv_dtype_;               // the pool's elements (kF8E4M3: rows with their scales)
+  std::vector<float> hidden_out_;  // the last forward's hidden_rows()
   PanelStore parts_;             // owns the chunks below
   std::vector<std::vector<Matrix>> wo_parts_, down_parts_;  // per layer, the reduction's column chunks
   std::vector<std::vector<std::vector<Matrix>>> expert_down_parts_;  // per layer, per expert (MoE layers)

@@ -17,6 +17,10 @@ struct SeqChunk {
   std::span<const int32_t> block_table;    // pool blocks covering positions [0, start_pos + tokens.size())
   bool logits_last = false;                // logits for the last token (to sample the next one)
   bool logits_all = false;                 // logits for every token (prompt logprobs)
+  // Embeddings: the final-normed hidden state of the last token, or of every
+  // token, read back by hidden_rows() after the step.
+  bool hidden_last = false;
+  bool hidden_all = false;
 };
 
 // One logits row's draw made on the device (forward_draw): what sample_token
@@ -61,6 +65,14 @@ class ModelBackend {
     (void)chunks;
     (void)draws;
     (void)tokens;
+    return false;
+  }
+  // After forward(): the final-normed hidden state ([rows][hidden], float32)
+  // of the rows the chunks' hidden_last / hidden_all ask for, in chunk and
+  // position order. False where the backend cannot give them (embeddings are
+  // then refused).
+  virtual bool hidden_rows(std::vector<float>& rows) {
+    (void)rows;
     return false;
   }
   // Whether forward_argmax and forward_draw run (asked first by a wrapper

@@ -153,6 +153,7 @@ bool Engine::ensure_blocks(Sequence& s, int64_t positions) {
 void Engine::drop_blocks(Sequence& s) {
   pool_.release(s.blocks);
   s.blocks.clear();
+  s.pooled.clear();  // an embedding's pooling starts again with its recomputation
   s.computed = 0;
   s.published = 0;
   s.received = 0;  // recomputed here from now on
@@ -168,7 +169,9 @@ void Engine::preempt(Sequence& s) {
 // A new (or preempted) sequence starts from the longest cached prefix of its
 // tokens. At least one token is left to compute: its logits are needed.
 void Engine::take_cached_prefix(Sequence& s) {
-  if (!options_.prefix_caching || s.req.params.prompt_logprobs >= 0 || s.computed > 0 || !s.blocks.empty()) return;
+  if (!options_.prefix_caching || s.req.params.prompt_logprobs >= 0 || s.computed > 0 || !s.blocks.empty() ||
+      !cached_prefix_usable(s))
+    return;
   const int64_t bs = pool_.layout().block_size;
   auto hashes = kv::full_block_hashes(s.tokens, bs);
   if (!hashes.empty() && static_cast<int64_t>(hashes.size()) * bs >= static_cast<int64_t>(s.tokens.size()))
@@ -178,6 +181,10 @@ void Engine::take_cached_prefix(Sequence& s) {
   s.computed = static_cast<int64_t>(s.blocks.size()) * bs;
   s.published = static_cast<int64_t>(s.blocks.size());
   s.last_hash = s.blocks.empty() ? kv::kRootHash : hashes[s.blocks.size() - 1];
+}
+
+bool Engine::cached_prefix_usable(const Sequence& s) {
+  return s.req.pooling != Pooling::kMean && s.req.pooling != Pooling::kCls;
 }
 
 // Blocks that filled up in this step become findable by their chained hash.
@@ -314,7 +321,7 @@ std::vector<Engine::Planned> Engine::schedule() {
     }
   };
   auto next_block_computing = [&](const Sequence& s) {
-    if (computing.empty() || s.req.params.prompt_logprobs >= 0 ||
+    if (computing.empty() || s.req.params.prompt_logprobs >= 0 || !cached_prefix_usable(s) ||
         (s.published + 1) * bs >= static_cast<int64_t>(s.tokens.size()))
       return false;
     const std::span<const int32_t> next(s.tokens.data() + s.published * bs, static_cast<std::size_t>(bs));
@@ -387,6 +394,11 @@ std::vector<SeqChunk> Engine::chunks_of(const std::vector<Planned>& plan) {
     c.block_table = s->blocks;
     c.logits_last = s->computed + take == static_cast<int64_t>(s->tokens.size());
     c.logits_all = s->req.params.prompt_logprobs >= 0 && s->computed < s->n_prompt;
+    if (s->req.pooling != Pooling::kNone) {  // an embedding: hidden states, no logits
+      c.hidden_last = s->req.pooling == Pooling::kLast && c.logits_last;
+      c.hidden_all = s->req.pooling == Pooling::kMean || (s->req.pooling == Pooling::kCls && s->computed == 0);
+      c.logits_last = c.logits_all = false;
+    }
     chunks.push_back(c);
     const auto t = static_cast<double>(take), start = static_cast<double>(s->computed);
     if (s->computed < s->n_prompt) {
@@ -421,9 +433,10 @@ bool Engine::run_model(const std::vector<Planned>& plan, const std::vector<SeqCh
   auto device_drawable = [&](const SamplingParams& p) {
     return plain(p) && (p.temperature <= 1e-5f || (p.top_p >= 1.0f && (p.top_k <= 0 || p.top_k >= config_.vocab)));
   };
+  const bool hidden = std::any_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) { return c.hidden_all || c.hidden_last; });
   const bool greedy = std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return plain_greedy(pl.seq->req.params); });
-  bool tokens_on_device = greedy && model_->forward_argmax(chunks, argmax_);
-  if (!tokens_on_device &&
+  bool tokens_on_device = !hidden && greedy && model_->forward_argmax(chunks, argmax_);
+  if (!tokens_on_device && !hidden &&
       std::all_of(plan.begin(), plan.end(), [&](const Planned& pl) { return device_drawable(pl.seq->req.params); })) {
     std::vector<DeviceDraw> draws;
     for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -436,6 +449,8 @@ bool Engine::run_model(const std::vector<Planned>& plan, const std::vector<SeqCh
     tokens_on_device = model_->forward_draw(chunks, draws, argmax_);
   }
   if (!tokens_on_device) model_->forward(chunks, logits_);
+  if (hidden && !model_->hidden_rows(hidden_))
+    throw Error("embeddings need hidden states, which the " + std::string(model_->name()) + " backend does not give");
   ++stats_.steps;
   return tokens_on_device;
 }
@@ -475,10 +490,36 @@ void Engine::emit(const std::vector<Planned>& plan, const std::vector<SeqChunk>&
                   std::vector<int32_t>& drawn, std::vector<PositionLogprobs>& drawn_logprobs,
                   std::vector<EngineOutput>& outputs) {
   const auto vocab = static_cast<std::size_t>(config_.vocab);
-  std::size_t row = 0;
+  const auto H = static_cast<std::size_t>(config_.hidden);
+  std::size_t row = 0, hidden_row = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
     const SeqChunk& c = chunks[i];
+    if (s.req.pooling != Pooling::kNone) {  // an embedding: pool this chunk's rows; done at the prompt's end
+      const std::size_t n = c.hidden_all ? c.tokens.size() : c.hidden_last ? 1 : 0;
+      const float* rows = hidden_.data() + hidden_row * H;
+      hidden_row += n;
+      if (s.req.pooling == Pooling::kMean) {
+        if (s.pooled.empty()) s.pooled.assign(H, 0.0f);
+        for (std::size_t t = 0; t < n; ++t)
+          for (std::size_t j = 0; j < H; ++j) s.pooled[j] += rows[t * H + j];
+      } else if (n > 0) {
+        s.pooled.assign(rows, rows + H);  // the first (CLS) or last token's
+      }
+      s.computed += plan[i].take;
+      publish_full_blocks(s);
+      if (s.computed < s.n_prompt) continue;
+      if (s.req.pooling == Pooling::kMean)
+        for (float& v : s.pooled) v /= static_cast<float>(s.n_prompt);
+      if (!s.has_first) {
+        s.has_first = true;
+        s.first_token = Clock::now();
+      }
+      outputs.push_back(finish(s, FinishReason::kStop));
+      outputs.back().embedding = std::move(s.pooled);
+      s.done = true;
+      continue;
+    }
     if (c.logits_all) {
       // Row t predicts position start_pos + t + 1.
       for (std::size_t t = 0; t < c.tokens.size(); ++t) {

@@ -45,6 +45,11 @@ struct EngineOptions {
   cpu::ThreadPool* sampling_threads = nullptr;
 };
 
+// An embedding request's pooling of the prompt's final-normed hidden states:
+// the last token's, the mean over every token (float32 sums in position
+// order, then / n), or the first token's (CLS). kNone: a generation request.
+enum class Pooling : uint8_t { kNone, kLast, kMean, kCls };
+
 struct EngineRequest {
   uint64_t id = 0;                 // caller's handle, unique among live requests
   std::vector<int32_t> prompt;     // token ids, non-empty
@@ -53,6 +58,9 @@ struct EngineRequest {
   // Disaggregation, prefill side: stop after the first token and keep the KV
   // blocks for the caller to send (it releases them with release_blocks()).
   bool prefill_only = false;
+  // Not kNone: an embedding. The prompt is prefilled (no token drawn, no
+  // decode) and the pooled vector returned in EngineOutput::embedding.
+  Pooling pooling = Pooling::kNone;
 };
 
 // What a prefill rank hands over with the KV blocks.
@@ -82,6 +90,7 @@ struct EngineOutput {
   double ttft_s = 0;    // from add() to the first token
   double e2e_s = 0;     // from add() to finish
   int64_t preemptions = 0;
+  std::vector<float> embedding;  // an embedding request's pooled vector (not normalised)
 };
 
 
@@ -139,6 +148,9 @@ class Engine {
   void preempt(Sequence& s);
   void drop_blocks(Sequence& s);
   void take_cached_prefix(Sequence& s);
+  // Whether a cached prefix may stand in for computing it: not for embeddings pooled over every token (or
+  // the first), which need each position's hidden state.
+  static bool cached_prefix_usable(const Sequence& s);
   void publish_full_blocks(Sequence& s);
   bool finish_check(Sequence& s);
   std::optional<FinishReason> end_reason(Sequence& s);
@@ -180,6 +192,7 @@ class Engine {
   EngineStats stats_;
   StepShape last_step_;
   std::vector<float> logits_;
+  std::vector<float> hidden_;  // a step's hidden rows (embeddings)
   mutable std::unique_ptr<grammar::GrammarCache> grammars_;  // built at the first structured request
   std::vector<int32_t> argmax_;  // a step's tokens, when the backend picks or draws them (forward_argmax / forward_draw)
 };

@@ -47,6 +47,7 @@ struct Engine::Sequence {
   std::unique_ptr<grammar::Matcher> text_grammar;
   std::vector<char> text_ends;
   std::vector<std::size_t> stop_from;  // per stop string: occurrences before this were incomplete
+  std::vector<float> pooled;           // an embedding: its pooling so far (kMean: the running sum)
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
   std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<std::size_t>(n_prompt)}; }
