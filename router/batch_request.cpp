@@ -443,8 +443,69 @@ void parse_structured(const json& body, BatchRequest& r, const std::function<nlo
   }
 }
 
+// /v1/embeddings: input (a string, strings, token ids, lists of token ids),
+// encoding_format, dimensions; model and the no-effect fields accepted; any
+// other field refused.
+void parse_embedding_body(const json& body, BatchRequest& r, bool short_form) {
+  if (!body.is_object()) throw Bad{"'body' must be an object"};
+  for (const auto& [key, v] : body.items()) {
+    if (one_of(key, {"input", "model", "encoding_format", "dimensions"}) || no_effect(key)) continue;
+    if (short_form && one_of(key, {"custom_id", "method", "url"})) continue;
+    if (v.is_null()) continue;
+    throw Bad{"'" + key + "' is not an embeddings field (input, model, encoding_format, dimensions, user); remove it"};
+  }
+  if (body.contains("model")) {
+    if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
+    r.model = body["model"].get<std::string>();
+  }
+  if (!given(body, "input")) throw Bad{"an embeddings request needs 'input': a string, strings, or token ids"};
+  const json& in = body["input"];
+  auto ids_of = [](const json& a, const std::string& what) {
+    std::vector<int32_t> ids;
+    for (const auto& t : a) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        throw Bad{what + " must hold token ids (integers from 0), got " + t.dump()};
+      ids.push_back(t.get<int32_t>());
+    }
+    if (ids.empty()) throw Bad{what + " is empty"};
+    return ids;
+  };
+  if (in.is_string()) {
+    if (in.get<std::string>().empty()) throw Bad{"'input' is an empty string"};
+    r.input_texts = std::vector<std::string>{in.get<std::string>()};
+  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
+    r.input_texts.emplace();
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_string() || in[i].get<std::string>().empty())
+        throw Bad{"'input[" + std::to_string(i) + "]' must be a non-empty string, as the inputs before it"};
+      r.input_texts->push_back(in[i].get<std::string>());
+    }
+  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_array()) throw Bad{"'input[" + std::to_string(i) + "]' must be a list of token ids, as the first"};
+      r.input_ids.push_back(ids_of(in[i], "'input[" + std::to_string(i) + "]'"));
+    }
+  } else if (in.is_array() && !in.empty()) {
+    r.input_ids.push_back(ids_of(in, "'input'"));
+  } else {
+    throw Bad{"'input' must be a non-empty string, a list of strings, a list of token ids or a list of such lists, got " +
+              type_name(in)};
+  }
+  const std::size_t n = r.input_texts ? r.input_texts->size() : r.input_ids.size();
+  if (n > kMaxEmbeddingInputs)
+    throw Bad{"'input' has " + std::to_string(n) + " inputs; at most " + std::to_string(kMaxEmbeddingInputs) +
+              " a request (split the line)"};
+  if (given(body, "encoding_format")) {
+    const json& f = body["encoding_format"];
+    if (f != "float" && f != "base64") throw Bad{"'encoding_format' must be \"float\" or \"base64\", got " + f.dump()};
+    r.base64 = f == "base64";
+  }
+  if (given(body, "dimensions")) r.dimensions = integer(body, "dimensions", 1);
+}
+
 void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form,
                 const std::function<nlohmann::ordered_json()>& ordered) {
+  if (r.endpoint == Endpoint::kEmbeddings) return parse_embedding_body(body, r, short_form);
   if (!body.is_object()) throw Bad{"'body' must be an object"};
   check_fields(body, r.endpoint == Endpoint::kChat, short_form);
   if (body.contains("model")) {
@@ -557,7 +618,9 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens, c
       const std::string url = j.value("url", "");
       if (url == "/v1/completions") r.endpoint = Endpoint::kCompletions;
       else if (url == "/v1/chat/completions") r.endpoint = Endpoint::kChat;
-      else throw Bad{"unknown 'url' " + json(url).dump() + "; use \"/v1/completions\" or \"/v1/chat/completions\""};
+      else if (url == "/v1/embeddings") r.endpoint = Endpoint::kEmbeddings;
+      else throw Bad{"unknown 'url' " + json(url).dump() +
+                     "; use \"/v1/completions\", \"/v1/chat/completions\" or \"/v1/embeddings\""};
       if (j.contains("method") && j["method"] != "POST") throw Bad{"'method' must be \"POST\""};
       if (!use_defaults) {
         parse_body(j["body"], r, default_max_tokens, false, false,
@@ -568,7 +631,9 @@ ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens, c
       }
     } else {
       // Short form: the request's fields sit next to custom_id.
-      r.endpoint = j.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
+      r.endpoint = j.contains("messages")                                               ? Endpoint::kChat
+                   : j.contains("input") && !j.contains("prompt") && !j.contains("prompt_token_ids") ? Endpoint::kEmbeddings
+                                                                                            : Endpoint::kCompletions;
       if (!use_defaults) {
         parse_body(j, r, default_max_tokens, false, true, [&] { return nlohmann::ordered_json::parse(line); });
       } else {

@@ -26,7 +26,10 @@ namespace tandem::router {
 struct ToolRequest;   // router/tool_calls.h
 struct BodyDefaults;  // router/body_defaults.h
 
-enum class Endpoint { kCompletions, kChat };
+enum class Endpoint { kCompletions, kChat, kEmbeddings };
+
+// The most inputs one embeddings request may carry (OpenAI's limit).
+constexpr std::size_t kMaxEmbeddingInputs = 2048;
 
 struct BatchRequest {
   std::string custom_id;
@@ -47,6 +50,12 @@ struct BatchRequest {
   bool seed_given = false;
   bool chat_logprobs = false;     // chat: "logprobs": true
   bool prompt_logprobs_asked = false;  // completions: prompt_logprobs given (echo with logprobs sets the params alone)
+  // Embeddings (/v1/embeddings): the inputs, as texts or as token ids (one
+  // of the two); after build_prompt, input_ids holds every input's ids.
+  std::optional<std::vector<std::string>> input_texts;
+  std::vector<std::vector<int32_t>> input_ids;
+  bool base64 = false;      // encoding_format "base64": float32 little-endian bytes
+  int64_t dimensions = 0;   // > 0: keep this many leading dimensions, renormalised
   // HTTP only (a batch line refuses n > 1 and ignores stream):
   int64_t n = 1;                  // choices, each sampled on its own
   bool stream = false;            // Server-Sent Events

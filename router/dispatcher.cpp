@@ -14,6 +14,7 @@ Dispatcher::Dispatcher(WorkerLink& link, DispatchOptions options)
 
 Dispatcher::Placement Dispatcher::submit(service::WireRequest r) {
   Placed p;
+  if (r.pooling != 0) return submit_embedding(std::move(r));
   const auto n = static_cast<int64_t>(r.prompt.size());
   p.prompt_tokens = n;
   p.blocks = (n + o_.block_size - 1) / o_.block_size;
@@ -40,6 +41,34 @@ Dispatcher::Placement Dispatcher::submit(service::WireRequest r) {
   return p.where;
 }
 
+// An embedding is a prefill alone: to the prefill worker with the fewest
+// tokens queued (it holds no decode KV for it), or without prefill workers
+// to the decode worker with the fewest requests.
+Dispatcher::Placement Dispatcher::submit_embedding(service::WireRequest r) {
+  Placed p;
+  for (const auto& in : r.inputs) p.prompt_tokens += static_cast<int64_t>(in.size());
+  p.embedding = true;
+  r.prefill_rank = -1;
+  if (!prefillers_.empty()) {
+    int best = prefillers_.front();
+    for (int w : prefillers_)
+      if (prefill_queue_[w] < prefill_queue_[best]) best = w;
+    p.where.worker = best;
+    p.on_prefill_worker = true;
+    prefill_queue_[best] += p.prompt_tokens;
+  } else {
+    int best = workers_.front();
+    for (int w : workers_)
+      if (load_[w] < load_[best]) best = w;
+    p.where.worker = best;
+    ++load_[best];
+  }
+  const uint64_t id = r.id;
+  link_.submit(p.where.worker, r);
+  placed_[id] = p;
+  return p.where;
+}
+
 void Dispatcher::poll(LinkEvents& events) {
   link_.poll(events);
   using Where = KvIndex::Where;
@@ -54,6 +83,12 @@ void Dispatcher::poll(LinkEvents& events) {
     auto it = placed_.find(r.id);
     if (it == placed_.end()) continue;
     const Placed& p = it->second;
+    if (p.embedding) {
+      if (p.on_prefill_worker) prefill_queue_[p.where.worker] -= p.prompt_tokens;
+      else --load_[p.where.worker];
+      placed_.erase(it);
+      continue;
+    }
     --load_[p.where.worker];
     active_blocks_[p.where.worker] -= p.blocks;
     if (p.where.prefill >= 0) prefill_queue_[p.where.prefill] -= p.prompt_tokens;

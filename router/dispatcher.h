@@ -95,7 +95,10 @@ class Dispatcher {
     Placement where;
     int64_t blocks = 0;
     int64_t prompt_tokens = 0;
+    bool embedding = false;         // a prefill alone (submit_embedding)
+    bool on_prefill_worker = false;  // an embedding counted in prefill_queue_ (else in load_)
   };
+  Placement submit_embedding(service::WireRequest r);
   WorkerLink& link_;
   DispatchOptions o_;
   std::vector<int> workers_, prefillers_;

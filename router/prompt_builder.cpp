@@ -27,7 +27,51 @@ void settle_tools(BatchRequest& req, const runtime::ChatTemplate& chat, const ru
 
 }  // namespace
 
+namespace {
+
+// Embeddings: every input tokenized (texts with the tokenizer's special
+// tokens, as sentence-transformers encodes them) into req.input_ids, each
+// within the context; the ids of all of them, in order, come back.
+std::variant<std::vector<int32_t>, LineError> build_embedding_inputs(BatchRequest& req, const PromptContext& ctx) {
+  LineError err{req.custom_id, 400, ""};
+  if (req.input_texts) {
+    req.input_ids.clear();
+    for (const auto& text : *req.input_texts) req.input_ids.push_back(ctx.tokenizer->encode(text, true));
+  }
+  if (req.dimensions > ctx.hidden && ctx.hidden > 0) {
+    err.message = "'dimensions' is " + std::to_string(req.dimensions) + " but the model's embeddings have " +
+                  std::to_string(ctx.hidden) + "; ask for at most that many";
+    return err;
+  }
+  std::vector<int32_t> all;
+  for (std::size_t i = 0; i < req.input_ids.size(); ++i) {
+    const auto& ids = req.input_ids[i];
+    const std::string which = req.input_ids.size() == 1 ? "the input" : "input " + std::to_string(i);
+    for (int32_t t : ids) {
+      if (t >= ctx.vocab_size) {
+        err.message = which + ": token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                      std::to_string(ctx.vocab_size - 1) + ")";
+        return err;
+      }
+    }
+    if (ids.empty()) {
+      err.message = which + " has no tokens";
+      return err;
+    }
+    if (static_cast<int64_t>(ids.size()) > ctx.max_model_len) {
+      err.message = which + " has " + std::to_string(ids.size()) + " tokens but the model's context holds " +
+                    std::to_string(ctx.max_model_len) + "; shorten it";
+      return err;
+    }
+    all.insert(all.end(), ids.begin(), ids.end());
+  }
+  return all;
+}
+
+}  // namespace
+
 std::variant<std::vector<int32_t>, LineError> build_prompt(BatchRequest& req, const PromptContext& ctx) {
+  if (req.endpoint == Endpoint::kEmbeddings) return build_embedding_inputs(req, ctx);
   LineError err{req.custom_id, 400, ""};
   std::vector<int32_t> ids;
   if (req.prompt_ids) {

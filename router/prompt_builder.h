@@ -20,6 +20,7 @@ struct PromptContext {
   std::string chat_error;                        // why there is no template, for the refusal
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
+  int64_t hidden = 0;  // the embeddings' width (0: not checked)
 };
 
 // On success the token ids, and req.params.max_tokens fitted to the context.

@@ -96,6 +96,7 @@ void prompt_and_output_contexts(const Prepared& p, std::unique_ptr<runtime::Chat
   prompts.chat = chat.get();
   prompts.max_model_len = p.max_model_len;
   prompts.vocab_size = static_cast<int32_t>(p.model.vocab);
+  prompts.hidden = p.model.hidden;
   outputs.served_name = p.cfg.model.served_name.empty() ? std::filesystem::path(p.cfg.model.path).filename().string()
                                                         : p.cfg.model.served_name;
   if (outputs.served_name.empty()) outputs.served_name = std::filesystem::path(p.cfg.model.path).parent_path().filename().string();
@@ -109,6 +110,8 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
   s.input = c.job.input;
   s.output = c.job.output;
   s.summary = c.job.summary;
+  s.pooling = router::pooling_or_error(c.model.path);
+  s.hidden = p.model.hidden;
   s.defaults = p.defaults;
   s.progress_file = c.job.progress_file == "none" ? std::string() : c.job.progress_file;
   s.max_line_bytes = p.max_line_bytes;

@@ -163,7 +163,10 @@ void BatchFrontend::plan_epoch(RouterLoop& loop) {
   std::vector<planner::Request> reqs;
   for (const PreparedLine& p : ahead)  // requests with a prompt: neither bad lines nor lines an earlier run wrote
     if (const auto* ids = p.ids())
-      reqs.push_back({.isl = static_cast<int64_t>(ids->size()), .osl = std::get<BatchRequest>(p.parsed).params.max_tokens});
+      reqs.push_back({.isl = static_cast<int64_t>(ids->size()),
+                      .osl = std::get<BatchRequest>(p.parsed).endpoint == Endpoint::kEmbeddings
+                                 ? 1  // a prefill alone
+                                 : std::get<BatchRequest>(p.parsed).params.max_tokens});
   if (reqs.empty()) return;
   const auto d = s_.planner->decide(reqs);
   epochs_.planned(index_, d.epoch);
@@ -229,10 +232,19 @@ void BatchFrontend::read_one(RouterLoop& loop) {
     fail(i, std::move(key), *e);
     return;
   }
+  if (req.endpoint == Endpoint::kEmbeddings && !s_.pooling.error.empty()) {
+    fail(i, std::move(key), {req.custom_id, 400, "line " + std::to_string(i + 1) + ": " + s_.pooling.error});
+    return;
+  }
   InFlight f{std::move(key), std::move(req), std::get<std::vector<int32_t>>(std::move(*p.prompt))};
   service::WireRequest w;
   w.id = i;
-  w.prompt = f.prompt;
+  if (f.request.endpoint == Endpoint::kEmbeddings) {  // pooled inputs, each a prompt of its own
+    w.pooling = static_cast<uint8_t>(s_.pooling.pooling);
+    w.inputs = f.request.input_ids;
+  } else {
+    w.prompt = f.prompt;
+  }
   w.params = f.request.params;
   w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, s_.job_seed, f.request.custom_id);
   window_.push_back({i, std::move(f), std::move(w), std::move(p.hashes)});
@@ -281,6 +293,11 @@ void BatchFrontend::on_result(service::WireResult& r) {
     const std::string why = r.error.rfind(engine_name, 0) == 0 ? r.error.substr(engine_name.size()) : r.error;
     fail(r.id, f.key,
          {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
+  } else if (f.request.endpoint == Endpoint::kEmbeddings) {
+    const EmbeddingResult res = embedding_result_of(f.request, r.embedding, s_.hidden, s_.pooling, r.e2e_s,
+                                                    r.prompt_tokens_computed, r.worker);
+    stats_.request_ok(res.prompt_tokens, 0, res.e2e_ms, 0, res.e2e_ms);
+    out_.put(r.id, f.key, format_embedding(f.request, res, s_.outputs));
   } else {
     RequestResult res = result_of(std::move(f.prompt), std::move(r), f.prefill);
     stats_.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),

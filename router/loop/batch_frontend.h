@@ -15,6 +15,7 @@
 #include "planner/epoch_planner.h"
 #include "router/batch_output.h"
 #include "router/body_defaults.h"
+#include "router/embeddings.h"
 #include "router/dispatcher.h"
 #include "router/input_scan.h"
 #include "router/prompt_builder.h"
@@ -27,6 +28,8 @@ struct BatchSetup {
   // replaced whole at every line and at the end: docs/run.md. Empty: none.
   std::string progress_file;
   std::shared_ptr<const BodyDefaults> defaults;  // merged under every line's body; null: none
+  EmbeddingPooling pooling;  // how /v1/embeddings lines pool (router/embeddings.h)
+  int64_t hidden = 0;        // the model's hidden size: the pooled vectors' width
   int64_t max_line_bytes = 1 << 20;  // a longer input line becomes an error record, never held whole
   PromptContext prompts;
   OutputContext outputs;

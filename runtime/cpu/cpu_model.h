@@ -52,6 +52,7 @@ class CpuModel final : public ModelBackend {
     rows = hidden_out_;
     return true;
   }
+  bool has_hidden_rows() const override { return true; }
   std::vector<int64_t> expert_tokens() const override { return expert_tokens_; }
   int expert_ranks() const override { return expert_parallel_ ? split_.width : 1; }
 

@@ -75,6 +75,7 @@ class ModelBackend {
     (void)rows;
     return false;
   }
+  virtual bool has_hidden_rows() const { return false; }
   // Whether forward_argmax and forward_draw run (asked first by a wrapper
   // that tells other ranks what runs: runtime/service/group_worker.h).
   virtual bool has_argmax() const { return false; }

@@ -71,14 +71,18 @@ void Engine::check(const EngineRequest& request) const {
       throw Error("request " + std::to_string(request.id) + ": " + e.what());
     }
   }
-  if (n >= max_model_len_) {
+  const bool embedding = request.pooling != Pooling::kNone;  // draws nothing: the whole context is the prompt's
+  if (embedding && !model_->has_hidden_rows())
+    throw Error("request " + std::to_string(request.id) + ": embeddings are computed by the CPU backend for now; the " +
+                std::string(model_->name()) + " backend does not give hidden states");
+  if (n > max_model_len_ || (n == max_model_len_ && !embedding)) {
     throw Error("request " + std::to_string(request.id) + ": the prompt has " + std::to_string(n) +
                 " tokens but the context holds " + std::to_string(max_model_len_) +
                 " (shorten the prompt or raise model.max_model_len)");
   }
   // A request that could not finish even alone in the pool would be preempted forever: refuse it now.
   // (A prefill-only request stops after its first token.)
-  const int64_t generated = request.prefill_only ? 1 : std::max<int64_t>(1, request.params.max_tokens);
+  const int64_t generated = embedding ? 0 : request.prefill_only ? 1 : std::max<int64_t>(1, request.params.max_tokens);
   const int64_t longest = std::min(n + generated, max_model_len_);
   const int64_t pool_tokens = pool_.capacity() * pool_.layout().block_size;
   if (longest > pool_tokens) {

@@ -192,6 +192,7 @@ class LeaderBackend : public runtime::ModelBackend {
                     std::vector<int32_t>& tokens) override;
   bool has_argmax() const override { return inner_->has_argmax(); }
   bool hidden_rows(std::vector<float>& rows) override { return inner_->hidden_rows(rows); }  // the leader's own
+  bool has_hidden_rows() const override { return inner_->has_hidden_rows(); }
   bool has_draw() const override { return inner_->has_draw(); }
 
  private:

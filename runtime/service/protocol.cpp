@@ -138,8 +138,10 @@ std::vector<runtime::PositionLogprobs> logprobs_from(const json& j) {
 }
 
 json request_json(const WireRequest& r) {
-  return json{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)}, {"rng_key", r.rng_key},
-              {"prefill_rank", r.prefill_rank}, {"stream", r.stream}};
+  json j{{"id", r.id}, {"prompt", r.prompt}, {"params", params_json(r.params)}, {"rng_key", r.rng_key},
+         {"prefill_rank", r.prefill_rank}, {"stream", r.stream}};
+  if (r.pooling != 0) j["pooling"] = r.pooling, j["inputs"] = r.inputs;
+  return j;
 }
 
 WireRequest request_from(const json& j) {
@@ -150,6 +152,10 @@ WireRequest request_from(const json& j) {
   r.rng_key = j.at("rng_key");
   r.prefill_rank = j.at("prefill_rank");
   r.stream = j.at("stream");
+  if (j.contains("pooling")) {
+    r.pooling = j.at("pooling");
+    r.inputs = j.at("inputs").get<std::vector<std::vector<int32_t>>>();
+  }
   return r;
 }
 
@@ -337,7 +343,11 @@ std::vector<uint8_t> encode(const WireResult& r) {
                             {"e2e_s", r.e2e_s},
                             {"computed", r.prompt_tokens_computed},
                             {"moved", r.kv_blocks_moved},
-                            {"worker", r.worker}});
+                            {"worker", r.worker},
+                            // float32 little-endian bytes: exact and a quarter of CBOR doubles
+                            {"embedding", json::binary(std::vector<uint8_t>(
+                                              reinterpret_cast<const uint8_t*>(r.embedding.data()),
+                                              reinterpret_cast<const uint8_t*>(r.embedding.data() + r.embedding.size())))}});
 }
 
 WireResult decode_result(const std::vector<uint8_t>& bytes) {
@@ -356,6 +366,9 @@ WireResult decode_result(const std::vector<uint8_t>& bytes) {
   r.prompt_tokens_computed = j.at("computed");
   r.kv_blocks_moved = j.at("moved");
   r.worker = j.at("worker");
+  const auto& vec = j.at("embedding").get_binary();
+  r.embedding.resize(vec.size() / sizeof(float));
+  std::memcpy(r.embedding.data(), vec.data(), r.embedding.size() * sizeof(float));
   return r;
 }
 

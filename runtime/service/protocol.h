@@ -114,6 +114,11 @@ struct WireRequest {
   uint64_t rng_key = 0;
   int prefill_rank = -1;       // disagg: the worker rank that prefills it; -1: prefill locally
   bool stream = false;         // send its tokens as they come (WireDeltas)
+  // An embedding line (runtime::Pooling, not kNone): `inputs` are its
+  // prompts, each pooled on its own; `prompt` is empty. Its result carries
+  // every input's vector, in order.
+  uint8_t pooling = 0;
+  std::vector<std::vector<int32_t>> inputs;
 };
 
 // Worker -> rank 0, once per step with any: new tokens of streaming requests.
@@ -139,6 +144,7 @@ struct WireResult {
   int64_t prompt_tokens_computed = 0;
   int64_t kv_blocks_moved = 0;  // blocks of its prompt that crossed the transport
   int worker = 0;
+  std::vector<float> embedding;  // an embedding line: [inputs][hidden], pooled, not normalised
 };
 
 // Decode rank -> prefill rank: prefill this request into these blocks of mine.

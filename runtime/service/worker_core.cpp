@@ -18,6 +18,7 @@ WorkerCore::WorkerCore(int rank, Role role, const runtime::ModelConfig& config,
       engine_(config, std::move(backend), pool, tokenizer, options) {}
 
 void WorkerCore::submit(const WireRequest& w, bool prefill_only) {
+  if (w.pooling != 0) return admit_embedding(w);  // pooled over fresh hidden states: no stored prefix to wait for
   if (tiers_ && tiers_->store_enabled()) {
     auto hashes = kv::full_block_hashes(w.prompt, pool_.layout().block_size);
     if (!tiers_->prefetch(hashes, pool_)) {
@@ -36,6 +37,55 @@ void WorkerCore::admit(const WireRequest& w, bool prefill_only) {
   } catch (const Error& e) {
     refuse(w.id, e.what());
   }
+}
+
+void WorkerCore::admit_embedding(const WireRequest& w) {
+  if (w.inputs.empty() || w.inputs.size() >= (std::size_t{1} << 23)) return refuse(w.id, "an embedding needs 1 to 8M inputs");
+  std::vector<runtime::EngineRequest> subs;
+  for (std::size_t j = 0; j < w.inputs.size(); ++j) {
+    runtime::EngineRequest r{sub_id(w.id, j), w.inputs[j], w.params, w.rng_key, false};
+    r.pooling = static_cast<runtime::Pooling>(w.pooling);
+    try {
+      engine_.check(r);
+    } catch (const Error& e) {
+      const std::string engine_name = "request " + std::to_string(r.id) + ": ";
+      const std::string why = std::string(e.what()).rfind(engine_name, 0) == 0 ? std::string(e.what()).substr(engine_name.size())
+                                                                                 : std::string(e.what());
+      return refuse(w.id, w.inputs.size() == 1 ? why : "input " + std::to_string(j) + ": " + why);
+    }
+    subs.push_back(std::move(r));
+  }
+  Embedding& e = embeddings_[w.id];
+  e.vectors.resize(subs.size());
+  e.left = static_cast<int64_t>(subs.size());
+  for (auto& r : subs) engine_.add(std::move(r));
+}
+
+bool WorkerCore::gather_embedding(runtime::EngineOutput& o, std::vector<WireResult>& results) {
+  if (o.id == line_of(o.id)) return false;
+  auto it = embeddings_.find(line_of(o.id));
+  if (it == embeddings_.end()) return true;  // its line was aborted and reported
+  Embedding& e = it->second;
+  const std::size_t j = static_cast<std::size_t>(o.id >> 40) - 1;
+  e.aborted = e.aborted || o.reason == runtime::FinishReason::kAbort;
+  e.vectors[j] = std::move(o.embedding);
+  e.prompt_tokens += o.prompt_tokens;
+  e.computed += o.prompt_tokens_computed;
+  e.ttft_s = std::max(e.ttft_s, o.ttft_s);
+  e.e2e_s = std::max(e.e2e_s, o.e2e_s);
+  if (--e.left > 0) return true;
+  WireResult r;
+  r.id = it->first;
+  r.worker = rank_;
+  r.finish_reason = e.aborted ? "abort" : "stop";
+  r.ttft_s = e.ttft_s;
+  r.e2e_s = e.e2e_s;
+  r.prompt_tokens_computed = e.computed;
+  if (!e.aborted)
+    for (const auto& v : e.vectors) r.embedding.insert(r.embedding.end(), v.begin(), v.end());
+  results.push_back(std::move(r));
+  embeddings_.erase(it);
+  return true;
 }
 
 bool WorkerCore::fits(const WireRequest& w) {
@@ -107,6 +157,7 @@ WorkerCore::StepOutput WorkerCore::step() {
       continue;
     }
     streaming_.erase(o.id);
+    if (gather_embedding(o, out.results)) continue;
     if (o.reason == runtime::FinishReason::kPrefilled) {
       Handoff h;
       h.id = o.id;
@@ -154,6 +205,10 @@ std::vector<runtime::StepSample> WorkerCore::take_step_samples() {
 }
 
 void WorkerCore::cancel(uint64_t id) {
+  if (auto e = embeddings_.find(id); e != embeddings_.end()) {  // each input; the line's result comes when all are out
+    for (std::size_t j = 0; j < e->second.vectors.size(); ++j) engine_.cancel(sub_id(id, j));
+    return;
+  }
   auto it = std::find_if(staged_.begin(), staged_.end(), [id](const Staged& st) { return st.request.id == id; });
   if (it == staged_.end()) return engine_.cancel(id);
   staged_.erase(it);

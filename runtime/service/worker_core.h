@@ -111,8 +111,21 @@ class WorkerCore {
     bool prefill_only;
     std::vector<uint64_t> hashes;
   };
+  // An embedding line in the engine: one engine request per input (ids
+  // sub_id(line, j)), gathered into one result.
+  struct Embedding {
+    std::vector<std::vector<float>> vectors;
+    int64_t left = 0, prompt_tokens = 0, computed = 0;
+    double ttft_s = 0, e2e_s = 0;
+    bool aborted = false;
+  };
+  static uint64_t sub_id(uint64_t line, std::size_t j) { return (uint64_t{j + 1} << 40) | line; }
+  static uint64_t line_of(uint64_t id) { return id & ((uint64_t{1} << 40) - 1); }
   void poll_tiers();
   void admit(const WireRequest& request, bool prefill_only);
+  void admit_embedding(const WireRequest& request);
+  // An engine output of an embedding's input: kept; true when it was one (the line's result is out once all are).
+  bool gather_embedding(runtime::EngineOutput& o, std::vector<WireResult>& results);
   void refuse(uint64_t id, const std::string& why);
 
   int rank_;
@@ -126,6 +139,7 @@ class WorkerCore {
   bool store_index_pending_ = false;
   std::vector<WireResult> refused_;
   std::unordered_set<uint64_t> streaming_;
+  std::unordered_map<uint64_t, Embedding> embeddings_;  // by line id
   std::vector<WireDeltas::Delta> first_tokens_;
   std::deque<runtime::StepSample> samples_;  // prefilled elsewhere: their first token, not yet streamed
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> remote_;  // by request: (prompt tokens a prefill rank

@@ -63,8 +63,8 @@ TEST_CASE("bad lines say what is wrong and how to fix it", "[router][input]") {
   CHECK(error_of("[1,2]") == "each line must be a JSON object, got an array");
   CHECK(error_of(R"({"prompt":"x"})") == "missing 'custom_id' (every line needs a unique string id)");
   CHECK(error_of(R"({"custom_id":7,"prompt":"x"})") == "'custom_id' must be a non-empty string, got 7");
-  CHECK_THAT(error_of(R"({"custom_id":"a","method":"POST","url":"/v1/embeddings","body":{}})"),
-             Catch::StartsWith("unknown 'url' \"/v1/embeddings\"; use \"/v1/completions\" or"));
+  CHECK_THAT(error_of(R"({"custom_id":"a","method":"POST","url":"/v1/files","body":{}})"),
+             Catch::StartsWith("unknown 'url' \"/v1/files\"; use \"/v1/completions\","));
   CHECK(error_of(R"({"custom_id":"a","prompt":"x","max_tokens":0})") == "'max_tokens' must be at least 1, got 0");
   CHECK(error_of(R"({"custom_id":"a","prompt":"x","temperature":"hot"})") == "'temperature' must be a number, got a string");
   CHECK(error_of(R"({"custom_id":"a","prompt":"x","top_p":1.5})") == "'top_p' must be between 0.0 and 1.0, got 1.5");
@@ -271,4 +271,33 @@ TEST_CASE("bad job defaults stop the job with one line naming where they came fr
   CHECK_THAT(why("{\"temperature\": \"hot\"}"), Catch::Contains("'temperature' must be a number"));
   CHECK_THAT(why("{\"frobnicate\": 1}"), Catch::Contains("frobnicate"));
   CHECK(why("{\"echo\": true}") == "accepted");  // a completions field: chat lines will say so, line by line
+}
+
+TEST_CASE("embeddings lines: every input form, encoding_format and dimensions; other fields refused", "[router][input][embeddings]") {
+  auto r = ok(R"({"custom_id":"a","url":"/v1/embeddings","method":"POST","body":{"input":"hi","model":"m","user":"u"}})");
+  CHECK(r.endpoint == Endpoint::kEmbeddings);
+  REQUIRE(r.input_texts);
+  CHECK(*r.input_texts == std::vector<std::string>{"hi"});
+  CHECK(r.model == "m");
+  CHECK(!r.base64);
+  r = ok(R"({"custom_id":"b","input":["x","y z"],"encoding_format":"base64","dimensions":8})");  // the short form
+  CHECK(r.endpoint == Endpoint::kEmbeddings);
+  CHECK(r.input_texts->size() == 2);
+  CHECK(r.base64);
+  CHECK(r.dimensions == 8);
+  r = ok(R"({"custom_id":"c","input":[1,2,3]})");
+  CHECK(r.input_ids == std::vector<std::vector<int32_t>>{{1, 2, 3}});
+  r = ok(R"({"custom_id":"d","input":[[1,2],[3]]})");
+  CHECK(r.input_ids == std::vector<std::vector<int32_t>>{{1, 2}, {3}});
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":""})"), Catch::Contains("'input' is an empty string"));
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":[]})"), Catch::Contains("'input' must be a non-empty string"));
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":["a", 3]})"), Catch::Contains("'input[1]' must be a non-empty string"));
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":[[1],[-2]]})"), Catch::Contains("'input[1]' must hold token ids"));
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":"a","encoding_format":"int8"})"), Catch::Contains("'encoding_format' must be"));
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":"a","dimensions":0})"), Catch::Contains("'dimensions'"));
+  CHECK_THAT(error_of(R"({"custom_id":"e","input":"a","max_tokens":4})"),
+             Catch::Contains("'max_tokens' is not an embeddings field"));
+  std::string many = R"({"custom_id":"e","input":[)";
+  for (int i = 0; i < 2049; ++i) many += (i ? ",[1]" : "[1]");
+  CHECK_THAT(error_of(many + "]}"), Catch::Contains("at most 2048"));
 }
