@@ -96,6 +96,8 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
       s.serve.config = &s.p.cfg;
       prompt_and_output_contexts(p, s.serve_chat, s.serve.prompts, s.serve.outputs);
       s.serve.workers = roles.workers();
+      s.serve.pooling = router::pooling_or_error(p.cfg.model.path);
+      s.serve.hidden = p.model.hidden;
       s.frontend = bind_frontend(s.serve);  // a busy port stops the job here
     }
     return "";

@@ -160,6 +160,10 @@ class HttpFrontend {
                  [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
                    if (read_body(req, res, reader)) generate(router::Endpoint::kChat, req, res);
                  });
+    server_.Post("/v1/embeddings",
+                 [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                   if (read_body(req, res, reader)) generate(router::Endpoint::kEmbeddings, req, res);
+                 });
   }
 
   // Reads a request's body into req.body, at most http.max_body_bytes of it
@@ -218,12 +222,15 @@ class HttpFrontend {
   static std::string endpoint_label(const std::string& path) {
     if (path == "/v1/completions") return "completions";
     if (path == "/v1/chat/completions") return "chat";
+    if (path == "/v1/embeddings") return "embeddings";
     if (path == "/v1/models") return "models";
     return "other";
   }
 
   void generate(router::Endpoint ep, const httplib::Request& http_req, httplib::Response& res) {
-    const std::string label = ep == router::Endpoint::kChat ? "chat" : "completions";
+    const std::string label = ep == router::Endpoint::kChat         ? "chat"
+                              : ep == router::Endpoint::kEmbeddings ? "embeddings"
+                                                                    : "completions";
     auto fail = [&](int status, const std::string& message, const std::string& code = "", const std::string& param = "") {
       send_error(res, status, message, status == 503 ? "server_error" : "invalid_request_error", code, param);
       metrics_.request(label, status);
@@ -249,6 +256,7 @@ class HttpFrontend {
     auto prompt = router::build_prompt(ex->req, s_.prompts);
     if (auto* e = std::get_if<router::LineError>(&prompt)) return fail(e->status, e->message);
     ex->prompt = std::get<std::vector<int32_t>>(std::move(prompt));
+    if (ep == router::Endpoint::kEmbeddings && !s_.pooling.error.empty()) return fail(400, s_.pooling.error);
     ex->endpoint = label;
     ex->ids.id = router::derived_id(ep == router::Endpoint::kChat ? "chatcmpl-" : "cmpl-", ex->req.custom_id);
     ex->ids.model = ex->req.model.empty() ? served_model(s_) : ex->req.model;
@@ -273,6 +281,17 @@ class HttpFrontend {
       }
     }
     lock.unlock();
+    if (ep == router::Endpoint::kEmbeddings) {  // the same vectors a batch line gets
+      const auto& f = *finals[0];
+      if (!f.ok) return fail(400, f.error);
+      if (f.finish_reason == "abort") return fail(503, "the server stopped the request; retry", "shutting_down");
+      const auto result = router::embedding_result_of(ex->req, f.embedding, s_.hidden, s_.pooling, f.e2e_s,
+                                                      f.prompt_tokens_computed, f.worker);
+      send_json(res, 200, router::embedding_body(ex->req, result, s_.outputs));
+      res.body.push_back('\n');
+      metrics_.request(label, 200);
+      return;
+    }
     std::vector<router::RequestResult> results;
     for (auto& f : finals) {
       if (!f->ok) return fail(400, f->error);
@@ -435,6 +454,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, router::WorkerLink& link
   inbox_setup.planner = s.planner;
   inbox_setup.epoch_seconds = s.epoch_seconds;
   inbox_setup.worker_ranks = s.worker_ranks;
+  inbox_setup.pooling = static_cast<uint8_t>(s.pooling.pooling);
   router::HttpInboxFrontend inbox_front(inbox_setup, front.inbox(), front.metrics());
   router::LoopOptions o;
   o.drain_seconds = http.drain_seconds;
@@ -443,7 +463,7 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, router::WorkerLink& link
   o.worker_timeout_seconds = s.worker_timeout_seconds;
   router::RouterLoop loop(link, s.dispatch, o);
   front.start();
-  spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/models; /health, "
+  spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models; /health, "
                "/metrics)", s.outputs.served_name, http.host, http.port);
   loop.run(inbox_front);
   front.stop();

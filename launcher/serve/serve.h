@@ -15,6 +15,7 @@
 #include "router/dispatcher.h"
 #include "planner/epoch_planner.h"
 #include "router/batch_output.h"
+#include "router/embeddings.h"
 #include "router/prompt_builder.h"
 
 namespace tandem::launcher {
@@ -23,6 +24,8 @@ struct ServeSetup {
   const Config* config = nullptr;
   router::PromptContext prompts;
   router::OutputContext outputs;  // served_name: the one model /v1/models lists
+  router::EmbeddingPooling pooling;  // how /v1/embeddings pools (router/embeddings.h)
+  int64_t hidden = 0;                // the embeddings' width
   router::DispatchOptions dispatch;
   int64_t workers = 1;            // worker ranks that must load before /health says 200
   // job.mode = "auto": every epoch_seconds the planner sizes the next epoch

@@ -57,7 +57,12 @@ void HttpInboxFrontend::admit(RouterLoop& loop) {
     for (int64_t c = 0; c < ex->req.n; ++c) {
       service::WireRequest w;
       w.id = next_id_++;
-      w.prompt = ex->prompt;
+      if (ex->req.endpoint == Endpoint::kEmbeddings) {  // its inputs, each pooled on its own
+        w.pooling = s_.pooling;
+        w.inputs = ex->req.input_ids;
+      } else {
+        w.prompt = ex->prompt;
+      }
       w.params = ex->req.params;
       // Choice 0 samples as `tandem run` would for the same request; the others on keys of their own.
       w.rng_key = sampling_key(ex->req.seed_given, ex->req.params.seed, s_.job_seed, ex->req.custom_id);
@@ -65,7 +70,9 @@ void HttpInboxFrontend::admit(RouterLoop& loop) {
       w.stream = ex->req.stream;
       ex->wire_ids.push_back(w.id);
       live_[w.id] = {ex, static_cast<int>(c)};
-      if (s_.planner) epoch_requests_.push_back({static_cast<int64_t>(w.prompt.size()), w.params.max_tokens, 0, 0, -1});
+      if (s_.planner)
+        epoch_requests_.push_back({static_cast<int64_t>(ex->prompt.size()),
+                                   ex->req.endpoint == Endpoint::kEmbeddings ? 1 : w.params.max_tokens, 0, 0, -1});
       loop.place(std::move(w));
     }
   }

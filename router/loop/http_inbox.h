@@ -78,6 +78,7 @@ struct HttpInboxSetup {
   planner::EpochPlanner* planner = nullptr;
   double epoch_seconds = 60;
   std::vector<int> worker_ranks;
+  uint8_t pooling = 0;  // /v1/embeddings: runtime::Pooling of the checkpoint
 };
 
 class HttpInboxFrontend : public Frontend {
