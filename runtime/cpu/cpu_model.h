@@ -53,6 +53,7 @@ class CpuModel final : public ModelBackend {
     return true;
   }
   bool has_hidden_rows() const override { return true; }
+  bool has_lm_head() const override { return lm_head_.data != nullptr; }
   std::vector<int64_t> expert_tokens() const override { return expert_tokens_; }
   int expert_ranks() const override { return expert_parallel_ ? split_.width : 1; }
 

@@ -116,6 +116,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   tc_attention_ = w.embed.dtype != DType::kF32 && config.head_dim % 16 == 0 && config.head_dim <= 256 &&
                   !(tc && std::string(tc) == "0");
   embed_ = upload({{&w.embed}}, "the embedding");
+  if (!w.lm_head.data)
+    throw Error("the checkpoint has no lm_head (an embedding model); the CUDA backend runs generation models: use "
+                "model.backend = \"cpu\"");
   tied_ = w.lm_head.data == w.embed.data;
   if (!tied_) lm_head_ = upload({{&w.lm_head}}, "the LM head");
   final_norm_ = upload({&w.final_norm});

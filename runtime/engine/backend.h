@@ -76,6 +76,8 @@ class ModelBackend {
     return false;
   }
   virtual bool has_hidden_rows() const { return false; }
+  // False for a checkpoint without an LM head (an embedding model): generation is refused.
+  virtual bool has_lm_head() const { return true; }
   // Whether forward_argmax and forward_draw run (asked first by a wrapper
   // that tells other ranks what runs: runtime/service/group_worker.h).
   virtual bool has_argmax() const { return false; }

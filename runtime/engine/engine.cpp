@@ -72,6 +72,9 @@ void Engine::check(const EngineRequest& request) const {
     }
   }
   const bool embedding = request.pooling != Pooling::kNone;  // draws nothing: the whole context is the prompt's
+  if (!embedding && !model_->has_lm_head())
+    throw Error("request " + std::to_string(request.id) + ": this checkpoint has no lm_head (an embedding model): it "
+                "answers /v1/embeddings only");
   if (embedding && !model_->has_hidden_rows())
     throw Error("request " + std::to_string(request.id) + ": embeddings are computed by the CPU backend for now; the " +
                 std::string(model_->name()) + " backend does not give hidden states");

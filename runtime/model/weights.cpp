@@ -19,8 +19,15 @@ struct Binder {
   std::string dir;
   std::vector<std::vector<float>>* scale_grids;  // where a quantized weight's scales go; null: check only
   std::vector<std::vector<uint8_t>>* converted;  // model.dtype's converted matrices
+  // What stands for "model." in the names: "" for a checkpoint saved from the
+  // inner model alone (sentence-transformers' embedding models: embed_tokens.weight, layers.N...).
+  std::string prefix = "model.";
 
-  const TensorView& get(const std::string& name, std::vector<int64_t> shape) const {
+  std::string named(const std::string& name) const {
+    return name.rfind("model.", 0) == 0 ? prefix + name.substr(6) : name;
+  }
+  const TensorView& get(const std::string& wanted, std::vector<int64_t> shape) const {
+    const std::string name = named(wanted);
     const TensorView* t = ckpt.find(name);
     TensorView expected;
     expected.shape = shape;
@@ -229,10 +236,12 @@ std::unique_ptr<ModelWeights> ModelWeights::bind(const ModelConfig& c, const std
                                                  bool compute) {
   auto w = std::make_unique<ModelWeights>();
   w->checkpoint = Checkpoint::open(model_dir);
-  const Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->scale_grids : nullptr, &w->converted};
+  Binder b{*w->checkpoint, c, model_dir.string(), compute ? &w->scale_grids : nullptr, &w->converted};
+  if (!w->checkpoint->find("model.embed_tokens.weight") && w->checkpoint->find("embed_tokens.weight")) b.prefix = "";
   const int64_t q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
   w->embed = b.matrix("model.embed_tokens.weight", c.vocab, c.hidden);
   if (c.tie_embeddings && !w->checkpoint->find("lm_head.weight")) w->lm_head = w->embed;
+  else if (!w->checkpoint->find("lm_head.weight")) w->lm_head = Matrix{};  // an embedding model: no generation
   else w->lm_head = b.matrix("lm_head.weight", c.vocab, c.hidden);
   w->final_norm = b.vector("model.norm.weight", c.hidden);
   for (int64_t i = 0; i < c.layers; ++i) {

@@ -105,7 +105,8 @@ struct LayerWeights {
 
 struct ModelWeights {
   Matrix embed;                     // [vocab][hidden], row-major (looked up by token)
-  Matrix lm_head;                   // [vocab][hidden]; the embedding's values when tied
+  Matrix lm_head;                   // [vocab][hidden]; the embedding's values when tied; no data: none (an
+                                    // embedding model's checkpoint: it answers embeddings only)
   std::vector<float> final_norm;    // [hidden]
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mappings row-major matrices point into

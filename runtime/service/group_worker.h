@@ -193,6 +193,7 @@ class LeaderBackend : public runtime::ModelBackend {
   bool has_argmax() const override { return inner_->has_argmax(); }
   bool hidden_rows(std::vector<float>& rows) override { return inner_->hidden_rows(rows); }  // the leader's own
   bool has_hidden_rows() const override { return inner_->has_hidden_rows(); }
+  bool has_lm_head() const override { return inner_->has_lm_head(); }
   bool has_draw() const override { return inner_->has_draw(); }
 
  private:

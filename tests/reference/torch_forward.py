@@ -6,6 +6,7 @@ does not use `transformers` or `safetensors`.  Run it with Debian's Python
 (`/usr/bin/python3`, torch >= 1.13, numpy).
 
 usage: torch_forward.py MODEL_DIR --ids 1,2,3 [--greedy N] [--kv fp8]
+       torch_forward.py MODEL_DIR --ids "1,2;3,4" --embed last|mean|cls [--normalize]
                         [--out-logits FILE.npy] [--out-json FILE.json]
 
 Supported `architectures[0]`: LlamaForCausalLM, MistralForCausalLM,
@@ -46,6 +47,11 @@ Conventions (matching Hugging Face's modeling code):
     F8_E4M3 is decoded from the OCP definition (1 sign bit, 4 exponent bits
     of bias 7, 3 mantissa bits, subnormals at exponent 0, 0x7F/0xFF NaN, no
     infinities) by a 256-entry table built here, not by any library.
+  * --embed last|mean|cls [--normalize] (embeddings): the final-normed
+    hidden states of each ';'-separated input of --ids, from one pass over
+    it, pooled by its last token, the mean over its tokens or its first,
+    divided by their L2 norm when asked. A checkpoint saved from the inner
+    model (tensor names without "model.") and one without lm_head load.
   * --kv fp8 (Tandem's kv.dtype = "fp8"): every key and value row (one token,
     one kv head, after RoPE) is stored as E4M3 codes with one float32 scale,
     scale = max|row| / 448, code = the E4M3 value nearest row / scale (ties to
@@ -257,6 +263,12 @@ class Checkpoint:
 
     def has(self, name):
         return name in self.entries
+
+    def strip_model_prefix(self):
+        """A checkpoint of the inner model alone (sentence-transformers: embed_tokens.weight, layers.N...):
+        its tensors answer to the "model."-prefixed names too."""
+        if "model.embed_tokens.weight" not in self.entries and "embed_tokens.weight" in self.entries:
+            self.entries = {("model." + k if not k.startswith("lm_head") else k): v for k, v in self.entries.items()}
 
     def get_raw(self, name):
         if name not in self.entries:
@@ -494,8 +506,10 @@ class Model:
         self.final_norm = get("model.norm.weight", (D,))
         if cfg.tie_word_embeddings:
             self.lm_head = self.embed                                   # counted once
-        else:
+        elif ckpt.has("lm_head.weight"):
             self.lm_head = get("lm_head.weight", (V, D))                # [V, D]
+        else:
+            self.lm_head = None                                         # an embedding model: hidden states only
         self.inv_freq = rope_inv_freq(cfg)                              # [hd/2]
 
     def new_cache(self):
@@ -520,7 +534,7 @@ class Model:
                 out[t] += weights[t, slot] * y[0]
         return out
 
-    def forward(self, tokens, cache):
+    def forward(self, tokens, cache, hidden=False):
         """Runs T new tokens at positions S..S+T-1 (S = cache length); appends
         their keys/values to `cache`.  Returns logits [T, V] float32."""
         cfg = self.cfg
@@ -578,6 +592,10 @@ class Model:
             x = x + linear(torch.nn.functional.silu(gate) * up, L.w_down, L.b_down)  # [T, D]
 
         x = rmsnorm(x, self.final_norm, cfg.norm_eps)             # [T, D]
+        if hidden:
+            return x                                              # [T, D]: the final-normed hidden states
+        if self.lm_head is None:
+            raise RefError("the checkpoint has no lm_head: only --embed works")
         return linear(x, self.lm_head)                            # [T, V]
 
 
@@ -611,7 +629,19 @@ def load_model(model_dir):
         raw = json.load(f)
     cfg = Config(raw)
     quant = Quantization(raw["quantization_config"]) if raw.get("quantization_config") else None
-    return Model(cfg, Checkpoint(model_dir, quant))
+    ckpt = Checkpoint(model_dir, quant)
+    ckpt.strip_model_prefix()
+    return Model(cfg, ckpt)
+
+
+def embed(model, prompt, pooling, normalize):
+    """One input's embedding: the final-normed hidden states of the whole prompt (one pass), pooled by
+    the last token, the mean over tokens or the first (CLS), then divided by its L2 norm when asked."""
+    h = model.forward(prompt, model.new_cache(), hidden=True)     # [T, D]
+    v = {"last": h[-1], "mean": h.mean(dim=0), "cls": h[0]}[pooling]
+    if normalize:
+        v = v / torch.linalg.vector_norm(v)
+    return v
 
 
 def parse_ids(s):
@@ -631,17 +661,25 @@ def main(argv=None):
     ap.add_argument("--greedy", type=int, default=0, metavar="N", help="greedy-generate N tokens after the prompt")
     ap.add_argument("--out-logits", metavar="FILE.npy", help="save the prompt's logits, float32 [T, vocab]")
     ap.add_argument("--kv", choices=("f32", "fp8"), default="f32", help="KV cache storage (fp8: see above)")
+    ap.add_argument("--embed", choices=("last", "mean", "cls"),
+                    help="print the pooled embedding of each ';'-separated input of --ids, as JSON, instead")
+    ap.add_argument("--normalize", action="store_true", help="with --embed: L2-normalise each vector")
     ap.add_argument("--out-json", metavar="FILE.json", help='write {"greedy": [...], "arch": ..., "n_params": ...}')
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     try:
-        ids = parse_ids(args.ids)
+        ids = parse_ids(args.ids) if not args.embed else []
         if args.greedy < 0:
             raise RefError("--greedy must be >= 0")
         with torch.no_grad():
             model = load_model(args.model_dir)
             model.kv_fp8 = args.kv == "fp8"
+            if args.embed:
+                vectors = [embed(model, parse_ids(part), args.embed, args.normalize).tolist()
+                           for part in args.ids.split(";")]
+                print(json.dumps({"embeddings": vectors}))
+                return 0
             bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
             if bad:
                 raise RefError("token id %d out of range [0, %d)" % (bad[0], model.cfg.vocab_size))
