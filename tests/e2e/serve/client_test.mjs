@@ -299,6 +299,28 @@ async function errorOf(fn) {
   }
 }
 
+// Embeddings: the client asks for base64 by default and decodes it; floats asked for are the same numbers.
+{
+  const texts = ["The capital of France is", "Once upon a time"];
+  const b64 = await client.embeddings.create({ model, input: texts });
+  const flt = await client.embeddings.create({ model, input: texts, encoding_format: "float" });
+  check("embeddings: one vector per input, indexed, usage counts the tokens",
+        b64.data.length === 2 && b64.data.every((d, i) => d.index === i && d.object === "embedding") &&
+        b64.object === "list" && b64.usage.prompt_tokens > 0 && b64.usage.total_tokens === b64.usage.prompt_tokens,
+        JSON.stringify(b64.usage));
+  check("embeddings: the client's decoded base64 equals the float answer",
+        JSON.stringify(b64.data.map((d) => Array.from(d.embedding))) === JSON.stringify(flt.data.map((d) => d.embedding)));
+  const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+  check("embeddings: unit length", flt.data.every((d) => Math.abs(norm(d.embedding) - 1) < 1e-5));
+  const small = await client.embeddings.create({ model, input: texts[0], encoding_format: "float", dimensions: 8 });
+  check("embeddings: dimensions 8, renormalised",
+        small.data[0].embedding.length === 8 && Math.abs(norm(small.data[0].embedding) - 1) < 1e-5);
+  const bad = await errorOf(() => client.embeddings.create({ model, input: texts[0], dimensions: 100000 }));
+  check("embeddings: dimensions past the model's width is a 400 naming it", bad instanceof OpenAI.BadRequestError &&
+        /'dimensions'/.test(bad.message), bad && `${bad.status} ${bad.message}`);
+  out.embeddings = { texts, vectors: flt.data.map((d) => d.embedding) };
+}
+
 writeFileSync(outPath, JSON.stringify(out, null, 1));
 console.log(failed ? `${failed} check(s) failed` : "all client checks passed");
 process.exit(failed ? 1 : 0);

@@ -264,6 +264,9 @@ with tempfile.TemporaryDirectory() as d:
     if "stop" in got:
         lines.append({"custom_id": "s", "prompt": got["stop"]["prompt"], "max_tokens": 24, "temperature": 0,
                       "stop": [got["stop"]["stop"]]})
+    if "embeddings" in got:
+        lines.append({"custom_id": "e", "url": "/v1/embeddings", "method": "POST",
+                      "body": {"input": got["embeddings"]["texts"]}})
     inp = tmp / "same.jsonl"
     inp.write_text("".join(json.dumps(l) + "\n" for l in lines))
     job = tmp / "run.toml"
@@ -274,13 +277,18 @@ with tempfile.TemporaryDirectory() as d:
     if r.returncode == 0:
         for l in (tmp / "same.out.jsonl").read_text().splitlines():
             o = json.loads(l)
+            if o["custom_id"] == "e":
+                ran["e"] = [d["embedding"] for d in o["response"]["body"]["data"]]
+                continue
             ch = o["response"]["body"]["choices"][0]
             ran[o["custom_id"]] = ch["text"] if "text" in ch else ch["message"]["content"]
     want = {f"c{i}": c["text"] for i, c in enumerate(got["completions"])}
     want.update({f"h{i}": c["text"] for i, c in enumerate(got["chat"])})
     if "stop" in got:
         want["s"] = got["stop"]["text"]
-    check("HTTP texts equal `tandem run`'s for the same requests", len(want) >= 6 and ran == want,
+    if "embeddings" in got:
+        want["e"] = got["embeddings"]["vectors"]
+    check("HTTP texts (and embeddings, bit for bit) equal `tandem run`'s for the same requests", len(want) >= 6 and ran == want,
           json.dumps([ran, want])[:1500])
 
     # SIGTERM with a request in flight: it completes; the job exits 0.
