@@ -66,7 +66,8 @@ int plan(const PlanOptions& o) {
       ++bad;
       continue;
     }
-    reqs.push_back({.isl = static_cast<int64_t>(std::get<std::vector<int32_t>>(ids).size()), .osl = r.params.max_tokens});
+    reqs.push_back({.isl = static_cast<int64_t>(std::get<std::vector<int32_t>>(ids).size()),
+                    .osl = r.endpoint == router::Endpoint::kEmbeddings ? 1 : r.params.max_tokens});  // a prefill alone
   }
   if (reqs.empty()) throw Error(cfg.job.input + ": no valid requests to plan");
 

@@ -51,7 +51,7 @@ if bad:
         "this is not json",
         json.dumps({"prompt": "no custom id"}),
         json.dumps({"custom_id": "req-0001", "prompt": "a duplicate custom_id"}),
-        json.dumps({"custom_id": "bad-url", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
+        json.dumps({"custom_id": "bad-url", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}}),
         json.dumps({"custom_id": "bad-max-tokens", "prompt": "x", "max_tokens": 0}),
         json.dumps({"custom_id": "bad-type", "prompt": "x", "temperature": "hot"}),
         json.dumps({"custom_id": "too-long", "prompt_token_ids": [5] * 5000}),
