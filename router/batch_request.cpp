@@ -1,7 +1,6 @@
 #include "router/batch_request.h"
 
 #include "router/structured_output.h"
-#include "router/body_defaults.h"
 
 #include <algorithm>
 #include <charconv>
@@ -14,7 +13,9 @@
 
 #include "common/error.h"
 #include "common/text.h"
-#include "router/json_sax.h"
+#include "router/body_defaults.h"
+#include "router/embeddings.h"
+#include "router/json_checked.h"
 #include "router/line_key.h"
 #include "router/tool_calls.h"
 
@@ -443,69 +444,15 @@ void parse_structured(const json& body, BatchRequest& r, const std::function<nlo
   }
 }
 
-// /v1/embeddings: input (a string, strings, token ids, lists of token ids),
-// encoding_format, dimensions; model and the no-effect fields accepted; any
-// other field refused.
-void parse_embedding_body(const json& body, BatchRequest& r, bool short_form) {
-  if (!body.is_object()) throw Bad{"'body' must be an object"};
-  for (const auto& [key, v] : body.items()) {
-    if (one_of(key, {"input", "model", "encoding_format", "dimensions"}) || no_effect(key)) continue;
-    if (short_form && one_of(key, {"custom_id", "method", "url"})) continue;
-    if (v.is_null()) continue;
-    throw Bad{"'" + key + "' is not an embeddings field (input, model, encoding_format, dimensions, user); remove it"};
-  }
-  if (body.contains("model")) {
-    if (!body["model"].is_string()) throw Bad{"'model' must be a string"};
-    r.model = body["model"].get<std::string>();
-  }
-  if (!given(body, "input")) throw Bad{"an embeddings request needs 'input': a string, strings, or token ids"};
-  const json& in = body["input"];
-  auto ids_of = [](const json& a, const std::string& what) {
-    std::vector<int32_t> ids;
-    for (const auto& t : a) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-        throw Bad{what + " must hold token ids (integers from 0), got " + t.dump()};
-      ids.push_back(t.get<int32_t>());
-    }
-    if (ids.empty()) throw Bad{what + " is empty"};
-    return ids;
-  };
-  if (in.is_string()) {
-    if (in.get<std::string>().empty()) throw Bad{"'input' is an empty string"};
-    r.input_texts = std::vector<std::string>{in.get<std::string>()};
-  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
-    r.input_texts.emplace();
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      if (!in[i].is_string() || in[i].get<std::string>().empty())
-        throw Bad{"'input[" + std::to_string(i) + "]' must be a non-empty string, as the inputs before it"};
-      r.input_texts->push_back(in[i].get<std::string>());
-    }
-  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      if (!in[i].is_array()) throw Bad{"'input[" + std::to_string(i) + "]' must be a list of token ids, as the first"};
-      r.input_ids.push_back(ids_of(in[i], "'input[" + std::to_string(i) + "]'"));
-    }
-  } else if (in.is_array() && !in.empty()) {
-    r.input_ids.push_back(ids_of(in, "'input'"));
-  } else {
-    throw Bad{"'input' must be a non-empty string, a list of strings, a list of token ids or a list of such lists, got " +
-              type_name(in)};
-  }
-  const std::size_t n = r.input_texts ? r.input_texts->size() : r.input_ids.size();
-  if (n > kMaxEmbeddingInputs)
-    throw Bad{"'input' has " + std::to_string(n) + " inputs; at most " + std::to_string(kMaxEmbeddingInputs) +
-              " a request (split the line)"};
-  if (given(body, "encoding_format")) {
-    const json& f = body["encoding_format"];
-    if (f != "float" && f != "base64") throw Bad{"'encoding_format' must be \"float\" or \"base64\", got " + f.dump()};
-    r.base64 = f == "base64";
-  }
-  if (given(body, "dimensions")) r.dimensions = integer(body, "dimensions", 1);
-}
-
 void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, bool http, bool short_form,
                 const std::function<nlohmann::ordered_json()>& ordered) {
-  if (r.endpoint == Endpoint::kEmbeddings) return parse_embedding_body(body, r, short_form);
+  if (r.endpoint == Endpoint::kEmbeddings) {
+    try {
+      return read_embedding_body(body, r, short_form, no_effect);
+    } catch (const Error& e) {
+      throw Bad{e.what()};
+    }
+  }
   if (!body.is_object()) throw Bad{"'body' must be an object"};
   check_fields(body, r.endpoint == Endpoint::kChat, short_form);
   if (body.contains("model")) {
@@ -527,80 +474,13 @@ void parse_body(const json& body, BatchRequest& r, int64_t default_max_tokens, b
   parse_structured(body, r, ordered);
 }
 
-// Where a line that is not valid JSON breaks, and why (its custom_id, as
-// far as it was read, is line_key_id's: the error record carries it, as a
-// user matching errors to requests needs).
-struct Salvage : JsonSaxBase {
-  std::size_t at = 0;
-  std::string why;
-
-  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
-    at = position;
-    // nlohmann's text from "column" ("... parse error at line 1, column 9: syntax error ...": the line is one
-    // line), else after its "[json.exception...] " tag ("number overflow parsing '1e400'").
-    const std::string what = e.what();
-    const auto column = what.find("column "), tag = what.find("] ");
-    why = column != std::string::npos ? what.substr(column)
-          : tag != std::string::npos  ? "byte " + std::to_string(position) + " (" + what.substr(tag + 2) + ")"
-                                      : std::string();
-    return false;
-  }
-};
-
-// The keys of one JSON object as parsed, to find one given twice (a short
-// list while small, a set past that, so a huge object stays linear).
-class KeySet {
- public:
-  bool insert(const std::string& k) {
-    if (big_.empty()) {
-      if (std::find(small_.begin(), small_.end(), k) != small_.end()) return false;
-      small_.push_back(k);
-      if (small_.size() > 32) big_.insert(small_.begin(), small_.end());
-      return true;
-    }
-    return big_.insert(k).second;
-  }
-
- private:
-  std::vector<std::string> small_;
-  std::unordered_set<std::string> big_;
-};
-
-// Parses like json::parse (discarded when invalid), and names the first key
-// that an object holds twice: JSON allows it and the parser keeps the last,
-// but which one the writer meant is unknown (a prompt given twice, two
-// custom_ids), so such a line is refused.
-json parse_checked(std::string_view text, std::string& duplicate) {
-  std::vector<KeySet> open;
-  const json::parser_callback_t cb = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) open.emplace_back();
-    else if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
-    else if (event == json::parse_event_t::key && !open.empty() && !open.back().insert(parsed.get_ref<const std::string&>()) &&
-             duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  return json::parse(text, cb, /*allow_exceptions=*/false);
-}
-
-std::string duplicate_message(const std::string& key) {
-  return "the key '" + key + "' is given twice in one object; give each field once";
-}
-
-}  // namespace
-
-namespace {
-constexpr const char* kDefaultsHint = " (a field of the job's defaults, [defaults] or --defaults: the line alone is valid)";
 }  // namespace
 
 ParsedLine parse_batch_line(std::string_view line, int64_t default_max_tokens, const BodyDefaults* defaults) {
   std::string duplicate;
   json j = parse_checked(line, duplicate);
   if (j.is_discarded()) {
-    Salvage s;
-    json::sax_parse(line, &s, json::input_format_t::json, /*strict=*/true);
-    const std::string where = !s.why.empty() ? " at " + s.why : s.at > 0 ? " at byte " + std::to_string(s.at) : "";
-    return LineError{line_key_id(line), 400, "not valid JSON" + where + "; each line must be one JSON object"};
+    return LineError{line_key_id(line), 400, "not valid JSON" + where_json_breaks(line) + "; each line must be one JSON object"};
   }
   if (!j.is_object()) return LineError{"", 400, "each line must be a JSON object, got " + type_name(j)};
   // The error record names the first custom_id, as the line is keyed by (router/line_key.h).
@@ -681,59 +561,3 @@ uint64_t sampling_key(bool seed_given, uint64_t seed, uint64_t job_seed, const s
 
 }  // namespace tandem::router
 
-namespace tandem::router {
-
-namespace {
-
-template <class Json>
-Json merge_under(const Json& defaults, const Json& line) {
-  Json out = line;
-  for (auto it = defaults.begin(); it != defaults.end(); ++it) {
-    if (it.key() == "messages" && line.contains("messages") && line["messages"].is_array() && it.value().is_array()) {
-      Json all = it.value();
-      for (const auto& m : line["messages"]) all.push_back(m);
-      out["messages"] = std::move(all);
-    } else if (!line.contains(it.key())) {
-      out[it.key()] = it.value();
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-json BodyDefaults::merged(const json& line_body) const {
-  return line_body.is_object() ? merge_under(body, line_body) : line_body;
-}
-
-nlohmann::ordered_json BodyDefaults::merged(const nlohmann::ordered_json& line_body) const {
-  return line_body.is_object() ? merge_under(ordered, line_body) : line_body;
-}
-
-BodyDefaults BodyDefaults::parse(const std::string& text, const std::string& source) {
-  BodyDefaults d;
-  try {
-    d.ordered = nlohmann::ordered_json::parse(text);
-    d.body = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(source + ": not valid JSON (" + e.what() + "); the defaults are one JSON object of request fields");
-  }
-  if (!d.body.is_object())
-    throw Error(source + ": the defaults must be an object of request fields, got " + type_name(d.body));
-  for (const char* key : {"custom_id", "url", "method", "body", "prompt", "prompt_token_ids"})
-    if (d.body.contains(key))
-      throw Error(source + ": '" + key + "' cannot be a default (each line gives its own" +
-                  (std::string(key) == "body" ? "; write the body's fields themselves" : "") + ")");
-  // Checked as lines would be: it must suit chat or completions lines (a field of one only is fine).
-  std::string why;
-  for (const char* sample : {R"({"custom_id":"defaults","url":"/v1/chat/completions","method":"POST","body":{"messages":[{"role":"user","content":"x"}]}})",
-                             R"({"custom_id":"defaults","url":"/v1/completions","method":"POST","body":{"prompt":"x"}})"}) {
-    const ParsedLine p = parse_batch_line(sample, 16, &d);
-    if (std::holds_alternative<BatchRequest>(p)) return d;
-    if (why.empty()) why = std::get<LineError>(p).message;
-  }
-  if (const auto hint = why.find(kDefaultsHint); hint != std::string::npos) why.erase(hint);  // it is the defaults
-  throw Error(source + ": " + why);
-}
-
-}  // namespace tandem::router

@@ -17,6 +17,10 @@
 
 namespace tandem::router {
 
+// What a line's error says when the defaults, not the line, caused it.
+inline constexpr const char* kDefaultsHint =
+    " (a field of the job's defaults, [defaults] or --defaults: the line alone is valid)";
+
 struct BodyDefaults {
   nlohmann::json body = nlohmann::json::object();
   nlohmann::ordered_json ordered = nlohmann::ordered_json::object();  // as written (structured outputs keep key order)

@@ -1,5 +1,7 @@
 #include "router/embeddings.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -25,7 +27,78 @@ json read_json(const std::filesystem::path& path) {
   }
 }
 
+bool one_of(const std::string& key, std::initializer_list<std::string_view> names) {
+  return std::find(names.begin(), names.end(), key) != names.end();
+}
+
+bool given(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
 }  // namespace
+
+// /v1/embeddings: input (a string, strings, token ids, lists of token ids),
+// encoding_format, dimensions; model and the no-effect fields accepted; any
+// other field refused.
+void read_embedding_body(const json& body, BatchRequest& r, bool short_form, bool (*no_effect)(const std::string&)) {
+  if (!body.is_object()) throw Error("'body' must be an object");
+  for (const auto& [key, v] : body.items()) {
+    if (one_of(key, {"input", "model", "encoding_format", "dimensions"}) || no_effect(key)) continue;
+    if (short_form && one_of(key, {"custom_id", "method", "url"})) continue;
+    if (v.is_null()) continue;
+    throw Error("'" + key + "' is not an embeddings field (input, model, encoding_format, dimensions, user); remove it");
+  }
+  if (body.contains("model")) {
+    if (!body["model"].is_string()) throw Error("'model' must be a string");
+    r.model = body["model"].get<std::string>();
+  }
+  if (!given(body, "input")) throw Error("an embeddings request needs 'input': a string, strings, or token ids");
+  const json& in = body["input"];
+  auto ids_of = [](const json& a, const std::string& what) {
+    std::vector<int32_t> ids;
+    for (const auto& t : a) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        throw Error(what + " must hold token ids (integers from 0), got " + t.dump());
+      ids.push_back(t.get<int32_t>());
+    }
+    if (ids.empty()) throw Error(what + " is empty");
+    return ids;
+  };
+  if (in.is_string()) {
+    if (in.get<std::string>().empty()) throw Error("'input' is an empty string");
+    r.input_texts = std::vector<std::string>{in.get<std::string>()};
+  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
+    r.input_texts.emplace();
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_string() || in[i].get<std::string>().empty())
+        throw Error("'input[" + std::to_string(i) + "]' must be a non-empty string, as the inputs before it");
+      r.input_texts->push_back(in[i].get<std::string>());
+    }
+  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_array()) throw Error("'input[" + std::to_string(i) + "]' must be a list of token ids, as the first");
+      r.input_ids.push_back(ids_of(in[i], "'input[" + std::to_string(i) + "]'"));
+    }
+  } else if (in.is_array() && !in.empty()) {
+    r.input_ids.push_back(ids_of(in, "'input'"));
+  } else {
+    throw Error("'input' must be a non-empty string, a list of strings, a list of token ids or a list of such lists, got " +
+              std::string(in.type_name()));
+  }
+  const std::size_t n = r.input_texts ? r.input_texts->size() : r.input_ids.size();
+  if (n > kMaxEmbeddingInputs)
+    throw Error("'input' has " + std::to_string(n) + " inputs; at most " + std::to_string(kMaxEmbeddingInputs) +
+              " a request (split the line)");
+  if (given(body, "encoding_format")) {
+    const json& f = body["encoding_format"];
+    if (f != "float" && f != "base64") throw Error("'encoding_format' must be \"float\" or \"base64\", got " + f.dump());
+    r.base64 = f == "base64";
+  }
+  if (given(body, "dimensions")) {
+    const json& v = body["dimensions"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      throw Error("'dimensions' must be an integer of at least 1, got " + v.dump());
+    r.dimensions = v.get<int64_t>();
+  }
+}
 
 EmbeddingPooling read_pooling(const std::string& model_dir) {
   EmbeddingPooling p;

@@ -19,6 +19,13 @@
 
 namespace tandem::router {
 
+// An /v1/embeddings body into r: input (a string, strings, token ids, lists
+// of them; at most kMaxEmbeddingInputs), encoding_format, dimensions; model
+// and the fields no_effect accepts; any other field refused. Throws
+// tandem::Error with the line's message.
+void read_embedding_body(const nlohmann::json& body, BatchRequest& r, bool short_form,
+                         bool (*no_effect)(const std::string&));
+
 struct EmbeddingPooling {
   runtime::Pooling pooling = runtime::Pooling::kLast;
   bool normalize = true;

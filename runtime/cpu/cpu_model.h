@@ -49,7 +49,7 @@ class CpuModel final : public ModelBackend {
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
   std::string_view name() const override { return "cpu"; }
   bool hidden_rows(std::vector<float>& rows) override {
-    rows = hidden_out_;
+    rows.swap(hidden_out_);  // the next forward fills hidden_out_ anew
     return true;
   }
   bool has_hidden_rows() const override { return true; }
