@@ -297,18 +297,7 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
     kern_.dot_rows(q, ldq, M, kv, keys.data(), count, hd, scores.data(), count);
     for (int64_t m = 0; m < M; ++m) {
       float* s = scores.data() + m * count + (first_of(m) - lo);
-      const int64_t n = pos_of(m) + 1 - first_of(m);
-      float max = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        s[j] *= scale;
-        max = std::max(max, s[j]);
-      }
-      float sum = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - max);
-        sum += s[j];
-      }
-      for (int64_t j = 0; j < n; ++j) s[j] /= sum;
+      kern_.softmax(s, pos_of(m) + 1 - first_of(m), scale);
       // The positions before the joint range, alone (this also zeroes the output).
       const int64_t pre = std::max<int64_t>(0, std::min(joint_lo, pos_of(m) + 1) - first_of(m));
       kern_.weighted_sum(s, count, 1, kv, values.data() + (first_of(m) - lo), pre, hd, false, out + m * ldq, ldq);

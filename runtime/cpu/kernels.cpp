@@ -94,6 +94,34 @@ void widen_fp8_row_scalar(const uint8_t* row, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = value[row[i]] * scale;
 }
 
+float exp_fixed(float d) {
+  if (std::isnan(d)) return d;
+  const float x = -104.0f > d ? -104.0f : d;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = std::fma(1.9875691500e-4f, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  return std::ldexp(y, static_cast<int>(n));  // exact but for a subnormal result, rounded once
+}
+
+void softmax_scalar(float* s, int64_t n, float scale) {
+  float max = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] *= scale;
+    max = s[j] > max ? s[j] : max;
+  }
+  float l[16] = {};
+  for (int64_t j = 0; j < n; ++j) l[j % 16] += (s[j] = exp_fixed(s[j] - max));
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) l[i] += l[i + w];
+  for (int64_t j = 0; j < n; ++j) s[j] /= l[0];
+}
+
 namespace {
 
 const KernelTable* chosen = nullptr;

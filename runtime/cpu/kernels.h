@@ -50,7 +50,24 @@ struct KernelTable {
   // same bits on every table. Attention then runs the kF32 kernels above on
   // these values (dot_rows and weighted_sum take float32 and bf16 rows).
   void (*widen_fp8_row)(const uint8_t* row, int64_t n, float* out);
+  // One query's attention weights from its n scores, in place: the softmax
+  // arithmetic below — the same bits on every table.
+  void (*softmax)(float* s, int64_t n, float scale);
 };
+
+// The softmax of attention, one fixed arithmetic (every table, every batch):
+//   x_j = s_j x scale; max = the largest x_j; e_j = exp_fixed(x_j - max);
+//   sum: 16 lanes, lane i adding e_j for j = i, i + 16, ... in increasing j
+//   (from 0), folded as l_i + l_{i+8}, then + the lane 4 on, 2 on, 1 on (the
+//   halving tree); s_j = e_j / sum. Every operation rounds once to float32.
+// exp_fixed(d) for d <= 0 (a NaN stays NaN): d' = max(d, -104) (below, every
+// result is 0 or the smallest subnormals); n = nearest-even integer of
+// d' x log2(e); r = fma(-n, ln2_lo, fma(-n, ln2_hi, d')) with Cephes' split
+// ln2_hi = 0.693359375, ln2_lo = -2.12194440e-4; p = Horner with FMAs over
+// Cephes' expf coefficients; y = fma(p, r x r, r) + 1; exp = y x 2^n rounded
+// once (subnormal results included). Within 2 ulp of exp over [-87, 0].
+float exp_fixed(float d);
+void softmax_scalar(float* s, int64_t n, float scale);  // the reference, and the scalar table's
 
 // An FP8 KV row of n values from x (one token, one head): scale = max|x| /
 // 448 (float32 division; 0 for a row of zeros, NaN for a row with a NaN or

@@ -230,11 +230,72 @@ void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, in
   matmul_tree_by_parts(*avx2_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
 }
 
+// kernels.h's exp_fixed, eight at a time; y x 2^n as (y x 2^(n - n')) x 2^n'
+// with n' = max(n, -126): the first product exact, the second rounded once.
+inline __m256 exp8(__m256 d) {
+  const __m256 x = _mm256_max_ps(_mm256_set1_ps(-104.0f), d);  // a NaN d stays NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.9875691500e-4f), r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i hi = _mm256_max_epi32(ni, _mm256_set1_epi32(-126));
+  auto pow2 = [](__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); };
+  return _mm256_mul_ps(_mm256_mul_ps(y, pow2(_mm256_sub_epi32(ni, hi))), pow2(hi));
+}
+
+// kernels.h's softmax: lanes 0-7 of the sum in lo, 8-15 in hi; the last n % 16 scores as the scalar table does them.
+void softmax(float* s, int64_t n, float scale) {
+  const int64_t n16 = n & ~int64_t{15};
+  const __m256 sc = _mm256_set1_ps(scale);
+  float max = -INFINITY;
+  __m256 maxv = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n16; j += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + j), sc);
+    _mm256_storeu_ps(s + j, x);
+    maxv = _mm256_max_ps(x, maxv);
+  }
+  for (int64_t j = n16; j < n; ++j) {
+    s[j] *= scale;
+    max = s[j] > max ? s[j] : max;
+  }
+  alignas(32) float l[16];
+  _mm256_store_ps(l, maxv);
+  for (int i = 0; i < 8; ++i) max = l[i] > max ? l[i] : max;
+  const __m256 mx = _mm256_set1_ps(max);
+  __m256 lo = _mm256_setzero_ps(), hi = lo;
+  for (int64_t j = 0; j < n16; j += 16) {
+    const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mx));
+    const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), mx));
+    _mm256_storeu_ps(s + j, e0);
+    _mm256_storeu_ps(s + j + 8, e1);
+    lo = _mm256_add_ps(lo, e0);
+    hi = _mm256_add_ps(hi, e1);
+  }
+  _mm256_store_ps(l, lo);
+  _mm256_store_ps(l + 8, hi);
+  for (int64_t j = n16; j < n; ++j) l[j % 16] += (s[j] = exp_fixed(s[j] - max));
+  const __m256 h = _mm256_add_ps(_mm256_load_ps(l), _mm256_load_ps(l + 8));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  const float total = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+  const __m256 tv = _mm256_set1_ps(total);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), tv));
+  for (; j < n; ++j) s[j] /= total;
+}
+
 }  // namespace
 
 const KernelTable* avx2_kernels() {
   static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree,
-                             widen_fp8_row_scalar};
+                             widen_fp8_row_scalar, softmax};
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return ok ? &t : nullptr;
 }

@@ -292,7 +292,7 @@ const KernelTable* avx512_bf16_kernels() {
     const KernelTable* base = avx512_kernels();
     if (!base || !__builtin_cpu_supports("avx512bf16")) return nullptr;
     static const KernelTable t{"avx512-bf16", matmul_bf16dot, base->dot, base->axpy, base->dot_rows,
-                               base->weighted_sum, matmul_tree_bf16dot, base->widen_fp8_row};
+                               base->weighted_sum, matmul_tree_bf16dot, base->widen_fp8_row, base->softmax};
     return &t;
   }();
   return table;

@@ -87,7 +87,7 @@ void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, in
 
 const KernelTable& scalar_kernels() {
   static const KernelTable t{"scalar", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree,
-                             widen_fp8_row_scalar};
+                             widen_fp8_row_scalar, softmax_scalar};
   return t;
 }
 
