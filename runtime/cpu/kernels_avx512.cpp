@@ -421,11 +421,43 @@ void matmul_tree(const float* x, int64_t ldx, int64_t M, const Matrix* parts, in
 
 // Attention scores: the queries are the rows of x, six keys make a tile
 // (three pairs), exactly the matrix tile on row pointers.
+// MR queries against eight keys (n % 8 == 0), the folds sixteen at a time
+// as for a panel: the bits of fold() on each, in about a quarter of the
+// instructions (at head_dim 128 the folds cost as much as the products).
+template <DType D, int MR>
+inline void key_tile(const float* q, int64_t ldq, const uint8_t* const* w, int64_t n, float* out, int64_t ldo) {
+  __m512 r[(MR + 1) / 2];
+  panel_folds_with<MR>(q, ldq, n, [&](int64_t k, __m512 (&wv)[4]) {
+    for (int p = 0; p < 4; ++p) wv[p] = load_pair<D, false>(w[2 * p], w[2 * p + 1], k);
+  }, r);
+  store_folds<MR>(r, out, ldo);
+}
+
+template <DType D, int MR>
+inline void key_tile_rows(int64_t mr, const float* q, int64_t ldq, const uint8_t* const* w, int64_t n, float* out,
+                          int64_t ldo) {
+  if constexpr (MR == 1) {
+    key_tile<D, 1>(q, ldq, w, n, out, ldo);
+  } else {
+    if (mr == MR) key_tile<D, MR>(q, ldq, w, n, out, ldo);
+    else key_tile_rows<D, MR - 1>(mr, q, ldq, w, n, out, ldo);
+  }
+}
+
 template <DType D>
 void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows, int64_t count, int64_t n, float* out,
                 int64_t ldo) {
   const auto* w = reinterpret_cast<const uint8_t* const*>(rows);
   int64_t r = 0;
+  if (n % 8 == 0) {
+    for (; r + 8 <= count; r += 8) {
+      for (int64_t m = 0, left = (M + 5) / 6; left > 0; --left) {  // near-equal query tiles of at most 6
+        const int64_t mr = (M - m + left - 1) / left;
+        key_tile_rows<D, 6>(mr, q + m * ldq, ldq, w + r, n, out + m * ldo + r, ldo);
+        m += mr;
+      }
+    }
+  }
   for (; r + 6 <= count; r += 6) row_tiles<D, 6, 3, 1, false>(0, M, q, ldq, w + r, n, out + r, ldo);
   if (r < count) avx2_kernels()->dot_rows(q, ldq, M, D, rows + r, count - r, n, out + r, ldo);
 }
@@ -479,14 +511,29 @@ void weighted_sum_tile(const float* w, int64_t ldw, const void* const* rows, int
 template <DType D>
 void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* rows, int64_t count, int64_t n,
                     bool accumulate, float* out, int64_t ldo) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) weighted_sum_tile<D, 4>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo);
-  switch (M - m) {
-    case 3: weighted_sum_tile<D, 3>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
-    case 2: weighted_sum_tile<D, 2>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
-    case 1: weighted_sum_tile<D, 1>(w + m * ldw, ldw, rows, count, n, accumulate, out + m * ldo, ldo); break;
-    default: break;
-  }
+  // Blocks of rows (a block stays in L1/L2 while every query tile passes it), the
+  // outputs carried between blocks in memory: each element's chain unchanged.
+  constexpr int64_t kRowBlock = 128;
+  int64_t r0 = 0;
+  do {  // once at least: count 0 without accumulate zeroes the outputs
+    const int64_t rc = std::min(kRowBlock, count - r0);
+    const bool acc = accumulate || r0 > 0;
+    for (int64_t m = 0, left = (M + 5) / 6; left > 0; --left) {  // near-equal tiles of at most 6 (24 accumulators)
+      const int64_t mr = (M - m + left - 1) / left;
+      const float* wm = w + m * ldw + r0;
+      float* om = out + m * ldo;
+      switch (mr) {
+        case 6: weighted_sum_tile<D, 6>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
+        case 5: weighted_sum_tile<D, 5>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
+        case 4: weighted_sum_tile<D, 4>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
+        case 3: weighted_sum_tile<D, 3>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
+        case 2: weighted_sum_tile<D, 2>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
+        default: weighted_sum_tile<D, 1>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
+      }
+      m += mr;
+    }
+    r0 += kRowBlock;
+  } while (r0 < count);
 }
 
 void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,

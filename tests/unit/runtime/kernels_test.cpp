@@ -129,7 +129,7 @@ TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shap
   if (avx512_kernels()) tables.push_back(avx512_kernels());
   for (DType kv : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int64_t n : {16, 20, 64, 128, 136}) {
-      for (int64_t count : {1, 3, 4, 9, 130}) {
+      for (int64_t count : {1, 3, 4, 9, 14, 130}) {
         const std::size_t es = dtype_size(kv);
         std::vector<std::vector<uint8_t>> rows(static_cast<std::size_t>(count), std::vector<uint8_t>(static_cast<std::size_t>(n) * es));
         std::vector<std::vector<float>> wide(static_cast<std::size_t>(count), std::vector<float>(static_cast<std::size_t>(n)));
@@ -146,7 +146,7 @@ TEST_CASE("AVX-512, AVX2 and scalar kernels agree bit for bit, whatever the shap
           ptrs.push_back(rows[r].data());
           wide_ptrs.push_back(wide[r].data());
         }
-        for (int64_t M : {1, 2, 3, 5, 7}) {
+        for (int64_t M : {1, 2, 3, 5, 6, 7, 13}) {
           const int64_t ldq = n + 3, ldo = count + 2, ldw = count + 1;
           std::vector<float> q(static_cast<std::size_t>(M * ldq)), w(static_cast<std::size_t>(M * ldw));
           for (auto& v : q) v = u(rng);
