@@ -24,10 +24,12 @@ struct Seq {
 };
 
 // Logits of every position of `target` computed alone, in chunks of `chunk`
-// tokens, with KV elements of kv_bytes (4: float32, 2: bf16, 1: FP8 with row scales).
+// tokens, with KV elements of kv_bytes (4: float32, 2: bf16, 1: FP8 with row scales); with
+// hidden, every position's final-normed hidden state instead (a long prompt's logits are too big).
 std::vector<float> alone(const ModelConfig& c, const ModelWeights& w, const std::vector<int32_t>& target, int64_t chunk,
-                         int64_t kv_bytes = 4) {
-  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_bytes}, 64);
+                         int64_t kv_bytes = 4, bool hidden = false) {
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_bytes},
+                     std::max<int64_t>(64, static_cast<int64_t>(target.size() + 15) / 16));
   cpu::ThreadPool threads(2);
   cpu::CpuModel model(c, w, pool, threads);
   auto blocks = *pool.allocate(static_cast<int64_t>((target.size() + 15) / 16));
@@ -37,8 +39,10 @@ std::vector<float> alone(const ModelConfig& c, const ModelWeights& w, const std:
     ch.start_pos = static_cast<int64_t>(s);
     ch.tokens = std::span<const int32_t>(target.data() + s, std::min<std::size_t>(static_cast<std::size_t>(chunk), target.size() - s));
     ch.block_table = blocks;
-    ch.logits_all = true;
+    ch.logits_all = !hidden;
+    ch.hidden_all = hidden;
     model.forward(std::span<const cpu::SeqChunk>(&ch, 1), part);
+    if (hidden) model.hidden_rows(part);
     all.insert(all.end(), part.begin(), part.end());
   }
   return all;
@@ -105,6 +109,23 @@ TEST_CASE("a row's logits are bitwise the same alone, among 64 others at any pos
     model.forward(chunks, logits);
     INFO("target at batch position " << where);
     REQUIRE(std::memcmp(logits.data() + target_row * V, ref.data(), ref.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("a long prompt's logits are the same bits whole, in chunks and token by token (taller query blocks)",
+          "[engine][invariance]") {
+  // Past 1,024 positions attention takes queries in blocks up to 48 tall and values in blocks of 128 rows.
+  // Every position's final hidden state (its logits would be 1,300 x the vocabulary).
+  testing::TinyModel tiny("qwen3", "f32");
+  std::mt19937 rng(8);
+  const auto target = random_prompt(rng, 1300);
+  const auto ref = alone(tiny.config, *tiny.weights, target, 4096, 4, true);
+  REQUIRE(ref.size() == target.size() * static_cast<std::size_t>(tiny.config.hidden));
+  for (int64_t chunk : {1, 5, 600}) {
+    INFO("prefill chunk " << chunk);
+    const auto got = alone(tiny.config, *tiny.weights, target, chunk, 4, true);
+    REQUIRE(got.size() == ref.size());
+    REQUIRE(std::memcmp(got.data(), ref.data(), ref.size() * 4) == 0);
   }
 }
 
