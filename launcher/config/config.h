@@ -94,6 +94,8 @@ struct HttpConfig {
   int64_t max_in_flight = 256;           // requests; beyond: 429
   double drain_seconds = 30.0;           // after SIGTERM
   double head_timeout_seconds = 10.0;    // a request's head (line and headers) arrives within this, or is dropped
+  std::string batch_dir = "./tandem-batches";  // the Files API's files (and batches') home
+  int64_t max_file_bytes = int64_t{200} << 20;  // bytes a file upload may hold
 };
 
 struct LogConfig {

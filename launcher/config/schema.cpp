@@ -341,6 +341,14 @@ std::vector<KeySpec> build_schema() {
           .doc("Requests in flight at once (each holds one HTTP thread of rank 0); more get 429 with "
                "Retry-After.")
           ,
+      key("http", "batch_dir", &C::http, &HttpConfig::batch_dir)
+          .doc("Folder where `tandem serve` keeps the files uploaded through the OpenAI Files API "
+               "(`POST /v1/files`, purpose \"batch\"), under files/; made by the first upload, kept after the job.")
+          ,
+      key("http", "max_file_bytes", &C::http, &HttpConfig::max_file_bytes)
+          .at_least(1024)
+          .doc("Largest file `POST /v1/files` accepts, in bytes (streamed to disk; 413 once past it).")
+          ,
       key("http", "drain_seconds", &C::http, &HttpConfig::drain_seconds)
           .at_least(0)
           .doc("After SIGTERM (or USR1, or Ctrl-C), seconds to finish in-flight requests before exiting; "

@@ -19,7 +19,9 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "launcher/serve/files_api.h"
 #include "launcher/serve/guarded_server.h"
+#include "launcher/serve/http_reply.h"
 #include "launcher/stop_signals.h"
 #include "router/dispatcher.h"
 #include "runtime/service/worker_core.h"
@@ -39,26 +41,22 @@ using router::Inbox;
 
 std::string served_model(const ServeSetup& s) { return s.outputs.served_name; }
 
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-}
-
-void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
-                const std::string& code = "", const std::string& param = "") {
-  send_json(res, status, router::error_body(message, type, code, param));
-}
-
 
 }  // namespace
 
 class HttpFrontend {
  public:
   explicit HttpFrontend(const ServeSetup& s)
-      : s_(s), http_(s.config->http), server_(http_.head_timeout_seconds, static_cast<int>(max_slow_heads(http_))) {
+      : s_(s),
+        http_(s.config->http),
+        files_(http_.batch_dir),
+        server_(http_.head_timeout_seconds, static_cast<int>(max_slow_heads(http_))) {
     const auto threads = static_cast<std::size_t>(std::clamp<int64_t>(http_.max_in_flight + 8, 8, 1024));
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    server_.set_payload_max_length(static_cast<std::size_t>(http_.max_body_bytes));
+    // The larger of the two (a file's multipart framing on top): read_body bounds every other body by
+    // http.max_body_bytes itself, the Files API a file by http.max_file_bytes.
+    server_.set_payload_max_length(
+        static_cast<std::size_t>(std::max(http_.max_body_bytes, http_.max_file_bytes + (int64_t{64} << 10))));
     server_.set_keep_alive_max_count(1000);
     if (!http_.api_key_env.empty()) {
       const char* key = std::getenv(http_.api_key_env.c_str());
@@ -164,6 +162,7 @@ class HttpFrontend {
                  [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
                    if (read_body(req, res, reader)) generate(router::Endpoint::kEmbeddings, req, res);
                  });
+    add_file_routes(server_, files_, http_, metrics_);
   }
 
   // Reads a request's body into req.body, at most http.max_body_bytes of it
@@ -224,6 +223,7 @@ class HttpFrontend {
     if (path == "/v1/chat/completions") return "chat";
     if (path == "/v1/embeddings") return "embeddings";
     if (path == "/v1/models") return "models";
+    if (path.rfind("/v1/files", 0) == 0) return "files";
     return "other";
   }
 
@@ -434,6 +434,7 @@ class HttpFrontend {
 
   const ServeSetup& s_;
   HttpConfig http_;
+  FileStore files_;  // http.batch_dir/files
   std::string api_key_;
   GuardedServer server_;
   std::thread thread_;

@@ -3,7 +3,8 @@
 //   node client_test.mjs BASE_URL API_KEY MODEL OUT.json
 //
 // Checks completions and chat, streaming and not, n, stop, seed, logprobs,
-// structured outputs, tool calls, and the client's typed errors (401, 404 model_not_found, 400). Writes the
+// structured outputs, tool calls, embeddings, the Files API, and the client's typed errors (401, 404
+// model_not_found, 400, 413). Writes the
 // greedy texts it got to OUT.json so the driver can compare them with
 // `tandem run` on the same requests. Exit code 1 on any failure.
 import { writeFileSync } from "node:fs";
@@ -319,6 +320,37 @@ async function errorOf(fn) {
   check("embeddings: dimensions past the model's width is a 400 naming it", bad instanceof OpenAI.BadRequestError &&
         /'dimensions'/.test(bad.message), bad && `${bad.status} ${bad.message}`);
   out.embeddings = { texts, vectors: flt.data.map((d) => d.embedding) };
+}
+
+// Files API (purpose "batch"): upload, list, retrieve, content, delete, and the typed errors.
+{
+  const { toFile } = require(process.env.OPENAI_MODULE);
+  const lines = prompts.map((p, i) => JSON.stringify({ custom_id: `r${i}`, method: "POST", url: "/v1/completions",
+                                                       body: { model, prompt: p, max_tokens: 4 } }) + "\n").join("");
+  const up = await client.files.create({ file: await toFile(Buffer.from(lines), "prompts.jsonl"), purpose: "batch" });
+  check("files: upload answers a file object", up.object === "file" && /^file-[0-9a-f]{24}$/.test(up.id) &&
+        up.bytes === Buffer.byteLength(lines) && up.filename === "prompts.jsonl" && up.purpose === "batch" &&
+        up.status === "processed", JSON.stringify(up));
+  const again = await client.files.retrieve(up.id);
+  check("files: retrieve gives the same object", JSON.stringify(again) === JSON.stringify(up), JSON.stringify(again));
+  const listed = [];
+  for await (const f of client.files.list({ purpose: "batch" })) listed.push(f.id);
+  check("files: list holds it", listed.includes(up.id), JSON.stringify(listed));
+  const text = await (await client.files.content(up.id)).text();
+  check("files: content is the bytes uploaded", text === lines, JSON.stringify(text.slice(0, 80)));
+  const purpose = await errorOf(async () => client.files.create({ file: await toFile(Buffer.from(lines), "x.jsonl"),
+                                                             purpose: "fine-tune" }));
+  check("files: purpose other than batch is a 400 naming it", purpose instanceof OpenAI.BadRequestError &&
+        /purpose 'fine-tune'/.test(purpose.message), purpose && `${purpose.status} ${purpose.message}`);
+  const big = await errorOf(async () => client.files.create({
+    file: await toFile(Buffer.alloc(Number(process.env.TANDEM_TEST_MAX_FILE_BYTES) + 1, 120), "big.jsonl"),
+    purpose: "batch" }));
+  check("files: a file past http.max_file_bytes is a 413", big instanceof OpenAI.APIError && big.status === 413 &&
+        /http.max_file_bytes/.test(big.message), big && `${big.status} ${big.message}`);
+  const gone = await client.files.delete(up.id);
+  check("files: delete", gone.deleted === true && gone.id === up.id, JSON.stringify(gone));
+  const missing = await errorOf(() => client.files.retrieve(up.id));
+  check("files: a deleted file is a 404", missing instanceof OpenAI.NotFoundError, missing && `${missing.status}`);
 }
 
 writeFileSync(outPath, JSON.stringify(out, null, 1));

