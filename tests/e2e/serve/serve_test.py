@@ -19,6 +19,9 @@ and 1 decode rank) answering the official `openai` npm client.
      do not stall it (http.head_timeout_seconds and the cap on slow heads).
   7. job.mode = "auto": the planner re-splits the ranks between epochs of
      job.epoch_seconds while requests flow; none fails, none changes its text.
+  8. Tensor-parallel workers of different widths while serving.
+  9. Files API: an upload outlasts the job; a serve SIGKILLed mid-upload and
+     started again on the same http.batch_dir lists the whole file only.
 Usage: serve_test.py TANDEM SRC_DIR"""
 import concurrent.futures
 import json
@@ -433,6 +436,43 @@ with tempfile.TemporaryDirectory() as d:
         check("tp server: the text of the one-process server, alone and 6 at once", got == tp_want and
               all(m[0] == 200 and json.loads(m[1])["choices"][0]["text"] == tp_want for m in many), f"{got!r} {tp_want!r}")
     check("tp server exits 0", s.stop(signal.SIGTERM) == 0)
+
+    # --- 9: uploaded files outlast the job; a serve killed mid-upload leaves no partial file -----------------
+    s = Server(tmp, "files", 1, "max_file_bytes = 10000000")
+    check("files server up", s.ready)
+    boundary = "tandem-test-boundary"
+    form = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+    def multipart(content):
+        return (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+                'Content-Type: application/octet-stream\r\n\r\n').encode() + content + f"\r\n--{boundary}--\r\n".encode()
+
+    st, body, _ = http("POST", s.base + "/v1/files", multipart(b'{"x": 1}\n'), form)
+    kept = json.loads(body).get("id") if st == 200 else None
+    check("files: a multipart upload of our own makes a file", kept is not None, f"{st} {body[:300]}")
+    files_dir = tmp / "files-batches" / "files"
+    whole = multipart(b"y" * 4_000_000)
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sock.sendall(f"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: {form['Content-Type']}\r\n"
+                 f"Content-Length: {len(whole)}\r\n\r\n".encode() + whole[:1_500_000])
+    deadline = time.time() + 20
+    while time.time() < deadline and not list(files_dir.glob(".upload-*")):
+        time.sleep(0.1)
+    check("files: an upload in progress is a temporary file", len(list(files_dir.glob(".upload-*"))) == 1,
+          sorted(p.name for p in files_dir.iterdir()))
+    s.stop(signal.SIGKILL)
+    sock.close()
+    s = Server(tmp, "files", 1, "max_file_bytes = 10000000")
+    check("files server up again on the same batch_dir", s.ready)
+    st, body, _ = http("GET", s.base + "/v1/files")
+    listed = [f["id"] for f in json.loads(body)["data"]] if st == 200 else None
+    st2, content, _ = http("GET", s.base + f"/v1/files/{kept}/content")
+    check("files: after a SIGKILL mid-upload and a restart, the whole file is listed and readable, the partial one "
+          "is gone", listed == [kept] and st2 == 200 and content == '{"x": 1}\n' and
+          sorted(p.name for p in files_dir.iterdir()) == sorted([kept, kept + ".json"]),
+          f"{listed} {st2} {sorted(p.name for p in files_dir.iterdir())}")
+    check("files server exits 0", s.stop(signal.SIGTERM) == 0)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
