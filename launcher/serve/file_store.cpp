@@ -141,7 +141,6 @@ std::vector<StoredFile> FileStore::list() const {
     std::error_code ec;
     if (!fs::is_directory(dir_, ec)) return {};
     for (const auto& e : fs::directory_iterator(dir_)) {
-      const std::string name = e.path().filename().string();
       if (e.path().extension() == ".json" && valid_id(e.path().stem().string())) ids.push_back(e.path().stem().string());
     }
   }

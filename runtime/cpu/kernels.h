@@ -68,6 +68,7 @@ struct KernelTable {
 // once (subnormal results included). Within 2 ulp of exp over [-87, 0].
 float exp_fixed(float d);
 void softmax_scalar(float* s, int64_t n, float scale);  // the reference, and the scalar table's
+void softmax_avx512(float* s, int64_t n, float scale);  // the AVX-512 tables' (needs AVX-512F)
 
 // An FP8 KV row of n values from x (one token, one head): scale = max|x| /
 // 448 (float32 division; 0 for a row of zeros, NaN for a row with a NaN or

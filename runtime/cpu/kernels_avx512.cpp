@@ -206,17 +206,24 @@ const float* panel_as_f32(const uint8_t* panel, int64_t K, std::vector<float>& b
   }
 }
 
-// Splits rows into ceil(rows / MR) tiles of near-equal height (8 rows: 4 + 4,
-// not 6 + 2), and runs each.
-template <DType D, int MR, int NP, int KS, bool Contig>
-inline void row_tiles(int64_t m0, int64_t m1, const float* x, int64_t ldx, const uint8_t* const* w, int64_t K,
-                      float* y, int64_t ldy) {
+// Splits rows [m0, m1) into ceil(rows / MR) tiles of near-equal height (8
+// rows: 4 + 4, not 6 + 2): tile(first row, height) for each.
+template <int MR, class Tile>
+inline void near_equal_tiles(int64_t m0, int64_t m1, const Tile& tile) {
   int64_t m = m0;
   for (int64_t left = (m1 - m0 + MR - 1) / MR; left > 0; --left) {
     const int64_t mr = (m1 - m + left - 1) / left;
-    tile_rows<D, MR, NP, KS, Contig>(mr, x + m * ldx, ldx, w, K, y + m * ldy, ldy);
+    tile(m, mr);
     m += mr;
   }
+}
+
+template <DType D, int MR, int NP, int KS, bool Contig>
+inline void row_tiles(int64_t m0, int64_t m1, const float* x, int64_t ldx, const uint8_t* const* w, int64_t K,
+                      float* y, int64_t ldy) {
+  near_equal_tiles<MR>(m0, m1, [&](int64_t m, int64_t mr) {
+    tile_rows<D, MR, NP, KS, Contig>(mr, x + m * ldx, ldx, w, K, y + m * ldy, ldy);
+  });
 }
 
 // Row-major weights: tiles of 4 x 6 columns, walked in cache blocks (a block
@@ -317,11 +324,9 @@ void matmul_panels_quantized(const float* x, int64_t ldx, int64_t M, const Matri
     const int64_t me = std::min(M, mb + m_block);
     for (int64_t n = t0; n < t1; n += 8) {
       if (me - mb < kWiden) {
-        for (int64_t m = mb, left = (me - mb + 5) / 6; left > 0; --left) {  // tiles of near-equal height, as row_tiles
-          const int64_t mr = (me - m + left - 1) / left;
+        near_equal_tiles<6>(mb, me, [&](int64_t m, int64_t mr) {
           quantized_tile<D, 6>(mr, x + m * ldx, ldx, W, n, y + m * ldy + n, ldy);
-          m += mr;
-        }
+        });
         continue;
       }
       dequantize_panel<D>(W, n, wide.data());
@@ -395,12 +400,10 @@ void matmul_tree_panels(const float* x, int64_t ldx, int64_t M, const Matrix* pa
         panels[c] = static_cast<const uint8_t*>(parts[c].data) + n * kc[c] * es;
         if (widen) panels[c] = reinterpret_cast<const uint8_t*>(panel_as_f32<D>(panels[c], kc[c], wide[c]));
       }
-      for (int64_t m = mb, left = (me - mb + 5) / 6; left > 0; --left) {  // tiles of near-equal height, as row_tiles
-        const int64_t mr = (me - m + left - 1) / left;
+      near_equal_tiles<6>(mb, me, [&](int64_t m, int64_t mr) {
         if (widen) tile_tree_rows<DType::kF32, 6>(mr, x + m * ldx, ldx, panels, koff, kc, count, y + m * ldy + n, ldy);
         else tile_tree_rows<D, 6>(mr, x + m * ldx, ldx, panels, koff, kc, count, y + m * ldy + n, ldy);
-        m += mr;
-      }
+      });
     }
   }
   if (n0 < t0) matmul_tree_by_parts(*avx512_kernels(), x, ldx, M, parts, count, n0, t0, y, ldy);
@@ -451,11 +454,9 @@ void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows,
   int64_t r = 0;
   if (n % 8 == 0) {
     for (; r + 8 <= count; r += 8) {
-      for (int64_t m = 0, left = (M + 5) / 6; left > 0; --left) {  // near-equal query tiles of at most 6
-        const int64_t mr = (M - m + left - 1) / left;
+      near_equal_tiles<6>(0, M, [&](int64_t m, int64_t mr) {
         key_tile_rows<D, 6>(mr, q + m * ldq, ldq, w + r, n, out + m * ldo + r, ldo);
-        m += mr;
-      }
+      });
     }
   }
   for (; r + 6 <= count; r += 6) row_tiles<D, 6, 3, 1, false>(0, M, q, ldq, w + r, n, out + r, ldo);
@@ -518,8 +519,7 @@ void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* r
   do {  // once at least: count 0 without accumulate zeroes the outputs
     const int64_t rc = std::min(kRowBlock, count - r0);
     const bool acc = accumulate || r0 > 0;
-    for (int64_t m = 0, left = (M + 5) / 6; left > 0; --left) {  // near-equal tiles of at most 6 (24 accumulators)
-      const int64_t mr = (M - m + left - 1) / left;
+    near_equal_tiles<6>(0, M, [&](int64_t m, int64_t mr) {  // at most 6 queries: 24 accumulators
       const float* wm = w + m * ldw + r0;
       float* om = out + m * ldo;
       switch (mr) {
@@ -530,8 +530,7 @@ void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* r
         case 2: weighted_sum_tile<D, 2>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
         default: weighted_sum_tile<D, 1>(wm, ldw, rows + r0, rc, n, acc, om, ldo); break;
       }
-      m += mr;
-    }
+    });
     r0 += kRowBlock;
   } while (r0 < count);
 }
@@ -576,52 +575,6 @@ void matmul(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0,
   with_dtype(W.dtype, [&](auto d) { matmul_d<decltype(d)::value>(x, ldx, M, W, n0, n1, y, ldy); });
 }
 
-// kernels.h's exp_fixed, sixteen at a time (vscalefps: y x 2^n rounded once).
-inline __m512 exp16(__m512 d) {
-  const __m512 x = _mm512_max_ps(_mm512_set1_ps(-104.0f), d);  // a NaN d stays NaN
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
-}
-
-// kernels.h's softmax: lane i of the sum is lane i of the register.
-void softmax(float* s, int64_t n, float scale) {
-  const __m512 sc = _mm512_set1_ps(scale);
-  auto mask_at = [n](int64_t j) { return static_cast<__mmask16>(n - j >= 16 ? 0xffffu : (1u << (n - j)) - 1u); };
-  __m512 maxv = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k = mask_at(j);
-    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), sc);
-    _mm512_mask_storeu_ps(s + j, k, x);
-    maxv = _mm512_mask_max_ps(maxv, k, x, maxv);
-  }
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(maxv));
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k = mask_at(j);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mx));
-    _mm512_mask_storeu_ps(s + j, k, e);
-    sum = _mm512_mask_add_ps(sum, k, sum, e);
-  }
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm512_extractf32x8_ps(sum, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-  const __m512 total = _mm512_set1_ps(_mm_cvtss_f32(q));
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k = mask_at(j);
-    _mm512_mask_storeu_ps(s + j, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, s + j), total));
-  }
-}
-
 }  // namespace
 
 const KernelTable* avx512_kernels() {
@@ -631,7 +584,7 @@ const KernelTable* avx512_kernels() {
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
       return nullptr;
     static const KernelTable t{"avx512", matmul, base->dot, base->axpy, dot_rows, weighted_sum, matmul_tree,
-                               widen_fp8_row, softmax};
+                               widen_fp8_row, softmax_avx512};
     return &t;
   }();
   return table;

@@ -6,16 +6,10 @@
 #include <random>
 #include <vector>
 
+#include "engine_helpers.h"  // random_prompt
 #include "runtime/service/protocol.h"
 
 namespace tandem::testing {
-
-inline std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
-  std::uniform_int_distribution<int32_t> d(0, 150000);
-  std::vector<int32_t> p(static_cast<std::size_t>(n));
-  for (auto& t : p) t = d(rng);
-  return p;
-}
 
 // n requests (ids 0..n-1): prompts of 10 to 79 tokens, 4 to 12 tokens out
 // (ignore_eos), every other one greedy.

@@ -1,0 +1,61 @@
+// Attention's softmax on AVX-512 (kernels.h states the arithmetic; every
+// table gives the same bits). Compiled with AVX-512 flags; called only from
+// the AVX-512 tables.
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "runtime/cpu/kernels.h"
+
+namespace tandem::runtime::cpu {
+namespace {
+
+// kernels.h's exp_fixed, sixteen at a time (vscalefps: y x 2^n rounded once).
+inline __m512 exp16(__m512 d) {
+  const __m512 x = _mm512_max_ps(_mm512_set1_ps(-104.0f), d);  // a NaN d stays NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+}  // namespace
+
+// kernels.h's softmax: lane i of the sum is lane i of the register.
+void softmax_avx512(float* s, int64_t n, float scale) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  auto mask_at = [n](int64_t j) { return static_cast<__mmask16>(n - j >= 16 ? 0xffffu : (1u << (n - j)) - 1u); };
+  __m512 maxv = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = mask_at(j);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), sc);
+    _mm512_mask_storeu_ps(s + j, k, x);
+    maxv = _mm512_mask_max_ps(maxv, k, x, maxv);
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(maxv));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = mask_at(j);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mx));
+    _mm512_mask_storeu_ps(s + j, k, e);
+    sum = _mm512_mask_add_ps(sum, k, sum, e);
+  }
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm512_extractf32x8_ps(sum, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+  const __m512 total = _mm512_set1_ps(_mm_cvtss_f32(q));
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = mask_at(j);
+    _mm512_mask_storeu_ps(s + j, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, s + j), total));
+  }
+}
+
+}  // namespace tandem::runtime::cpu

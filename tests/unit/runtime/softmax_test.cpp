@@ -1,0 +1,69 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "runtime/cpu/kernels.h"
+
+using namespace tandem::runtime::cpu;
+
+TEST_CASE("attention's softmax is one arithmetic: every table gives the scalar statement's bits", "[kernels]") {
+  SECTION("exp_fixed is within 2 ulp of exp over [-87, 0], exact at 0, and reaches the subnormals and 0") {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-87.0f, 0.0f);
+    for (int i = 0; i < 200000; ++i) {
+      const float d = i < 1000 ? -static_cast<float>(i) * 0.087f : u(rng);
+      const double want = std::exp(static_cast<double>(d));
+      const double ulp = std::nextafter(static_cast<float>(want), INFINITY) - static_cast<float>(want);
+      INFO("d = " << d);
+      REQUIRE(std::fabs(exp_fixed(d) - want) <= 2.0 * ulp);
+    }
+    CHECK(exp_fixed(0.0f) == 1.0f);
+    CHECK(exp_fixed(-0.0f) == 1.0f);
+    CHECK(exp_fixed(-100.0f) > 0.0f);
+    CHECK(exp_fixed(-100.0f) < 1e-38f);  // a subnormal
+    CHECK(exp_fixed(-1000.0f) == 0.0f);
+    CHECK(exp_fixed(-INFINITY) == 0.0f);
+    CHECK(std::isnan(exp_fixed(NAN)));
+  }
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  if (avx512_bf16_kernels()) tables.push_back(avx512_bf16_kernels());
+  std::mt19937 rng(9);
+  for (const int64_t n : {1, 2, 7, 15, 16, 17, 31, 33, 100, 1000, 4099}) {
+    for (const float spread : {0.01f, 3.0f, 60.0f, 2000.0f}) {  // 2000: most weights underflow to 0 or subnormals
+      std::normal_distribution<float> g(0.0f, spread);
+      std::vector<float> scores(static_cast<std::size_t>(n));
+      for (auto& v : scores) v = g(rng);
+      std::vector<float> want = scores;
+      softmax_scalar(want.data(), n, 0.125f);
+      double total = 0;
+      for (float w : want) total += w;
+      INFO("n " << n << " spread " << spread);
+      REQUIRE(std::fabs(total - 1.0) < 1e-5);
+      for (const KernelTable* t : tables) {
+        std::vector<float> got = scores;
+        t->softmax(got.data(), n, 0.125f);
+        INFO(t->name);
+        REQUIRE(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+      }
+    }
+  }
+  SECTION("the weights are exp(x - max) / sum in the stated order, as a plain loop computes them") {
+    std::vector<float> s{1.0f, -2.0f, 0.5f, 3.0f, -7.0f};
+    std::vector<float> x(s.size()), got = s;
+    float max = -INFINITY;
+    for (std::size_t j = 0; j < s.size(); ++j) max = std::max(max, x[j] = s[j] * 0.5f);
+    float sum = 0;  // fewer than 16: every lane holds one term, the halving tree adds them
+    std::vector<float> e(16, 0.0f);
+    for (std::size_t j = 0; j < s.size(); ++j) e[j] = exp_fixed(x[j] - max);
+    for (int w = 8; w >= 1; w /= 2)
+      for (int i = 0; i < w; ++i) e[static_cast<std::size_t>(i)] += e[static_cast<std::size_t>(i + w)];
+    sum = e[0];
+    softmax_scalar(got.data(), 5, 0.5f);
+    for (std::size_t j = 0; j < s.size(); ++j) CHECK(got[j] == exp_fixed(x[j] - max) / sum);
+  }
+}
