@@ -114,7 +114,7 @@ std::shared_ptr<const InputScan> InputScan::run(const InputScanOptions& o) {
     {
       const InputFile in(o.input, o.max_line_bytes);
       format = in.format();
-      if (!keyed && format == InputFile::Format::kPlain) return nullptr;
+      if (!keyed && !o.read_through && format == InputFile::Format::kPlain) return nullptr;
       if (in.format() == InputFile::Format::kZstd && !in.checksummed())
         spdlog::warn("{}: its zstd data carries no checksum (written with --no-check), so damage to it cannot be "
                      "found; recompress it with zstd's default (checksums on)", o.input);

@@ -28,6 +28,7 @@ struct InputScanOptions {
   int64_t max_line_bytes = 1 << 20;
   bool resume = false;
   int64_t shard_index = 0, shard_count = 1;  // the job array task's share: lines i with i % count == index
+  bool read_through = false;  // read a plain input through even when nothing is done yet (to count its requests)
 };
 
 class InputScan {

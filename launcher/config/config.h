@@ -96,6 +96,7 @@ struct HttpConfig {
   double head_timeout_seconds = 10.0;    // a request's head (line and headers) arrives within this, or is dropped
   std::string batch_dir = "./tandem-batches";  // the Files API's files (and batches') home
   int64_t max_file_bytes = int64_t{200} << 20;  // bytes a file upload may hold
+  int64_t batch_in_flight = 0;  // batch lines in flight at once, less the interactive ones; 0: max_num_seqs per worker
 };
 
 struct LogConfig {

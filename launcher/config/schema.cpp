@@ -342,8 +342,15 @@ std::vector<KeySpec> build_schema() {
                "Retry-After.")
           ,
       key("http", "batch_dir", &C::http, &HttpConfig::batch_dir)
-          .doc("Folder where `tandem serve` keeps the files uploaded through the OpenAI Files API "
-               "(`POST /v1/files`, purpose \"batch\"), under files/; made by the first upload, kept after the job.")
+          .doc("Folder where `tandem serve` keeps the OpenAI Files API's files (files/) and the Batches API's "
+               "batches (batches/: their state and, while they run, their resumable output); made when first "
+               "needed, kept after the job. A serve started again on the same folder resumes its unfinished "
+               "batches.")
+          ,
+      key("http", "batch_in_flight", &C::http, &HttpConfig::batch_in_flight)
+          .at_least(0)
+          .doc("Batch lines (`POST /v1/batches`) in flight at once, less the interactive requests in flight "
+               "(interactive first); 0: job.max_num_seqs per worker rank.")
           ,
       key("http", "max_file_bytes", &C::http, &HttpConfig::max_file_bytes)
           .at_least(1024)

@@ -98,6 +98,7 @@ std::string check_start(const mpi::MpiEnv& env, const RunOptions& o, Started& s)
       s.serve.workers = roles.workers();
       s.serve.pooling = router::pooling_or_error(p.cfg.model.path);
       s.serve.hidden = p.model.hidden;
+      s.serve.max_line_bytes = p.max_line_bytes;
       s.frontend = bind_frontend(s.serve);  // a busy port stops the job here
     }
     return "";

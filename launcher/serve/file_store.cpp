@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <random>
 
@@ -19,8 +20,6 @@ json file_object(const StoredFile& f) {
           {"status_details", nullptr}};
 }
 
-namespace {
-
 std::string random_hex(std::size_t n) {
   static thread_local std::mt19937_64 rng{std::random_device{}() ^
                                           static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
@@ -30,19 +29,19 @@ std::string random_hex(std::size_t n) {
   return s;
 }
 
-// Writes text to path whole: a temporary beside it, flushed, then renamed.
 void write_whole(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".part";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error("cannot write " + tmp.string() + " (disk full, or no permission)");
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+                  ::fsync(fileno(f)) == 0;
+  if (f) std::fclose(f);
+  std::error_code ec;
+  if (ok) fs::rename(tmp, path, ec);
+  if (!ok || ec) {
+    fs::remove(tmp, ec);
+    throw Error("cannot write " + path.string() + " (disk full, or no permission); free space in http.batch_dir");
   }
-  fs::rename(tmp, path);
 }
-
-}  // namespace
 
 bool FileStore::valid_id(const std::string& id) {
   if (id.size() != 5 + 24 || id.rfind("file-", 0) != 0) return false;
@@ -115,6 +114,23 @@ StoredFile FileStore::Upload::commit(const std::string& filename, const std::str
   committed_ = true;
   json record = file_object(sf);
   write_whole(store_.dir_ / (sf.id + ".json"), record.dump() + "\n");
+  return sf;
+}
+
+StoredFile FileStore::adopt(const fs::path& src, const std::string& id, const std::string& filename,
+                            const std::string& purpose) {
+  StoredFile sf;
+  sf.id = id;
+  sf.bytes = static_cast<int64_t>(fs::file_size(src));
+  sf.created_at = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  sf.filename = filename;
+  sf.purpose = purpose;
+  std::lock_guard lock(mu_);
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  fs::rename(src, dir_ / id, ec);
+  if (ec) throw Error("cannot move " + src.string() + " into " + dir_.string() + ": " + ec.message());
+  write_whole(dir_ / (id + ".json"), file_object(sf).dump() + "\n");
   return sf;
 }
 

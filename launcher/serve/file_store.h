@@ -25,6 +25,12 @@ struct StoredFile {
   std::string filename, purpose;
 };
 
+// n random lowercase hex digits (for ids).
+std::string random_hex(std::size_t n);
+// Writes text to path whole: a temporary beside it (<path>.part), flushed to
+// disk, then renamed; throws tandem::Error with one line when it cannot.
+void write_whole(const std::filesystem::path& path, const std::string& text);
+
 // The OpenAI file object.
 nlohmann::json file_object(const StoredFile& f);
 
@@ -56,6 +62,12 @@ class FileStore {
     std::string io_error_;
   };
   std::unique_ptr<Upload> begin(int64_t max_bytes);
+
+  // Takes a finished file (a batch's output) into the store under `id`, by
+  // rename (src must be on the same file system): a file of that id is
+  // replaced, so a batch finalised again after a crash keeps its file ids.
+  StoredFile adopt(const std::filesystem::path& src, const std::string& id, const std::string& filename,
+                   const std::string& purpose);
 
   std::optional<StoredFile> get(const std::string& id) const;
   std::vector<StoredFile> list() const;  // newest first (ties: larger id first)

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "launcher/serve/batches_api.h"
 #include "launcher/serve/files_api.h"
 #include "launcher/serve/guarded_server.h"
 #include "launcher/serve/http_reply.h"
@@ -50,6 +51,7 @@ class HttpFrontend {
       : s_(s),
         http_(s.config->http),
         files_(http_.batch_dir),
+        batches_(http_.batch_dir),
         server_(http_.head_timeout_seconds, static_cast<int>(max_slow_heads(http_))) {
     const auto threads = static_cast<std::size_t>(std::clamp<int64_t>(http_.max_in_flight + 8, 8, 1024));
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -65,6 +67,16 @@ class HttpFrontend {
                     "export it, or clear http.api_key_env to serve without a key");
       api_key_ = key;
     }
+    BatchRunnerSetup b;
+    b.prompts = &s.prompts;
+    b.outputs = s.outputs;
+    b.pooling = s.pooling;
+    b.hidden = s.hidden;
+    b.job_seed = static_cast<uint64_t>(s.config->job.seed);
+    b.max_line_bytes = s.max_line_bytes;
+    b.in_flight = http_.batch_in_flight > 0 ? http_.batch_in_flight : s.config->job.max_num_seqs * std::max<int64_t>(1, s.workers);
+    b.flush_seconds = s.config->job.flush_seconds;
+    runner_ = std::make_unique<BatchRunner>(std::move(b), batches_, files_, inbox_);
     routes();
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a
     // second job bind the same port and take half of the first one's requests.
@@ -80,11 +92,14 @@ class HttpFrontend {
   }
 
   void start() {
+    runner_->start();
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
+  // After rank 0's loop has ended: the HTTP threads, then the batches (what they have done committed).
   void stop() {
     server_.stop();
     if (thread_.joinable()) thread_.join();
+    runner_->stop();
   }
   ~HttpFrontend() { stop(); }
 
@@ -163,6 +178,7 @@ class HttpFrontend {
                    if (read_body(req, res, reader)) generate(router::Endpoint::kEmbeddings, req, res);
                  });
     add_file_routes(server_, files_, http_, metrics_);
+    add_batch_routes(server_, *runner_, files_, inbox_.draining, metrics_);
   }
 
   // Reads a request's body into req.body, at most http.max_body_bytes of it
@@ -224,6 +240,7 @@ class HttpFrontend {
     if (path == "/v1/embeddings") return "embeddings";
     if (path == "/v1/models") return "models";
     if (path.rfind("/v1/files", 0) == 0) return "files";
+    if (path.rfind("/v1/batches", 0) == 0) return "batches";
     return "other";
   }
 
@@ -434,13 +451,15 @@ class HttpFrontend {
 
   const ServeSetup& s_;
   HttpConfig http_;
-  FileStore files_;  // http.batch_dir/files
+  FileStore files_;      // http.batch_dir/files
+  BatchStore batches_;   // http.batch_dir/batches
   std::string api_key_;
   GuardedServer server_;
   std::thread thread_;
   Inbox inbox_;
   router::Metrics metrics_;
   std::atomic<uint64_t> serial_{0};
+  std::unique_ptr<BatchRunner> runner_;  // last: it posts to inbox_
 };
 
 FrontendPtr bind_frontend(const ServeSetup& setup) { return FrontendPtr(new HttpFrontend(setup)); }
@@ -464,8 +483,8 @@ int run_serve(const ServeSetup& s, HttpFrontend& front, router::WorkerLink& link
   o.worker_timeout_seconds = s.worker_timeout_seconds;
   router::RouterLoop loop(link, s.dispatch, o);
   front.start();
-  spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models; /health, "
-               "/metrics)", s.outputs.served_name, http.host, http.port);
+  spdlog::info("serving {} on http://{}:{} (OpenAI API: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, "
+               "/v1/files, /v1/batches; /health, /metrics)", s.outputs.served_name, http.host, http.port);
   loop.run(inbox_front);
   front.stop();
   return 0;

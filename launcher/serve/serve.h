@@ -26,6 +26,7 @@ struct ServeSetup {
   router::OutputContext outputs;  // served_name: the one model /v1/models lists
   router::EmbeddingPooling pooling;  // how /v1/embeddings pools (router/embeddings.h)
   int64_t hidden = 0;                // the embeddings' width
+  int64_t max_line_bytes = 1 << 20;  // a longer line of a batch's input file becomes an error record
   router::DispatchOptions dispatch;
   int64_t workers = 1;            // worker ranks that must load before /health says 200
   // job.mode = "auto": every epoch_seconds the planner sizes the next epoch

@@ -19,6 +19,7 @@
 #include "router/batch_request.h"
 #include "router/job_stats.h"
 #include "router/loop/batch_input.h"
+#include "router/loop/batch_lines.h"
 #include "router/loop/epoch_book.h"
 #include "router/loop/line_ledger.h"
 #include "router/loop/output_writer.h"
@@ -84,8 +85,7 @@ class BatchFrontend : public Frontend {
  private:
   struct InFlight {
     slurm::OutputKey key;
-    BatchRequest request;
-    std::vector<int32_t> prompt;
+    LineRequest line;
     int prefill = -1;  // prefill rank, or -1 when prefilled on its worker
   };
   // Built and waiting to be placed (the reorder window).
@@ -205,48 +205,13 @@ void BatchFrontend::read_one(RouterLoop& loop) {
     out_.skip(i);
     return;
   }
-  // A line past job.max_line_bytes was not kept: its error record carries the custom_id if one came first.
-  ParsedLine& parsed = p.parsed;
-  if (p.line.too_long) {
-    auto* bad = std::get_if<LineError>(&parsed);
-    parsed = LineError{bad ? bad->custom_id : std::get<BatchRequest>(parsed).custom_id, 400,
-                       std::to_string(p.line.length) + " bytes, longer than job.max_line_bytes (" +
-                           std::to_string(s_.max_line_bytes) +
-                           "); it was skipped unread: shorten it, or raise job.max_line_bytes if a prompt this long "
-                           "fits the context"};
-  }
-  if (auto* e = std::get_if<LineError>(&parsed)) {
-    e->message = "line " + std::to_string(i + 1) + ": " + e->message;
+  auto taken = take_line(p, key, s_.max_line_bytes, s_.pooling);
+  if (auto* e = std::get_if<LineError>(&taken)) {
     fail(i, std::move(key), *e);
     return;
   }
-  auto& req = std::get<BatchRequest>(parsed);
-  if (key.is_line()) {
-    fail(i, key, {req.custom_id, 400, "line " + std::to_string(i + 1) + ": duplicate custom_id '" + req.custom_id +
-                                          "'; every line needs its own"});
-    return;
-  }
-  if (!p.prompt) throw Error("line " + std::to_string(i + 1) + ": internal: its prompt was not prepared");
-  if (auto* e = std::get_if<LineError>(&*p.prompt)) {
-    e->message = "line " + std::to_string(i + 1) + ": " + e->message;
-    fail(i, std::move(key), *e);
-    return;
-  }
-  if (req.endpoint == Endpoint::kEmbeddings && !s_.pooling.error.empty()) {
-    fail(i, std::move(key), {req.custom_id, 400, "line " + std::to_string(i + 1) + ": " + s_.pooling.error});
-    return;
-  }
-  InFlight f{std::move(key), std::move(req), std::get<std::vector<int32_t>>(std::move(*p.prompt))};
-  service::WireRequest w;
-  w.id = i;
-  if (f.request.endpoint == Endpoint::kEmbeddings) {  // pooled inputs, each a prompt of its own
-    w.pooling = static_cast<uint8_t>(s_.pooling.pooling);
-    w.inputs = f.request.input_ids;
-  } else {
-    w.prompt = f.prompt;
-  }
-  w.params = f.request.params;
-  w.rng_key = sampling_key(f.request.seed_given, f.request.params.seed, s_.job_seed, f.request.custom_id);
+  InFlight f{std::move(key), std::get<LineRequest>(std::move(taken))};
+  service::WireRequest w = wire_request(f.line, i, s_.pooling, s_.job_seed);
   window_.push_back({i, std::move(f), std::move(w), std::move(p.hashes)});
 }
 
@@ -287,25 +252,13 @@ void BatchFrontend::on_result(service::WireResult& r) {
   auto it = in_flight_.find(r.id);
   if (it == in_flight_.end()) return;
   InFlight& f = it->second;
-  if (!r.ok) {
-    // The engine names the request by its id (the 0-based line index): the line number alone says it.
-    const std::string engine_name = "request " + std::to_string(r.id) + ": ";
-    const std::string why = r.error.rfind(engine_name, 0) == 0 ? r.error.substr(engine_name.size()) : r.error;
-    fail(r.id, f.key,
-         {f.request.custom_id, 400, "line " + std::to_string(r.id + 1) + ": " + why});
-  } else if (f.request.endpoint == Endpoint::kEmbeddings) {
-    const EmbeddingResult res = embedding_result_of(f.request, r.embedding, s_.hidden, s_.pooling, r.e2e_s,
-                                                    r.prompt_tokens_computed, r.worker);
-    stats_.request_ok(res.prompt_tokens, 0, res.e2e_ms, 0, res.e2e_ms);
-    out_.put(r.id, f.key, format_embedding(f.request, res, s_.outputs));
-  } else {
-    RequestResult res = result_of(std::move(f.prompt), std::move(r), f.prefill);
-    stats_.request_ok(static_cast<int64_t>(res.prompt_ids.size()), static_cast<int64_t>(res.token_ids.size()),
-                      res.ttft_ms, res.itl_ms, res.e2e_ms);
-    out_.put(r.id, f.key, format_result(f.request, res, s_.outputs));
-  }
+  const uint64_t i = r.id;
+  const Answer a = answer_line(i, f.line, std::move(r), f.prefill, s_.outputs, s_.pooling, s_.hidden);
+  if (a.ok) stats_.request_ok(a.prompt_tokens, a.output_tokens, a.ttft_ms, a.itl_ms, a.e2e_ms);
+  else stats_.request_failed();
+  out_.put(i, f.key, a.line);
   in_flight_.erase(it);
-  epochs_.finished(r.id);
+  epochs_.finished(i);
 }
 
 // "N/M done": M counts the lines this run has to answer (resumed ones left

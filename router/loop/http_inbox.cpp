@@ -10,6 +10,7 @@ void Exchange::post(ExchangeEvent e) {
     events.push_back(std::move(e));
   }
   cv.notify_all();
+  if (notify) notify();
 }
 
 void Inbox::post(std::shared_ptr<Exchange> e) {
@@ -145,7 +146,7 @@ void HttpInboxFrontend::ended(std::vector<service::RankReport> reports, std::siz
     gone.id = id;
     gone.ok = false;
     gone.error = "the server stopped before this request finished";
-    l.ex->post(ExchangeEvent{l.choice, {}, std::move(gone)});
+    l.ex->post(ExchangeEvent{l.choice, {}, std::move(gone), true});
   }
   live_.clear();
   spdlog::info("server stopped");

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,7 @@ struct ExchangeEvent {
   int choice = 0;
   std::vector<int32_t> tokens;                  // new tokens (streaming)
   std::optional<service::WireResult> final;     // the choice finished
+  bool stopped = false;  // final: the server stopped before it finished (not an answer: a batch line is redone)
 };
 
 // One HTTP request (n choices) between its HTTP thread and the router thread.
@@ -47,6 +49,9 @@ struct Exchange {
   std::condition_variable cv;
   std::deque<ExchangeEvent> events;  // guarded by mu
   std::atomic<bool> cancelled{false};
+  // Called after each event is posted (set before the Exchange is posted to
+  // the Inbox): a Batches API runner waits on many Exchanges at once.
+  std::function<void()> notify;
 
   // Router thread: hands an event to the waiting HTTP thread.
   void post(ExchangeEvent e);

@@ -1,0 +1,434 @@
+#include "launcher/serve/batch_runner.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "router/input_scan.h"
+#include "router/loop/batch_input.h"
+#include "router/loop/batch_lines.h"
+#include "router/loop/line_ledger.h"
+#include "slurm/resumable_output.h"
+
+namespace tandem::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A finished batch's output and error files keep their ids when it is finalised again after a crash.
+std::string file_id_of(const std::string& batch, const std::string& kind) {
+  const uint64_t a = slurm::custom_id_hash(batch + "/" + kind), b = slurm::custom_id_hash(kind + "/" + batch);
+  return fmt::format("file-{:016x}{:08x}", a, static_cast<uint32_t>(b));
+}
+
+const char* url_of(router::Endpoint e) {
+  switch (e) {
+    case router::Endpoint::kCompletions: return "/v1/completions";
+    case router::Endpoint::kChat: return "/v1/chat/completions";
+    case router::Endpoint::kEmbeddings: return "/v1/embeddings";
+  }
+  return "?";
+}
+
+const char* label_of(router::Endpoint e) {
+  return e == router::Endpoint::kChat ? "chat" : e == router::Endpoint::kEmbeddings ? "embeddings" : "completions";
+}
+
+// An output line: an answer (error null) or an error record.
+bool is_answer(const json& j) { return j.is_object() && j.contains("error") && j["error"].is_null(); }
+
+// Adds an output line written before (a resumed batch's lines after its record's counts).
+void count_line(BatchCounts& c, const std::string& line) {
+  const json j = json::parse(line, nullptr, false);
+  if (!is_answer(j)) {
+    ++c.failed;
+    return;
+  }
+  ++c.completed;
+  const json usage = j.value("response", json::object()).value("body", json::object()).value("usage", json::object());
+  c.input_tokens += usage.value("prompt_tokens", int64_t{0});
+  c.output_tokens += usage.value("completion_tokens", int64_t{0});
+}
+
+// A resumed batch's counts: its record's, plus the lines committed after the record was last written
+// (a kill between the output's commit and the record's write).
+void reconcile(BatchCounts& c, const fs::path& output, int64_t committed) {
+  if (c.committed_bytes == committed) return;
+  if (c.committed_bytes > committed) c = BatchCounts{c.total};  // counted lines the output no longer has: recount
+  std::ifstream in(output, std::ios::binary);
+  in.seekg(c.committed_bytes);
+  std::string line;
+  int64_t at = c.committed_bytes;
+  while (at < committed && std::getline(in, line)) {
+    at += static_cast<int64_t>(line.size()) + 1;
+    count_line(c, line);
+  }
+  c.committed_bytes = committed;
+}
+
+void sync_close(std::FILE* f, const fs::path& p) {
+  const bool ok = f && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  if (f) std::fclose(f);
+  if (!ok) throw Error("cannot write " + p.string() + " (disk full?); free space in http.batch_dir");
+}
+
+}  // namespace
+
+BatchRunner::BatchRunner(BatchRunnerSetup s, BatchStore& store, FileStore& files, router::Inbox& inbox)
+    : s_(std::move(s)), store_(store), files_(files), inbox_(inbox) {}
+
+void BatchRunner::start() {
+  {
+    std::lock_guard lock(mu_);
+    auto all = store_.list();
+    for (auto it = all.rbegin(); it != all.rend(); ++it)  // oldest first
+      if (it->unfinished()) queue_.push_back(it->id);
+    if (!queue_.empty())
+      spdlog::info("{} unfinished batch(es) in {}: resuming them", queue_.size(), store_.work_dir("").string());
+  }
+  thread_ = std::thread([this] { main(); });
+}
+
+void BatchRunner::stop() {
+  {
+    std::lock_guard lock(ready_mu_);
+    stop_ = true;
+  }
+  ready_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+BatchRecord BatchRunner::create(BatchRecord b, const fs::path& input) {
+  const fs::path work = store_.work_dir(b.id);
+  std::error_code ec;
+  fs::create_directories(work, ec);
+  fs::create_hard_link(input, work / "input", ec);  // the user may delete the file now: the batch keeps its bytes
+  if (ec) fs::copy_file(input, work / "input", fs::copy_options::overwrite_existing, ec);
+  if (ec) throw Error("cannot link " + input.string() + " into " + work.string() + ": " + ec.message());
+  {
+    std::lock_guard lock(mu_);
+    store_.save(b);
+    queue_.push_back(b.id);
+  }
+  ready_cv_.notify_all();
+  spdlog::info("batch {}: created from {} ({})", b.id, b.input_file_id, b.endpoint);
+  return b;
+}
+
+std::optional<BatchRecord> BatchRunner::get(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  if (current_ && current_->id == id) return current_;
+  return store_.get(id);
+}
+
+std::vector<BatchRecord> BatchRunner::list() const {
+  auto all = store_.list();
+  std::lock_guard lock(mu_);
+  if (current_)
+    for (auto& b : all)
+      if (b.id == current_->id) b = *current_;
+  return all;
+}
+
+std::optional<BatchRecord> BatchRunner::cancel(const std::string& id, bool& was_finished) {
+  std::unique_lock lock(mu_);
+  const bool running = current_ && current_->id == id;
+  std::optional<BatchRecord> b = running ? current_ : store_.get(id);
+  if (!b) return std::nullopt;
+  was_finished = !b->unfinished();
+  if (was_finished || b->status == "cancelling") return b;
+  b->status = "cancelling";
+  b->times["cancelling_at"] = unix_now();
+  store_.save(*b);
+  if (running) {
+    current_ = b;
+    lock.unlock();
+    {
+      std::lock_guard r(ready_mu_);
+      cancel_current_ = true;
+    }
+    ready_cv_.notify_all();
+  } else {  // queued: the runner takes cancelled ones first
+    ready_cv_.notify_all();
+  }
+  spdlog::info("batch {}: cancelling", id);
+  return b;
+}
+
+void BatchRunner::publish(BatchRecord& b) {
+  std::lock_guard lock(mu_);
+  if (current_ && current_->status == "cancelling" && b.status != "cancelling" && b.unfinished()) {
+    b.status = "cancelling";  // cancel() came first: the API said so
+    b.times = current_->times;
+  }
+  current_ = b;
+  store_.save(b);
+}
+
+void BatchRunner::main() {
+  for (;;) {
+    std::optional<BatchRecord> next;
+    bool idle = false;
+    {
+      std::lock_guard lock(mu_);
+      idle = queue_.empty();
+    }
+    {
+      std::unique_lock r(ready_mu_);
+      if (idle || inbox_.draining) ready_cv_.wait_for(r, std::chrono::milliseconds(500), [&] { return stop_; });
+      if (stop_) return;
+    }
+    if (inbox_.draining) continue;  // the server stops: what is left resumes when it starts again
+    {
+      std::lock_guard lock(mu_);
+      // Cancelled ones first (their output files are due), then the oldest.
+      auto pick = std::find_if(queue_.begin(), queue_.end(), [&](const std::string& id) {
+        const auto b = store_.get(id);
+        return b && b->status == "cancelling";
+      });
+      if (pick == queue_.end() && !queue_.empty()) pick = queue_.begin();
+      if (pick != queue_.end()) {
+        next = store_.get(*pick);
+        queue_.erase(pick);
+        current_ = next;
+      }
+    }
+    if (!next) continue;
+    {
+      std::lock_guard r(ready_mu_);
+      cancel_current_ = next->status == "cancelling";
+      ready_.clear();
+    }
+    try {
+      run(*next);
+    } catch (const Error& e) {
+      spdlog::error("batch {}: {}", next->id, e.what());
+      std::lock_guard lock(mu_);
+      BatchRecord b = current_ ? *current_ : *next;
+      b.status = "failed";
+      b.times["failed_at"] = unix_now();
+      b.errors = json::array({{{"code", "batch_failed"}, {"message", e.what()}, {"param", nullptr}, {"line", nullptr}}});
+      try {
+        store_.save(b);
+        std::error_code ec;
+        fs::remove_all(store_.work_dir(b.id), ec);
+      } catch (const Error& e2) {
+        spdlog::error("batch {}: {}", b.id, e2.what());
+      }
+    }
+    std::lock_guard lock(mu_);
+    current_.reset();
+  }
+}
+
+void BatchRunner::run(BatchRecord b) {
+  if (b.status == "finalizing") return finalize(b, "completed");
+  if (b.status == "cancelling") return finalize(b, "cancelled");
+  if (unix_now() >= b.expires_at) return finalize(b, "expired");
+  // The output is closed before it is finalised (its lock released).
+  if (const std::string end = run_lines(b); !end.empty()) finalize(b, end);
+}
+
+// The batch's lines through the Inbox, every answer into its resumable
+// output. Returns how it ended ("completed", "cancelled", "expired"), or ""
+// when the server stops first.
+std::string BatchRunner::run_lines(BatchRecord& b) {
+  const fs::path work = store_.work_dir(b.id), input = work / "input", output = work / "output.jsonl";
+  // Read through before any work: the count of requests, compressed data checked, what an earlier run answered.
+  const auto scan = router::InputScan::run({input.string(), output.string(), s_.max_line_bytes, true, 0, 1, true});
+  slurm::ResumableOutput file(output.string(), true);
+  reconcile(b.counts, output, file.committed_bytes());
+  b.counts.total = scan ? static_cast<int64_t>(scan->requests()) : 0;
+  const bool resumed = scan && scan->answered() > 0;
+  b.status = "in_progress";
+  b.times.try_emplace("in_progress_at", unix_now());
+  publish(b);
+  spdlog::info("batch {}: {} request(s){}", b.id, b.counts.total,
+               resumed ? fmt::format(", {} answered before this start: resuming", scan->answered()) : "");
+
+  router::OutputContext outputs = s_.outputs;
+  outputs.created = b.created_at;  // the ids a rerun writes are the same
+  router::LineLedger ledger(scan);
+  router::BatchInput in({input.string(), s_.max_line_bytes, 0, s_.prompts, 16, false, nullptr}, scan, {0, 1});
+  const router::Endpoint endpoint = b.endpoint == "/v1/chat/completions" ? router::Endpoint::kChat
+                                    : b.endpoint == "/v1/embeddings"     ? router::Endpoint::kEmbeddings
+                                                                         : router::Endpoint::kCompletions;
+  struct Pending {
+    slurm::OutputKey key;
+    std::shared_ptr<router::Exchange> ex;
+  };
+  std::unordered_map<uint64_t, Pending> pending;
+  bool input_done = false, cancels_sent = false;
+  auto last_commit = Clock::now();
+  auto write = [&](const slurm::OutputKey& key, const router::Answer& a) {
+    file.write(key, a.line);
+    ++(a.ok ? b.counts.completed : b.counts.failed);
+    b.counts.input_tokens += a.prompt_tokens;
+    b.counts.output_tokens += a.output_tokens;
+  };
+  // The next line: an error record, or a request posted to the Inbox. False at the input's end.
+  auto post_next = [&]() -> bool {
+    router::PreparedLine p;
+    if (!in.next(p)) {
+      if (!in.error().empty()) throw Error(in.error());
+      return false;
+    }
+    if (p.skip) return true;
+    slurm::OutputKey key = ledger.settle(p);
+    if (p.done) {  // answered before this start
+      ledger.answered_before();
+      return true;
+    }
+    auto taken = router::take_line(p, key, s_.max_line_bytes, s_.pooling);
+    std::optional<router::LineError> bad;
+    if (auto* e = std::get_if<router::LineError>(&taken)) bad = std::move(*e);
+    auto* f = std::get_if<router::LineRequest>(&taken);
+    const std::string at = "line " + std::to_string(p.i + 1) + ": ";
+    if (f && f->request.endpoint != endpoint)
+      bad = router::LineError{f->request.custom_id, 400,
+                              at + "its url is " + url_of(f->request.endpoint) + ", not the batch's endpoint " +
+                                  b.endpoint + "; a batch runs one endpoint: put this line in a batch of its own"};
+    else if (f && !f->request.model.empty() && f->request.model != s_.outputs.served_name)
+      bad = router::LineError{f->request.custom_id, 404,
+                              at + "the model '" + f->request.model + "' does not exist; this server serves '" +
+                                  s_.outputs.served_name + "'"};
+    if (bad) {
+      router::Answer a;
+      a.line = router::format_error(*bad, outputs);
+      write(key, a);
+      return true;
+    }
+    auto ex = std::make_shared<router::Exchange>();
+    ex->req = std::move(f->request);
+    ex->prompt = std::move(f->prompt);
+    ex->endpoint = label_of(endpoint);
+    ex->notify = [this, i = p.i] {
+      {
+        std::lock_guard r(ready_mu_);
+        ready_.push_back(i);
+      }
+      ready_cv_.notify_all();
+    };
+    pending.emplace(p.i, Pending{std::move(key), ex});
+    inbox_.post(std::move(ex));
+    return true;
+  };
+
+  for (;;) {
+    std::deque<uint64_t> ready;
+    bool cancel = false, stop = false;
+    {
+      std::unique_lock r(ready_mu_);
+      ready_cv_.wait_for(r, std::chrono::milliseconds(200),
+                         [&] { return !ready_.empty() || stop_ || (cancel_current_ && !cancels_sent); });
+      ready.swap(ready_);
+      cancel = cancel_current_;
+      stop = stop_;
+    }
+    for (const uint64_t i : ready) {
+      const auto it = pending.find(i);
+      if (it == pending.end()) continue;
+      std::optional<router::ExchangeEvent> fin;
+      {
+        std::lock_guard l(it->second.ex->mu);
+        for (auto& e : it->second.ex->events)
+          if (e.final) fin = std::move(e);
+      }
+      if (!fin) continue;
+      const auto ex = it->second.ex;
+      const slurm::OutputKey key = std::move(it->second.key);
+      pending.erase(it);
+      // Stopped, cancelled or aborted: not an answer. The line is done again when the batch resumes.
+      if (fin->stopped || ex->cancelled || fin->final->finish_reason == "abort") continue;
+      router::LineRequest f{std::move(ex->req), std::move(ex->prompt)};
+      write(key, router::answer_line(i, f, std::move(*fin->final), -1, outputs, s_.pooling, s_.hidden));
+    }
+    const bool expired = unix_now() >= b.expires_at;
+    if ((cancel || expired) && !cancels_sent) {
+      for (auto& [i, p] : pending) {
+        p.ex->cancelled = true;
+        inbox_.cancel(p.ex);
+      }
+      cancels_sent = true;
+    }
+    if (stop) pending.clear();  // rank 0's loop has ended: what it did not answer is done again on resume
+    const bool halt = cancel || expired || stop || inbox_.draining;
+    while (!halt && !input_done &&
+           static_cast<int64_t>(pending.size()) < s_.in_flight - inbox_.active.load())  // interactive first
+      input_done = !post_next();
+    const bool finished = input_done && pending.empty();
+    const bool halted = halt && pending.empty();
+    if (finished || halted ||
+        std::chrono::duration<double>(Clock::now() - last_commit).count() >= (halt ? 1.0 : s_.flush_seconds)) {
+      file.commit();
+      b.counts.committed_bytes = file.committed_bytes();
+      publish(b);  // may turn it "cancelling"
+      last_commit = Clock::now();
+    }
+    if (finished) return b.status == "cancelling" ? "cancelled" : "completed";
+    if (halted) {
+      if (b.status == "cancelling") return "cancelled";
+      if (expired) return "expired";
+      spdlog::info("batch {}: {} of {} done; the server stops: it resumes where it is when the server starts again on "
+                   "this http.batch_dir", b.id, b.counts.completed + b.counts.failed, b.counts.total);
+      return "";
+    }
+  }
+}
+
+// The output split into the batch's output file (answers) and error file
+// (error records), both into the Files API's store; the work folder goes.
+// Done again whole when a kill interrupts it (the file ids stay).
+void BatchRunner::finalize(BatchRecord& b, const std::string& status) {
+  const fs::path work = store_.work_dir(b.id), output = work / "output.jsonl";
+  if (status == "completed" && b.status != "finalizing") {
+    b.status = "finalizing";
+    b.times["finalizing_at"] = unix_now();
+    publish(b);
+  }
+  std::error_code ec;
+  if (fs::exists(output, ec)) {
+    { slurm::ResumableOutput cut(output.string(), true); }  // back to its last commit (a kill after it)
+    const fs::path answers = work / "answers.part", errors = work / "errors.part";
+    std::FILE* a = std::fopen(answers.c_str(), "wb");
+    std::FILE* e = std::fopen(errors.c_str(), "wb");
+    if (!a || !e) throw Error("cannot write in " + work.string() + "; free space in http.batch_dir");
+    std::ifstream in(output, std::ios::binary);
+    std::string line;
+    int64_t completed = 0, failed = 0;
+    while (std::getline(in, line)) {
+      const bool ok = is_answer(json::parse(line, nullptr, false));
+      line.push_back('\n');
+      std::fwrite(line.data(), 1, line.size(), ok ? a : e);
+      ++(ok ? completed : failed);
+    }
+    sync_close(a, answers);
+    sync_close(e, errors);
+    b.counts.completed = completed;
+    b.counts.failed = failed;
+    if (completed > 0)
+      b.output_file_id = files_.adopt(answers, file_id_of(b.id, "output"), b.id + "_output.jsonl", "batch_output").id;
+    if (failed > 0)
+      b.error_file_id = files_.adopt(errors, file_id_of(b.id, "error"), b.id + "_error.jsonl", "batch_output").id;
+  }
+  b.status = status;
+  b.times[status + "_at"] = unix_now();
+  publish(b);
+  fs::remove_all(work, ec);
+  spdlog::info("batch {}: {}: {} answered, {} error record(s)", b.id, status, b.counts.completed, b.counts.failed);
+}
+
+}  // namespace tandem::launcher
