@@ -156,7 +156,17 @@ void add_batch_routes(httplib::Server& server, BatchRunner& runner, FileStore& f
     metrics.request("batches", 200);
   });
 
-  server.Post(R"(/v1/batches/([^/]+)/cancel)", [&runner, &metrics](const httplib::Request& req, httplib::Response& res) {
+  // Without a body as clients send it (no Content-Length either: httplib would refuse that POST unless the
+  // handler reads the body itself); a body that comes is read and not used.
+  server.Post(R"(/v1/batches/([^/]+)/cancel)", [&runner, &metrics](const httplib::Request& req, httplib::Response& res,
+                                                                 const httplib::ContentReader& reader) {
+    std::size_t got = 0;
+    if ((req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) &&
+        !reader([&](const char*, std::size_t n) { return (got += n) <= kMaxBody; })) {
+      res.set_header("Connection", "close");
+      send_error(res, 400, "the body could not be read (a cancel takes none)", "invalid_request_error");
+      return metrics.request("batches", 400);
+    }
     const std::string id = req.matches[1];
     bool was_finished = false;
     std::optional<BatchRecord> b;

@@ -3,7 +3,7 @@
 //   node client_test.mjs BASE_URL API_KEY MODEL OUT.json
 //
 // Checks completions and chat, streaming and not, n, stop, seed, logprobs,
-// structured outputs, tool calls, embeddings, the Files API, and the client's typed errors (401, 404
+// structured outputs, tool calls, embeddings, the Files and Batches APIs, and the client's typed errors (401, 404
 // model_not_found, 400, 413). Writes the
 // greedy texts it got to OUT.json so the driver can compare them with
 // `tandem run` on the same requests. Exit code 1 on any failure.
@@ -351,6 +351,86 @@ async function errorOf(fn) {
   check("files: delete", gone.deleted === true && gone.id === up.id, JSON.stringify(gone));
   const missing = await errorOf(() => client.files.retrieve(up.id));
   check("files: a deleted file is a 404", missing instanceof OpenAI.NotFoundError, missing && `${missing.status}`);
+}
+
+// Batches API: upload -> create -> poll -> download, as the client does it; each line answered once, the
+// answers as `tandem run` gives them (the driver compares), a line for another endpoint in the error file;
+// cancel; the typed errors.
+{
+  const { toFile } = require(process.env.OPENAI_MODULE);
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const lines = [
+    ...prompts.map((p, i) => ({ custom_id: `b${i}`, method: "POST", url: "/v1/completions",
+                                body: { model, prompt: p, max_tokens: 12, temperature: 0 } })),
+    { custom_id: "bs", method: "POST", url: "/v1/completions",
+      body: { model, prompt: prompts[0], max_tokens: 12, temperature: 0.9, seed: 7 } },
+    { custom_id: "wrong", method: "POST", url: "/v1/embeddings", body: { model, input: "x" } },
+  ];
+  const up = await client.files.create({
+    file: await toFile(Buffer.from(lines.map((l) => JSON.stringify(l) + "\n").join("")), "batch.jsonl"), purpose: "batch" });
+  const created = await client.batches.create({ input_file_id: up.id, endpoint: "/v1/completions",
+                                                completion_window: "24h", metadata: { project: "tandem-test" } });
+  check("batches: create answers a batch object", created.object === "batch" && /^batch_[0-9a-f]{24}$/.test(created.id) &&
+        created.input_file_id === up.id && created.endpoint === "/v1/completions" &&
+        ["validating", "in_progress"].includes(created.status) && created.metadata.project === "tandem-test" &&
+        created.expires_at === created.created_at + 86400, JSON.stringify(created));
+  let b = created;
+  const deadline = Date.now() + 120_000;
+  while (!["completed", "failed", "cancelled", "expired"].includes(b.status) && Date.now() < deadline) {
+    await sleep(250);
+    b = await client.batches.retrieve(created.id);
+  }
+  check("batches: it completes, every line counted", b.status === "completed" && b.request_counts.total === lines.length &&
+        b.request_counts.completed === lines.length - 1 && b.request_counts.failed === 1 && b.completed_at >= b.created_at &&
+        b.in_progress_at >= b.created_at && b.usage.output_tokens === 12 * (prompts.length + 1), JSON.stringify(b));
+  const answers = b.output_file_id ? (await (await client.files.content(b.output_file_id)).text()).trim().split("\n").map(JSON.parse) : [];
+  const errors = b.error_file_id ? (await (await client.files.content(b.error_file_id)).text()).trim().split("\n").map(JSON.parse) : [];
+  check("batches: the output file answers each request line once", JSON.stringify(answers.map((a) => a.custom_id).sort()) ===
+        JSON.stringify(lines.slice(0, -1).map((l) => l.custom_id).sort()) &&
+        answers.every((a) => a.error === null && a.response.status_code === 200), JSON.stringify(answers).slice(0, 500));
+  check("batches: the error file holds the line for another endpoint, saying so", errors.length === 1 &&
+        errors[0].custom_id === "wrong" && /not the batch's endpoint/.test(errors[0].error.message), JSON.stringify(errors));
+  out.batch = Object.fromEntries(answers.map((a) => [a.custom_id, a.response.body.choices[0].text]));
+  out.batch_lines = lines.slice(0, -1).map((l) => ({ custom_id: l.custom_id, ...l.body }));
+  const listed = [];
+  for await (const x of client.batches.list()) listed.push(x.id);
+  check("batches: list holds it", listed.includes(created.id), JSON.stringify(listed));
+  const late = await errorOf(() => client.batches.cancel(created.id));
+  check("batches: cancelling a completed batch is a 409", late instanceof OpenAI.ConflictError, late && `${late.status} ${late.message}`);
+
+  // Cancel: lines still running are cancelled; the ones finished stay in the output file.
+  const long = Array.from({ length: 6 }, (_, i) => JSON.stringify({ custom_id: `L${i}`, method: "POST", url: "/v1/completions",
+    body: { model, prompt: `long ${i}`, max_tokens: 1500, ignore_eos: true } }) + "\n").join("");
+  const up2 = await client.files.create({ file: await toFile(Buffer.from(long), "long.jsonl"), purpose: "batch" });
+  const c2 = await client.batches.create({ input_file_id: up2.id, endpoint: "/v1/completions", completion_window: "24h" });
+  await sleep(500);
+  const cancelling = await client.batches.cancel(c2.id);
+  check("batches: cancel answers cancelling (or cancelled)", ["cancelling", "cancelled"].includes(cancelling.status) &&
+        cancelling.cancelling_at > 0, JSON.stringify(cancelling));
+  let c = cancelling;
+  const until = Date.now() + 60_000;
+  while (c.status !== "cancelled" && Date.now() < until) {
+    await sleep(250);
+    c = await client.batches.retrieve(c2.id);
+  }
+  check("batches: a cancelled batch ends cancelled, its long lines not answered", c.status === "cancelled" &&
+        c.cancelled_at >= c.cancelling_at && c.request_counts.completed === 0 && c.output_file_id === null,
+        JSON.stringify(c));
+
+  const badEndpoint = await errorOf(() => client.batches.create({ input_file_id: up.id, endpoint: "/v1/responses",
+                                                                  completion_window: "24h" }));
+  check("batches: an endpoint not served is a 400 naming it", badEndpoint instanceof OpenAI.BadRequestError &&
+        /\/v1\/responses/.test(badEndpoint.message), badEndpoint && badEndpoint.message);
+  const noFile = await errorOf(() => client.batches.create({ input_file_id: "file-000000000000000000000000",
+                                                            endpoint: "/v1/completions", completion_window: "24h" }));
+  check("batches: an input file that does not exist is a 400", noFile instanceof OpenAI.BadRequestError &&
+        /input_file_id/.test(noFile.message), noFile && noFile.message);
+  const unknown = await errorOf(() => client.batches.create({ input_file_id: up.id, endpoint: "/v1/completions",
+                                                             completion_window: "24h", output_expires_after: { anchor: "created_at", seconds: 3600 } }));
+  check("batches: a parameter Tandem does not implement is refused, not ignored", unknown instanceof OpenAI.BadRequestError &&
+        /output_expires_after/.test(unknown.message), unknown && unknown.message);
+  const missing = await errorOf(() => client.batches.retrieve("batch_000000000000000000000000"));
+  check("batches: an unknown batch is a 404", missing instanceof OpenAI.NotFoundError, missing && `${missing.status}`);
 }
 
 writeFileSync(outPath, JSON.stringify(out, null, 1));

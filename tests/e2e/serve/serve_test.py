@@ -22,6 +22,9 @@ and 1 decode rank) answering the official `openai` npm client.
   8. Tensor-parallel workers of different widths while serving.
   9. Files API: an upload outlasts the job; a serve SIGKILLed mid-upload and
      started again on the same http.batch_dir lists the whole file only.
+ 10. Batches API: a batch stopped by SIGTERM, and one killed by SIGKILL,
+     mid-way, each resumed by a serve started again on the same
+     http.batch_dir: every line once, each as `tandem run` answers it.
 Usage: serve_test.py TANDEM SRC_DIR"""
 import concurrent.futures
 import json
@@ -272,6 +275,7 @@ with tempfile.TemporaryDirectory() as d:
     if "embeddings" in got:
         lines.append({"custom_id": "e", "url": "/v1/embeddings", "method": "POST",
                       "body": {"input": got["embeddings"]["texts"]}})
+    lines += [{k: v for k, v in l.items() if k != "model"} for l in got.get("batch_lines", [])]
     inp = tmp / "same.jsonl"
     inp.write_text("".join(json.dumps(l) + "\n" for l in lines))
     job = tmp / "run.toml"
@@ -293,7 +297,9 @@ with tempfile.TemporaryDirectory() as d:
         want["s"] = got["stop"]["text"]
     if "embeddings" in got:
         want["e"] = got["embeddings"]["vectors"]
-    check("HTTP texts (and embeddings, bit for bit) equal `tandem run`'s for the same requests", len(want) >= 6 and ran == want,
+    want.update(got.get("batch", {}))
+    check("HTTP texts, a batch's answers (a sampled one too) and embeddings (bit for bit) equal `tandem run`'s for the "
+          "same requests", len(want) >= 10 and "bs" in want and ran == want,
           json.dumps([ran, want])[:1500])
 
     # SIGTERM with a request in flight: it completes; the job exits 0.
@@ -473,6 +479,69 @@ with tempfile.TemporaryDirectory() as d:
           sorted(p.name for p in files_dir.iterdir()) == sorted([kept, kept + ".json"]),
           f"{listed} {st2} {sorted(p.name for p in files_dir.iterdir())}")
     check("files server exits 0", s.stop(signal.SIGTERM) == 0)
+
+    # --- 10: a batch outlives its serve: stopped by SIGTERM, then killed, each time started again it resumes ----
+    n_lines = 160
+    batch_in = tmp / "crash.jsonl"
+    batch_in.write_text("".join(json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/completions",
+                                            "body": {"prompt": f"line {i} of the batch", "max_tokens": 48,
+                                                     "temperature": 0.8, "ignore_eos": True}}) + "\n"
+                                for i in range(n_lines)))
+    # `tandem run` on the same file: what every resumed batch must answer, bit for bit.
+    job = tmp / "crash-run.toml"
+    job.write_text(f'[model]\npath = "{model}"\n[job]\ninput = "{batch_in}"\noutput = "{tmp / "crash-run.jsonl"}"\n')
+    r = subprocess.run([tandem, "run", "-c", str(job)], capture_output=True, text=True, env=env, timeout=300)
+    want = {}
+    if r.returncode == 0:
+        for l in (tmp / "crash-run.jsonl").read_text().splitlines():
+            o = json.loads(l)
+            want[o["custom_id"]] = o["tandem"]["token_ids"]
+    check("crash batch: `tandem run` reference", len(want) == n_lines, r.stderr[-500:])
+
+    def batch_state(srv, bid):
+        st, body, _ = http("GET", srv.base + f"/v1/batches/{bid}")
+        return json.loads(body) if st == 200 else {"status": f"http {st}", "request_counts": {"completed": 0}}
+
+    for how in (signal.SIGTERM, signal.SIGKILL):
+        s = Server(tmp, "crash", 1, "", job_extra="flush_seconds = 0.5\n")
+        form = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        st, body, _ = http("POST", s.base + "/v1/files", multipart(batch_in.read_bytes()), form) if s.ready else (0, "", {})
+        fid = json.loads(body)["id"] if st == 200 else ""
+        st, body, _ = http("POST", s.base + "/v1/batches", {"input_file_id": fid, "endpoint": "/v1/completions",
+                                                            "completion_window": "24h"})
+        bid = json.loads(body)["id"] if st == 200 else ""
+        # Killed once the batch's record on disk says lines are committed (its counts follow each commit).
+        record = tmp / "crash-batches" / "batches" / f"{bid}.json"
+        deadline = time.time() + 120
+        b = {"status": "validating", "request_counts": {"completed": 0}}
+        while time.time() < deadline and b["request_counts"]["completed"] == 0 and b["status"] in ("validating", "in_progress"):
+            time.sleep(0.1)
+            try:
+                b = json.loads(record.read_text())
+            except (OSError, ValueError):
+                pass
+        done_before = b["request_counts"]["completed"]
+        code = s.stop(how)
+        check(f"crash batch ({how.name}): stopped mid-batch", 0 < done_before < n_lines and
+              (how == signal.SIGKILL or code == 0), f"{done_before} done, exit {code}, {b['status']}")
+        s = Server(tmp, "crash", 1, "", job_extra="flush_seconds = 0.5\n")
+        deadline = time.time() + 180
+        b = batch_state(s, bid)
+        while time.time() < deadline and b["status"] in ("validating", "in_progress", "finalizing"):
+            time.sleep(0.2)
+            b = batch_state(s, bid)
+        st, body, _ = http("GET", s.base + f"/v1/files/{b.get('output_file_id')}/content")
+        got = [json.loads(l) for l in body.splitlines()] if st == 200 else []
+        ids = [o["custom_id"] for o in got]
+        log = (tmp / "crash.log").read_text()
+        resumed = re.search(rf"batch {bid}: {n_lines} request\(s\), (\d+) answered before this start", log)
+        check(f"crash batch ({how.name}): started again, it resumes from its commit and completes, every line once, "
+              "each as `tandem run` answers it", b["status"] == "completed" and resumed and 0 < int(resumed[1]) < n_lines and
+              len(ids) == n_lines and sorted(ids) == sorted(want) and
+              all(o["tandem"]["token_ids"] == want[o["custom_id"]] for o in got) and
+              b["request_counts"] == {"total": n_lines, "completed": n_lines, "failed": 0},
+              f"{b['status']} {b['request_counts']} resumed {resumed and resumed[1]} lines {len(ids)} unique {len(set(ids))}")
+        check(f"crash batch ({how.name}): server exits 0", s.stop(signal.SIGTERM) == 0)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
