@@ -142,6 +142,7 @@ CheckpointState read_checkpoint(const std::string& output_path, const std::funct
   if (!in) return state;
   // Records become done at the commit record that follows them, if it vouches for them.
   std::vector<OutputKey> group;
+  int64_t group_size = 0;
   bool group_damaged = false;  // a line in it that is no record
   bool summed = false;         // a commit with a checksum was read
   int64_t damaged_line = 0, line_no = 0, commits = 0;
@@ -165,7 +166,7 @@ CheckpointState read_checkpoint(const std::string& output_path, const std::funct
       if (j.contains("sum")) {  // since input hashes: the commit vouches for its records and its length
         const auto want = parse_hex64(j["sum"]);
         const auto count = j.value("records", nlohmann::json());
-        if (!want || !count.is_number_unsigned() || count.get<uint64_t>() != group.size() || *want != sum.finish(bytes))
+        if (!want || !count.is_number_unsigned() || count.get<int64_t>() != group_size || *want != sum.finish(bytes))
           throw Error(damaged(ckpt, line_no, "the records of commit " + std::to_string(commits) +
                                                  " do not match its checksum"));
         summed = true;
@@ -174,22 +175,23 @@ CheckpointState read_checkpoint(const std::string& output_path, const std::funct
       }
       state.committed_bytes = bytes;
       state.valid_bytes = offset;
-      state.records += static_cast<int64_t>(group.size());
-      if (on_record)
-        for (const auto& k : group) on_record(k);
+      state.records += group_size;
+      for (const auto& k : group) on_record(k);
       group.clear();
+      group_size = 0;
       group_damaged = false;
       sum.reset();
       continue;
     }
     if (auto s = shard_of(j)) {
       state.shard = s;
-      if (group.empty() && !group_damaged) state.valid_bytes = offset;
+      if (group_size == 0 && !group_damaged) state.valid_bytes = offset;
       continue;
     }
     sum.add_line(line);
     if (auto key = key_of(j)) {
-      group.push_back(std::move(*key));
+      ++group_size;
+      if (on_record) group.push_back(std::move(*key));  // kept only for on_record: a commit can vouch for millions
     } else if (!group_damaged) {
       group_damaged = true;
       damaged_line = line_no;

@@ -239,7 +239,7 @@ void BatchRunner::run(BatchRecord b) {
   if (b.status == "cancelling") return finalize(b, "cancelled");
   if (unix_now() >= b.expires_at) return finalize(b, "expired");
   // The output is closed before it is finalised (its lock released).
-  if (const std::string end = run_lines(b); !end.empty()) finalize(b, end);
+  if (const std::string end = run_lines(b); !end.empty()) finalize(b, end, true);
 }
 
 // The batch's lines through the Inbox, every answer into its resumable
@@ -392,7 +392,7 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
 // The output split into the batch's output file (answers) and error file
 // (error records), both into the Files API's store; the work folder goes.
 // Done again whole when a kill interrupts it (the file ids stay).
-void BatchRunner::finalize(BatchRecord& b, const std::string& status) {
+void BatchRunner::finalize(BatchRecord& b, const std::string& status, bool committed) {
   const fs::path work = store_.work_dir(b.id), output = work / "output.jsonl";
   if (status == "completed" && b.status != "finalizing") {
     b.status = "finalizing";
@@ -401,7 +401,7 @@ void BatchRunner::finalize(BatchRecord& b, const std::string& status) {
   }
   std::error_code ec;
   if (fs::exists(output, ec)) {
-    { slurm::ResumableOutput cut(output.string(), true); }  // back to its last commit (a kill after it)
+    if (!committed) slurm::ResumableOutput cut(output.string(), true);  // back to its last commit (a kill after it)
     const fs::path answers = work / "answers.part", errors = work / "errors.part";
     std::FILE* a = std::fopen(answers.c_str(), "wb");
     std::FILE* e = std::fopen(errors.c_str(), "wb");

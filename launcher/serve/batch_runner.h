@@ -69,7 +69,8 @@ class BatchRunner {
   void main();
   void run(BatchRecord b);
   std::string run_lines(BatchRecord& b);
-  void finalize(BatchRecord& b, const std::string& status);
+  // committed: the output was just committed and closed (else it is cut back to its last commit first).
+  void finalize(BatchRecord& b, const std::string& status, bool committed = false);
   // The running batch's record changed: kept for get() and written (a
   // cancel() that came first turns it "cancelling").
   void publish(BatchRecord& b);
