@@ -398,12 +398,22 @@ async function errorOf(fn) {
   const late = await errorOf(() => client.batches.cancel(created.id));
   check("batches: cancelling a completed batch is a 409", late instanceof OpenAI.ConflictError, late && `${late.status} ${late.message}`);
 
-  // Cancel: lines still running are cancelled; the ones finished stay in the output file.
+  // While a batch runs: at most http.batch_in_flight (2 here) of its lines in flight, an interactive request
+  // answered meanwhile. Then cancel: lines still running are cancelled; the ones finished stay in the output file.
+  const metricsURL = baseURL.replace(/\/v1$/, "") + "/metrics";
+  const inFlight = async () => Number(/^tandem_requests_in_flight (\d+)$/m.exec(await (await fetch(metricsURL)).text())[1]);
   const long = Array.from({ length: 6 }, (_, i) => JSON.stringify({ custom_id: `L${i}`, method: "POST", url: "/v1/completions",
     body: { model, prompt: `long ${i}`, max_tokens: 1500, ignore_eos: true } }) + "\n").join("");
   const up2 = await client.files.create({ file: await toFile(Buffer.from(long), "long.jsonl"), purpose: "batch" });
   const c2 = await client.batches.create({ input_file_id: up2.id, endpoint: "/v1/completions", completion_window: "24h" });
-  await sleep(500);
+  let seen = 0;
+  for (const until = Date.now() + 30_000; seen < 2 && Date.now() < until; await sleep(100)) seen = await inFlight();
+  for (let i = 0; i < 5; i++, await sleep(100)) seen = Math.max(seen, await inFlight());
+  const quick = await client.completions.create({ model, prompt: "quick", max_tokens: 4 });
+  const during = await client.batches.retrieve(c2.id);
+  check("batches: at most http.batch_in_flight lines in flight; an interactive request is answered meanwhile",
+        seen === 2 && quick.usage.completion_tokens === 4 && during.status === "in_progress" &&
+        during.request_counts.completed === 0, `${seen} in flight, batch ${during.status}`);
   const cancelling = await client.batches.cancel(c2.id);
   check("batches: cancel answers cancelling (or cancelled)", ["cancelling", "cancelled"].includes(cancelling.status) &&
         cancelling.cancelling_at > 0, JSON.stringify(cancelling));
@@ -416,6 +426,26 @@ async function errorOf(fn) {
   check("batches: a cancelled batch ends cancelled, its long lines not answered", c.status === "cancelled" &&
         c.cancelled_at >= c.cancelling_at && c.request_counts.completed === 0 && c.output_file_id === null,
         JSON.stringify(c));
+
+  // A completion_window that passes: the batch stops and ends expired.
+  const c3 = await client.batches.create({ input_file_id: up2.id, endpoint: "/v1/completions", completion_window: "1s" });
+  let e = c3;
+  for (const until = Date.now() + 60_000; e.status !== "expired" && Date.now() < until; await sleep(250))
+    e = await client.batches.retrieve(c3.id);
+  check("batches: past its completion_window a batch ends expired", e.status === "expired" && e.expired_at >= e.expires_at &&
+        e.expires_at === e.created_at + 1, JSON.stringify(e));
+
+  // Embeddings in a batch: the vectors the HTTP endpoint answers, bit for bit.
+  const emb = JSON.stringify({ custom_id: "emb", method: "POST", url: "/v1/embeddings",
+                               body: { model, input: out.embeddings.texts } }) + "\n";
+  const up3 = await client.files.create({ file: await toFile(Buffer.from(emb), "emb.jsonl"), purpose: "batch" });
+  let c4 = await client.batches.create({ input_file_id: up3.id, endpoint: "/v1/embeddings", completion_window: "24h" });
+  for (const until = Date.now() + 60_000; c4.status !== "completed" && Date.now() < until; await sleep(250))
+    c4 = await client.batches.retrieve(c4.id);
+  const embLine = c4.output_file_id ? JSON.parse(await (await client.files.content(c4.output_file_id)).text()) : null;
+  check("batches: an embeddings batch answers the HTTP endpoint's vectors, bit for bit", c4.status === "completed" &&
+        embLine && JSON.stringify(embLine.response.body.data.map((d) => d.embedding)) === JSON.stringify(out.embeddings.vectors),
+        JSON.stringify(c4).slice(0, 300));
 
   const badEndpoint = await errorOf(() => client.batches.create({ input_file_id: up.id, endpoint: "/v1/responses",
                                                                   completion_window: "24h" }));

@@ -178,7 +178,7 @@ with tempfile.TemporaryDirectory() as d:
     # --- 1-3: the client, safety, SIGTERM --------------------------------------------------------------------
     # Every prompt prefills on the prefill rank, so streams start from KV that travelled.
     s = Server(tmp, "keyed", 3, 'api_key_env = "TANDEM_TEST_KEY"\nmax_body_bytes = 65536\ndrain_seconds = 60\n'
-               f'max_file_bytes = {env["TANDEM_TEST_MAX_FILE_BYTES"]}\n'
+               f'max_file_bytes = {env["TANDEM_TEST_MAX_FILE_BYTES"]}\nbatch_in_flight = 2\n'
                '[router]\nlocal_prefill_tokens = 0')
     check("server comes up, /health 200 once both workers loaded", s.ready and s.health.get("workers_loaded") == 2,
           getattr(s, "health", None))
