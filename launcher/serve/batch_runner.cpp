@@ -1,6 +1,12 @@
 #include "launcher/serve/batch_runner.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -90,7 +96,48 @@ void sync_close(std::FILE* f, const fs::path& p) {
 BatchRunner::BatchRunner(BatchRunnerSetup s, BatchStore& store, FileStore& files, router::Inbox& inbox)
     : s_(std::move(s)), store_(store), files_(files), inbox_(inbox) {}
 
+std::string BatchRunner::claim() {
+  std::lock_guard lock(mu_);
+  if (lock_fd_ >= 0 || !claim_error_.empty()) return claim_error_;
+  const fs::path dir = store_.work_dir("");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path path = dir / ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return claim_error_ = "cannot open " + path.string() + " (" + std::strerror(errno) + "); set http.batch_dir to a "
+                                    "folder this job may write";
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char who[256] = {};
+    const ssize_t n = ::pread(fd, who, sizeof who - 1, 0);
+    ::close(fd);
+    return claim_error_ = "http.batch_dir " + dir.parent_path().string() + " is used by another tandem serve (" +
+                          (n > 0 ? std::string(who, static_cast<std::size_t>(n)) : std::string("unknown")) +
+                          "): its batches are that server's; give this server a folder of its own (http.batch_dir)";
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host;
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0)
+    spdlog::warn("{}: cannot record this server in it; the lock holds all the same", path.string());
+  lock_fd_ = fd;  // held for the server's life: the kernel lets it go when the process ends, however it ends
+  return "";
+}
+
 void BatchRunner::start() {
+  {
+    auto unfinished = store_.list();
+    unfinished.erase(std::remove_if(unfinished.begin(), unfinished.end(), [](const BatchRecord& b) { return !b.unfinished(); }),
+                     unfinished.end());
+    if (!unfinished.empty())
+      if (const std::string why = claim(); !why.empty()) {
+        spdlog::warn("{} unfinished batch(es) not resumed: {}", unfinished.size(), why);
+        return;
+      }
+  }
+  start_thread();
+}
+
+void BatchRunner::start_thread() {
   {
     std::lock_guard lock(mu_);
     auto all = store_.list();
@@ -112,6 +159,7 @@ void BatchRunner::stop() {
 }
 
 BatchRecord BatchRunner::create(BatchRecord b, const fs::path& input) {
+  if (const std::string why = claim(); !why.empty()) throw InUse(why);
   const fs::path work = store_.work_dir(b.id);
   std::error_code ec;
   fs::create_directories(work, ec);
@@ -204,14 +252,13 @@ void BatchRunner::main() {
         next = store_.get(*pick);
         queue_.erase(pick);
         current_ = next;
+        // Under mu_ still: a cancel() from now on finds it running and sets the flag after this.
+        std::lock_guard r(ready_mu_);
+        cancel_current_ = next && next->status == "cancelling";
+        ready_.clear();
       }
     }
     if (!next) continue;
-    {
-      std::lock_guard r(ready_mu_);
-      cancel_current_ = next->status == "cancelling";
-      ready_.clear();
-    }
     try {
       run(*next);
     } catch (const Error& e) {

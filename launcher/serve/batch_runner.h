@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "launcher/serve/batch_store.h"
 #include "launcher/serve/file_store.h"
 #include "router/batch_output.h"
@@ -50,13 +51,19 @@ class BatchRunner {
   BatchRunner(BatchRunnerSetup s, BatchStore& store, FileStore& files, router::Inbox& inbox);
   ~BatchRunner() { stop(); }
 
-  // Starts the thread, which first takes up the batches a stopped serve left unfinished.
+  // Starts the thread, which first takes up the batches a stopped serve left
+  // unfinished (unless another serve holds the folder: then a warning, and
+  // this server runs no batches).
   void start();
   // After rank 0's loop has ended: what is in flight is abandoned (done again when resumed), the output committed.
   void stop();
 
+  // Another serve runs the batches of this http.batch_dir.
+  struct InUse : Error {
+    using Error::Error;
+  };
   // Queues a new batch (status "validating"): its input file is linked into
-  // its work folder. Throws tandem::Error when the disk refuses.
+  // its work folder. Throws InUse, or tandem::Error when the disk refuses.
   BatchRecord create(BatchRecord b, const std::filesystem::path& input);
   // The batch as it is now (the running one's counts live).
   std::optional<BatchRecord> get(const std::string& id) const;
@@ -66,6 +73,11 @@ class BatchRunner {
   std::optional<BatchRecord> cancel(const std::string& id, bool& was_finished);
 
  private:
+  // The folder's batches are this server's: batches/.lock held (flock) for
+  // the server's life, so two servers never run the same batch. "" once
+  // held; else why not (the same answer every time after).
+  std::string claim();
+  void start_thread();
   void main();
   void run(BatchRecord b);
   std::string run_lines(BatchRecord& b);
@@ -83,6 +95,8 @@ class BatchRunner {
   mutable std::mutex mu_;                // the records: queue_, current_ (and the store's files)
   std::vector<std::string> queue_;       // unfinished batches not running, by creation
   std::optional<BatchRecord> current_;   // the running one, counts live
+  int lock_fd_ = -1;                     // batches/.lock, held (claim)
+  std::string claim_error_;
 
   std::mutex ready_mu_;  // what wakes the runner (the router thread posts answers: never held long)
   std::condition_variable ready_cv_;

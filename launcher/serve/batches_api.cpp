@@ -101,6 +101,8 @@ void add_batch_routes(httplib::Server& server, BatchRunner& runner, FileStore& f
     b.expires_at = b.created_at + window;
     try {
       b = runner.create(std::move(b), files.content_path(f->id));
+    } catch (const BatchRunner::InUse& e) {
+      return fail(409, e.what(), "", "batch_dir_in_use");
     } catch (const Error& e) {
       return fail(500, std::string("the server could not keep the batch: ") + e.what());
     }

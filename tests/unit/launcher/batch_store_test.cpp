@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "launcher/serve/batch_runner.h"
 #include "launcher/serve/batch_store.h"
 #include "launcher/serve/batches_api.h"
 #include "launcher/serve/file_store.h"
@@ -106,4 +107,28 @@ TEST_CASE("a finished batch's files are adopted under fixed ids: finalising agai
   CHECK(files.get(id)->bytes == 8);
   CHECK(files.get(id)->purpose == "batch_output");
   CHECK_FALSE(fs::exists(tmp.path / "out.part"));
+}
+
+TEST_CASE("one server runs a batch folder's batches: a second one's create is refused, naming the first", "[batches]") {
+  TempDir tmp;
+  fs::create_directories(tmp.path);
+  std::ofstream(tmp.path / "input.jsonl") << "{\"prompt\": \"hi\"}\n";
+  tandem::launcher::BatchStore store_a(tmp.path), store_b(tmp.path);
+  FileStore files(tmp.path);
+  tandem::router::Inbox inbox_a, inbox_b;
+  tandem::launcher::BatchRunner a({}, store_a, files, inbox_a), b({}, store_b, files, inbox_b);
+  BatchRecord r;
+  r.id = BatchStore::new_id();
+  r.status = "validating";
+  r.created_at = 1;
+  CHECK(a.create(r, tmp.path / "input.jsonl").id == r.id);
+  CHECK(fs::exists(tmp.path / "batches" / r.id / "input"));  // the input linked: deleting the file does not stop it
+  r.id = BatchStore::new_id();
+  try {
+    b.create(r, tmp.path / "input.jsonl");
+    FAIL("a second server's create went through");
+  } catch (const tandem::launcher::BatchRunner::InUse& e) {
+    CHECK(std::string(e.what()).find("used by another tandem serve (pid " + std::to_string(::getpid())) != std::string::npos);
+  }
+  CHECK(a.create(r, tmp.path / "input.jsonl").id == r.id);  // the first goes on
 }
