@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -86,9 +87,9 @@ void reconcile(BatchCounts& c, const fs::path& output, int64_t committed) {
 }
 
 void sync_close(std::FILE* f, const fs::path& p) {
-  const bool ok = f && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  if (f) std::fclose(f);
-  if (!ok) throw Error("cannot write " + p.string() + " (disk full?); free space in http.batch_dir");
+  const bool ok = f && std::fflush(f) == 0 && !std::ferror(f) && ::fsync(fileno(f)) == 0;
+  if (f && std::fclose(f) != 0) f = nullptr;
+  if (!ok || !f) throw Error("cannot write " + p.string() + " (disk full?); free space in http.batch_dir");
 }
 
 }  // namespace
@@ -120,6 +121,7 @@ std::string BatchRunner::claim() {
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0)
     spdlog::warn("{}: cannot record this server in it; the lock holds all the same", path.string());
   lock_fd_ = fd;  // held for the server's life: the kernel lets it go when the process ends, however it ends
+  store_.sweep();  // only the holder tidies the folder: another server's writes are never in the way
   return "";
 }
 
@@ -165,13 +167,19 @@ BatchRecord BatchRunner::create(BatchRecord b, const fs::path& input) {
   fs::create_directories(work, ec);
   fs::create_hard_link(input, work / "input", ec);  // the user may delete the file now: the batch keeps its bytes
   if (ec) fs::copy_file(input, work / "input", fs::copy_options::overwrite_existing, ec);
-  if (ec) throw Error("cannot link " + input.string() + " into " + work.string() + ": " + ec.message());
-  {
+  if (ec) {
+    fs::remove_all(work, ec);
+    throw Error("cannot link " + input.string() + " into " + work.string() + ": " + ec.message());
+  }
+  try {
     std::lock_guard lock(mu_);
     store_.save(b);
     queue_.push_back(b.id);
+  } catch (const Error&) {
+    fs::remove_all(work, ec);
+    throw;
   }
-  ready_cv_.notify_all();
+  wake();
   spdlog::info("batch {}: created from {} ({})", b.id, b.input_file_id, b.endpoint);
   return b;
 }
@@ -191,34 +199,40 @@ std::vector<BatchRecord> BatchRunner::list() const {
   return all;
 }
 
-std::optional<BatchRecord> BatchRunner::cancel(const std::string& id, bool& was_finished) {
+std::optional<BatchRecord> BatchRunner::cancel(const std::string& id, bool& not_running) {
+  if (const std::string why = claim(); !why.empty()) throw InUse(why);  // its record is the other server's to write
   std::unique_lock lock(mu_);
   const bool running = current_ && current_->id == id;
   std::optional<BatchRecord> b = running ? current_ : store_.get(id);
   if (!b) return std::nullopt;
-  was_finished = !b->unfinished();
-  if (was_finished || b->status == "cancelling") return b;
+  // Finished, or finalizing (all its lines are answered): nothing left to cancel.
+  not_running = !b->unfinished() || b->status == "finalizing";
+  if (not_running || b->status == "cancelling") return b;
   b->status = "cancelling";
   b->times["cancelling_at"] = unix_now();
   store_.save(*b);
   if (running) {
     current_ = b;
-    lock.unlock();
-    {
-      std::lock_guard r(ready_mu_);
-      cancel_current_ = true;
-    }
-    ready_cv_.notify_all();
-  } else {  // queued: the runner takes cancelled ones first
-    ready_cv_.notify_all();
+    std::lock_guard r(ready_mu_);  // under mu_ still: the runner cannot have moved on to another batch
+    cancel_id_ = id;
   }
+  lock.unlock();
+  wake();  // queued: the runner takes cancelled ones first
   spdlog::info("batch {}: cancelling", id);
   return b;
 }
 
+void BatchRunner::wake() {
+  {
+    std::lock_guard r(ready_mu_);
+    wake_ = true;
+  }
+  ready_cv_.notify_all();
+}
+
 void BatchRunner::publish(BatchRecord& b) {
   std::lock_guard lock(mu_);
-  if (current_ && current_->status == "cancelling" && b.status != "cancelling" && b.unfinished()) {
+  if (current_ && current_->status == "cancelling" && (b.status == "validating" || b.status == "in_progress")) {
     b.status = "cancelling";  // cancel() came first: the API said so
     b.times = current_->times;
   }
@@ -236,55 +250,66 @@ void BatchRunner::main() {
     }
     {
       std::unique_lock r(ready_mu_);
-      if (idle || inbox_.draining) ready_cv_.wait_for(r, std::chrono::milliseconds(500), [&] { return stop_; });
+      if (idle || inbox_.draining)
+        ready_cv_.wait_for(r, std::chrono::milliseconds(500), [&] { return stop_ || wake_; });
+      wake_ = false;
       if (stop_) return;
     }
     if (inbox_.draining) continue;  // the server stops: what is left resumes when it starts again
     {
       std::lock_guard lock(mu_);
-      // Cancelled ones first (their output files are due), then the oldest.
-      auto pick = std::find_if(queue_.begin(), queue_.end(), [&](const std::string& id) {
+      // Cancelled ones first, then those past their window (their output files are due), then the oldest.
+      const int64_t now = unix_now();
+      auto due = [&](const std::string& id, bool expired) {
         const auto b = store_.get(id);
-        return b && b->status == "cancelling";
-      });
+        return b && (expired ? b->expires_at <= now : b->status == "cancelling");
+      };
+      auto pick = std::find_if(queue_.begin(), queue_.end(), [&](const std::string& id) { return due(id, false); });
+      if (pick == queue_.end()) pick = std::find_if(queue_.begin(), queue_.end(), [&](const std::string& id) { return due(id, true); });
       if (pick == queue_.end() && !queue_.empty()) pick = queue_.begin();
       if (pick != queue_.end()) {
         next = store_.get(*pick);
         queue_.erase(pick);
         current_ = next;
-        // Under mu_ still: a cancel() from now on finds it running and sets the flag after this.
-        std::lock_guard r(ready_mu_);
-        cancel_current_ = next && next->status == "cancelling";
-        ready_.clear();
       }
     }
     if (!next) continue;
     try {
       run(*next);
-    } catch (const Error& e) {
-      spdlog::error("batch {}: {}", next->id, e.what());
-      std::lock_guard lock(mu_);
-      BatchRecord b = current_ ? *current_ : *next;
-      b.status = "failed";
-      b.times["failed_at"] = unix_now();
-      b.errors = json::array({{{"code", "batch_failed"}, {"message", e.what()}, {"param", nullptr}, {"line", nullptr}}});
-      try {
-        store_.save(b);
-        std::error_code ec;
-        fs::remove_all(store_.work_dir(b.id), ec);
-      } catch (const Error& e2) {
-        spdlog::error("batch {}: {}", b.id, e2.what());
-      }
+    } catch (const std::exception& e) {  // a disk that refuses, a damaged input: the batch fails, its answers kept
+      fail(*next, e.what());
     }
     std::lock_guard lock(mu_);
     current_.reset();
   }
 }
 
+// The batch ends "failed" with why. The answers committed so far stay in its
+// work folder (never deleted with it); a folder with none is removed.
+void BatchRunner::fail(const BatchRecord& failed, std::string why) {
+  const fs::path work = store_.work_dir(failed.id), output = work / "output.jsonl";
+  std::error_code ec;
+  const bool answers = fs::exists(output, ec) && fs::file_size(output, ec) > 0;
+  if (answers) why += "; the answers committed before it are kept in " + output.string();
+  spdlog::error("batch {}: {}", failed.id, why);
+  std::lock_guard lock(mu_);
+  BatchRecord b = current_ ? *current_ : failed;
+  b.status = "failed";
+  b.times["failed_at"] = unix_now();
+  b.errors = json::array({{{"code", "batch_failed"}, {"message", why}, {"param", nullptr}, {"line", nullptr}}});
+  try {
+    store_.save(b);  // if this fails too, the record stays unfinished: a restart takes the batch up again
+    if (!answers) fs::remove_all(work, ec);
+  } catch (const std::exception& e) {
+    spdlog::error("batch {}: {}", b.id, e.what());
+  }
+}
+
 void BatchRunner::run(BatchRecord b) {
   if (b.status == "finalizing") return finalize(b, "completed");
   if (b.status == "cancelling") return finalize(b, "cancelled");
-  if (unix_now() >= b.expires_at) return finalize(b, "expired");
+  if (b.status == "validating" && unix_now() >= b.expires_at) return finalize(b, "expired");  // never started
+  // (One that had started reads its output first: every line answered, it completes whatever the time.)
   // The output is closed before it is finalised (its lock released).
   if (const std::string end = run_lines(b); !end.empty()) finalize(b, end, true);
 }
@@ -318,7 +343,8 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
     std::shared_ptr<router::Exchange> ex;
   };
   std::unordered_map<uint64_t, Pending> pending;
-  bool input_done = false, cancels_sent = false;
+  // Every line answered before this start (a kill before it was finalised): nothing to read.
+  bool input_done = scan && scan->answered() >= scan->requests(), cancels_sent = false;
   auto last_commit = Clock::now();
   auto write = [&](const slurm::OutputKey& key, const router::Answer& a) {
     file.write(key, a.line);
@@ -380,9 +406,9 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
     {
       std::unique_lock r(ready_mu_);
       ready_cv_.wait_for(r, std::chrono::milliseconds(200),
-                         [&] { return !ready_.empty() || stop_ || (cancel_current_ && !cancels_sent); });
+                         [&] { return !ready_.empty() || stop_ || (cancel_id_ == b.id && !cancels_sent); });
       ready.swap(ready_);
-      cancel = cancel_current_;
+      cancel = cancel_id_ == b.id;
       stop = stop_;
     }
     for (const uint64_t i : ready) {
@@ -412,7 +438,8 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
       cancels_sent = true;
     }
     if (stop) pending.clear();  // rank 0's loop has ended: what it did not answer is done again on resume
-    const bool halt = cancel || expired || stop || inbox_.draining;
+    const bool stopping = stop || inbox_.draining;
+    const bool halt = cancel || expired || stopping;
     while (!halt && !input_done &&
            static_cast<int64_t>(pending.size()) < s_.in_flight - inbox_.active.load())  // interactive first
       input_done = !post_next();
@@ -427,7 +454,7 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
     }
     if (finished) return b.status == "cancelling" ? "cancelled" : "completed";
     if (halted) {
-      if (b.status == "cancelling") return "cancelled";
+      if (b.status == "cancelling" || cancel) return "cancelled";
       if (expired) return "expired";
       spdlog::info("batch {}: {} of {} done; the server stops: it resumes where it is when the server starts again on "
                    "this http.batch_dir", b.id, b.counts.completed + b.counts.failed, b.counts.total);
@@ -450,25 +477,30 @@ void BatchRunner::finalize(BatchRecord& b, const std::string& status, bool commi
   if (fs::exists(output, ec)) {
     if (!committed) slurm::ResumableOutput cut(output.string(), true);  // back to its last commit (a kill after it)
     const fs::path answers = work / "answers.part", errors = work / "errors.part";
-    std::FILE* a = std::fopen(answers.c_str(), "wb");
-    std::FILE* e = std::fopen(errors.c_str(), "wb");
-    if (!a || !e) throw Error("cannot write in " + work.string() + "; free space in http.batch_dir");
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> a(std::fopen(answers.c_str(), "wb"), std::fclose),
+        e(std::fopen(errors.c_str(), "wb"), std::fclose);
+    if (!a || !e) throw Error("cannot write in " + work.string() + " (" + std::strerror(errno) + "); free space in http.batch_dir");
     std::ifstream in(output, std::ios::binary);
     std::string line;
-    int64_t completed = 0, failed = 0;
+    BatchCounts counts{b.counts.total};
+    int64_t read = 0;
     while (std::getline(in, line)) {
+      read += static_cast<int64_t>(line.size()) + 1;
       const bool ok = is_answer(json::parse(line, nullptr, false));
+      count_line(counts, line);
       line.push_back('\n');
-      std::fwrite(line.data(), 1, line.size(), ok ? a : e);
-      ++(ok ? completed : failed);
+      if (std::fwrite(line.data(), 1, line.size(), ok ? a.get() : e.get()) != line.size())
+        throw Error("cannot write in " + work.string() + " (disk full?); free space in http.batch_dir");
     }
-    sync_close(a, answers);
-    sync_close(e, errors);
-    b.counts.completed = completed;
-    b.counts.failed = failed;
-    if (completed > 0)
+    if (in.bad() || read != static_cast<int64_t>(fs::file_size(output)))
+      throw Error("cannot read " + output.string() + " through (" + std::to_string(read) + " bytes read)");
+    sync_close(a.release(), answers);
+    sync_close(e.release(), errors);
+    counts.committed_bytes = read;
+    b.counts = counts;
+    if (counts.completed > 0)
       b.output_file_id = files_.adopt(answers, file_id_of(b.id, "output"), b.id + "_output.jsonl", "batch_output").id;
-    if (failed > 0)
+    if (counts.failed > 0)
       b.error_file_id = files_.adopt(errors, file_id_of(b.id, "error"), b.id + "_error.jsonl", "batch_output").id;
   }
   b.status = status;

@@ -69,8 +69,9 @@ class BatchRunner {
   std::optional<BatchRecord> get(const std::string& id) const;
   std::vector<BatchRecord> list() const;
   // Cancels a batch: its lines in flight are cancelled, the lines finished are kept in its output file.
-  // nullopt: no such batch; else the batch, "cancelling" or "cancelled" (unchanged when it had finished).
-  std::optional<BatchRecord> cancel(const std::string& id, bool& was_finished);
+  // nullopt: no such batch; else the batch, "cancelling", or unchanged with not_running set (finished, or
+  // finalizing: every line answered). Throws InUse when another server runs this folder's batches.
+  std::optional<BatchRecord> cancel(const std::string& id, bool& not_running);
 
  private:
   // The folder's batches are this server's: batches/.lock held (flock) for
@@ -78,7 +79,9 @@ class BatchRunner {
   // held; else why not (the same answer every time after).
   std::string claim();
   void start_thread();
+  void wake();  // the runner looks at its queue now (a batch created or cancelled)
   void main();
+  void fail(const BatchRecord& b, std::string why);
   void run(BatchRecord b);
   std::string run_lines(BatchRecord& b);
   // committed: the output was just committed and closed (else it is cut back to its last commit first).
@@ -101,7 +104,8 @@ class BatchRunner {
   std::mutex ready_mu_;  // what wakes the runner (the router thread posts answers: never held long)
   std::condition_variable ready_cv_;
   std::deque<uint64_t> ready_;  // lines whose Exchange has its answer
-  bool cancel_current_ = false;
+  std::string cancel_id_;  // the running batch to cancel (set under mu_ too: never another batch's)
+  bool wake_ = false;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -85,25 +85,36 @@ json batch_object(const BatchRecord& b) {
 
 BatchStore::BatchStore(const fs::path& batch_dir) : dir_(batch_dir / "batches") {
   std::error_code ec;
-  if (!fs::exists(dir_, ec)) return;  // made by the first batch
-  if (!fs::is_directory(dir_, ec))
+  if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
     throw Error(dir_.string() + " is not a folder; set http.batch_dir to a folder this job may write");
-  for (const auto& e : fs::directory_iterator(dir_)) {
+}
+
+void BatchStore::sweep() {
+  std::lock_guard lock(mu_);
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return;
+  std::vector<fs::path> folders;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const fs::path p = e.path();
-    if (p.extension() == ".part") {  // a record a killed serve was replacing: the one before it stands
-      fs::remove(p, ec);
-      continue;
-    }
-    if (p.extension() != ".json" || !valid_id(p.stem().string())) continue;
-    std::ifstream in(p);
-    const json j = json::parse(in, nullptr, false);
-    auto b = j.is_discarded() ? std::nullopt : record_of(j);
-    if (!b || b->id != p.stem().string()) {
-      spdlog::warn("{}: not a batch record Tandem wrote; it is left alone and not listed", p.string());
-      continue;
-    }
-    records_[b->id] = std::move(*b);
+    if (p.extension() == ".part") fs::remove(p, ec);  // a record a killed server was replacing: the one before it stands
+    else if (e.is_directory(ec) && valid_id(p.filename().string())) folders.push_back(p);
   }
+  for (const auto& f : folders) {  // a work folder outlives its batch only when it failed (its answers kept)
+    const auto b = read(f.filename().string());
+    if (!b || (!b->unfinished() && b->status != "failed")) fs::remove_all(f, ec);
+  }
+}
+
+std::optional<BatchRecord> BatchStore::read(const std::string& id) const {
+  std::ifstream in(dir_ / (id + ".json"));
+  if (!in) return std::nullopt;
+  const json j = json::parse(in, nullptr, false);
+  auto b = j.is_discarded() ? std::nullopt : record_of(j);
+  if (!b || b->id != id) {
+    spdlog::warn("{}: not a batch record Tandem wrote; it is left alone and not listed", (dir_ / (id + ".json")).string());
+    return std::nullopt;
+  }
+  return b;
 }
 
 void BatchStore::save(const BatchRecord& b) {
@@ -111,21 +122,23 @@ void BatchStore::save(const BatchRecord& b) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   write_whole(dir_ / (b.id + ".json"), record_json(b).dump() + "\n");
-  records_[b.id] = b;
 }
 
 std::optional<BatchRecord> BatchStore::get(const std::string& id) const {
+  if (!valid_id(id)) return std::nullopt;
   std::lock_guard lock(mu_);
-  const auto it = records_.find(id);
-  if (it == records_.end()) return std::nullopt;
-  return it->second;
+  return read(id);
 }
 
 std::vector<BatchRecord> BatchStore::list() const {
   std::vector<BatchRecord> all;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [id, b] : records_) all.push_back(b);
+    std::error_code ec;
+    if (!fs::is_directory(dir_, ec)) return {};
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().extension() == ".json" && valid_id(e.path().stem().string()))
+        if (auto b = read(e.path().stem().string())) all.push_back(std::move(*b));
   }
   std::sort(all.begin(), all.end(), [](const BatchRecord& a, const BatchRecord& b) {
     return a.created_at != b.created_at ? a.created_at > b.created_at : a.id > b.id;

@@ -5,7 +5,9 @@
 // link to its input file (a deleted input file does not stop it) and the
 // resumable output (slurm/resumable_output.h), which the finished batch
 // splits into its output and error files. A serve started again on the
-// same folder finds every unfinished batch here. Safe to use from many threads.
+// same folder finds every unfinished batch here. Records are read from disk
+// at every look (a server that does not run the folder's batches sees the
+// running one's). Safe to use from many threads.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +48,12 @@ nlohmann::json batch_object(const BatchRecord& b);
 
 class BatchStore {
  public:
-  // The records in batch_dir/batches, read now (a record that does not parse is skipped with a warning).
+  // The records in batch_dir/batches (a record that does not parse is skipped with a warning).
   explicit BatchStore(const std::filesystem::path& batch_dir);
+  // Tidies the folder: a killed server's half-written records, work folders
+  // of batches that ended (a failed one's kept). Only by the server that
+  // holds the folder (batch_runner.h): another one's writes are never swept.
+  void sweep();
 
   // Writes the record whole (the folder made on the first), and keeps it; throws tandem::Error when the disk refuses.
   void save(const BatchRecord& b);
@@ -60,9 +66,10 @@ class BatchStore {
   static bool valid_id(const std::string& id);
 
  private:
+  std::optional<BatchRecord> read(const std::string& id) const;  // under mu_
+
   std::filesystem::path dir_;
   mutable std::mutex mu_;
-  std::map<std::string, BatchRecord> records_;
 };
 
 }  // namespace tandem::launcher

@@ -55,15 +55,16 @@ void add_batch_routes(httplib::Server& server, BatchRunner& runner, FileStore& f
       metrics.request("batches", status);
     };
     std::string body;
+    bool too_large = false;
     const bool read = reader([&](const char* data, std::size_t n) {
-      if (body.size() + n > kMaxBody) return false;
+      if (body.size() + n > kMaxBody) return !(too_large = true);
       body.append(data, n);
       return true;
     });
-    if (!read) {
+    if (!read || too_large) {
       res.set_header("Connection", "close");
-      return fail(body.size() >= kMaxBody - 1 ? 413 : 400, "the body could not be read, or is larger than 1 MiB: a "
-                                                           "batch's lines go in its input file (POST /v1/files)");
+      return too_large ? fail(413, "the body is larger than 1 MiB: a batch's lines go in its input file (POST /v1/files)")
+                       : fail(400, "the body could not be read (a broken chunked encoding, or the client went away)");
     }
     if (draining) return fail(503, "the server is shutting down; create the batch when it runs again", "", "shutting_down");
     const json j = json::parse(body, nullptr, false);
@@ -170,16 +171,19 @@ void add_batch_routes(httplib::Server& server, BatchRunner& runner, FileStore& f
       return metrics.request("batches", 400);
     }
     const std::string id = req.matches[1];
-    bool was_finished = false;
+    bool not_running = false;
     std::optional<BatchRecord> b;
     try {
-      if (BatchStore::valid_id(id)) b = runner.cancel(id, was_finished);
+      if (BatchStore::valid_id(id)) b = runner.cancel(id, not_running);
+    } catch (const BatchRunner::InUse& e) {
+      send_error(res, 409, e.what(), "invalid_request_error", "batch_dir_in_use");
+      return metrics.request("batches", 409);
     } catch (const Error& e) {
       send_error(res, 500, std::string("the server could not record the cancel: ") + e.what(), "server_error");
       return metrics.request("batches", 500);
     }
     if (!b) return no_such_batch(res, id), metrics.request("batches", 404);
-    if (was_finished) {
+    if (not_running) {
       send_error(res, 409, "batch " + id + " is " + b->status + ": only a batch still running can be cancelled",
                  "invalid_request_error", "batch_finished");
       return metrics.request("batches", 409);

@@ -1,5 +1,7 @@
 #include "launcher/serve/file_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,13 +55,27 @@ FileStore::FileStore(const fs::path& batch_dir) : dir_(batch_dir / "files") {
   if (!fs::exists(dir_, ec)) return;  // made by the first upload: a serve that takes no files writes nothing
   if (!fs::is_directory(dir_, ec))
     throw Error(dir_.string() + " is not a folder; set http.batch_dir to a folder this job may write");
-  for (const auto& e : fs::directory_iterator(dir_)) {  // a killed serve's partial uploads and records
-    const std::string name = e.path().filename().string();
-    if (name.rfind(".upload-", 0) == 0 || e.path().extension() == ".part") fs::remove(e.path(), ec);
-  }
-  for (const auto& e : fs::directory_iterator(dir_)) {  // bytes whose record never landed
-    const std::string name = e.path().filename().string();
-    if (valid_id(name) && !fs::exists(dir_ / (name + ".json"))) fs::remove(e.path(), ec);
+  // A killed server's leftovers. Another server may share the folder: an
+  // upload it is writing holds a lock on its file, and a record it is about to
+  // write follows its bytes within moments, so only what no one locks, or what
+  // is a minute old, goes.
+  const auto stale = [](const fs::path& p) {
+    std::error_code err;
+    const auto t = fs::last_write_time(p, err);
+    return !err && fs::file_time_type::clock::now() - t > std::chrono::minutes(1);
+  };
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const fs::path p = e.path();
+    const std::string name = p.filename().string();
+    if (name.rfind(".upload-", 0) == 0) {
+      const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0) fs::remove(p, ec);  // no upload holds it
+      if (fd >= 0) ::close(fd);
+    } else if (p.extension() == ".part" && stale(p)) {
+      fs::remove(p, ec);
+    } else if (valid_id(name) && !fs::exists(dir_ / (name + ".json")) && stale(p)) {  // bytes whose record never landed
+      fs::remove(p, ec);
+    }
   }
 }
 
@@ -72,6 +88,7 @@ std::unique_ptr<FileStore::Upload> FileStore::begin(int64_t max_bytes) {
 FileStore::Upload::Upload(FileStore& store, fs::path tmp, int64_t max_bytes)
     : store_(store), tmp_(std::move(tmp)), max_bytes_(max_bytes) {
   f_ = std::fopen(tmp_.c_str(), "wb");
+  if (f_) (void)::flock(fileno(f_), LOCK_EX);  // a server starting on the same folder leaves it alone (FileStore())
   if (!f_) io_error_ = "cannot create " + tmp_.string() + "; set http.batch_dir to a folder this job may write";
 }
 

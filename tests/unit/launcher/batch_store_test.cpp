@@ -62,8 +62,14 @@ TEST_CASE("batch records outlast the store: every field read back, newest first,
   }
   std::ofstream(tmp.path / "batches" / (a.id + ".json.part")) << "{\"id\": \"torn";  // a kill while replacing it
   std::ofstream(tmp.path / "batches" / "batch_ffffffffffffffffffffffff.json") << "not json";
+  fs::create_directories(tmp.path / "batches" / b.id);  // a work folder: failed batches keep theirs
+  fs::create_directories(tmp.path / "batches" / "batch_eeeeeeeeeeeeeeeeeeeeeeee");  // no record: swept
   BatchStore again(tmp.path);
+  CHECK(fs::exists(tmp.path / "batches" / (a.id + ".json.part")));  // only the folder's holder sweeps
+  again.sweep();
   CHECK_FALSE(fs::exists(tmp.path / "batches" / (a.id + ".json.part")));
+  CHECK(fs::exists(tmp.path / "batches" / b.id));
+  CHECK_FALSE(fs::exists(tmp.path / "batches" / "batch_eeeeeeeeeeeeeeeeeeeeeeee"));
   const auto list = again.list();
   REQUIRE(list.size() == 2);
   CHECK(list[0].id == b.id);  // newest first

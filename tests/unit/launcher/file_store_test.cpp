@@ -66,10 +66,20 @@ TEST_CASE("the Files API's store keeps whole files only, by id, across restarts"
     std::ofstream(tmp.path / "files" / ".upload-0123456789abcdef") << "half";
     std::ofstream(tmp.path / "files" / "file-00000000000000000000abcd") << "no record";
     std::ofstream(tmp.path / "files" / "file-00000000000000000000abcd.json.part") << "{";
+    for (const char* old : {"file-00000000000000000000abcd", "file-00000000000000000000abcd.json.part"})  // a minute old
+      fs::last_write_time(tmp.path / "files" / old, fs::file_time_type::clock::now() - std::chrono::minutes(2));
     FileStore again(tmp.path);
     CHECK(entries(tmp.path / "files") == 2);
     REQUIRE(again.list().size() == 1);
     CHECK(again.list()[0].id == f.id);
+  }
+  SECTION("another server's upload in progress, and bytes whose record is due any moment, are left alone") {
+    auto busy = store.begin(1000);  // holds its temporary file locked
+    REQUIRE(busy->write("x", 1));
+    std::ofstream(tmp.path / "files" / "file-00000000000000000000abce") << "record due";
+    FileStore other(tmp.path);
+    CHECK(entries(tmp.path / "files") == 4);
+    CHECK(busy->commit("late.jsonl", "batch").bytes == 1);
   }
   SECTION("ids name files only: no path, no other shape") {
     for (const std::string bad : {"../files", "file-../../etc/passwd", "file-0123", "FILE-0123456789abcdef01234567",
