@@ -118,36 +118,12 @@ void add_batch_routes(httplib::Server& server, BatchRunner& runner, FileStore& f
     };
     for (const auto& [name, value] : req.params)
       if (name != "limit" && name != "after") return fail("unknown query parameter '" + name + "' (known: limit, after)", name);
-    int64_t limit = 20;
-    if (req.has_param("limit")) {
-      const std::string v = req.get_param_value("limit");
-      try {
-        std::size_t used = 0;
-        limit = std::stoll(v, &used);
-        if (used != v.size() || limit < 1 || limit > 100) throw std::out_of_range("limit");
-      } catch (const std::exception&) {
-        return fail("limit must be a whole number from 1 to 100, not '" + v + "'", "limit");
-      }
-    }
+    const int64_t limit = list_limit(req, 20, 100);
+    if (limit < 0) return fail("limit must be a whole number from 1 to 100, not '" + req.get_param_value("limit") + "'", "limit");
     const std::string after = req.get_param_value("after");
-    json data = json::array();
-    bool past = after.empty(), more = false;
-    for (const auto& b : runner.list()) {  // newest first
-      if (!past) {
-        past = b.id == after;
-        continue;
-      }
-      if (static_cast<int64_t>(data.size()) == limit) {
-        more = true;
-        break;
-      }
-      data.push_back(batch_object(b));
-    }
-    if (!past) return fail("after names no batch: " + after, "after");
-    json body{{"object", "list"}, {"data", data}, {"has_more", more}};
-    body["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
-    body["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
-    send_json(res, 200, body);
+    const auto body = list_page(runner.list(), after, limit, batch_object, [](const BatchRecord&) { return true; });  // newest first
+    if (!body) return fail("after names no batch: " + after, "after");
+    send_json(res, 200, *body);
     metrics.request("batches", 200);
   });
 

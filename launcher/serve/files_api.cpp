@@ -90,41 +90,17 @@ void add_file_routes(httplib::Server& server, FileStore& store, const HttpConfig
     static const std::set<std::string> known{"purpose", "limit", "order", "after"};
     for (const auto& [name, value] : req.params)
       if (!known.count(name)) return fail("unknown query parameter '" + name + "' (known: purpose, limit, order, after)", name);
-    int64_t limit = 10000;
-    if (req.has_param("limit")) {
-      const std::string v = req.get_param_value("limit");
-      try {
-        std::size_t used = 0;
-        limit = std::stoll(v, &used);
-        if (used != v.size() || limit < 1 || limit > 10000) throw std::out_of_range("limit");
-      } catch (const std::exception&) {
-        return fail("limit must be a whole number from 1 to 10000, not '" + v + "'", "limit");
-      }
-    }
+    const int64_t limit = list_limit(req, 10000, 10000);
+    if (limit < 0) return fail("limit must be a whole number from 1 to 10000, not '" + req.get_param_value("limit") + "'", "limit");
     const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
     if (order != "asc" && order != "desc") return fail("order must be 'asc' or 'desc', not '" + order + "'", "order");
     const std::string purpose = req.get_param_value("purpose"), after = req.get_param_value("after");
     auto files = store.list();  // newest first
     if (order == "asc") std::reverse(files.begin(), files.end());
-    json data = json::array();
-    bool past = after.empty(), more = false;
-    for (const auto& f : files) {
-      if (!past) {
-        past = f.id == after;
-        continue;
-      }
-      if (!purpose.empty() && f.purpose != purpose) continue;
-      if (static_cast<int64_t>(data.size()) == limit) {
-        more = true;
-        break;
-      }
-      data.push_back(file_object(f));
-    }
-    if (!past) return fail("after names no file: " + after, "after");
-    json body{{"object", "list"}, {"data", data}, {"has_more", more}};
-    body["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
-    body["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
-    send_json(res, 200, body);
+    const auto body = list_page(files, after, limit, file_object,
+                                [&](const StoredFile& f) { return purpose.empty() || f.purpose == purpose; });
+    if (!body) return fail("after names no file: " + after, "after");
+    send_json(res, 200, *body);
     metrics.request("files", 200);
   });
 
