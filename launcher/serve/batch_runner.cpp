@@ -346,6 +346,18 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
   // Every line answered before this start (a kill before it was finalised): nothing to read.
   bool input_done = scan && scan->answered() >= scan->requests(), cancels_sent = false;
   auto last_commit = Clock::now();
+  // Progress in the log, as `tandem run` writes it (job.progress_seconds): a Slurm user tails the job's log.
+  const auto started = Clock::now();
+  auto last_progress = started;
+  const int64_t done_at_start = b.counts.completed + b.counts.failed, tokens_at_start = b.counts.output_tokens;
+  auto progress = [&] {
+    const double el = std::chrono::duration<double>(Clock::now() - started).count();
+    const int64_t done = b.counts.completed + b.counts.failed;
+    const double rps = el > 0 ? static_cast<double>(done - done_at_start) / el : 0;
+    spdlog::info("batch {}: {}/{} done ({} failed), {:.2f} req/s, {:.1f} output tok/s, ETA {}", b.id, done, b.counts.total,
+                 b.counts.failed, rps, el > 0 ? static_cast<double>(b.counts.output_tokens - tokens_at_start) / el : 0.0,
+                 rps > 0 ? fmt::format("{:.0f} s", static_cast<double>(b.counts.total - done) / rps) : std::string("?"));
+  };
   auto write = [&](const slurm::OutputKey& key, const router::Answer& a) {
     file.write(key, a.line);
     ++(a.ok ? b.counts.completed : b.counts.failed);
@@ -451,6 +463,10 @@ std::string BatchRunner::run_lines(BatchRecord& b) {
       b.counts.committed_bytes = file.committed_bytes();
       publish(b);  // may turn it "cancelling"
       last_commit = Clock::now();
+    }
+    if (std::chrono::duration<double>(Clock::now() - last_progress).count() >= s_.progress_seconds) {
+      progress();
+      last_progress = Clock::now();
     }
     if (finished) return b.status == "cancelling" ? "cancelled" : "completed";
     if (halted) {

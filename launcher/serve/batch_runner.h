@@ -43,7 +43,8 @@ struct BatchRunnerSetup {
   uint64_t job_seed = 0;
   int64_t max_line_bytes = 1 << 20;
   int64_t in_flight = 64;  // batch lines in flight at most (less the interactive requests in flight)
-  double flush_seconds = 10;
+  double flush_seconds = 10;     // commits at least this often (job.flush_seconds)
+  double progress_seconds = 30;  // a progress line in the log this often (job.progress_seconds)
 };
 
 class BatchRunner {

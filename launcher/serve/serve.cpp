@@ -76,6 +76,7 @@ class HttpFrontend {
     b.max_line_bytes = s.max_line_bytes;
     b.in_flight = http_.batch_in_flight > 0 ? http_.batch_in_flight : s.config->job.max_num_seqs * std::max<int64_t>(1, s.workers);
     b.flush_seconds = s.config->job.flush_seconds;
+    b.progress_seconds = s.config->job.progress_seconds;
     runner_ = std::make_unique<BatchRunner>(std::move(b), batches_, files_, inbox_);
     routes();
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a

@@ -481,10 +481,10 @@ with tempfile.TemporaryDirectory() as d:
     check("files server exits 0", s.stop(signal.SIGTERM) == 0)
 
     # --- 10: a batch outlives its serve: stopped by SIGTERM, then killed, each time started again it resumes ----
-    n_lines = 160
+    n_lines = 100
     batch_in = tmp / "crash.jsonl"
     batch_in.write_text("".join(json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/completions",
-                                            "body": {"prompt": f"line {i} of the batch", "max_tokens": 48,
+                                            "body": {"prompt": f"line {i} of the batch", "max_tokens": 32,
                                                      "temperature": 0.8, "ignore_eos": True}}) + "\n"
                                 for i in range(n_lines)))
     # `tandem run` on the same file: what every resumed batch must answer, bit for bit.
@@ -503,7 +503,7 @@ with tempfile.TemporaryDirectory() as d:
         return json.loads(body) if st == 200 else {"status": f"http {st}", "request_counts": {"completed": 0}}
 
     for how in (signal.SIGTERM, signal.SIGKILL):
-        s = Server(tmp, "crash", 1, "", job_extra="flush_seconds = 0.5\n")
+        s = Server(tmp, "crash", 1, "batch_in_flight = 16", job_extra="flush_seconds = 0.5\n")
         form = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
         st, body, _ = http("POST", s.base + "/v1/files", multipart(batch_in.read_bytes()), form) if s.ready else (0, "", {})
         fid = json.loads(body)["id"] if st == 200 else ""
@@ -524,7 +524,7 @@ with tempfile.TemporaryDirectory() as d:
         code = s.stop(how)
         check(f"crash batch ({how.name}): stopped mid-batch", 0 < done_before < n_lines and
               (how == signal.SIGKILL or code == 0), f"{done_before} done, exit {code}, {b['status']}")
-        s = Server(tmp, "crash", 1, "", job_extra="flush_seconds = 0.5\n")
+        s = Server(tmp, "crash", 1, "batch_in_flight = 16", job_extra="flush_seconds = 0.5\n")
         deadline = time.time() + 180
         b = batch_state(s, bid)
         while time.time() < deadline and b["status"] in ("validating", "in_progress", "finalizing"):
