@@ -288,6 +288,10 @@ void BatchRunner::main() {
 // work folder (never deleted with it); a folder with none is removed.
 void BatchRunner::fail(const BatchRecord& failed, std::string why) {
   const fs::path work = store_.work_dir(failed.id), output = work / "output.jsonl";
+  // The input is the user's file, by its id (its link in the work folder is ours).
+  const std::string link = (work / "input").string();
+  for (std::size_t at; (at = why.find(link)) != std::string::npos;)
+    why.replace(at, link.size(), "input file " + failed.input_file_id);
   std::error_code ec;
   const bool answers = fs::exists(output, ec) && fs::file_size(output, ec) > 0;
   if (answers) why += "; the answers committed before it are kept in " + output.string();

@@ -447,6 +447,17 @@ async function errorOf(fn) {
         embLine && JSON.stringify(embLine.response.body.data.map((d) => d.embedding)) === JSON.stringify(out.embeddings.vectors),
         JSON.stringify(c4).slice(0, 300));
 
+  // A damaged compressed input fails the batch before any line runs, saying what and where.
+  const { gzipSync } = await import("node:zlib");
+  const gz = gzipSync(Buffer.from(lines.map((l) => JSON.stringify(l) + "\n").join("")));
+  const up4 = await client.files.create({ file: await toFile(gz.subarray(0, gz.length - 12), "cut.jsonl.gz"), purpose: "batch" });
+  let c5 = await client.batches.create({ input_file_id: up4.id, endpoint: "/v1/completions", completion_window: "24h" });
+  for (const until = Date.now() + 60_000; c5.status !== "failed" && c5.status !== "completed" && Date.now() < until; await sleep(250))
+    c5 = await client.batches.retrieve(c5.id);
+  check("batches: a truncated gzip input fails the batch before any work, naming the file", c5.status === "failed" &&
+        c5.request_counts.completed === 0 && /gzip/.test(c5.errors?.data?.[0]?.message) &&
+        c5.errors.data[0].message.includes(`input file ${up4.id}`), JSON.stringify(c5.errors));
+
   const badEndpoint = await errorOf(() => client.batches.create({ input_file_id: up.id, endpoint: "/v1/responses",
                                                                   completion_window: "24h" }));
   check("batches: an endpoint not served is a 400 naming it", badEndpoint instanceof OpenAI.BadRequestError &&
