@@ -271,6 +271,8 @@ void BatchRunner::main() {
         next = store_.get(*pick);
         queue_.erase(pick);
         current_ = next;
+        std::lock_guard r(ready_mu_);
+        ready_.clear();  // the last batch's (its Exchanges are all answered or abandoned)
       }
     }
     if (!next) continue;
