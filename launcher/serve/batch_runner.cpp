@@ -54,20 +54,18 @@ const char* label_of(router::Endpoint e) {
   return e == router::Endpoint::kChat ? "chat" : e == router::Endpoint::kEmbeddings ? "embeddings" : "completions";
 }
 
-// An output line: an answer (error null) or an error record.
-bool is_answer(const json& j) { return j.is_object() && j.contains("error") && j["error"].is_null(); }
-
-// Adds an output line written before (a resumed batch's lines after its record's counts).
-void count_line(BatchCounts& c, const std::string& line) {
+// Adds an output line written before to the counts; whether it is an answer (error null), not an error record.
+bool count_line(BatchCounts& c, const std::string& line) {
   const json j = json::parse(line, nullptr, false);
-  if (!is_answer(j)) {
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_null()) {
     ++c.failed;
-    return;
+    return false;
   }
   ++c.completed;
   const json usage = j.value("response", json::object()).value("body", json::object()).value("usage", json::object());
   c.input_tokens += usage.value("prompt_tokens", int64_t{0});
   c.output_tokens += usage.value("completion_tokens", int64_t{0});
+  return true;
 }
 
 // A resumed batch's counts: its record's, plus the lines committed after the record was last written
@@ -126,27 +124,20 @@ std::string BatchRunner::claim() {
 }
 
 void BatchRunner::start() {
-  {
-    auto unfinished = store_.list();
-    unfinished.erase(std::remove_if(unfinished.begin(), unfinished.end(), [](const BatchRecord& b) { return !b.unfinished(); }),
-                     unfinished.end());
-    if (!unfinished.empty())
-      if (const std::string why = claim(); !why.empty()) {
-        spdlog::warn("{} unfinished batch(es) not resumed: {}", unfinished.size(), why);
-        return;
-      }
+  std::vector<std::string> unfinished;
+  const auto all = store_.list();  // newest first
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->unfinished()) unfinished.push_back(it->id);
+  if (!unfinished.empty()) {
+    if (const std::string why = claim(); !why.empty()) {
+      spdlog::warn("{} unfinished batch(es) not resumed: {}", unfinished.size(), why);
+      return;
+    }
+    spdlog::info("{} unfinished batch(es) in {}: resuming them", unfinished.size(), store_.work_dir("").string());
   }
-  start_thread();
-}
-
-void BatchRunner::start_thread() {
   {
     std::lock_guard lock(mu_);
-    auto all = store_.list();
-    for (auto it = all.rbegin(); it != all.rend(); ++it)  // oldest first
-      if (it->unfinished()) queue_.push_back(it->id);
-    if (!queue_.empty())
-      spdlog::info("{} unfinished batch(es) in {}: resuming them", queue_.size(), store_.work_dir("").string());
+    queue_ = std::move(unfinished);  // oldest first
   }
   thread_ = std::thread([this] { main(); });
 }
@@ -508,8 +499,7 @@ void BatchRunner::finalize(BatchRecord& b, const std::string& status, bool commi
     int64_t read = 0;
     while (std::getline(in, line)) {
       read += static_cast<int64_t>(line.size()) + 1;
-      const bool ok = is_answer(json::parse(line, nullptr, false));
-      count_line(counts, line);
+      const bool ok = count_line(counts, line);
       line.push_back('\n');
       if (std::fwrite(line.data(), 1, line.size(), ok ? a.get() : e.get()) != line.size())
         throw Error("cannot write in " + work.string() + " (disk full?); free space in http.batch_dir");

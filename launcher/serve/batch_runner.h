@@ -79,7 +79,6 @@ class BatchRunner {
   // the server's life, so two servers never run the same batch. "" once
   // held; else why not (the same answer every time after).
   std::string claim();
-  void start_thread();
   void wake();  // the runner looks at its queue now (a batch created or cancelled)
   void main();
   void fail(const BatchRecord& b, std::string why);
