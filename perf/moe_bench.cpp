@@ -62,7 +62,8 @@ Combine combine(mpi::MpiTpGroup& g, int64_t rows) {
       route.push_back(e);
     }
   const runtime::cpu::ExpertSplit split{rank, width, kExperts};
-  std::vector<float> slot_out(static_cast<std::size_t>(rows * kTopK * kHidden), 1.0f), send, recv;
+  std::vector<float> slot_out(static_cast<std::size_t>(rows * kTopK * kHidden), 1.0f);
+  runtime::cpu::CombineBuffers bufs;
   std::vector<float> mine(static_cast<std::size_t>(rows * kHidden)), all(mine.size());
   const auto plan = runtime::cpu::plan_combine(route, kTopK, split);
   std::vector<int64_t> gather_counts;
@@ -82,7 +83,8 @@ Combine combine(mpi::MpiTpGroup& g, int64_t rows) {
     MPI_Barrier(MPI_COMM_WORLD);
     auto t0 = Clock::now();
     const auto p = runtime::cpu::plan_combine(route, kTopK, split);  // planned every step, as the model does
-    runtime::cpu::exchange_slots(g, p, slot_out.data(), kHidden, send, recv);
+    runtime::cpu::lay_out_combine(p, slot_out.data(), kHidden, bufs);  // the experts write into it (not timed: the
+    runtime::cpu::exchange_slots(g, p, kHidden, bufs);                 // model's copy of each output, as before)
     g.all_gather(mine.data(), gather_counts, all.data());
     ours.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     MPI_Barrier(MPI_COMM_WORLD);

@@ -10,29 +10,11 @@
 
 namespace tandem::runtime::cpu {
 
-namespace {
-
-// The model as this rank computes it: shard_config's, and without expert
-// parallelism the share of each expert's units as well.
-ModelConfig local_config(const ModelConfig& config, TpGroup* group, bool expert_parallel) {
-  if (!group) return config;
-  const TpShard s = group->shard();
-  ModelConfig l = shard_config(config, s);
-  if (config.moe.any() && !expert_parallel) {
-    const int per = kReduceChunks / s.width;
-    l.moe.intermediate = chunk_begin(config.moe.intermediate, (s.rank + 1) * per) -
-                         chunk_begin(config.moe.intermediate, s.rank * per);
-  }
-  return l;
-}
-
-}  // namespace
-
 CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, ThreadPool& threads,
                    TpGroup* group, bool expert_parallel)
     : group_(group),
       expert_parallel_(expert_parallel && group && group->shard().width > 1 && config.moe.any()),
-      c_(local_config(config, group, expert_parallel)),
+      c_(group ? local_config(config, group->shard(), expert_parallel) : config),
       w_(weights),
       pool_(pool),
       threads_(threads),
@@ -354,8 +336,13 @@ void CpuModel::moe(int64_t layer, int64_t R) {
   }
   int64_t* counted = expert_tokens_.data() + moe_index_[sz(layer)] * E;
   for (int64_t e = 0; e < E; ++e) counted[e] += static_cast<int64_t>(expert_slots_[sz(e)].size());
-  // Each expert once, over the rows that chose it: this rank's experts, or its share of every expert.
+  // Each expert once, over the rows that chose it: this rank's experts, or its share of every expert. With
+  // experts whole on their ranks, a slot for another rank's home row goes straight to the send buffer.
   slot_out_.resize(sz(R * K * H));
+  if (expert_parallel_) {
+    combine_ = plan_combine(route_expert_, K, split_);
+    lay_out_combine(combine_, slot_out_.data(), H, combine_bufs_);
+  }
   for (int64_t e = 0; e < E; ++e) {
     const auto& slots = expert_slots_[sz(e)];
     const auto n = static_cast<int64_t>(slots.size());
@@ -373,23 +360,27 @@ void CpuModel::moe(int64_t layer, int64_t R) {
       ge_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * ue_[sz(i)];
     }
     row_parallel(ge_.data(), n, expert_down_parts_[sz(layer)][sz(e)], ye_.data(), nullptr, /*exchange=*/false);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(ye_.data() + i * H, H, slot_out_.data() + slots[sz(i)] * H);
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(ye_.data() + i * H, H,
+                  expert_parallel_ ? combine_bufs_.write[sz(slots[sz(i)])] : slot_out_.data() + slots[sz(i)] * H);
   }
   // Each row's experts summed in its slot order (on the row's home rank, with
   // experts placed whole: expert_parallel.h), then the residual.
   int64_t r0 = 0, r1 = R;
+  slot_at_.resize(sz(R * K));
   if (expert_parallel_) {
-    combine_ = plan_combine(route_expert_, K, split_);
-    exchange_slots(*group_, combine_, slot_out_.data(), H, send_, recv_);
+    exchange_slots(*group_, combine_, H, combine_bufs_);
     r0 = home_begin(R, split_.width, split_.rank), r1 = home_begin(R, split_.width, split_.rank + 1);
-  } else if (group_) {
-    group_->reduce_tree(slot_out_.data(), R * K * H);  // every slot: the ranks' shares of its expert, in the tree
+    for (int64_t s = r0 * K; s < r1 * K; ++s) slot_at_[sz(s)] = combine_bufs_.read[sz(s)];
+  } else {
+    if (group_) group_->reduce_tree(slot_out_.data(), R * K * H);  // every slot: the ranks' shares of its expert, in the tree
+    for (int64_t s = 0; s < R * K; ++s) slot_at_[sz(s)] = slot_out_.data() + s * H;
   }
   moe_out_.resize(sz(R * H));
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < H; ++i) {
       float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot_out_[sz((r * K + k) * H + i)];
+      for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot_at_[sz(r * K + k)][i];
       moe_out_[sz((r - r0) * H + i)] = acc;
     }
   const float* combined = moe_out_.data();

@@ -118,7 +118,9 @@ class CpuModel final : public ModelBackend {
   std::vector<std::vector<int64_t>> expert_slots_;  // per expert: row * top_k + slot
   ExpertSplit split_;                                // which experts are this rank's (expert_parallel_)
   CombinePlan combine_;                              // the step's exchange of expert outputs
-  std::vector<float> send_, recv_, moe_out_;         // its buffers; the combined rows [home rows][hidden]
+  CombineBuffers combine_bufs_;                      // its buffers and where each slot is written and read
+  std::vector<const float*> slot_at_;                // [slot]: its expert's output, where the combine reads it
+  std::vector<float> moe_out_;                       // the combined rows [home rows][hidden]
   struct RowRef {
     int64_t chunk;
     int64_t pos;

@@ -1,6 +1,7 @@
 #include "runtime/cpu/expert_parallel.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace tandem::runtime::cpu {
 
@@ -22,6 +23,7 @@ CombinePlan plan_combine(std::span<const int32_t> route_expert, int64_t top_k, c
   p.send.resize(w);
   p.recv.resize(w);
   p.home_rows.resize(w);
+  p.slots = rows * top_k;
   for (int q = 0; q < split.width; ++q)
     p.home_rows[static_cast<std::size_t>(q)] = home_begin(rows, split.width, q + 1) - home_begin(rows, split.width, q);
   const int64_t mine0 = home_begin(rows, split.width, split.rank), mine1 = home_begin(rows, split.width, split.rank + 1);
@@ -35,34 +37,37 @@ CombinePlan plan_combine(std::span<const int32_t> route_expert, int64_t top_k, c
   for (int64_t s = mine0 * top_k; s < mine1 * top_k; ++s) {
     const int o = split.owner(route_expert[static_cast<std::size_t>(s)]);
     if (o != split.rank) p.recv[static_cast<std::size_t>(o)].push_back(s);
+    else p.kept.push_back(s);
   }
   return p;
 }
 
-void exchange_slots(TpGroup& group, const CombinePlan& plan, float* slot_out, int64_t hidden,
-                    std::vector<float>& send_buf, std::vector<float>& recv_buf) {
+void lay_out_combine(const CombinePlan& plan, float* slot_out, int64_t hidden, CombineBuffers& b) {
+  const auto h = static_cast<std::size_t>(hidden);
+  std::size_t sent = 0, received = 0;
+  for (const auto& slots : plan.send) sent += slots.size();
+  for (const auto& slots : plan.recv) received += slots.size();
+  b.send.resize(sent * h);
+  b.recv.resize(received * h);
+  b.write.assign(static_cast<std::size_t>(plan.slots), nullptr);
+  b.read.assign(static_cast<std::size_t>(plan.slots), nullptr);
+  for (const int64_t s : plan.kept) b.read[static_cast<std::size_t>(s)] = b.write[static_cast<std::size_t>(s)] = slot_out + s * hidden;
+  float* out = b.send.data();
+  for (const auto& slots : plan.send)
+    for (const int64_t s : slots) b.write[static_cast<std::size_t>(s)] = std::exchange(out, out + h);
+  const float* in = b.recv.data();
+  for (const auto& slots : plan.recv)
+    for (const int64_t s : slots) b.read[static_cast<std::size_t>(s)] = std::exchange(in, in + h);
+}
+
+void exchange_slots(TpGroup& group, const CombinePlan& plan, int64_t hidden, CombineBuffers& b) {
   const std::size_t w = plan.send.size();
   std::vector<int64_t> send_counts(w), recv_counts(w);
-  std::size_t sent = 0, received = 0;
   for (std::size_t q = 0; q < w; ++q) {
     send_counts[q] = static_cast<int64_t>(plan.send[q].size()) * hidden;
     recv_counts[q] = static_cast<int64_t>(plan.recv[q].size()) * hidden;
-    sent += plan.send[q].size();
-    received += plan.recv[q].size();
   }
-  const auto h = static_cast<std::size_t>(hidden);
-  send_buf.resize(sent * h);
-  recv_buf.resize(received * h);
-  float* out = send_buf.data();
-  for (const auto& slots : plan.send)
-    for (const int64_t s : slots) out = std::copy_n(slot_out + s * hidden, hidden, out);
-  group.all_to_all(send_buf.data(), send_counts, recv_buf.data(), recv_counts);
-  const float* in = recv_buf.data();
-  for (const auto& slots : plan.recv)
-    for (const int64_t s : slots) {
-      std::copy_n(in, hidden, slot_out + s * hidden);
-      in += hidden;
-    }
+  group.all_to_all(b.send.data(), send_counts, b.recv.data(), recv_counts);
 }
 
 }  // namespace tandem::runtime::cpu

@@ -48,16 +48,30 @@ std::vector<int64_t> rows_by_rank(std::span<const int64_t> expert_tokens, int64_
 struct CombinePlan {
   std::vector<std::vector<int64_t>> send;  // [rank q]: the slots this rank computed for q's home rows, in slot order
   std::vector<std::vector<int64_t>> recv;  // [rank q]: the slots of this rank's home rows that q computed, in slot order
+  std::vector<int64_t> kept;               // the slots of this rank's home rows that it computed, in slot order
   std::vector<int64_t> home_rows;          // [rank q]: q's home row count
+  int64_t slots = 0;                       // rows * top_k
 };
 
 // route_expert: [rows][top_k], each row's experts in slot order.
 CombinePlan plan_combine(std::span<const int32_t> route_expert, int64_t top_k, const ExpertSplit& split);
 
-// Moves the plan's slots (each `hidden` floats of slot_out, [rows * top_k][hidden]):
-// afterwards every slot of this rank's home rows holds its expert's output.
-// send_buf and recv_buf are scratch.
-void exchange_slots(TpGroup& group, const CombinePlan& plan, float* slot_out, int64_t hidden,
-                    std::vector<float>& send_buf, std::vector<float>& recv_buf);
+// Where each slot's expert output is written and read, so that the exchange
+// is the all-to-all and nothing else: a slot this rank computes for another
+// home is written straight into its place in the send buffer, one another
+// rank computed for this home is read straight from the receive buffer, and
+// one it computes for itself stays in slot_out.
+struct CombineBuffers {
+  std::vector<float> send, recv;   // [slots sent][hidden], [slots received][hidden], by rank then slot order
+  std::vector<float*> write;       // [slot]: where this rank writes its expert's output (null: another's expert)
+  std::vector<const float*> read;  // [slot]: where the home reads it (null: not a slot of this rank's home rows)
+};
+// Sizes b's buffers for the plan and points write/read into them and into
+// slot_out ([slots][hidden]); the pointers hold until the next lay_out.
+void lay_out_combine(const CombinePlan& plan, float* slot_out, int64_t hidden, CombineBuffers& b);
+
+// The exchange (every rank, collectively): afterwards b.read[s] holds slot
+// s's expert output for every slot s of this rank's home rows.
+void exchange_slots(TpGroup& group, const CombinePlan& plan, int64_t hidden, CombineBuffers& b);
 
 }  // namespace tandem::runtime::cpu

@@ -29,6 +29,15 @@ ModelConfig shard_config(const ModelConfig& c, TpShard s) {
   return l;
 }
 
+ModelConfig local_config(const ModelConfig& c, TpShard s, bool expert_parallel) {
+  ModelConfig l = shard_config(c, s);
+  if (c.moe.any() && !expert_parallel) {
+    const int per = kReduceChunks / s.width;
+    l.moe.intermediate = chunk_begin(c.moe.intermediate, (s.rank + 1) * per) - chunk_begin(c.moe.intermediate, s.rank * per);
+  }
+  return l;
+}
+
 ShardOffsets shard_offsets(const ModelConfig& c, TpShard s) {
   ShardOffsets o;
   o.head = s.rank * (c.heads / s.width);

@@ -57,6 +57,9 @@ std::string tp_problem(const ModelConfig& c, int width, bool expert_parallel = t
 // The model as one rank of the group computes it: its heads, KV heads and
 // intermediate units (hidden, vocabulary and the rest unchanged).
 ModelConfig shard_config(const ModelConfig& c, TpShard s);
+// shard_config's, and for a mixture of experts without expert parallelism
+// the rank's share of each expert's units as well (moe.intermediate).
+ModelConfig local_config(const ModelConfig& c, TpShard s, bool expert_parallel);
 
 // The first of the rank's attention heads, KV heads and intermediate units
 // (and of each expert's units, where experts are split rather than placed whole).

@@ -2,8 +2,9 @@
 // the transport conformance style, for any TpGroup: in-process threads
 // (tp_test.cpp) or MPI ranks (tests/mpi/tp_group_test.cpp). Each case is a
 // routing every rank knows; each rank writes the outputs of the slots its
-// experts computed, and after the exchange every slot of its home rows must
-// hold exactly what the owning rank wrote.
+// experts computed where the layout says (lay_out_combine), and after the
+// exchange every slot of its home rows must read exactly what the owning
+// rank wrote.
 #pragma once
 
 #include <cstdint>
@@ -63,19 +64,32 @@ inline std::string check_exchange(runtime::cpu::TpGroup& group, const ExchangeCa
   const runtime::cpu::ExpertSplit split{rank, width, c.experts};
   auto value = [](int64_t slot, int64_t i) { return static_cast<float>(slot * 100 + i) + 0.25f; };
   std::vector<float> slot_out(static_cast<std::size_t>(c.rows * c.top_k * kHidden), -1.0f);
-  for (int64_t s = 0; s < c.rows * c.top_k; ++s)
-    if (split.owns(c.route[static_cast<std::size_t>(s)]))
-      for (int64_t i = 0; i < kHidden; ++i) slot_out[static_cast<std::size_t>(s * kHidden + i)] = value(s, i);
   const auto plan = runtime::cpu::plan_combine(c.route, c.top_k, split);
-  std::vector<float> send, recv;
-  runtime::cpu::exchange_slots(group, plan, slot_out.data(), kHidden, send, recv);
+  runtime::cpu::CombineBuffers b;
+  runtime::cpu::lay_out_combine(plan, slot_out.data(), kHidden, b);
+  std::string why;  // every rank goes on to the exchanges, right or wrong, so that none waits for ever
+  for (int64_t s = 0; s < c.rows * c.top_k; ++s) {
+    float* to = b.write[static_cast<std::size_t>(s)];
+    if ((to != nullptr) != split.owns(c.route[static_cast<std::size_t>(s)]) && why.empty())
+      why = c.name + ": rank " + std::to_string(rank) + " has " + (to ? "a" : "no") + " place to write slot " +
+            std::to_string(s);
+    if (to)
+      for (int64_t i = 0; i < kHidden; ++i) to[i] = value(s, i);
+  }
+  runtime::cpu::exchange_slots(group, plan, kHidden, b);
   const int64_t r0 = runtime::cpu::home_begin(c.rows, width, rank), r1 = runtime::cpu::home_begin(c.rows, width, rank + 1);
-  std::string why;  // every rank goes on to the gather, right or wrong, so that none waits for ever
-  for (int64_t s = r0 * c.top_k; s < r1 * c.top_k && why.empty(); ++s)
-    for (int64_t i = 0; i < kHidden && why.empty(); ++i)
-      if (slot_out[static_cast<std::size_t>(s * kHidden + i)] != value(s, i))
+  for (int64_t s = 0; s < c.rows * c.top_k && why.empty(); ++s) {
+    const float* from = b.read[static_cast<std::size_t>(s)];
+    if ((from != nullptr) != (s >= r0 * c.top_k && s < r1 * c.top_k)) {
+      why = c.name + ": rank " + std::to_string(rank) + " has " + (from ? "a" : "no") + " place to read slot " +
+            std::to_string(s);
+      break;
+    }
+    for (int64_t i = 0; from && i < kHidden && why.empty(); ++i)
+      if (from[i] != value(s, i))
         why = c.name + ": rank " + std::to_string(rank) + " of " + std::to_string(width) + ", slot " + std::to_string(s) +
-              " holds " + std::to_string(slot_out[static_cast<std::size_t>(s * kHidden + i)]);
+              " holds " + std::to_string(from[i]);
+  }
   // The combined rows gathered back: every rank gets every home's rows.
   std::vector<int64_t> counts;
   for (const int64_t n : plan.home_rows) counts.push_back(n * kHidden);
