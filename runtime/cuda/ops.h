@@ -118,4 +118,58 @@ void draw(const float* logits, int64_t rows, int64_t n, const DrawParams* params
 // out[i] = x[rows[i]], rows of `width`.
 void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t width, float* out, cudaStream_t stream);
 
+// A mixture of experts' layer (moe.cu), in launches with no host wait:
+// moe_products over the router, moe_route, moe_group, moe_products for
+// gate/up and for down, moe_combine. Slots are row * top_k + k.
+
+// Each row's top_k experts (ties to the lower id) and their weights, from
+// the router's logits ([rows][experts], overwritten by the softmax): float32
+// softmax as the CPU's (max, exp, a sequential sum, divide), renormalised
+// over the k when `renormalise`. expert, weight: [rows][top_k], slot order.
+void moe_route(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise, int32_t* expert,
+               float* weight, cudaStream_t stream);
+
+// The slots of this rank's experts [first, first + count), grouped by expert
+// (within an expert in no set order): local expert j has positions [offsets[j],
+// offsets[j + 1]) and order[position] is the slot; its tiles of
+// kMoeTileRows positions are [tile_start[j], tile_start[j + 1]). Device
+// arrays: order [slots], offsets and tile_start [count + 1].
+inline constexpr int64_t kMoeTileRows = 32, kMaxExperts = 1024;
+struct MoeGroups {
+  int32_t* order = nullptr;
+  int32_t* offsets = nullptr;  // null: one "expert" over rows [0, MoeProduct::rows) (a dense product: the router)
+  int32_t* tile_start = nullptr;
+};
+// counted (optional, [experts]): += the slots routed to each expert. experts <= kMaxExperts.
+void moe_group(const int32_t* expert, int64_t slots, int64_t experts, int64_t first, int64_t count, MoeGroups g,
+               unsigned long long* counted, cudaStream_t stream);
+
+// The grouped product: for local expert j and each of its positions i, out
+// row = in row x W_j^T, W_j = w + j * n * k elements of w_dtype ([n][k],
+// float32, bf16 or f16). Each output a float32 sum over k in order (fmaf by
+// fmaf): a row's result never depends on the other rows of its step. The in
+// row is order[i] / top_k (gather: a row's hidden state) or i; with swiglu
+// it is [2k] floats, gate then up, and its element kk is silu(gate) * up (as
+// swiglu()). The out row is order[i] (scatter: a slot) or i.
+struct MoeProduct {
+  const float* in = nullptr;
+  bool gather = false, swiglu = false, scatter = false;
+  int64_t top_k = 1;
+  const void* w = nullptr;
+  DType w_dtype = DType::kF32;
+  int64_t n = 0, k = 0;
+  float* out = nullptr;
+  int64_t rows = 0;  // a dense product's (MoeGroups::offsets null)
+};
+// A bound of the tiles `count` experts' `slots` can make (the launch's grid).
+int64_t moe_max_tiles(int64_t slots, int64_t count);
+void moe_products(const MoeProduct& p, const MoeGroups& g, int64_t count, int64_t max_tiles, cudaStream_t stream);
+
+// out[r] = sum over k, in slot order, of weight[s] x slot s's expert output
+// (s = r * top_k + k), fmaf by fmaf; the output read from parts +
+// (expert[s] / experts_per_rank) * part_stride, at s * hidden: the part of
+// the rank that owns the expert (one part: experts_per_rank = experts).
+void moe_combine(const float* parts, int64_t part_stride, int64_t experts_per_rank, const int32_t* expert,
+                 const float* weight, int64_t rows, int64_t top_k, int64_t hidden, float* out, cudaStream_t stream);
+
 }  // namespace tandem::runtime::cuda

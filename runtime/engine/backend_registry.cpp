@@ -8,6 +8,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/devices.h"
+#include "runtime/cuda/ops.h"
 #endif
 
 namespace tandem::runtime {
@@ -157,8 +158,13 @@ PoolCopyRows pool_copy_rows(std::string_view name) {
 }
 
 std::string backend_model_problem(std::string_view name, const ModelConfig& config) {
-  if (name != "cpu" && config.moe.any())
-    return "runs no mixture-of-experts model (" + config.architecture + ") yet; use model.backend = \"cpu\"";
+#ifdef TANDEM_CUDA
+  if (name == "cuda" && config.moe.experts > cuda::kMaxExperts)
+    return "routes up to " + std::to_string(cuda::kMaxExperts) + " experts; " + config.architecture + " has " +
+           std::to_string(config.moe.experts) + ": use model.backend = \"cpu\"";
+#endif
+  (void)name;
+  (void)config;
   return "";
 }
 
@@ -174,9 +180,10 @@ std::unique_ptr<ModelBackend> make_backend(std::string_view name, const ModelCon
     throw Error("internal: model.backend = \"" + std::string(name) + "\" in a tensor-parallel group needs the group's "
                 "device exchange (NCCL)");
 #ifdef TANDEM_CUDA
-  return std::make_unique<cuda::CudaModel>(config, weights, pool, device_group);
+  return std::make_unique<cuda::CudaModel>(config, weights, pool, device_group, expert_parallel);
 #else
   (void)device_group;
+  (void)expert_parallel;
   throw Error("internal: backend '" + std::string(name) + "' is not built");
 #endif
 }

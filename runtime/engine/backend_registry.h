@@ -52,7 +52,7 @@ using PoolCopyRows =
     std::function<void(void* dst, const void* src, std::size_t width, std::size_t rows, std::size_t pitch, bool to_pool)>;
 PoolCopyRows pool_copy_rows(std::string_view name);
 
-// Why backend `name` cannot run this model ("" when it can): the CUDA backend runs no mixture of experts yet.
+// Why backend `name` cannot run this model ("" when it can): the CUDA backend routes at most 1024 experts.
 std::string backend_model_problem(std::string_view name, const ModelConfig& config);
 
 // The backend; the pool's memory must come from allocate_pool_memory (or the

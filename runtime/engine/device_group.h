@@ -24,6 +24,10 @@ class DeviceGroup {
   // Enqueues on `stream` (a cudaStream_t): all[r * n, (r + 1) * n) = rank r's
   // `mine` (n floats), for every rank r of the group, in device memory.
   virtual void all_gather(const float* mine, float* all, int64_t n, void* stream) = 0;
+  // Enqueues on `stream`: this rank sends send[q * n, (q + 1) * n) to rank q
+  // and receives rank q's block for it into recv[q * n, (q + 1) * n), for
+  // every rank q (itself too), in device memory. Expert parallelism's combine.
+  virtual void all_to_all(const float* send, float* recv, int64_t n, void* stream) = 0;
   // Whether all_gather may be captured in a CUDA graph (NCCL's may).
   virtual bool graph_safe() const { return true; }
 

@@ -27,34 +27,12 @@
 using namespace tandem;
 using namespace tandem::runtime;
 namespace cu = tandem::runtime::cuda;
+using tandem::testing::Dev;
 using tandem::testing::DevPool;
+using tandem::testing::random_floats;
 using tandem::testing::rel_err;
 
 namespace {
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(const std::vector<T>& host) {
-    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p), host.size() * sizeof(T)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get(std::size_t n) const {
-    std::vector<T> out(n);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    REQUIRE(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-    return out;
-  }
-};
-
-std::vector<float> random_floats(std::size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Attention of each row over its sequence's positions [first, pos] in double
 // precision, from a host image of the pool: the reference for both kernels.

@@ -1,7 +1,7 @@
 // The CUDA backend in a tensor-parallel group, on one GPU: a group of 2 or 4
 // threads, each with its own model shard, pool and stream, exchanging their
-// partial sums through device buffers (in place of NCCL, which takes one GPU
-// per rank). Every rank must end each step with the same logits, bit for bit
+// partial sums (and a MoE layer's slots) through device buffers (in place of
+// NCCL, which takes one GPU per rank). Every rank must end each step with the same logits, bit for bit
 // (the group's sum is added in rank order on each), and those logits must
 // match the CPU engine's as closely as one CUDA rank's do.
 #include <catch2/catch.hpp>
@@ -62,6 +62,24 @@ class ThreadDeviceGroup {
       g_.sync_.arrive_and_wait();  // no rank overwrites its sums before every rank has copied them
     }
 
+    void all_to_all(const float* send, float* recv, int64_t n, void* stream) override {
+      auto* s = static_cast<cudaStream_t>(stream);
+      g_.note(cudaStreamSynchronize(s));  // this rank's blocks are complete
+      g_.mine_[static_cast<std::size_t>(rank_)] = send;
+      g_.sync_.arrive_and_wait();
+      for (int r = 0; r < g_.width_; ++r) {
+        const float* theirs = g_.mine_[static_cast<std::size_t>(r)];
+        if (!theirs) {
+          ++g_.errors_;
+          continue;
+        }
+        g_.note(cudaMemcpyAsync(recv + r * n, theirs + rank_ * n, static_cast<std::size_t>(n) * 4,
+                                cudaMemcpyDeviceToDevice, s));
+      }
+      g_.note(cudaStreamSynchronize(s));
+      g_.sync_.arrive_and_wait();
+    }
+
    private:
     ThreadDeviceGroup& g_;
     int rank_;
@@ -99,6 +117,37 @@ std::vector<float> cpu_logits(const testing::TinyModel& tiny, const std::vector<
   return testing::chunked_logits(cpu_model, cpu_pool, prompt);
 }
 
+// Each rank's logits for the prompt, a group of `width` threads on this GPU
+// (expert_parallel: a MoE model's experts whole on their ranks); a rank's
+// error in `errors`. The group's CUDA errors are counted in cuda_errors.
+std::vector<std::vector<float>> run_group(const ModelConfig& config, const ModelWeights& rowmajor, int width,
+                                          const std::vector<int32_t>& prompt, bool expert_parallel,
+                                          std::vector<std::string>& errors, int& cuda_errors,
+                                          std::vector<std::vector<int64_t>>* expert_tokens = nullptr) {
+  ThreadDeviceGroup group(width);
+  std::vector<std::vector<float>> got(static_cast<std::size_t>(width));
+  errors.assign(static_cast<std::size_t>(width), "");
+  if (expert_tokens) expert_tokens->assign(static_cast<std::size_t>(width), {});
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < width; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        ThreadDeviceGroup::Member member(group, r);
+        const ModelConfig shard = cpu::shard_config(config, member.shard());
+        DevPool dev(shard, 8);
+        cuda::CudaModel model(config, rowmajor, *dev.pool, &member, expert_parallel);
+        got[static_cast<std::size_t>(r)] = testing::chunked_logits(model, *dev.pool, prompt);
+        if (expert_tokens) (*expert_tokens)[static_cast<std::size_t>(r)] = model.expert_tokens();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+        group.leave(r);
+      }
+    });
+  for (auto& t : ranks) t.join();
+  cuda_errors = group.cuda_errors();
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same logits bit for bit, as close to the CPU "
@@ -115,25 +164,10 @@ TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same lo
     const bool f32 = std::string(dtype) == "f32";
     for (const int width : {2, 4}) {
       INFO(arch << " " << dtype << ", width " << width);
-      ThreadDeviceGroup group(width);
-      std::vector<std::vector<float>> got(static_cast<std::size_t>(width));
-      std::vector<std::string> errors(static_cast<std::size_t>(width));
-      std::vector<std::thread> ranks;
-      for (int r = 0; r < width; ++r)
-        ranks.emplace_back([&, r] {
-          try {
-            ThreadDeviceGroup::Member member(group, r);
-            const ModelConfig shard = cpu::shard_config(tiny.config, member.shard());
-            DevPool dev(shard, 8);
-            cuda::CudaModel model(tiny.config, *rowmajor, *dev.pool, &member);
-            got[static_cast<std::size_t>(r)] = testing::chunked_logits(model, *dev.pool, prompt);
-          } catch (const std::exception& e) {
-            errors[static_cast<std::size_t>(r)] = e.what();
-            group.leave(r);
-          }
-        });
-      for (auto& t : ranks) t.join();
-      CHECK(group.cuda_errors() == 0);
+      std::vector<std::string> errors;
+      int cuda_errors = 0;
+      const auto got = run_group(tiny.config, *rowmajor, width, prompt, true, errors, cuda_errors);
+      CHECK(cuda_errors == 0);
       for (int r = 0; r < width; ++r) {
         INFO("rank " << r);
         REQUIRE(errors[static_cast<std::size_t>(r)].empty());
@@ -250,4 +284,82 @@ TEST_CASE("a cell of 2 CUDA ranks regroups: width 2, two of width 1, width 2 aga
     std::printf("cuda regroup 2 -> 1 -> 2: largest logit difference from the CPU engine %.3g (width 2), %.3g (width 1)\n",
                 rel_err(got[0][0], want), rel_err(got[1][0], want));
   }
+}
+
+// A mixture of experts in a CUDA group: experts whole on their ranks (each
+// home's slots by all-to-all, combined there, the rows gathered) or every
+// expert's units split (the slots' partial sums added in the tree). Every
+// rank ends each step with the same bits, as close to the CPU engine as one
+// rank, and every rank counts every expert's rows (the CPU's counts).
+TEST_CASE("a MoE model in a CUDA group of 2 and 4, experts whole (expert parallelism) or split: every rank the same "
+          "logits bit for bit, as close to the CPU engine's as one rank's",
+          "[gpu]") {
+  for (const char* arch : {"qwen3_moe", "mixtral"}) {
+    testing::TinyModel tiny(arch, "f32");
+    auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
+    const std::vector<int32_t> prompt = random_prompt(6);
+    cpu::ThreadPool threads(2);
+    kv::BlockPool cpu_pool({tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16}, 8);
+    cpu::CpuModel cpu_model(tiny.config, *tiny.weights, cpu_pool, threads);
+    const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+    for (const int width : {2, 4})
+      for (const bool ep : {true, false}) {
+        INFO(arch << ", width " << width << (ep ? ", experts whole" : ", experts split"));
+        std::vector<std::string> errors;
+        std::vector<std::vector<int64_t>> counts;
+        int cuda_errors = 0;
+        const auto got = run_group(tiny.config, *rowmajor, width, prompt, ep, errors, cuda_errors, &counts);
+        CHECK(cuda_errors == 0);
+        for (int r = 0; r < width; ++r) {
+          INFO("rank " << r);
+          REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+          REQUIRE(got[static_cast<std::size_t>(r)].size() == want.size());
+          CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+          CHECK(counts[static_cast<std::size_t>(r)] == cpu_model.expert_tokens());
+        }
+        const double err = rel_err(got[0], want);
+        std::printf("cuda %s width %d, experts %s: largest logit difference from the CPU engine %.3g (relative)\n", arch,
+                    width, ep ? "whole" : "split", err);
+        CHECK(err < 1e-4);
+      }
+  }
+}
+
+// With experts whole on their ranks a rank uploads E / width of them: its
+// device memory falls by the experts it does not hold.
+TEST_CASE("a rank of a CUDA group with expert parallelism holds its experts only: its device memory falls with the width",
+          "[gpu]") {
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.preset = "small";
+  o.dtype = "bf16";
+  o.hidden = 512, o.heads = 8, o.kv_heads = 4, o.head_dim = 64, o.layers = 4;
+  o.experts = 8, o.experts_per_token = 2, o.moe_intermediate = 1024;
+  o.dense_layers = std::vector<int64_t>{};
+  o.tie_embeddings = true;
+  o.tokenizer_dir = testing::tokenizer_dir("qwen3");
+  o.out_dir = std::filesystem::temp_directory_path() / ("tandem-gpu-experts-" + std::to_string(::getpid()));
+  const ModelConfig config = make_model(o);
+  auto weights = ModelWeights::load(config, o.out_dir, false);
+  const double expert_bytes = 4.0 * 8 * 3 * 512 * 1024 * 2;  // layers x experts x (gate, up, down) x bf16
+  std::map<int, double> used;
+  for (const int width : {1, 2, 4}) {
+    ThreadDeviceGroup group(width);
+    ThreadDeviceGroup::Member member(group, 0);
+    DevPool dev(cpu::shard_config(config, member.shard()), 8);
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
+    {
+      cuda::CudaModel model(config, *weights, *dev.pool, &member, true);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
+    }
+    used[width] = static_cast<double>(free_before - free_after);
+    std::printf("cuda ep %d: rank 0 holds %.1f MiB on its GPU (the experts of the whole model: %.1f MiB)\n", width,
+                used[width] / (1 << 20), expert_bytes / (1 << 20));
+  }
+  std::filesystem::remove_all(o.out_dir);
+  CHECK(used[1] - used[2] > 0.4 * expert_bytes);
+  CHECK(used[2] - used[4] > 0.2 * expert_bytes);
 }

@@ -1,11 +1,16 @@
-// What the GPU tests share: a relative error against a reference, and a KV
-// pool in device memory.
+// What the GPU tests share: a relative error against a reference, device
+// copies of host vectors, random inputs, and a KV pool in device memory.
 #pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -26,6 +31,33 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
   return diff / scale;
+}
+
+// A device copy of a host vector (get: back to the host, after the device is idle).
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  explicit Dev(const std::vector<T>& host) {
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p), host.size() * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> get(std::size_t n) const {
+    std::vector<T> out(n);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return out;
+  }
+};
+
+inline std::vector<float> random_floats(std::size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
 }
 
 // A pool in device memory.
