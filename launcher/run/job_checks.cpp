@@ -213,9 +213,10 @@ PoolRoom pool_room(const Prepared& p, int local_ranks, int tp) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
       if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
-    // The CUDA backend holds an 8-bit checkpoint's weights as f32 values: up to 4 times the files (counted whole:
-    // a little room is left over rather than a device run out of memory).
-    if (p.model.quant.any()) weights *= 4;
+    // An 8-bit checkpoint's weights stay 8-bit on the device, with a float32 scale per row and block of 128
+    // columns at most (+1/32 of the codes), and its embedding as float32 values (looked up by row).
+    if (p.model.quant.any())
+      weights += weights / 32 + static_cast<double>(p.model.vocab * p.model.hidden) * 4;
     return {want, device_pool_room(p, weights, static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)), tp)};
   }
   struct sysinfo si {};

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 #include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/backoff.h"
@@ -23,23 +25,34 @@ cudaDataType_t cuda_type(DType t) {
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
     case DType::kF8E4M3:
-    case DType::kI8: break;  // dequantized at load: never uploaded as such
+    case DType::kI8: break;  // products() multiplies 8-bit weights, never cuBLAS
   }
   return CUDA_R_32F;
 }
 
 }  // namespace
 
-CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what) {
-  return upload(std::span<const Part>(parts.begin(), parts.size()), what);
+CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize) {
+  return upload(std::span<const Part>(parts.begin(), parts.size()), what, dequantize);
 }
 
-CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::string& what) {
+namespace {
+
+// Where an 8-bit part's columns fall in its scale blocks: block_cols, and
+// the offset of its first column in its block (ops.h ProductScales).
+std::pair<int64_t, int64_t> scale_blocks(const Matrix& m, int64_t c0) {
+  return {m.scales.block_cols, (c0 + m.scales.c0) % m.scales.block_cols};
+}
+
+}  // namespace
+
+CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::string& what, bool dequantize) {
   DevMatrix d;
   if (parts.empty()) return d;
   const Matrix& first = *parts.begin()->m;
-  // 8-bit weights go up as their f32 values (code x scale): the products are cuBLAS's f32 ones on those values.
-  auto computed = [](const Matrix& m) { return m.quantized() ? DType::kF32 : m.dtype; };
+  // 8-bit weights go up as codes with their scales (products() multiplies them, as the CPU: code x scale, then
+  // the product), or, dequantized, as their float32 values.
+  auto computed = [&](const Matrix& m) { return m.quantized() && dequantize ? DType::kF32 : m.dtype; };
   d.dtype = computed(first);
   auto cols_of = [](const Part& p) { return (p.c1 < 0 ? p.m->cols : p.c1) - p.c0; };
   auto rows_of = [](const Part& p) { return (p.r1 < 0 ? p.m->rows : p.r1) - p.r0; };
@@ -50,14 +63,22 @@ CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::s
       throw Error("the CUDA backend multiplies " + what + " as one product, but their weights differ in dtype or width (" +
                   std::string(dtype_name(first.dtype)) + " vs " + std::string(dtype_name(p.m->dtype)) +
                   "); convert the checkpoint to one dtype");
+    if (d.quantized() && scale_blocks(*p.m, p.c0) != scale_blocks(first, parts.begin()->c0))
+      throw Error("the CUDA backend multiplies " + what + " as one product, but their scale blocks differ; convert the "
+                  "checkpoint to one quantization scheme");
     d.rows += rows_of(p);
   }
   const std::size_t es = dtype_size(d.dtype), row_bytes = static_cast<std::size_t>(d.cols) * es;
   d.data.resize(static_cast<std::size_t>(d.rows) * row_bytes);
+  std::vector<float> scale_rows;  // 8-bit: for each row, the scales of the blocks its columns cross
+  if (d.quantized()) {
+    std::tie(d.scale_cols, d.scale_offset) = scale_blocks(first, parts.begin()->c0);
+    d.scale_ld = (d.cols + d.scale_offset + d.scale_cols - 1) / d.scale_cols;
+  }
   std::size_t at = 0;
   for (const Part& p : parts) {  // the region, row by row out of the checkpoint's rows
     const auto rows = static_cast<std::size_t>(rows_of(p));
-    if (p.m->quantized()) {  // a row at a time, dequantized on the host
+    if (p.m->quantized() && dequantize) {  // a row at a time, dequantized on the host
       std::vector<float> row(static_cast<std::size_t>(p.m->cols));
       for (std::size_t r = 0; r < rows; ++r) {
         const auto n = static_cast<int64_t>(r) + p.r0;
@@ -68,10 +89,20 @@ CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::s
       at += rows * row_bytes;
       continue;
     }
+    if (p.m->quantized())  // block j of the row: its first column's scale (column 0's for the first block)
+      for (std::size_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < d.scale_ld; ++j)
+          scale_rows.push_back(p.m->scales.at(static_cast<int64_t>(r) + p.r0,
+                                              p.c0 + std::max<int64_t>(0, j * d.scale_cols - d.scale_offset)));
     const auto* src = static_cast<const uint8_t*>(p.m->data) + static_cast<std::size_t>(p.r0 * p.m->cols + p.c0) * es;
     TANDEM_CUDA_CHECK(cudaMemcpy2D(d.data.get() + at, row_bytes, src, static_cast<std::size_t>(p.m->cols) * es, row_bytes,
                                    rows, cudaMemcpyHostToDevice));
     at += rows * row_bytes;
+  }
+  if (!scale_rows.empty()) {
+    d.scale_rows.resize(scale_rows.size());
+    TANDEM_CUDA_CHECK(cudaMemcpy(d.scale_rows.get(), scale_rows.data(), scale_rows.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice));
   }
   return d;
 }
@@ -130,7 +161,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   const char* tc = std::getenv("TANDEM_CUDA_TC_ATTENTION");
   tc_attention_ = w.embed.dtype != DType::kF32 && config.head_dim % 16 == 0 && config.head_dim <= 256 &&
                   !(tc && std::string(tc) == "0");
-  embed_ = upload({{&w.embed}}, "the embedding");
+  embed_ = upload({{&w.embed}}, "the embedding", /*dequantize=*/true);  // looked up by row: float values
   if (!w.lm_head.data)
     throw Error("the checkpoint has no lm_head (an embedding model); the CUDA backend runs generation models: use "
                 "model.backend = \"cpu\"");
@@ -198,7 +229,7 @@ CudaModel::~CudaModel() {
 }
 
 const void* CudaModel::input_for(const DevMatrix& w, const float* x, int64_t rows) {
-  if (w.dtype == DType::kF32) return x;
+  if (w.input() == DType::kF32) return x;
   // Tensor cores take both inputs in the weights' type.
   to_half(x, rows * w.cols, w.dtype, act_.get(), stream_);
   return act_.get();
@@ -206,6 +237,14 @@ const void* CudaModel::input_for(const DevMatrix& w, const float* x, int64_t row
 
 void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
   if (rows == 0) return;
+  if (w.quantized()) {  // codes and scales: our product, on float32 inputs
+    Product p;
+    p.in = static_cast<const float*>(x);
+    p.w = w.data.get(), p.w_dtype = w.dtype, p.scales = w.scales(), p.n = w.rows, p.k = w.cols;
+    p.out = y, p.rows = rows;
+    products(p, RowGroups{}, 1, product_tiles(rows, 1), stream_);
+    return;
+  }
   // Row-major y[rows][n] = x[rows][k] W^T with W [n][k] is, in cuBLAS's
   // column-major terms, y^T (n x rows) = W^T(k x n)^T * x^T (k x rows).
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), m = static_cast<int>(rows);
@@ -257,7 +296,7 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DevLayer& lw = layers_[l];
     // x += the last layer's MLP output (none before the first layer), then the attention norm.
-    add_rms_norm(x_.get(), l == 0 ? null : y_.get(), null, lw.attn_norm.get(), R, H, eps, lw.wqkv.dtype, act_.get(),
+    add_rms_norm(x_.get(), l == 0 ? null : y_.get(), null, lw.attn_norm.get(), R, H, eps, lw.wqkv.input(), act_.get(),
                  stream_);
     gemm(lw.wqkv, act_.get(), R, qkv_.get());
     qkv_rope(qkv_.get(), R, c_.heads, or_null(lw.bqkv), c_.qk_norm ? lw.q_norm.get() : null,
@@ -282,10 +321,10 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
       enqueue_moe(lw, R);
       continue;
     }
-    add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, lw.w_gate_up.dtype, act_.get(),
+    add_rms_norm(x_.get(), y_.get(), or_null(lw.bo), lw.mlp_norm.get(), R, H, eps, lw.w_gate_up.input(), act_.get(),
                  stream_);
     gemm(lw.w_gate_up, act_.get(), R, gate_up_.get());
-    swiglu(gate_up_.get(), R, c_.intermediate, lw.w_down.dtype, act_.get(), stream_);
+    swiglu(gate_up_.get(), R, c_.intermediate, lw.w_down.input(), act_.get(), stream_);
     gemm(lw.w_down, act_.get(), R, y_.get());
     group_sum(y_.get(), R * H);
   }
@@ -294,7 +333,7 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
   // Final norm and LM head for the rows that want logits only.
   const DevMatrix& head = tied_ ? embed_ : lm_head_;
   gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
-  add_rms_norm(last_.get(), null, null, final_norm_.get(), LR, H, eps, head.dtype, act_.get(), stream_);
+  add_rms_norm(last_.get(), null, null, final_norm_.get(), LR, H, eps, head.input(), act_.get(), stream_);
   gemm(head, act_.get(), LR, logits_.get());
 }
 

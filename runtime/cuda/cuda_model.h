@@ -90,6 +90,15 @@ class CudaModel final : public ModelBackend {
     DeviceBuffer<uint8_t> data;  // [rows][cols] of dtype
     DType dtype = DType::kF32;
     int64_t rows = 0, cols = 0;
+    // 8-bit codes' scales, a row of them per row (ops.h ProductScales); products() multiplies these, not cuBLAS.
+    DeviceBuffer<float> scale_rows;
+    int64_t scale_ld = 1, scale_cols = 1, scale_offset = 0;
+    bool quantized() const { return dtype == DType::kF8E4M3 || dtype == DType::kI8; }
+    // The type a product with it takes its input in: float32 for 8-bit and float32 weights, else theirs.
+    DType input() const { return quantized() ? DType::kF32 : dtype; }
+    ProductScales scales() const {
+      return quantized() ? ProductScales{scale_rows.get(), scale_ld, scale_cols, scale_offset} : ProductScales{};
+    }
   };
   struct DevLayer {
     DeviceBuffer<float> attn_norm, bqkv, bo, q_norm, k_norm, mlp_norm;  // bqkv: [bq | bk | bv]
@@ -105,8 +114,9 @@ class CudaModel final : public ModelBackend {
     int64_t r0 = 0, r1 = -1, c0 = 0, c1 = -1;
   };
   // The parts one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
-  static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what);
-  static DevMatrix upload(std::span<const Part> parts, const std::string& what);
+  // 8-bit weights stay 8-bit, with a row of scales per row; dequantize: as their float32 values (the embedding).
+  static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize = false);
+  static DevMatrix upload(std::span<const Part> parts, const std::string& what, bool dequantize = false);
   static DeviceBuffer<float> upload(std::initializer_list<const std::vector<float>*> parts);
   void upload_layers(const ModelConfig& full, const ModelWeights& w);
   // A MoE layer's router and this rank's experts (cuda_moe.cpp).
@@ -157,7 +167,7 @@ class CudaModel final : public ModelBackend {
                                         // rank's slots of this rank's home rows)
   // A MoE layer's: the normed input [rows][hidden] in float32; the router's
   // logits [rows][experts]; each row's experts and weights [rows][top_k]; the
-  // slots grouped by expert (ops.h MoeGroups); gate|up of each position
+  // slots grouped by expert (ops.h RowGroups); gate|up of each position
   // [rows * top_k][2 units]; each slot's expert output [rows * top_k][hidden].
   DeviceBuffer<float> moe_in_, router_logits_, route_weight_, moe_gate_up_, slot_out_;
   DeviceBuffer<float> moe_home_;  // expert parallelism: this rank's home rows combined [ceil(rows / width)][hidden]

@@ -3,7 +3,7 @@
 // units), and a layer's MLP as the launches of ops.h's MoE section.
 //
 // Every rank of a group routes every row: its input is the group's sum,
-// the same bits on every rank, and the router's product is moe_products'
+// the same bits on every rank, and the router's product is products()'
 // (a fixed order of addition, not cuBLAS's), so every rank picks the same
 // experts. With experts whole on their ranks (expert parallelism) each rank
 // computes its experts' slots; rows are split among the ranks in blocks of
@@ -50,9 +50,6 @@ void CudaModel::upload_moe(const ModelConfig& full, const LayerWeights& lw, DevL
   d.router = upload({{&lw.router}}, "the router");
   d.experts_gate_up = upload(gate_up, "the experts' gate and up");
   d.experts_down = upload(down, "the experts' down_proj");
-  for (const DevMatrix* m : {&d.router, &d.experts_gate_up, &d.experts_down})
-    if (m->dtype != DType::kF32 && m->dtype != DType::kBF16 && m->dtype != DType::kF16)
-      throw Error("internal: the expert products take float32, bf16 or f16 weights");
   d.moe_index = 0;
   for (const DevLayer& l : layers_) d.moe_index += l.moe_index >= 0;
 }
@@ -85,27 +82,30 @@ bool CudaModel::size_moe(int64_t R) {
 void CudaModel::enqueue_moe(const DevLayer& lw, int64_t R) {
   const int64_t H = c_.hidden, E = c_.moe.experts, K = c_.moe.top_k, U = c_.moe.intermediate, slots = R * K;
   // The router: one dense product of every row, then each row's top k.
-  MoeProduct router;
+  Product router;
   router.in = moe_in_.get();
-  router.w = lw.router.data.get(), router.w_dtype = lw.router.dtype, router.n = E, router.k = H;
+  router.w = lw.router.data.get(), router.w_dtype = lw.router.dtype, router.scales = lw.router.scales();
+  router.n = E, router.k = H;
   router.out = router_logits_.get(), router.rows = R;
-  moe_products(router, MoeGroups{}, 1, moe_max_tiles(R, 1), stream_);
+  products(router, RowGroups{}, 1, product_tiles(R, 1), stream_);
   moe_route(router_logits_.get(), R, E, K, c_.moe.norm_topk, route_expert_.get(), route_weight_.get(), stream_);
-  const MoeGroups groups{moe_order_.get(), moe_offsets_.get(), moe_tiles_.get()};
+  const RowGroups groups{moe_order_.get(), moe_offsets_.get(), moe_tiles_.get()};
   moe_group(route_expert_.get(), slots, E, first_expert_, local_experts_, groups,
             expert_counts_.get() + lw.moe_index * E, stream_);
   // This rank's experts over the rows that chose them: gate|up by position, then down into each slot.
-  const int64_t tiles = moe_max_tiles(slots, local_experts_);
-  MoeProduct gate_up;
+  const int64_t tiles = product_tiles(slots, local_experts_);
+  Product gate_up;
   gate_up.in = moe_in_.get(), gate_up.gather = true, gate_up.top_k = K;
-  gate_up.w = lw.experts_gate_up.data.get(), gate_up.w_dtype = lw.experts_gate_up.dtype, gate_up.n = 2 * U, gate_up.k = H;
+  gate_up.w = lw.experts_gate_up.data.get(), gate_up.w_dtype = lw.experts_gate_up.dtype;
+  gate_up.scales = lw.experts_gate_up.scales(), gate_up.n = 2 * U, gate_up.k = H;
   gate_up.out = moe_gate_up_.get();
-  moe_products(gate_up, groups, local_experts_, tiles, stream_);
-  MoeProduct down;
+  products(gate_up, groups, local_experts_, tiles, stream_);
+  Product down;
   down.in = moe_gate_up_.get(), down.swiglu = true;
-  down.w = lw.experts_down.data.get(), down.w_dtype = lw.experts_down.dtype, down.n = H, down.k = U;
+  down.w = lw.experts_down.data.get(), down.w_dtype = lw.experts_down.dtype, down.scales = lw.experts_down.scales();
+  down.n = H, down.k = U;
   down.out = slot_out_.get(), down.scatter = true;
-  moe_products(down, groups, local_experts_, tiles, stream_);
+  products(down, groups, local_experts_, tiles, stream_);
   // Each row's experts combined in slot order, from the ranks that own them (expert parallelism), from the
   // group's sum of every slot (experts split by units), or from this rank's slots.
   if (expert_parallel_) {

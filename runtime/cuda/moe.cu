@@ -1,10 +1,6 @@
 // A mixture of experts' layer on the device (ops.h): routing, grouping by
-// expert, the grouped expert products and the combine, with no host wait,
-// so a decode step of a MoE model is still one captured graph.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "common/error.h"
+// expert and the combine (the expert products are products.cu's), with no
+// host wait, so a decode step of a MoE model is still one captured graph.
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
 
@@ -47,7 +43,7 @@ __global__ void moe_route_kernel(float* logits, int64_t rows, int64_t experts, i
 // row depends only on its own input row and is written back to its slot, so
 // the order changes no result.
 __global__ void __launch_bounds__(1024) moe_group_kernel(const int32_t* expert, int64_t slots, int64_t experts,
-                                                         int64_t first, int64_t count, MoeGroups g,
+                                                         int64_t first, int64_t count, RowGroups g,
                                                          unsigned long long* counted) {
   __shared__ int32_t n[kMaxExperts];
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) n[e] = 0;
@@ -64,93 +60,13 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(const int32_t* expert, 
       const int32_t m = n[first + j];
       n[first + j] = g.offsets[j];
       g.offsets[j + 1] = g.offsets[j] + m;
-      g.tile_start[j + 1] = g.tile_start[j] + static_cast<int32_t>((m + kMoeTileRows - 1) / kMoeTileRows);
+      g.tile_start[j + 1] = g.tile_start[j] + static_cast<int32_t>((m + kProductTileRows - 1) / kProductTileRows);
     }
   }
   __syncthreads();
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
     const int64_t e = expert[s];
     if (e >= first && e < first + count) g.order[atomicAdd(&n[e], 1)] = static_cast<int32_t>(s);
-  }
-}
-
-__device__ inline float to_f(float v) { return v; }
-__device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float to_f(__half v) { return __half2float(v); }
-
-// A tile of kMoeTileRows positions of one expert by kTileN outputs; 256
-// threads, each 2 rows x 4 outputs (columns tx, tx + 16, tx + 32, tx + 48).
-// Each output is one float32 sum over k in order, fmaf by fmaf: the same bits
-// whichever rows share its tile, expert or step.
-constexpr int kTileN = 64, kTileK = 32, kThreads = 256;
-static_assert(kMoeTileRows == 32, "the tile's thread layout is 16 x 16 threads of 2 rows x 4 outputs");
-
-template <class W>
-__global__ void __launch_bounds__(kThreads) moe_product_kernel(MoeProduct p, MoeGroups g, int64_t count) {
-  __shared__ float xs[kTileK][kMoeTileRows + 1];
-  __shared__ float ws[kTileK][kTileN + 1];
-  const auto tile = static_cast<int32_t>(blockIdx.x);
-  int64_t j = 0, row0 = 0, row1 = 0;
-  if (g.offsets) {
-    if (tile >= g.tile_start[count]) return;
-    int64_t lo = 0, hi = count - 1;  // the last expert whose tiles start at or before this one
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (g.tile_start[mid] <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    j = lo;
-    row0 = g.offsets[j] + static_cast<int64_t>(tile - g.tile_start[j]) * kMoeTileRows;
-    row1 = min(row0 + kMoeTileRows, static_cast<int64_t>(g.offsets[j + 1]));
-  } else {
-    row0 = static_cast<int64_t>(tile) * kMoeTileRows;
-    row1 = min(row0 + kMoeTileRows, p.rows);
-    if (row0 >= row1) return;
-  }
-  const int64_t K = p.k, N = p.n, n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
-  const W* w = static_cast<const W*>(p.w) + j * N * K;
-  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  auto in_row = [&](int64_t i) -> int64_t { return p.gather ? g.order[i] / p.top_k : i; };
-  const int64_t in_width = p.swiglu ? 2 * K : K;
-  float acc[2][4] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
-    for (int e = static_cast<int>(threadIdx.x); e < kMoeTileRows * kTileK; e += kThreads) {
-      const int t = e / kTileK, kk = e % kTileK;
-      float v = 0.0f;
-      if (row0 + t < row1 && k0 + kk < K) {
-        const float* x = p.in + in_row(row0 + t) * in_width + k0 + kk;
-        if (p.swiglu) {  // as swiglu.cu: silu(gate) * up
-          const float gate = x[0], up = x[K];
-          v = gate * (1.0f / (1.0f + expf(-gate))) * up;
-        } else {
-          v = *x;
-        }
-      }
-      xs[kk][t] = v;
-    }
-    for (int e = static_cast<int>(threadIdx.x); e < kTileN * kTileK; e += kThreads) {
-      const int nn = e / kTileK, kk = e % kTileK;
-      ws[kk][nn] = n0 + nn < N && k0 + kk < K ? to_f(w[(n0 + nn) * K + k0 + kk]) : 0.0f;
-    }
-    __syncthreads();
-    for (int kk = 0; kk < kTileK; ++kk) {
-      const float a0 = xs[kk][2 * ty], a1 = xs[kk][2 * ty + 1];
-      for (int c = 0; c < 4; ++c) {
-        const float b = ws[kk][tx + 16 * c];
-        acc[0][c] = fmaf(a0, b, acc[0][c]);
-        acc[1][c] = fmaf(a1, b, acc[1][c]);
-      }
-    }
-    __syncthreads();
-  }
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = row0 + 2 * ty + r;
-    if (i >= row1) continue;
-    const int64_t out_row = p.scatter ? g.order[i] : i;
-    for (int c = 0; c < 4; ++c) {
-      const int64_t col = n0 + tx + 16 * c;
-      if (col < N) p.out[out_row * N + col] = acc[r][c];
-    }
   }
 }
 
@@ -178,23 +94,9 @@ void moe_route(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool
   TANDEM_CUDA_LAUNCHED();
 }
 
-void moe_group(const int32_t* expert, int64_t slots, int64_t experts, int64_t first, int64_t count, MoeGroups g,
+void moe_group(const int32_t* expert, int64_t slots, int64_t experts, int64_t first, int64_t count, RowGroups g,
                unsigned long long* counted, cudaStream_t stream) {
   moe_group_kernel<<<1, 1024, 0, stream>>>(expert, slots, experts, first, count, g, counted);
-  TANDEM_CUDA_LAUNCHED();
-}
-
-int64_t moe_max_tiles(int64_t slots, int64_t count) { return (slots + kMoeTileRows - 1) / kMoeTileRows + count; }
-
-void moe_products(const MoeProduct& p, const MoeGroups& g, int64_t count, int64_t max_tiles, cudaStream_t stream) {
-  if (max_tiles <= 0 || p.n == 0) return;
-  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((p.n + kTileN - 1) / kTileN));
-  switch (p.w_dtype) {
-    case DType::kF32: moe_product_kernel<float><<<grid, kThreads, 0, stream>>>(p, g, count); break;
-    case DType::kBF16: moe_product_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p, g, count); break;
-    case DType::kF16: moe_product_kernel<__half><<<grid, kThreads, 0, stream>>>(p, g, count); break;
-    default: throw Error("internal: the expert products take float32, bf16 or f16 weights");
-  }
   TANDEM_CUDA_LAUNCHED();
 }
 

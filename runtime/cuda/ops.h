@@ -118,9 +118,56 @@ void draw(const float* logits, int64_t rows, int64_t n, const DrawParams* params
 // out[i] = x[rows[i]], rows of `width`.
 void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t width, float* out, cudaStream_t stream);
 
-// A mixture of experts' layer (moe.cu), in launches with no host wait:
-// moe_products over the router, moe_route, moe_group, moe_products for
-// gate/up and for down, moe_combine. Slots are row * top_k + k.
+// Products of our own (products.cu): y = x W^T for groups of rows, each
+// group with its own W. A mixture of experts' grouped products (a group per
+// local expert) and its router, and every product of 8-bit weights (one
+// group), which stay 8-bit on the device. Float32 arithmetic on the
+// weights' values (an 8-bit weight's value is its code times its scale, one
+// float32 product, as the CPU's), each output one sum over k in order, fmaf
+// by fmaf: a row's result never depends on the other rows of its step.
+
+// Rows grouped (device arrays): group j has positions [offsets[j],
+// offsets[j + 1]), order[position] the row (or slot) each stands for, its
+// tiles of kProductTileRows positions [tile_start[j], tile_start[j + 1]).
+inline constexpr int64_t kProductTileRows = 32;
+struct RowGroups {
+  int32_t* order = nullptr;
+  int32_t* offsets = nullptr;  // null: one group over rows [0, Product::rows) in order (a dense product)
+  int32_t* tile_start = nullptr;
+};
+
+// An 8-bit W's scales, one row of them per row of W (the groups' Ws one
+// after another): weight (n, k) of group j is code x grid[(j N + n) ld +
+// (k + offset) / block_cols].
+struct ProductScales {
+  const float* grid = nullptr;
+  int64_t ld = 1, block_cols = 1, offset = 0;
+};
+
+// For group j and each of its positions i: out row = in row x W_j^T, W_j =
+// w + j * n * k elements of w_dtype ([n][k]: float32, bf16, f16, or FP8
+// E4M3 / INT8 codes with their scales). The in row is order[i] / top_k
+// (gather: a row's hidden state for a slot) or i; with swiglu it is [2k]
+// floats, gate then up, and its element kk is silu(gate) * up (as swiglu()).
+// The out row is order[i] (scatter: a slot) or i.
+struct Product {
+  const float* in = nullptr;
+  bool gather = false, swiglu = false, scatter = false;
+  int64_t top_k = 1;
+  const void* w = nullptr;
+  DType w_dtype = DType::kF32;
+  ProductScales scales;  // 8-bit w only
+  int64_t n = 0, k = 0;
+  float* out = nullptr;
+  int64_t rows = 0;  // a dense product's (RowGroups::offsets null)
+};
+// A bound of the tiles `groups` groups of `rows` positions in all can make (the launch's grid).
+int64_t product_tiles(int64_t rows, int64_t groups);
+void products(const Product& p, const RowGroups& g, int64_t count, int64_t max_tiles, cudaStream_t stream);
+
+// A mixture of experts' layer (moe.cu), in launches with no host wait: the
+// router's product (products()), moe_route, moe_group, the experts' products
+// for gate/up and for down (products()), moe_combine. Slots are row * top_k + k.
 
 // Each row's top_k experts (ties to the lower id) and their weights, from
 // the router's logits ([rows][experts], overwritten by the softmax): float32
@@ -129,41 +176,14 @@ void gather_rows(const float* x, const int32_t* rows, int64_t n_rows, int64_t wi
 void moe_route(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise, int32_t* expert,
                float* weight, cudaStream_t stream);
 
-// The slots of this rank's experts [first, first + count), grouped by expert
-// (within an expert in no set order): local expert j has positions [offsets[j],
-// offsets[j + 1]) and order[position] is the slot; its tiles of
-// kMoeTileRows positions are [tile_start[j], tile_start[j + 1]). Device
-// arrays: order [slots], offsets and tile_start [count + 1].
-inline constexpr int64_t kMoeTileRows = 32, kMaxExperts = 1024;
-struct MoeGroups {
-  int32_t* order = nullptr;
-  int32_t* offsets = nullptr;  // null: one "expert" over rows [0, MoeProduct::rows) (a dense product: the router)
-  int32_t* tile_start = nullptr;
-};
-// counted (optional, [experts]): += the slots routed to each expert. experts <= kMaxExperts.
-void moe_group(const int32_t* expert, int64_t slots, int64_t experts, int64_t first, int64_t count, MoeGroups g,
+// The slots of this rank's experts [first, first + count) as row groups
+// (within an expert in no set order: each product row depends on its own
+// input only, and goes back to its slot), a group per local expert. Device
+// arrays: order [slots], offsets and tile_start [count + 1]. counted
+// (optional, [experts]): += the slots routed to each expert. experts <= kMaxExperts.
+inline constexpr int64_t kMaxExperts = 1024;
+void moe_group(const int32_t* expert, int64_t slots, int64_t experts, int64_t first, int64_t count, RowGroups g,
                unsigned long long* counted, cudaStream_t stream);
-
-// The grouped product: for local expert j and each of its positions i, out
-// row = in row x W_j^T, W_j = w + j * n * k elements of w_dtype ([n][k],
-// float32, bf16 or f16). Each output a float32 sum over k in order (fmaf by
-// fmaf): a row's result never depends on the other rows of its step. The in
-// row is order[i] / top_k (gather: a row's hidden state) or i; with swiglu
-// it is [2k] floats, gate then up, and its element kk is silu(gate) * up (as
-// swiglu()). The out row is order[i] (scatter: a slot) or i.
-struct MoeProduct {
-  const float* in = nullptr;
-  bool gather = false, swiglu = false, scatter = false;
-  int64_t top_k = 1;
-  const void* w = nullptr;
-  DType w_dtype = DType::kF32;
-  int64_t n = 0, k = 0;
-  float* out = nullptr;
-  int64_t rows = 0;  // a dense product's (MoeGroups::offsets null)
-};
-// A bound of the tiles `count` experts' `slots` can make (the launch's grid).
-int64_t moe_max_tiles(int64_t slots, int64_t count);
-void moe_products(const MoeProduct& p, const MoeGroups& g, int64_t count, int64_t max_tiles, cudaStream_t stream);
 
 // out[r] = sum over k, in slot order, of weight[s] x slot s's expert output
 // (s = r * top_k + k), fmaf by fmaf; the output read from parts +

@@ -508,11 +508,13 @@ TEST_CASE("greedy tokens equal the CPU engine's for 32 steps in float32", "[gpu]
   }
 }
 
-TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels) gives the CPU engine's logits (< 1e-4: both on code x scale)",
+TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels; dense and MoE) gives the CPU engine's logits (< 1e-4: both "
+          "on code x scale), its weights 8-bit on the device",
           "[gpu]") {
-  testing::TinyModel tiny("qwen3", "bf16");
+  for (const char* arch : {"qwen3", "qwen3_moe"})
   for (const char* scheme : {"fp8-block", "int8-channel"}) {
-    INFO(scheme);
+    testing::TinyModel tiny(arch, "bf16");
+    INFO(arch << " " << scheme);
     const std::filesystem::path dir = tiny.dir.string() + "-" + scheme;
     quantize_checkpoint({tiny.dir, dir, scheme});
     const auto config = ModelConfig::load(dir);
@@ -525,10 +527,17 @@ TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels) gives the CPU engine'
     cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
     const auto want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
     DevPool dev(config, 8, 4);
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
     cu::CudaModel gpu(config, *rowmajor, *dev.pool);
+    REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
     const auto got = testing::chunked_logits(gpu, *dev.pool, prompt);
     REQUIRE(got.size() == want.size());
-    CHECK(rel_err(got, want) < 1e-4);
+    const double err = rel_err(got, want);
+    std::printf("cuda %s %s: largest logit difference from the CPU engine %.3g (relative); the model takes %.1f MiB of "
+                "device memory\n", arch, scheme, err, static_cast<double>(free_before - free_after) / (1 << 20));
+    CHECK(err < 1e-4);
     std::filesystem::remove_all(dir);
   }
 }

@@ -89,7 +89,7 @@ void check_layer(const LayerCase& c) {
   for (std::size_t s = 0; s < weight.size(); ++s) CHECK(std::abs(weight[s] - want_weight[s]) < 1e-6);
 
   // Grouping: each local expert's slots in slot order, its tiles; every expert counted.
-  const cu::MoeGroups g{d_order.p, d_offsets.p, d_tiles.p};
+  const cu::RowGroups g{d_order.p, d_offsets.p, d_tiles.p};
   cu::moe_group(d_expert.p, slots, E, c.first, c.count, g, d_counted.p, nullptr);
   std::vector<int32_t> want_order, want_offsets{0}, want_tiles{0};
   for (int64_t j = 0; j < c.count; ++j) {
@@ -97,7 +97,7 @@ void check_layer(const LayerCase& c) {
       if (expert[static_cast<std::size_t>(s)] == c.first + j) want_order.push_back(static_cast<int32_t>(s));
     const int32_t n = static_cast<int32_t>(want_order.size()) - want_offsets.back();
     want_offsets.push_back(static_cast<int32_t>(want_order.size()));
-    want_tiles.push_back(want_tiles.back() + static_cast<int32_t>((n + cu::kMoeTileRows - 1) / cu::kMoeTileRows));
+    want_tiles.push_back(want_tiles.back() + static_cast<int32_t>((n + cu::kProductTileRows - 1) / cu::kProductTileRows));
   }
   CHECK(d_offsets.get(want_offsets.size()) == want_offsets);
   CHECK(d_tiles.get(want_tiles.size()) == want_tiles);
@@ -116,13 +116,13 @@ void check_layer(const LayerCase& c) {
   const std::vector<float> local_down(down.begin() + c.first * H * U, down.begin() + (c.first + c.count) * H * U);
   Dev<float> d_gu_w(local_gate_up), d_down_w(local_down), d_gu(std::vector<float>(static_cast<std::size_t>(slots * 2 * U)));
   Dev<float> d_slot(std::vector<float>(static_cast<std::size_t>(slots * H), std::nanf("")));
-  const int64_t tiles = cu::moe_max_tiles(slots, c.count);
-  cu::MoeProduct gu;
+  const int64_t tiles = cu::product_tiles(slots, c.count);
+  cu::Product gu;
   gu.in = d_x.p, gu.gather = true, gu.top_k = K, gu.w = d_gu_w.p, gu.n = 2 * U, gu.k = H, gu.out = d_gu.p;
-  cu::moe_products(gu, g, c.count, tiles, nullptr);
-  cu::MoeProduct dn;
+  cu::products(gu, g, c.count, tiles, nullptr);
+  cu::Product dn;
   dn.in = d_gu.p, dn.swiglu = true, dn.w = d_down_w.p, dn.n = H, dn.k = U, dn.out = d_slot.p, dn.scatter = true;
-  cu::moe_products(dn, g, c.count, tiles, nullptr);
+  cu::products(dn, g, c.count, tiles, nullptr);
   const auto slot_out = d_slot.get(static_cast<std::size_t>(slots * H));
   double worst = 0;
   for (int64_t s = 0; s < slots; ++s) {

@@ -1,0 +1,140 @@
+// Products of our own (ops.h products()): a mixture of experts' grouped
+// expert products and the router, and every product of an 8-bit checkpoint's
+// weights, which stay 8-bit on the device. Float32 arithmetic, each output a
+// sum over k in order, fmaf by fmaf, on the weights' values (an 8-bit
+// weight's value is its code times its scale, one float32 product, as the
+// CPU's): a row's result never depends on the other rows of its step.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/error.h"
+#include "runtime/cuda/launch.cuh"
+#include "runtime/cuda/ops.h"
+
+namespace tandem::runtime::cuda {
+namespace {
+
+// An FP8 E4M3 code and an INT8 code, as their storage.
+struct E4m3 {
+  uint8_t bits;
+};
+struct I8 {
+  int8_t v;
+};
+
+__device__ inline float to_f(float v) { return v; }
+__device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float to_f(__half v) { return __half2float(v); }
+__device__ inline float to_f(I8 c) { return static_cast<float>(c.v); }
+// As the host's f8e4m3_to_f32 (runtime/model/dtype.cpp): every code, its NaN too.
+__device__ inline float to_f(E4m3 c) {
+  const int exp = (c.bits >> 3) & 0xF, man = c.bits & 7;
+  float v;
+  if (exp == 15 && man == 7) v = __int_as_float(0x7fc00000);
+  else if (exp == 0) v = ldexpf(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
+  else v = ldexpf(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  return (c.bits & 0x80) ? -v : v;
+}
+
+// A tile of kProductTileRows positions of one group by kTileN outputs; 256
+// threads, each 2 rows x 4 outputs (columns tx, tx + 16, tx + 32, tx + 48).
+constexpr int kTileN = 64, kTileK = 32, kThreads = 256;
+static_assert(kProductTileRows == 32, "the tile's thread layout is 16 x 16 threads of 2 rows x 4 outputs");
+
+template <class W>
+__global__ void __launch_bounds__(kThreads) product_kernel(Product p, RowGroups g, int64_t count) {
+  __shared__ float xs[kTileK][kProductTileRows + 1];
+  __shared__ float ws[kTileK][kTileN + 1];
+  const auto tile = static_cast<int32_t>(blockIdx.x);
+  int64_t j = 0, row0 = 0, row1 = 0;
+  if (g.offsets) {
+    if (tile >= g.tile_start[count]) return;
+    int64_t lo = 0, hi = count - 1;  // the last group whose tiles start at or before this one
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (g.tile_start[mid] <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    j = lo;
+    row0 = g.offsets[j] + static_cast<int64_t>(tile - g.tile_start[j]) * kProductTileRows;
+    row1 = min(row0 + kProductTileRows, static_cast<int64_t>(g.offsets[j + 1]));
+  } else {
+    row0 = static_cast<int64_t>(tile) * kProductTileRows;
+    row1 = min(row0 + kProductTileRows, p.rows);
+    if (row0 >= row1) return;
+  }
+  const int64_t K = p.k, N = p.n, n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
+  const W* w = static_cast<const W*>(p.w) + j * N * K;
+  const float* scales = p.scales.grid ? p.scales.grid + j * N * p.scales.ld : nullptr;  // the group's rows of them
+  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
+  auto in_row = [&](int64_t i) -> int64_t { return p.gather ? g.order[i] / p.top_k : i; };
+  const int64_t in_width = p.swiglu ? 2 * K : K;
+  float acc[2][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+    for (int e = static_cast<int>(threadIdx.x); e < kProductTileRows * kTileK; e += kThreads) {
+      const int t = e / kTileK, kk = e % kTileK;
+      float v = 0.0f;
+      if (row0 + t < row1 && k0 + kk < K) {
+        const float* x = p.in + in_row(row0 + t) * in_width + k0 + kk;
+        if (p.swiglu) {  // as swiglu.cu: silu(gate) * up
+          const float gate = x[0], up = x[K];
+          v = gate * (1.0f / (1.0f + expf(-gate))) * up;
+        } else {
+          v = *x;
+        }
+      }
+      xs[kk][t] = v;
+    }
+    for (int e = static_cast<int>(threadIdx.x); e < kTileN * kTileK; e += kThreads) {
+      const int nn = e / kTileK, kk = e % kTileK;
+      const int64_t n = n0 + nn, k = k0 + kk;
+      float v = 0.0f;
+      if (n < N && k < K) {
+        v = to_f(w[n * K + k]);
+        if (scales) v *= scales[n * p.scales.ld + (k + p.scales.offset) / p.scales.block_cols];
+      }
+      ws[kk][nn] = v;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < kTileK; ++kk) {
+      const float a0 = xs[kk][2 * ty], a1 = xs[kk][2 * ty + 1];
+      for (int c = 0; c < 4; ++c) {
+        const float b = ws[kk][tx + 16 * c];
+        acc[0][c] = fmaf(a0, b, acc[0][c]);
+        acc[1][c] = fmaf(a1, b, acc[1][c]);
+      }
+    }
+    __syncthreads();
+  }
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + 2 * ty + r;
+    if (i >= row1) continue;
+    const int64_t out_row = p.scatter ? g.order[i] : i;
+    for (int c = 0; c < 4; ++c) {
+      const int64_t col = n0 + tx + 16 * c;
+      if (col < N) p.out[out_row * N + col] = acc[r][c];
+    }
+  }
+}
+
+}  // namespace
+
+int64_t product_tiles(int64_t rows, int64_t groups) { return (rows + kProductTileRows - 1) / kProductTileRows + groups; }
+
+void products(const Product& p, const RowGroups& g, int64_t count, int64_t max_tiles, cudaStream_t stream) {
+  if (max_tiles <= 0 || p.n == 0) return;
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((p.n + kTileN - 1) / kTileN));
+  const bool scaled = p.scales.grid != nullptr;
+  if (scaled != (p.w_dtype == DType::kF8E4M3 || p.w_dtype == DType::kI8))
+    throw Error("internal: an 8-bit product needs its scales, and only an 8-bit one takes them");
+  switch (p.w_dtype) {
+    case DType::kF32: product_kernel<float><<<grid, kThreads, 0, stream>>>(p, g, count); break;
+    case DType::kBF16: product_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p, g, count); break;
+    case DType::kF16: product_kernel<__half><<<grid, kThreads, 0, stream>>>(p, g, count); break;
+    case DType::kF8E4M3: product_kernel<E4m3><<<grid, kThreads, 0, stream>>>(p, g, count); break;
+    case DType::kI8: product_kernel<I8><<<grid, kThreads, 0, stream>>>(p, g, count); break;
+  }
+  TANDEM_CUDA_LAUNCHED();
+}
+
+}  // namespace tandem::runtime::cuda
