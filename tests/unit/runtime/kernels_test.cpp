@@ -387,19 +387,23 @@ struct QuantMatrix {
   std::vector<uint8_t> codes;
   std::vector<float> grid, values;
   Matrix q, f;
+  // max_code: codes whose value is larger in magnitude are drawn again (huge scales: finite products).
   QuantMatrix(DType dt, int64_t rows, int64_t cols, int64_t br, int64_t bc, std::mt19937& rng, float lo = 1e-4f,
-              float hi = 1e-2f) {
+              float hi = 1e-2f, float max_code = 1e9f) {
     std::uniform_int_distribution<int> byte(0, 255);
     std::uniform_real_distribution<float> scale(lo, hi);
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
     for (int64_t i = 0; i < sr * sc; ++i) grid.push_back(scale(rng));
     for (int64_t i = 0; i < rows * cols; ++i) {
-      int b = byte(rng);
-      if (dt == DType::kF8E4M3 && (b & 0x7F) == 0x7F) b ^= 1;  // not NaN
-      if (dt == DType::kI8 && b == 0x80) b = 0x81;              // -127 at most
+      int b = 0;
+      float v = 0;
+      do {
+        b = byte(rng);
+        if (dt == DType::kF8E4M3 && (b & 0x7F) == 0x7F) b ^= 1;  // not NaN
+        if (dt == DType::kI8 && b == 0x80) b = 0x81;              // -127 at most
+        v = dt == DType::kF8E4M3 ? f8e4m3_to_f32(static_cast<uint8_t>(b)) : static_cast<float>(static_cast<int8_t>(b));
+      } while (std::abs(v) > max_code);
       codes.push_back(static_cast<uint8_t>(b));
-      const float v = dt == DType::kF8E4M3 ? f8e4m3_to_f32(static_cast<uint8_t>(b))
-                                           : static_cast<float>(static_cast<int8_t>(b));
       values.push_back(v * grid[static_cast<std::size_t>((i / cols) / br * sc + (i % cols) / bc)]);
     }
     q = Matrix{codes.data(), dt, rows, cols, false, {}};
@@ -424,13 +428,16 @@ TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of
   const int64_t N = 44, K = 320;  // 2.5 blocks of 128
   // block grids: FP8 128 x 128 (partial blocks), per channel, per tensor, 16 x 24 blocks, and 5 x 12 (columns
   // blocks not on multiples of 8: the reference path)
-  // (last: channel scales of 64..1024, past where the AVX-512 reader folds 2^120 into FP8 scales)
-  const std::vector<std::pair<int64_t, int64_t>> grids{{128, 128}, {1, K}, {N, K}, {16, 24}, {5, 12}, {1, K}};
+  // (the last two: channel scales of 64..1024, past where the AVX-512 reader folds 2^120 into FP8 scales; and
+  // 2^120..2^121 with codes of at most 2^-6, products near the top of the floats)
+  const std::vector<std::pair<int64_t, int64_t>> grids{{128, 128}, {1, K}, {N, K}, {16, 24}, {5, 12}, {1, K}, {1, K}};
   for (DType dt : {DType::kF8E4M3, DType::kI8}) {
     for (std::size_t gi = 0; gi < grids.size(); ++gi) {
       const auto [br, bc] = grids[gi];
-      const bool big = gi + 1 == grids.size();
-      QuantMatrix w(dt, N, K, br, bc, rng, big ? 64.0f : 1e-4f, big ? 1024.0f : 1e-2f);
+      const bool big = gi + 2 == grids.size(), huge = gi + 1 == grids.size();
+      if (huge && dt != DType::kF8E4M3) continue;
+      QuantMatrix w(dt, N, K, br, bc, rng, big ? 64.0f : huge ? 0x1p120f : 1e-4f,
+                    big ? 1024.0f : huge ? 0x1p121f : 1e-2f, huge ? 0x1p-6f : 1e9f);
       PanelStore store;
       // whole (row-major and panels), a shard of rows starting inside a panel and one on a panel, a column chunk
       struct Case {
