@@ -311,29 +311,9 @@ void CpuModel::moe(int64_t layer, int64_t R) {
   // Routing, row by row: softmax in float32, the k most probable (ties to the lower id), renormalised.
   route_expert_.resize(sz(R * K));
   route_weight_.resize(sz(R * K));
+  route_rows(probs_.data(), R, E, K, m.norm_topk, route_expert_.data(), route_weight_.data());
   expert_slots_.assign(sz(E), {});
-  for (int64_t r = 0; r < R; ++r) {
-    float* p = probs_.data() + r * E;
-    const float max = *std::max_element(p, p + E);
-    float sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - max));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    float chosen = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t j = 0; j < k; ++j) taken = taken || route_expert_[sz(r * K + j)] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      route_expert_[sz(r * K + k)] = static_cast<int32_t>(best);
-      route_weight_[sz(r * K + k)] = p[best];
-      chosen += p[best];
-      expert_slots_[sz(best)].push_back(r * K + k);
-    }
-    if (m.norm_topk)
-      for (int64_t k = 0; k < K; ++k) route_weight_[sz(r * K + k)] /= chosen;
-  }
+  for (int64_t s = 0; s < R * K; ++s) expert_slots_[sz(route_expert_[sz(s)])].push_back(s);
   int64_t* counted = expert_tokens_.data() + moe_index_[sz(layer)] * E;
   for (int64_t e = 0; e < E; ++e) counted[e] += static_cast<int64_t>(expert_slots_[sz(e)].size());
   // Each expert once, over the rows that chose it: this rank's experts, or its share of every expert. With

@@ -1,9 +1,34 @@
 #include "runtime/cpu/expert_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace tandem::runtime::cpu {
+
+void route_rows(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise, int32_t* expert,
+                float* weight) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = logits + r * experts;
+    int32_t* ex = expert + r * top_k;
+    float* wt = weight + r * top_k;
+    const float max = *std::max_element(p, p + experts);
+    float sum = 0;
+    for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(p[e] - max));
+    for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
+    float chosen = 0;
+    for (int64_t k = 0; k < top_k; ++k) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < experts; ++e)
+        if (std::find(ex, ex + k, e) == ex + k && (best < 0 || p[e] > p[best])) best = e;
+      ex[k] = static_cast<int32_t>(best);
+      wt[k] = p[best];
+      chosen += p[best];
+    }
+    if (renormalise)
+      for (int64_t k = 0; k < top_k; ++k) wt[k] /= chosen;
+  }
+}
 
 std::vector<int64_t> rows_by_rank(std::span<const int64_t> expert_tokens, int64_t experts, int width) {
   // A width that does not divide the experts cannot be expert-parallel (tp_problem refuses it): one rank holds all.

@@ -28,6 +28,14 @@
 
 namespace tandem::runtime::cpu {
 
+// A MoE layer's routing, row by row, as Hugging Face does it: the router's
+// logits ([rows][experts], overwritten by the probabilities) through a
+// softmax in float32, the top_k most probable experts (ties to the lower
+// id) in slot order, their probabilities renormalised over the k when
+// `renormalise`. expert, weight: [rows][top_k].
+void route_rows(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise, int32_t* expert,
+                float* weight);
+
 struct ExpertSplit {
   int rank = 0, width = 1;
   int64_t experts = 0;

@@ -527,16 +527,16 @@ TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels; dense and MoE) gives 
     cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
     const auto want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
     DevPool dev(config, 8, 4);
-    std::size_t free_before = 0, free_after = 0, total = 0;
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
-    cu::CudaModel gpu(config, *rowmajor, *dev.pool);
-    REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
-    const auto got = testing::chunked_logits(gpu, *dev.pool, prompt);
+    std::unique_ptr<cu::CudaModel> gpu;
+    const double held = testing::device_bytes_of([&] {
+      gpu = std::make_unique<cu::CudaModel>(config, *rowmajor, *dev.pool);
+      return 0;
+    });
+    const auto got = testing::chunked_logits(*gpu, *dev.pool, prompt);
     REQUIRE(got.size() == want.size());
     const double err = rel_err(got, want);
     std::printf("cuda %s %s: largest logit difference from the CPU engine %.3g (relative); the model takes %.1f MiB of "
-                "device memory\n", arch, scheme, err, static_cast<double>(free_before - free_after) / (1 << 20));
+                "device memory\n", arch, scheme, err, held / (1 << 20));
     CHECK(err < 1e-4);
     std::filesystem::remove_all(dir);
   }

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/expert_parallel.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/engine.h"
@@ -29,32 +30,6 @@ using tandem::testing::random_floats;
 using tandem::testing::rel_err;
 
 namespace {
-
-// The host's routing, as cpu_model.cpp's: each row's experts and weights in slot order.
-void host_route(std::vector<float> logits, int64_t rows, int64_t E, int64_t K, bool renormalise,
-                std::vector<int32_t>& expert, std::vector<float>& weight) {
-  expert.assign(static_cast<std::size_t>(rows * K), -1);
-  weight.assign(static_cast<std::size_t>(rows * K), 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* p = logits.data() + r * E;
-    const float max = *std::max_element(p, p + E);
-    float sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - max));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    float chosen = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        const bool taken = std::find(expert.begin() + r * K, expert.begin() + r * K + k, e) != expert.begin() + r * K + k;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      expert[static_cast<std::size_t>(r * K + k)] = static_cast<int32_t>(best);
-      chosen += (weight[static_cast<std::size_t>(r * K + k)] = p[best]);
-    }
-    if (renormalise)
-      for (int64_t k = 0; k < K; ++k) weight[static_cast<std::size_t>(r * K + k)] /= chosen;
-  }
-}
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 
@@ -74,7 +49,10 @@ void check_layer(const LayerCase& c) {
   const std::vector<float> down = random_floats(static_cast<std::size_t>(E * H * U), 3, 0.2f);
   std::vector<int32_t> want_expert;
   std::vector<float> want_weight;
-  host_route(c.logits, R, E, K, c.renormalise, want_expert, want_weight);
+  std::vector<float> probs = c.logits;  // the CPU engine's routing (cpu/expert_parallel.h)
+  want_expert.resize(static_cast<std::size_t>(slots));
+  want_weight.resize(static_cast<std::size_t>(slots));
+  cpu::route_rows(probs.data(), R, E, K, c.renormalise, want_expert.data(), want_weight.data());
 
   Dev<float> d_logits(c.logits), d_x(x);
   Dev<int32_t> d_expert(std::vector<int32_t>(static_cast<std::size_t>(slots))), d_order(std::vector<int32_t>(slots + 1)),

@@ -117,16 +117,16 @@ std::vector<float> cpu_logits(const testing::TinyModel& tiny, const std::vector<
   return testing::chunked_logits(cpu_model, cpu_pool, prompt);
 }
 
-// Each rank's logits for the prompt, a group of `width` threads on this GPU
-// (expert_parallel: a MoE model's experts whole on their ranks); a rank's
-// error in `errors`. The group's CUDA errors are counted in cuda_errors.
-std::vector<std::vector<float>> run_group(const ModelConfig& config, const ModelWeights& rowmajor, int width,
-                                          const std::vector<int32_t>& prompt, bool expert_parallel,
-                                          std::vector<std::string>& errors, int& cuda_errors,
-                                          std::vector<std::vector<int64_t>>* expert_tokens = nullptr) {
+// The logits for the prompt of a group of `width` threads on this GPU
+// (expert_parallel: a MoE model's experts whole on their ranks), after
+// checking that no rank failed, each gave `size` logits, and every rank's
+// are rank 0's bit for bit; each rank's expert counts in expert_tokens.
+std::vector<float> run_group(const ModelConfig& config, const ModelWeights& rowmajor, int width,
+                             const std::vector<int32_t>& prompt, bool expert_parallel, std::size_t size,
+                             std::vector<std::vector<int64_t>>* expert_tokens = nullptr) {
   ThreadDeviceGroup group(width);
   std::vector<std::vector<float>> got(static_cast<std::size_t>(width));
-  errors.assign(static_cast<std::size_t>(width), "");
+  std::vector<std::string> errors(static_cast<std::size_t>(width));
   if (expert_tokens) expert_tokens->assign(static_cast<std::size_t>(width), {});
   std::vector<std::thread> ranks;
   for (int r = 0; r < width; ++r)
@@ -144,8 +144,14 @@ std::vector<std::vector<float>> run_group(const ModelConfig& config, const Model
       }
     });
   for (auto& t : ranks) t.join();
-  cuda_errors = group.cuda_errors();
-  return got;
+  CHECK(group.cuda_errors() == 0);
+  for (int r = 0; r < width; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+    REQUIRE(got[static_cast<std::size_t>(r)].size() == size);
+    CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+  }
+  return got[0];
 }
 
 }  // namespace
@@ -164,17 +170,7 @@ TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same lo
     const bool f32 = std::string(dtype) == "f32";
     for (const int width : {2, 4}) {
       INFO(arch << " " << dtype << ", width " << width);
-      std::vector<std::string> errors;
-      int cuda_errors = 0;
-      const auto got = run_group(tiny.config, *rowmajor, width, prompt, true, errors, cuda_errors);
-      CHECK(cuda_errors == 0);
-      for (int r = 0; r < width; ++r) {
-        INFO("rank " << r);
-        REQUIRE(errors[static_cast<std::size_t>(r)].empty());
-        REQUIRE(got[static_cast<std::size_t>(r)].size() == want.size());
-        CHECK(got[static_cast<std::size_t>(r)] == got[0]);
-      }
-      const double err = rel_err(got[0], want);
+      const double err = rel_err(run_group(tiny.config, *rowmajor, width, prompt, true, want.size()), want);
       std::printf("cuda tp %d %s %s: largest logit difference from the CPU engine %.3g (relative)\n", width, arch, dtype,
                   err);
       CHECK(err < (f32 ? 1e-4 : 3e-2));
@@ -204,15 +200,7 @@ TEST_CASE("a rank of a CUDA group holds its shard of the layers on its GPU: its 
     ThreadDeviceGroup group(width);
     ThreadDeviceGroup::Member member(group, 0);
     DevPool dev(cpu::shard_config(config, member.shard()), 8);
-    std::size_t free_before = 0, free_after = 0, total = 0;
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
-    {
-      cuda::CudaModel model(config, *weights, *dev.pool, &member);
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
-    }
-    used[width] = static_cast<double>(free_before - free_after);
+    used[width] = testing::device_bytes_of([&] { return std::make_unique<cuda::CudaModel>(config, *weights, *dev.pool, &member); });
     std::printf("cuda tp %d: rank 0 holds %.1f MiB on its GPU (layers of the whole model: %.1f MiB)\n", width,
                 used[width] / (1 << 20), layer_bytes / (1 << 20));
   }
@@ -305,19 +293,9 @@ TEST_CASE("a MoE model in a CUDA group of 2 and 4, experts whole (expert paralle
     for (const int width : {2, 4})
       for (const bool ep : {true, false}) {
         INFO(arch << ", width " << width << (ep ? ", experts whole" : ", experts split"));
-        std::vector<std::string> errors;
         std::vector<std::vector<int64_t>> counts;
-        int cuda_errors = 0;
-        const auto got = run_group(tiny.config, *rowmajor, width, prompt, ep, errors, cuda_errors, &counts);
-        CHECK(cuda_errors == 0);
-        for (int r = 0; r < width; ++r) {
-          INFO("rank " << r);
-          REQUIRE(errors[static_cast<std::size_t>(r)].empty());
-          REQUIRE(got[static_cast<std::size_t>(r)].size() == want.size());
-          CHECK(got[static_cast<std::size_t>(r)] == got[0]);
-          CHECK(counts[static_cast<std::size_t>(r)] == cpu_model.expert_tokens());
-        }
-        const double err = rel_err(got[0], want);
+        const double err = rel_err(run_group(tiny.config, *rowmajor, width, prompt, ep, want.size(), &counts), want);
+        for (const auto& c : counts) CHECK(c == cpu_model.expert_tokens());
         std::printf("cuda %s width %d, experts %s: largest logit difference from the CPU engine %.3g (relative)\n", arch,
                     width, ep ? "whole" : "split", err);
         CHECK(err < 1e-4);
@@ -347,15 +325,8 @@ TEST_CASE("a rank of a CUDA group with expert parallelism holds its experts only
     ThreadDeviceGroup group(width);
     ThreadDeviceGroup::Member member(group, 0);
     DevPool dev(cpu::shard_config(config, member.shard()), 8);
-    std::size_t free_before = 0, free_after = 0, total = 0;
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
-    {
-      cuda::CudaModel model(config, *weights, *dev.pool, &member, true);
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
-    }
-    used[width] = static_cast<double>(free_before - free_after);
+    used[width] = testing::device_bytes_of(
+        [&] { return std::make_unique<cuda::CudaModel>(config, *weights, *dev.pool, &member, true); });
     std::printf("cuda ep %d: rank 0 holds %.1f MiB on its GPU (the experts of the whole model: %.1f MiB)\n", width,
                 used[width] / (1 << 20), expert_bytes / (1 << 20));
   }

@@ -60,6 +60,19 @@ inline std::vector<float> random_floats(std::size_t n, uint32_t seed, float scal
   return v;
 }
 
+// The device memory what `make` returns holds (a model, say), measured
+// while it is alive: free memory before make() and after it, the device idle.
+template <class F>
+double device_bytes_of(F&& make) {
+  std::size_t before = 0, after = 0, total = 0;
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(cudaMemGetInfo(&before, &total) == cudaSuccess);
+  [[maybe_unused]] const auto held = make();  // alive until the measure
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(cudaMemGetInfo(&after, &total) == cudaSuccess);
+  return static_cast<double>(before) - static_cast<double>(after);
+}
+
 // A pool in device memory.
 struct DevPool {
   kv::KvLayout layout;
