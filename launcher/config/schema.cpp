@@ -274,8 +274,8 @@ std::vector<KeySpec> build_schema() {
       key("kv", "dtype", &C::kv, &KvConfig::dtype)
           .choices({"auto", "f32", "bf16", "fp8"})
           .doc("The KV pool's element type. bf16 holds twice the tokens of f32 in the same memory and halves every KV "
-               "transfer and offload; its outputs differ from f32's at rounding level (still reproducible). fp8 (CPU "
-               "backend): E4M3 with a float32 scale per token and head (1 + 4/head_dim bytes a value: 3.9x the tokens of f32 at head_dim 128); its outputs differ "
+               "transfer and offload; its outputs differ from f32's at rounding level (still reproducible). fp8: "
+               "E4M3 with a float32 scale per token and head (1 + 4/head_dim bytes a value: 3.9x the tokens of f32 at head_dim 128); its outputs differ "
                "more (docs/quantization.md measures it), still reproducible and the same across splits and widths. "
                "auto: f32 on the CPU (the reference); on a GPU bf16 for bf16/f16 checkpoints and f32 for f32 ones.")
           ,

@@ -115,9 +115,6 @@ void check_backend(const Prepared& p, int ranks) {
     throw Error("model.dtype = \"" + as + "\" converts the weights for the CPU backend; with model.backend = \"" + b +
                 "\" the weights are computed in the checkpoint's dtype: remove it (or write the checkpoint you want with "
                 "`tandem quantize`)");
-  if (p.cfg.kv.dtype == "fp8" && !c.on_cpu())
-    throw Error("kv.dtype = \"fp8\" is the CPU backend's for now; with model.backend = \"" + b +
-                "\" use \"bf16\" or \"auto\"");
   if (p.cfg.kv.dtype == "fp8" && p.model.head_dim % 4 != 0)
     throw Error("kv.dtype = \"fp8\" needs head_dim to be a multiple of 4 (each row's scale is an aligned float32); " +
                 p.cfg.model.path + " has head_dim " + std::to_string(p.model.head_dim) + ": use \"bf16\"");

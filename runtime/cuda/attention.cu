@@ -31,7 +31,7 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
                                  const T* pool, float scale, float* out, const int32_t* only_rows,
                                  AttentionScratch scratch) {
   const int64_t index = blockIdx.x, r = only_rows ? only_rows[index] : index, h = blockIdx.y;
-  const int64_t split = blockIdx.z, splits = gridDim.z, hd = s.head_dim, width = s.kv_heads * hd;
+  const int64_t split = blockIdx.z, splits = gridDim.z, hd = s.head_dim, width = s.kv_heads * s.row();
   const int64_t g = h / (heads / s.kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t pos = rt.positions[r];
@@ -49,7 +49,7 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
   float m = -FLT_MAX, l = 0.0f;
   auto key_at = [&](int64_t t) {
     const int64_t blk = table[t / s.block_size], slot = t % s.block_size;
-    return pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + (g * s.block_size + slot) * hd;
+    return pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + (g * s.block_size + slot) * s.row();
   };
   // Two positions per step (t and t + kWarps): their loads are in flight together.
   for (int64_t t = begin + warp; t < end; t += 2 * kWarps) {
@@ -58,10 +58,11 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
     const T* k2 = two ? key_at(t + kWarps) : k1;
     const T* v1 = k1 + s.block_size * width;  // the V half of the same block and layer
     const T* v2 = k2 + s.block_size * width;
+    const float ks1 = row_scale(k1, hd), ks2 = row_scale(k2, hd), vs1 = row_scale(v1, hd), vs2 = row_scale(v2, hd);
     float dot1 = 0.0f, dot2 = 0.0f;
     for (int i = 0; i < PER; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < hd) dot1 += qv[i] * load_f(k1 + d), dot2 += qv[i] * load_f(k2 + d);
+      if (d < hd) dot1 += qv[i] * kv_value(k1, d, ks1), dot2 += qv[i] * kv_value(k2, d, ks2);
     }
     for (int o = 16; o > 0; o >>= 1) {
       dot1 += __shfl_xor_sync(0xffffffffu, dot1, o);
@@ -73,7 +74,7 @@ __global__ void attention_kernel(const float* q, int64_t heads, int64_t window, 
     l = l * corr + p1 + p2;
     for (int i = 0; i < PER; ++i) {
       const int64_t d = lane + 32 * i;
-      acc[i] = acc[i] * corr + (d < hd ? p1 * load_f(v1 + d) + p2 * load_f(v2 + d) : 0.0f);
+      acc[i] = acc[i] * corr + (d < hd ? p1 * kv_value(v1, d, vs1) + p2 * kv_value(v2, d, vs2) : 0.0f);
     }
     m = m_new;
   }
@@ -160,7 +161,8 @@ void attention(const float* q, int64_t rows, int64_t heads, int64_t sliding_wind
   };
   if (shape.kv == DType::kBF16) with(static_cast<const __nv_bfloat16*>(pool));
   else if (shape.kv == DType::kF32) with(static_cast<const float*>(pool));
-  else throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
+  else if (shape.kv == DType::kF8E4M3) with(static_cast<const Fp8Code*>(pool));
+  else throw Error("internal: a KV pool holds float32, bf16 or FP8, not " + std::string(dtype_name(shape.kv)));
   TANDEM_CUDA_LAUNCHED();
 }
 

@@ -23,7 +23,7 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
                                        int64_t n_tiles, PoolShape s, int64_t layer, const T* pool, float scale,
                                        float* out) {
   extern __shared__ float smem[];
-  const int64_t hd = s.head_dim, width = s.kv_heads * hd;
+  const int64_t hd = s.head_dim, width = s.kv_heads * s.row();
   const int64_t tile = blockIdx.x, h = blockIdx.y, g = h / (heads / s.kv_heads);
   const int64_t r0 = tiles[tile], nq = tiles[n_tiles + tile];  // first row, rows (consecutive positions of one sequence)
   // K rows and score rows are padded by one float: the lanes of a warp read
@@ -56,9 +56,10 @@ __global__ void attention_tiles_kernel(const float* q, int64_t heads, int64_t wi
       const int64_t j = e / hd, d = e % hd;
       if (j < nk) {
         const int64_t t = t0 + j, blk = table[t / s.block_size], slot = t % s.block_size;
-        const T* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + (g * s.block_size + slot) * hd;
-        ks[j * ks_stride + d] = load_f(k + d);
-        vs[e] = load_f(k + s.block_size * width + d);
+        const T* k = pool + ((blk * s.layers + layer) * 2 + 0) * s.block_size * width + (g * s.block_size + slot) * s.row();
+        const T* v = k + s.block_size * width;
+        ks[j * ks_stride + d] = kv_value(k, d, row_scale(k, hd));
+        vs[e] = kv_value(v, d, row_scale(v, hd));
       }
     }
     __syncthreads();
@@ -140,14 +141,17 @@ void dispatch_tiles(const float* q, int64_t heads, int64_t window, RowTables rt,
 void attention_tiles(const float* q, int64_t heads, int64_t sliding_window, RowTables rt, const int32_t* tiles,
                      int64_t n_tiles, PoolShape shape, int64_t layer, const void* pool, float* out, cudaStream_t stream) {
   if (n_tiles == 0) return;
-  if (shape.kv != DType::kF32 && shape.kv != DType::kBF16)
-    throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
-  if (shape.kv == DType::kBF16)
+  if (shape.kv == DType::kF8E4M3)
+    dispatch_tiles(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, static_cast<const Fp8Code*>(pool), out,
+                   stream);
+  else if (shape.kv == DType::kBF16)
     dispatch_tiles(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, static_cast<const __nv_bfloat16*>(pool),
                    out, stream);
-  else
+  else if (shape.kv == DType::kF32)
     dispatch_tiles(q, heads, sliding_window, rt, tiles, n_tiles, shape, layer, static_cast<const float*>(pool), out,
                    stream);
+  else
+    throw Error("internal: a KV pool holds float32, bf16 or FP8, not " + std::string(dtype_name(shape.kv)));
 }
 
 }  // namespace tandem::runtime::cuda

@@ -260,7 +260,8 @@ void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, R
   };
   if (shape.kv == DType::kBF16) run(attention_tc_kernel<bf16>, static_cast<const bf16*>(pool));
   else if (shape.kv == DType::kF32) run(attention_tc_kernel<float>, static_cast<const float*>(pool));
-  else throw Error("internal: a KV pool holds float32 or bf16, not " + std::string(dtype_name(shape.kv)));
+  else throw Error("internal: the tensor-core attention reads float32 or bf16 KV, not " + std::string(dtype_name(shape.kv)) +
+                   " (FP8 KV takes attention_tiles)");
   TANDEM_CUDA_LAUNCHED();
 }
 

@@ -123,9 +123,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
       expert_parallel_(expert_parallel && group_ && config.moe.any()),
       c_(group_ ? cpu::local_config(config, group_->shard(), expert_parallel) : config),
       pool_(pool) {
-  if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2)
-    throw Error("internal: the CUDA backend keeps KV in float32 or bf16, not " +
+  if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2 && pool.layout().elem_bytes != 1)
+    throw Error("internal: the CUDA backend keeps KV in float32, bf16 or FP8, not " +
                 std::to_string(pool.layout().elem_bytes) + "-byte elements");
+  if (pool.layout().fp8() && config.head_dim % 4 != 0)
+    throw Error("kv.dtype = \"fp8\" needs head_dim to be a multiple of 4 (its rows' scales are aligned floats); this "
+                "model's is " + std::to_string(config.head_dim) + ": use kv.dtype = \"bf16\"");
   if (config.head_dim > 256 || config.head_dim % 2 != 0)
     throw Error("the CUDA backend's attention takes head_dim up to 256 (even); this model has " +
                 std::to_string(config.head_dim) + "; use model.backend = \"cpu\"");
@@ -160,7 +163,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   // Prefill attention on the tensor cores for half-precision models (TANDEM_CUDA_TC_ATTENTION=0: the float32 kernel).
   const char* tc = std::getenv("TANDEM_CUDA_TC_ATTENTION");
   tc_attention_ = w.embed.dtype != DType::kF32 && config.head_dim % 16 == 0 && config.head_dim <= 256 &&
-                  !(tc && std::string(tc) == "0");
+                  !pool.layout().fp8() && !(tc && std::string(tc) == "0");  // FP8 KV: the float32 tiles
   embed_ = upload({{&w.embed}}, "the embedding", /*dequantize=*/true);  // looked up by row: float values
   if (!w.lm_head.data)
     throw Error("the checkpoint has no lm_head (an embedding model); the CUDA backend runs generation models: use "
@@ -287,7 +290,8 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
   const int32_t* d_tokens = step_ints_.get();
   const RowTables rt{d_tokens + R, d_tokens + 2 * R, d_tokens + 3 * R + LR};
   const int32_t* d_logit_rows = d_tokens + 3 * R;
-  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size, L.elem_bytes == 2 ? DType::kBF16 : DType::kF32};
+  const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size,
+                        L.fp8() ? DType::kF8E4M3 : L.elem_bytes == 2 ? DType::kBF16 : DType::kF32};
   const float eps = static_cast<float>(c_.rms_norm_eps);
   void* pool = pool_.data();  // float32 or bf16 elements (shape.kv)
   const auto* null = static_cast<const float*>(nullptr);

@@ -2,8 +2,9 @@
 // Each enqueues its kernel on `stream` and returns at once: no host
 // synchronisation inside a step. Activations are float32, row-major; shapes
 // in elements. The KV pool is the block-major layout of kv/kv_layout.h in
-// device memory, of float32 or bf16 elements (PoolShape::kv):
-//   pool: [n_blocks][layers][2][kv_heads][block_size][head_dim]
+// device memory, of float32, bf16 or FP8 elements (PoolShape::kv):
+//   pool: [n_blocks][layers][2][kv_heads][block_size][row], row = head_dim
+// (FP8: head_dim codes and the row's float32 scale, PoolShape::row())
 // A row (one token of one sequence in the step) finds its sequence's blocks
 // at tables + table_of[row], and its position at positions[row].
 #pragma once
@@ -18,7 +19,10 @@ namespace tandem::runtime::cuda {
 
 struct PoolShape {
   int64_t layers = 0, kv_heads = 0, head_dim = 0, block_size = 16;
-  DType kv = DType::kF32;  // the pool's elements: kF32 or kBF16 (kv::KvLayout::elem_bytes 4 or 2)
+  // The pool's elements: kF32, kBF16, or kF8E4M3 (kv::KvLayout::elem_bytes 4, 2 or 1: a row of head_dim codes,
+  // then its float32 scale, kv::KvLayout::row_elems).
+  DType kv = DType::kF32;
+  __host__ __device__ int64_t row() const { return head_dim + (kv == DType::kF8E4M3 ? 4 : 0); }
 };
 
 // The rows' view of the paged pool, all in device memory.
@@ -45,7 +49,8 @@ void add_rms_norm(float* x, const float* y, const float* bias, const float* w, i
 // ([head_dim], or null); rotary embedding, rotate-half form, at the row's
 // position (inv_freq: [head_dim / 2]; angles in float32 and cos/sin in double,
 // as the CPU backend); then q to q_out ([rows][heads * head_dim]) and k, v
-// into the row's slot of `layer` in the pool. head_dim even, <= 512.
+// into the row's slot of `layer` in the pool (FP8: each K and V row
+// quantized as the CPU's quantize_fp8_row, the same bytes). head_dim even, <= 512.
 void qkv_rope(const float* qkv, int64_t rows, int64_t heads, const float* bias, const float* q_norm, const float* k_norm,
               float eps, const float* inv_freq, RowTables rt, PoolShape shape, int64_t layer, void* pool, float* q_out,
               cudaStream_t stream);
