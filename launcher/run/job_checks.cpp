@@ -210,10 +210,14 @@ PoolRoom pool_room(const Prepared& p, int local_ranks, int tp) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(p.cfg.model.path, ec))
       if (e.path().extension() == ".safetensors") weights += static_cast<double>(e.file_size(ec));
-    // An 8-bit checkpoint's weights stay 8-bit on the device, with a float32 scale per row and block of 128
-    // columns at most (+1/32 of the codes), and its embedding as float32 values (looked up by row).
-    if (p.model.quant.any())
-      weights += weights / 32 + static_cast<double>(p.model.vocab * p.model.hidden) * 4;
+    // An 8-bit checkpoint's weights stay 8-bit on the device, each row with a float32 scale for each block
+    // of columns it crosses (one more where a rank's columns start inside a block): 4 / block_cols of the
+    // codes, and 4 bytes a row for the first block's.
+    if (p.model.quant.any()) {
+      const double block_cols = static_cast<double>(p.model.quant.block_cols > 0 ? p.model.quant.block_cols : p.model.hidden);
+      weights += weights * 4 / block_cols + 4.0 * static_cast<double>(p.model.layers) *
+                                               static_cast<double>(4 * p.model.hidden + 3 * p.model.intermediate);
+    }
     return {want, device_pool_room(p, weights, static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)), tp)};
   }
   struct sysinfo si {};

@@ -293,7 +293,7 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
   const PoolShape shape{L.layers, L.kv_heads, L.head_dim, L.block_size,
                         L.fp8() ? DType::kF8E4M3 : L.elem_bytes == 2 ? DType::kBF16 : DType::kF32};
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  void* pool = pool_.data();  // float32 or bf16 elements (shape.kv)
+  void* pool = pool_.data();  // float32, bf16 or FP8 elements (shape.kv)
   const auto* null = static_cast<const float*>(nullptr);
   auto or_null = [](const DeviceBuffer<float>& b) { return b.size() ? b.get() : nullptr; };
   embedding(embed_.data.get(), embed_.dtype, d_tokens, R, H, x_.get(), stream_);

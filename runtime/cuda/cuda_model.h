@@ -12,8 +12,11 @@
 // SwiGLU write their results in the type of the next product. A layer is 10
 // kernels (plus cuBLAS's), where it was 22.
 //
-// The KV pool holds float32 or bf16 elements (its layout's elem_bytes;
-// kv.dtype): attention reads either, accumulating in float32.
+// The KV pool holds float32, bf16 or FP8 elements (its layout's elem_bytes;
+// kv.dtype; FP8 rows as the CPU writes them): attention reads any,
+// accumulating in float32. A mixture of experts' layers and 8-bit weights
+// (kept 8-bit, with their scales) are multiplied by ops.h products(), not
+// cuBLAS (cuda_moe.cpp, products.cu).
 // Weights are copied to the device in their checkpoint dtype. Products run
 // in cuBLAS with float32 accumulation: float32 weights in pedantic float32
 // (no TF32), bf16/f16 weights on the tensor cores with the activations

@@ -10,14 +10,12 @@
 #include "common/error.h"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
+#include "runtime/cuda/store.cuh"
 
 namespace tandem::runtime::cuda {
 namespace {
 
-// An FP8 E4M3 code and an INT8 code, as their storage.
-struct E4m3 {
-  uint8_t bits;
-};
+// An INT8 code as its storage (FP8 codes are store.cuh's Fp8Code).
 struct I8 {
   int8_t v;
 };
@@ -26,15 +24,7 @@ __device__ inline float to_f(float v) { return v; }
 __device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float to_f(__half v) { return __half2float(v); }
 __device__ inline float to_f(I8 c) { return static_cast<float>(c.v); }
-// As the host's f8e4m3_to_f32 (runtime/model/dtype.cpp): every code, its NaN too.
-__device__ inline float to_f(E4m3 c) {
-  const int exp = (c.bits >> 3) & 0xF, man = c.bits & 7;
-  float v;
-  if (exp == 15 && man == 7) v = __int_as_float(0x7fc00000);
-  else if (exp == 0) v = ldexpf(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
-  else v = ldexpf(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
-  return (c.bits & 0x80) ? -v : v;
-}
+__device__ inline float to_f(Fp8Code c) { return e4m3_value(c.bits); }
 
 // A tile of kProductTileRows positions of one group by kTileN outputs; 256
 // threads, each 2 rows x 4 outputs (columns tx, tx + 16, tx + 32, tx + 48).
@@ -91,7 +81,9 @@ __global__ void __launch_bounds__(kThreads) product_kernel(Product p, RowGroups 
       float v = 0.0f;
       if (n < N && k < K) {
         v = to_f(w[n * K + k]);
-        if (scales) v *= scales[n * p.scales.ld + (k + p.scales.offset) / p.scales.block_cols];
+        if (scales)  // 32-bit division: k, the offset and the block are far below 2^31
+          v *= scales[n * p.scales.ld +
+                      static_cast<int32_t>(k + p.scales.offset) / static_cast<int32_t>(p.scales.block_cols)];
       }
       ws[kk][nn] = v;
     }
@@ -131,7 +123,7 @@ void products(const Product& p, const RowGroups& g, int64_t count, int64_t max_t
     case DType::kF32: product_kernel<float><<<grid, kThreads, 0, stream>>>(p, g, count); break;
     case DType::kBF16: product_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p, g, count); break;
     case DType::kF16: product_kernel<__half><<<grid, kThreads, 0, stream>>>(p, g, count); break;
-    case DType::kF8E4M3: product_kernel<E4m3><<<grid, kThreads, 0, stream>>>(p, g, count); break;
+    case DType::kF8E4M3: product_kernel<Fp8Code><<<grid, kThreads, 0, stream>>>(p, g, count); break;
     case DType::kI8: product_kernel<I8><<<grid, kThreads, 0, stream>>>(p, g, count); break;
   }
   TANDEM_CUDA_LAUNCHED();

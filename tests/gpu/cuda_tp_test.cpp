@@ -24,6 +24,7 @@
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/engine/device_group.h"
 #include "runtime/model/make_model.h"
+#include "runtime/model/quantize.h"
 #include "../unit/runtime/test_model.h"
 #include "gpu_helpers.h"
 
@@ -333,4 +334,62 @@ TEST_CASE("a rank of a CUDA group with expert parallelism holds its experts only
   std::filesystem::remove_all(o.out_dir);
   CHECK(used[1] - used[2] > 0.4 * expert_bytes);
   CHECK(used[2] - used[4] > 0.2 * expert_bytes);
+}
+
+// An 8-bit checkpoint whose hidden size is 2.5 blocks of 128 (so a row's
+// scales cross blocks, and a rank's columns of o_proj and down_proj start
+// inside one): on one rank and in groups of 2 and 4, the CPU engine's logits
+// (both on code x scale in float32), its layers a byte a weight on the GPU.
+TEST_CASE("an 8-bit checkpoint with a dimension of 2.5 blocks, on one CUDA rank and in groups of 2 and 4: the CPU "
+          "engine's logits (< 1e-4), its layers at a byte a weight on the GPU",
+          "[gpu]") {
+  MakeModelOptions o;
+  o.arch = "qwen3";
+  o.preset = "small";
+  o.dtype = "f32";
+  o.hidden = 320, o.layers = 4;
+  o.tokenizer_dir = testing::tokenizer_dir("qwen3");
+  o.out_dir = std::filesystem::temp_directory_path() / ("tandem-gpu-q8-" + std::to_string(::getpid()));
+  const ModelConfig f32_config = make_model(o);
+  const auto f32_weights = ModelWeights::load(f32_config, o.out_dir, false);
+  const double f32_layers = 4.0 * 4 * (f32_config.hidden * (f32_config.heads + 2 * f32_config.kv_heads) * f32_config.head_dim +
+                                       f32_config.heads * f32_config.head_dim * f32_config.hidden +
+                                       3.0 * f32_config.hidden * f32_config.intermediate);  // f32 bytes
+  const std::vector<int32_t> prompt = random_prompt(12);
+  for (const char* scheme : {"fp8-block", "int8-channel"}) {
+    INFO(scheme);
+    const std::filesystem::path dir = o.out_dir.string() + "-" + scheme;
+    quantize_checkpoint({o.out_dir, dir, scheme});
+    const ModelConfig config = ModelConfig::load(dir);
+    const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+    cpu::ThreadPool threads(2);
+    kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16}, 8);
+    cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+    const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+    {
+      DevPool dev(config, 8);
+      std::unique_ptr<cuda::CudaModel> model;
+      const double held = testing::device_bytes_of([&] {
+        model = std::make_unique<cuda::CudaModel>(config, *rowmajor, *dev.pool);
+        return 0;
+      });
+      const double f32_held =
+          testing::device_bytes_of([&] { return std::make_unique<cuda::CudaModel>(f32_config, *f32_weights, *dev.pool); });
+      const double err = rel_err(testing::chunked_logits(*model, *dev.pool, prompt), want);
+      std::printf("cuda %s, hidden 2.5 blocks: largest logit difference from the CPU engine %.3g; device memory %.1f "
+                  "MiB against the f32 model's %.1f MiB (its layers %.1f MiB)\n",
+                  scheme, err, held / (1 << 20), f32_held / (1 << 20), f32_layers / (1 << 20));
+      CHECK(err < 1e-4);
+      CHECK(f32_held - held > 0.5 * f32_layers);  // a byte a weight where f32 takes four
+    }
+    for (const int width : {2, 4}) {
+      INFO("width " << width);
+      const double err = rel_err(run_group(config, *rowmajor, width, prompt, true, want.size()), want);
+      std::printf("cuda %s, hidden 2.5 blocks, width %d: largest logit difference from the CPU engine %.3g\n", scheme,
+                  width, err);
+      CHECK(err < 1e-4);
+    }
+    std::filesystem::remove_all(dir);
+  }
+  std::filesystem::remove_all(o.out_dir);
 }

@@ -64,6 +64,9 @@ TEST_CASE("kv.dtype = fp8: rows of head_dim codes and a scale, on the CPU and on
     CHECK(std::string(e.what()).find("kv.dtype") == std::string::npos);
   }
   CHECK(kv_layout(p, 1).elem_bytes == 1);
+  p.model.head_dim = 126;  // a row's scale would not be an aligned float: refused on a GPU too, before anything else
+  CHECK_THROWS_WITH(tandem::launcher::check_backend(p, 2), Catch::Contains("multiple of 4"));
+  p.model.head_dim = 128;
   p.cfg.model.backend = "cpu";
   p.cfg.choices.backend = tandem::launcher::ComputeBackend::kCpu;
   const auto l = kv_layout(p, 1);
