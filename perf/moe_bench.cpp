@@ -5,7 +5,8 @@
 //     same counts, for 1, 32 and 512 rows routed at random;
 //  2. a MoE model at width 2 (one thread a rank), experts whole on their
 //     ranks (expert parallelism) against every expert split across both:
-//     prefill of 512 tokens, decode of 1 and of 32 sequences;
+//     prefill of 512 tokens, decode of 1 and of 32 sequences (three rounds
+//     alternated, the medians and the range of the ratio);
 //  3. the same MoE (1.4 B parameters, 64 experts of 512 units, 4 a token)
 //     on one rank of two threads against a dense model of the same active
 //     parameters (intermediate 4 x 512), decode of 1 and of 32 sequences,
@@ -14,6 +15,7 @@
 //   mpirun --bind-to none -np 2 moe_bench [--layers N]
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -180,10 +182,18 @@ int main(int argc, char** argv) {
     };
     for (const Case k : {Case{"prefill, 512 tokens", 1, 512, 0, true}, Case{"decode, 1 sequence", 1, 64, 16, false},
                          Case{"decode, 32 sequences", 32, 64, 8, false}}) {
-      const Speed ep = run_model(c, *w, &group, 1, k.seqs, k.len, k.steps, true);
-      const Speed split = run_model(c, *w, &group, 1, k.seqs, k.len, k.steps, false);
-      const double a = k.prefill ? ep.prefill : ep.decode, b = k.prefill ? split.prefill : split.decode;
-      if (root) std::printf("  %-22s %8.1f tokens/s against %8.1f tokens/s = %.2fx\n", k.name, a, b, a / b);
+      // Three rounds, the two forms alternated, so the machine's drift falls on both alike; the medians.
+      std::vector<double> a, b, ratio;
+      for (int round = 0; round < 3; ++round) {
+        const Speed ep = run_model(c, *w, &group, 1, k.seqs, k.len, k.steps, true);
+        const Speed split = run_model(c, *w, &group, 1, k.seqs, k.len, k.steps, false);
+        a.push_back(k.prefill ? ep.prefill : ep.decode), b.push_back(k.prefill ? split.prefill : split.decode);
+        ratio.push_back(a.back() / b.back());
+      }
+      const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+      if (root)
+        std::printf("  %-22s %8.1f tokens/s against %8.1f tokens/s = %.2fx (rounds %.2f..%.2f)\n", k.name, median(a),
+                    median(b), median(ratio), *lo, *hi);
     }
     quiet_barrier();
     if (root) {
