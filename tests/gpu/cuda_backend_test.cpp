@@ -303,13 +303,16 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
     cu::qkv_rope(dqkv.p, rows, heads, qwen ? dbias.p : nullptr, qwen ? dqn.p : nullptr, qwen ? dkn.p : nullptr, 1e-6f,
                  dinv.p, rt, {layers, kvh, hd, bs, DType::kF8E4M3}, layer, dpool8.p, dq.p, nullptr);
     const auto got8 = dpool8.get(static_cast<std::size_t>((rows + 1) * L8.block_bytes()));
-    std::vector<uint8_t> want8(got8.size(), 0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int kv = 0; kv < 2; ++kv)
-        for (int64_t g = 0; g < kvh; ++g)
-          runtime::cpu::quantize_fp8_row(got_pool.data() + L.offset(r, layer, kv, g, positions[r] % bs), hd,
-                                         want8.data() + L8.offset(r, layer, kv, g, positions[r] % bs));
-    CHECK(got8 == want8);
+    auto fp8_of = [&](const std::vector<float>& f32_pool) {  // the CPU's rows of a float32 pool's K and V
+      std::vector<uint8_t> out(got8.size(), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int kv = 0; kv < 2; ++kv)
+          for (int64_t g = 0; g < kvh; ++g)
+            runtime::cpu::quantize_fp8_row(f32_pool.data() + L.offset(r, layer, kv, g, positions[r] % bs), hd,
+                                           out.data() + L8.offset(r, layer, kv, g, positions[r] % bs));
+      return out;
+    };
+    CHECK(got8 == fp8_of(got_pool));
     // Rows the scale treats apart: row 0 all zeros (scale 0, codes 0), row 1 with an infinity (scale NaN).
     std::vector<float> odd = qkv;
     std::fill(odd.begin(), odd.begin() + width, 0.0f);
@@ -323,13 +326,7 @@ TEST_CASE("qkv_rope: bias, q/k norm and RoPE against the CPU formulas (< 1e-5); 
                    fp8 ? static_cast<void*>(dpool8b.p) : static_cast<void*>(dpool_f.p), dq.p, nullptr);
     const auto rows_f = dpool_f.get(pool.size());
     const auto got8b = dpool8b.get(got8.size());
-    std::vector<uint8_t> want8b(got8.size(), 0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int kv = 0; kv < 2; ++kv)
-        for (int64_t g = 0; g < kvh; ++g)
-          runtime::cpu::quantize_fp8_row(rows_f.data() + L.offset(r, layer, kv, g, positions[r] % bs), hd,
-                                         want8b.data() + L8.offset(r, layer, kv, g, positions[r] % bs));
-    CHECK(got8b == want8b);  // NaN scales compare by their bytes
+    CHECK(got8b == fp8_of(rows_f));  // NaN scales compare by their bytes
     float zero_scale = -1;
     std::memcpy(&zero_scale, got8b.data() + L8.offset(0, layer, 0, 0, positions[0] % bs) + hd, 4);
     CHECK(zero_scale == 0.0f);
