@@ -33,12 +33,10 @@
 
 using namespace tandem;
 using Clock = std::chrono::steady_clock;
+using perf::matrix_bytes;
+using perf::step_weight_bytes;
 
 namespace {
-
-double matrix_bytes(const runtime::Matrix& m) {
-  return static_cast<double>(m.rows * m.cols) * static_cast<double>(runtime::dtype_size(m.dtype));
-}
 
 struct Run {
   double seconds = 0;
@@ -272,15 +270,8 @@ struct Variant {
   double step_bytes = 0, held_bytes = 0;
 };
 
-double step_bytes(const runtime::ModelWeights& w) {  // every matrix a decode step reads, as held
-  double b = matrix_bytes(w.lm_head);
-  for (const auto& l : w.layers)
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += matrix_bytes(*m);
-  return b;
-}
-
 double held_bytes(const runtime::ModelWeights& w) {  // the matrices as held in memory, the scales too
-  double b = step_bytes(w);
+  double b = step_weight_bytes(w);
   if (w.lm_head.data != w.embed.data) b += matrix_bytes(w.embed);
   for (const auto& g : w.scale_grids) b += static_cast<double>(g.size() * sizeof(float));
   return b;
@@ -298,7 +289,7 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
     }
     v.c = runtime::ModelConfig::load(dir);
     v.w = runtime::ModelWeights::load(v.c, dir);
-    v.step_bytes = step_bytes(*v.w);
+    v.step_bytes = step_weight_bytes(*v.w);
     v.held_bytes = held_bytes(*v.w);
     vs.push_back(std::move(v));
   }

@@ -37,10 +37,13 @@
 #include "runtime/model/make_model.h"
 #include "runtime/model/quantize.h"
 #include "runtime/model/weights.h"
+#include "perf/bench_model.h"
 
 using namespace tandem;
 using namespace tandem::runtime;
 using Clock = std::chrono::steady_clock;
+using perf::matrix_bytes;
+using perf::step_weight_bytes;
 
 namespace {
 
@@ -105,7 +108,7 @@ double gemm_flops() {
   return 2.0 * n * static_cast<double>(n) * n / s;
 }
 
-double matrix_bytes(const Matrix& m) { return static_cast<double>(m.rows * m.cols) * static_cast<double>(dtype_size(m.dtype)); }
+
 
 // Microseconds per call of fn (median of 5 runs of 20 calls, CUDA events).
 template <class F>
@@ -350,9 +353,7 @@ void quantized_figures(const Datasheet& ds, double copy, const std::filesystem::
     if (!std::filesystem::exists(dir / "config.json")) quantize_checkpoint({bf16_dir, dir, scheme});
     const ModelConfig c = ModelConfig::load(dir);
     auto w = ModelWeights::load(c, dir, /*panels=*/false);
-    double weight_bytes = matrix_bytes(w->lm_head);  // an 8-bit step reads the codes and the bf16 LM head
-    for (const auto& l : w->layers)
-      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) weight_bytes += matrix_bytes(*m);
+    const double weight_bytes = step_weight_bytes(*w);  // an 8-bit step reads the codes and the bf16 LM head
     ModelBench bench(c, *w, 32);
     const double prefill = bench.prefill_tps();
     std::printf("%s: device memory %.2f GB against bf16's %.2f GB; prefill 8 x %lld tokens %.0f tok/s (bf16 %.0f: %.2fx)\n",
@@ -405,9 +406,7 @@ int main(int argc, char** argv) {
     }
     const ModelConfig c = ModelConfig::load(dir);
     auto w = ModelWeights::load(c, dir, /*panels=*/false);
-    double weight_bytes = matrix_bytes(w->lm_head);
-    for (const auto& l : w->layers)
-      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) weight_bytes += matrix_bytes(*m);
+    const double weight_bytes = step_weight_bytes(*w);
     const double flops_per_token = 2.0 * (weight_bytes / static_cast<double>(dtype_size(c.dtype)) -
                                           static_cast<double>(w->lm_head.rows * w->lm_head.cols));
 

@@ -33,9 +33,7 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelWeights& weights, kv::B
     const std::string why = tp_problem(config, group->shard().width, expert_parallel);
     if (!why.empty()) throw Error(why);
   }
-  if (config.moe.any() && config.moe.intermediate < kReduceChunks)
-    throw Error("the model's experts are too narrow (moe_intermediate_size " + std::to_string(config.moe.intermediate) +
-                " < " + std::to_string(kReduceChunks) + ") for the fixed reduction tree");
+  if (const std::string why = experts_problem(config); !why.empty()) throw Error(why);
   if (pool.layout().kv_heads != c_.kv_heads)
     throw Error("the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
                 std::to_string(c_.kv_heads));
@@ -347,20 +345,19 @@ void CpuModel::moe(int64_t layer, int64_t R) {
   // Each row's experts summed in its slot order (on the row's home rank, with
   // experts placed whole: expert_parallel.h), then the residual.
   int64_t r0 = 0, r1 = R;
-  slot_at_.resize(sz(R * K));
   if (expert_parallel_) {
     exchange_slots(*group_, combine_, H, combine_bufs_);
     r0 = home_begin(R, split_.width, split_.rank), r1 = home_begin(R, split_.width, split_.rank + 1);
-    for (int64_t s = r0 * K; s < r1 * K; ++s) slot_at_[sz(s)] = combine_bufs_.read[sz(s)];
-  } else {
-    if (group_) group_->reduce_tree(slot_out_.data(), R * K * H);  // every slot: the ranks' shares of its expert, in the tree
-    for (int64_t s = 0; s < R * K; ++s) slot_at_[sz(s)] = slot_out_.data() + s * H;
+  } else if (group_) {
+    group_->reduce_tree(slot_out_.data(), R * K * H);  // every slot: the ranks' shares of its expert, in the tree
   }
+  // Where each slot's output is read: the combine's layout, or slot_out itself.
+  auto slot = [&](int64_t s) { return expert_parallel_ ? combine_bufs_.read[sz(s)] : slot_out_.data() + s * H; };
   moe_out_.resize(sz(R * H));
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < H; ++i) {
       float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot_at_[sz(r * K + k)][i];
+      for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot(r * K + k)[i];
       moe_out_[sz((r - r0) * H + i)] = acc;
     }
   const float* combined = moe_out_.data();

@@ -119,7 +119,6 @@ class CpuModel final : public ModelBackend {
   ExpertSplit split_;                                // which experts are this rank's (expert_parallel_)
   CombinePlan combine_;                              // the step's exchange of expert outputs
   CombineBuffers combine_bufs_;                      // its buffers and where each slot is written and read
-  std::vector<const float*> slot_at_;                // [slot]: its expert's output, where the combine reads it
   std::vector<float> moe_out_;                       // the combined rows [home rows][hidden]
   struct RowRef {
     int64_t chunk;

@@ -20,6 +20,12 @@ std::string tp_problem(const ModelConfig& c, int width, bool expert_parallel) {
   return "";
 }
 
+std::string experts_problem(const ModelConfig& c) {
+  if (!c.moe.any() || c.moe.intermediate >= kReduceChunks) return "";
+  return "the model's experts are too narrow (moe_intermediate_size " + std::to_string(c.moe.intermediate) + " < " +
+         std::to_string(kReduceChunks) + ") for the fixed reduction tree";
+}
+
 ModelConfig shard_config(const ModelConfig& c, TpShard s) {
   ModelConfig l = c;
   l.heads = c.heads / s.width;

@@ -53,6 +53,9 @@ class TpGroup {
 // for a mixture of experts, dividing the experts (expert_parallel: each rank
 // holds whole experts) or their units (not: every expert split as the dense MLP).
 std::string tp_problem(const ModelConfig& c, int width, bool expert_parallel = true);
+// Why a mixture of experts' experts cannot be cut into the fixed tree's
+// chunks at any width (fewer units than chunks), or "" when they can.
+std::string experts_problem(const ModelConfig& c);
 
 // The model as one rank of the group computes it: its heads, KV heads and
 // intermediate units (hidden, vocabulary and the rest unchanged).

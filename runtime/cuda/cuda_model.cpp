@@ -11,7 +11,6 @@
 #include "common/backoff.h"
 #include "common/error.h"
 #include "runtime/cpu/kernels.h"
-#include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/model/rope.h"
@@ -139,9 +138,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   if (config.moe.any() && config.moe.experts > kMaxExperts)
     throw Error("the CUDA backend routes up to " + std::to_string(kMaxExperts) + " experts; this model has " +
                 std::to_string(config.moe.experts) + ": use model.backend = \"cpu\"");
-  if (config.moe.any() && config.moe.intermediate < cpu::kReduceChunks)
-    throw Error("the model's experts are too narrow (moe_intermediate_size " + std::to_string(config.moe.intermediate) +
-                " < " + std::to_string(cpu::kReduceChunks) + ") for the fixed reduction tree");
+  if (const std::string why = cpu::experts_problem(config); !why.empty()) throw Error(why);
   if (pool.layout().kv_heads != c_.kv_heads)
     throw Error("internal: the KV pool holds " + std::to_string(pool.layout().kv_heads) + " KV heads; this rank computes " +
                 std::to_string(c_.kv_heads));
@@ -238,16 +235,17 @@ const void* CudaModel::input_for(const DevMatrix& w, const float* x, int64_t row
   return act_.get();
 }
 
+void CudaModel::product(const DevMatrix& w, const float* x, int64_t rows, float* y) {
+  Product p;
+  p.in = x;
+  p.w = w.data.get(), p.w_dtype = w.dtype, p.scales = w.scales(), p.n = w.rows, p.k = w.cols;
+  p.out = y, p.rows = rows;
+  products(p, RowGroups{}, 1, product_tiles(rows, 1), stream_);
+}
+
 void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
   if (rows == 0) return;
-  if (w.quantized()) {  // codes and scales: our product, on float32 inputs
-    Product p;
-    p.in = static_cast<const float*>(x);
-    p.w = w.data.get(), p.w_dtype = w.dtype, p.scales = w.scales(), p.n = w.rows, p.k = w.cols;
-    p.out = y, p.rows = rows;
-    products(p, RowGroups{}, 1, product_tiles(rows, 1), stream_);
-    return;
-  }
+  if (w.quantized()) return product(w, static_cast<const float*>(x), rows, y);  // codes and scales: ours
   // Row-major y[rows][n] = x[rows][k] W^T with W [n][k] is, in cuBLAS's
   // column-major terms, y^T (n x rows) = W^T(k x n)^T * x^T (k x rows).
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), m = static_cast<int>(rows);

@@ -140,6 +140,8 @@ class CudaModel final : public ModelBackend {
   const void* input_for(const DevMatrix& w, const float* x, int64_t rows);
   // y[rows][w.rows] = x[rows][w.cols] * W^T, float32 out; x from input_for.
   void gemm(const DevMatrix& w, const void* x, int64_t rows, float* y);
+  // The same by ops.h products() on float32 x, in a fixed order (8-bit weights; a MoE layer's router).
+  void product(const DevMatrix& w, const float* x, int64_t rows, float* y);
 
   int64_t launch(std::span<const SeqChunk> chunks);
   void enqueue_step(int64_t rows, int64_t logit_rows);

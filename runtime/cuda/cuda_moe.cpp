@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_model.h"
@@ -81,13 +80,8 @@ bool CudaModel::size_moe(int64_t R) {
 
 void CudaModel::enqueue_moe(const DevLayer& lw, int64_t R) {
   const int64_t H = c_.hidden, E = c_.moe.experts, K = c_.moe.top_k, U = c_.moe.intermediate, slots = R * K;
-  // The router: one dense product of every row, then each row's top k.
-  Product router;
-  router.in = moe_in_.get();
-  router.w = lw.router.data.get(), router.w_dtype = lw.router.dtype, router.scales = lw.router.scales();
-  router.n = E, router.k = H;
-  router.out = router_logits_.get(), router.rows = R;
-  products(router, RowGroups{}, 1, product_tiles(R, 1), stream_);
+  // The router: one product of every row (the same bits on every rank), then each row's top k.
+  product(lw.router, moe_in_.get(), R, router_logits_.get());
   moe_route(router_logits_.get(), R, E, K, c_.moe.norm_topk, route_expert_.get(), route_weight_.get(), stream_);
   const RowGroups groups{moe_order_.get(), moe_offsets_.get(), moe_tiles_.get()};
   moe_group(route_expert_.get(), slots, E, first_expert_, local_experts_, groups,

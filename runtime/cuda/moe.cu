@@ -7,7 +7,7 @@
 namespace tandem::runtime::cuda {
 namespace {
 
-// One thread a row: the CPU's routing (cpu_model.cpp CpuModel::moe) step for step.
+// One thread a row: the CPU's routing (cpu/expert_parallel.h route_rows) step for step.
 __global__ void moe_route_kernel(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise,
                                  int32_t* expert, float* weight) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

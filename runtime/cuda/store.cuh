@@ -1,6 +1,6 @@
 // Writing a float result in the type the next product (or the KV pool)
 // takes: float32, or bf16/f16 rounded to nearest even, as the CPU's
-// f32_to_bf16 and to_half(); and reading a KV element back.
+// f32_to_bf16 and to_half(); writing and reading FP8 KV rows; block reductions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,10 +17,6 @@ __device__ inline void store_as(void* out, int64_t i, float v, DType t) {
   else if (t == DType::kF16) static_cast<__half*>(out)[i] = __float2half_rn(v);
   else static_cast<float*>(out)[i] = v;
 }
-
-// A KV element as float, from a float32 or bf16 pool.
-__device__ inline float load_f(const float* p) { return *p; }
-__device__ inline float load_f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
 // FP8 KV (kv/kv_layout.h): a row is head_dim E4M3 codes, then its float32
 // scale; a value is code x scale rounded once, as the CPU's widen_fp8_row.
@@ -52,7 +48,7 @@ __device__ inline uint8_t e4m3_code(float f) {
   const float vm = frexpf(v, &ve);
   return sign | static_cast<uint8_t>((ve - 1 + 7) << 3) | static_cast<uint8_t>(static_cast<int>(ldexpf(vm, 4)) - 8);
 }
-// Element d of a KV row, and the row's scale (1 where rows have none).
+// Element d of a KV row (float32, bf16 or FP8) as float, and the row's scale (1 where rows have none).
 __device__ inline float row_scale(const float*, int64_t) { return 1.0f; }
 __device__ inline float row_scale(const __nv_bfloat16*, int64_t) { return 1.0f; }
 __device__ inline float row_scale(const Fp8Code* row, int64_t head_dim) {
@@ -62,31 +58,27 @@ __device__ inline float kv_value(const float* row, int64_t d, float) { return ro
 __device__ inline float kv_value(const __nv_bfloat16* row, int64_t d, float) { return __bfloat162float(row[d]); }
 __device__ inline float kv_value(const Fp8Code* row, int64_t d, float scale) { return e4m3_value(row[d].bits) * scale; }
 
-// The largest of v over the block's threads, on every thread (as block_sum).
-__device__ inline float block_max(float v, float* partial);
-
-// The sum of v over the block's threads, on every thread; `partial` holds one
-// float per warp. blockDim.x is a multiple of 32.
-__device__ inline float block_sum(float v, float* partial) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warps = static_cast<int>(blockDim.x) / 32;
-  __syncthreads();  // `partial` may still be read by an earlier call
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = 0.0f;
-  for (int w = 0; w < warps; ++w) v += partial[w];
-  return v;
-}
-
-__device__ inline float block_max(float v, float* partial) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// v reduced by op over the block's threads, on every thread; `partial`
+// holds one float per warp. blockDim.x is a multiple of 32.
+template <class Op>
+__device__ inline float block_reduce(float v, float* partial, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warps = static_cast<int>(blockDim.x) / 32;
   __syncthreads();  // `partial` may still be read by an earlier call
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
   v = partial[0];
-  for (int w = 1; w < warps; ++w) v = fmaxf(v, partial[w]);
+  for (int w = 1; w < warps; ++w) v = op(v, partial[w]);
   return v;
 }
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+// The sum, and the largest, of v over the block's threads, on every thread.
+__device__ inline float block_sum(float v, float* partial) { return block_reduce(v, partial, AddOp{}); }
+__device__ inline float block_max(float v, float* partial) { return block_reduce(v, partial, MaxOp{}); }
 
 }  // namespace tandem::runtime::cuda

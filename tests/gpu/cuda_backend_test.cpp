@@ -20,7 +20,6 @@
 #include "runtime/cuda/devices.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/backend_registry.h"
-#include "runtime/engine/engine.h"
 #include "runtime/engine/sampling.h"
 #include "runtime/model/quantize.h"
 #include "../unit/runtime/test_model.h"
@@ -521,31 +520,7 @@ TEST_CASE("full-model logits match the CPU engine with the same KV dtype (f32 < 
 
 TEST_CASE("greedy tokens equal the CPU engine's for 32 steps in float32", "[gpu]") {
   testing::TinyModel tiny("qwen3", "f32");
-  auto rowmajor = ModelWeights::load(tiny.config, tiny.dir, false);
-  std::mt19937 rng(4);
-  std::vector<EngineRequest> reqs;
-  for (uint64_t i = 0; i < 6; ++i) {
-    std::vector<int32_t> p(10 + 7 * i);
-    for (auto& t : p) t = static_cast<int32_t>(rng() % 1000);
-    EngineRequest r{i, p, {}, 9 + i};
-    r.params.max_tokens = 32;
-    r.params.ignore_eos = true;
-    r.params.temperature = 0;
-    reqs.push_back(r);
-  }
-  auto run = [&](Engine& e) { return testing::run_to_end(e, reqs); };
-  const kv::KvLayout layout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16};
-  kv::BlockPool cpu_pool(layout, 64);
-  cpu::ThreadPool threads(2);
-  Engine cpu_engine(tiny.config, *tiny.weights, cpu_pool, threads, nullptr, EngineOptions{4, 64, 0, true});
-  DevPool dev(tiny.config, 64);
-  Engine gpu_engine(tiny.config, std::make_unique<cu::CudaModel>(tiny.config, *rowmajor, *dev.pool), *dev.pool, nullptr,
-                    EngineOptions{4, 64, 0, true});
-  const auto want = run(cpu_engine), got = run(gpu_engine);
-  for (const auto& [id, tokens] : want) {
-    INFO("request " << id);
-    CHECK(got.at(id) == tokens);
-  }
+  testing::check_greedy_like_cpu(tiny, *ModelWeights::load(tiny.config, tiny.dir, false), 4);
 }
 
 TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels; dense and MoE) gives the CPU engine's logits (< 1e-4: both "

@@ -10,14 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <random>
 
 #include "runtime/cpu/cpu_model.h"
 #include "runtime/cpu/expert_parallel.h"
 #include "runtime/cuda/cuda_model.h"
 #include "runtime/cuda/ops.h"
-#include "runtime/engine/engine.h"
 #include "../unit/runtime/test_model.h"
 #include "gpu_helpers.h"
 
@@ -213,27 +211,6 @@ TEST_CASE("MoE models (Qwen3-MoE with a dense layer, Mixtral) match the CPU engi
       CHECK(err < (f32 ? 1e-4 : 3e-2));
       if (f32) CHECK(gpu.expert_tokens() == cpu_model.expert_tokens());
     }
-    if (!f32) continue;
-    std::vector<EngineRequest> reqs;
-    for (uint64_t i = 0; i < 6; ++i) {
-      std::vector<int32_t> p(10 + 7 * i);
-      for (auto& t : p) t = static_cast<int32_t>(rng() % 1000);
-      EngineRequest r{i, p, {}, 9 + i};
-      r.params.max_tokens = 32;
-      r.params.ignore_eos = true;
-      r.params.temperature = 0;
-      reqs.push_back(r);
-    }
-    const kv::KvLayout layout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16};
-    kv::BlockPool pool(layout, 64);
-    Engine cpu_engine(tiny.config, *tiny.weights, pool, threads, nullptr, EngineOptions{4, 64, 0, true});
-    DevPool dev(tiny.config, 64);
-    Engine gpu_engine(tiny.config, std::make_unique<cu::CudaModel>(tiny.config, *rowmajor, *dev.pool), *dev.pool, nullptr,
-                      EngineOptions{4, 64, 0, true});
-    const auto want_tokens = testing::run_to_end(cpu_engine, reqs), got_tokens = testing::run_to_end(gpu_engine, reqs);
-    for (const auto& [id, tokens] : want_tokens) {
-      INFO("request " << id);
-      CHECK(got_tokens.at(id) == tokens);
-    }
+    if (f32) testing::check_greedy_like_cpu(tiny, *rowmajor, 4);
   }
 }

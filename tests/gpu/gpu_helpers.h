@@ -15,9 +15,14 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "runtime/cpu/thread_pool.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/backend.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+#include "../unit/runtime/test_model.h"
 
 namespace tandem::testing {
 
@@ -102,6 +107,35 @@ inline std::vector<float> chunked_logits(runtime::ModelBackend& m, kv::BlockPool
     s += n;
   }
   return all;
+}
+
+// Six requests of random prompts (ids below 1000, from `seed`), 32 greedy
+// tokens each, through an engine on the CPU and one on the CUDA backend
+// (rowmajor: the model's weights loaded without panels): the same tokens.
+inline void check_greedy_like_cpu(const TinyModel& tiny, const runtime::ModelWeights& rowmajor, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<runtime::EngineRequest> reqs;
+  for (uint64_t i = 0; i < 6; ++i) {
+    std::vector<int32_t> p(10 + 7 * i);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % 1000);
+    runtime::EngineRequest r{i, p, {}, 9 + i};
+    r.params.max_tokens = 32;
+    r.params.ignore_eos = true;
+    r.params.temperature = 0;
+    reqs.push_back(r);
+  }
+  const kv::KvLayout layout{tiny.config.layers, tiny.config.kv_heads, tiny.config.head_dim, 16};
+  kv::BlockPool cpu_pool(layout, 64);
+  runtime::cpu::ThreadPool threads(2);
+  runtime::Engine cpu_engine(tiny.config, *tiny.weights, cpu_pool, threads, nullptr, runtime::EngineOptions{4, 64, 0, true});
+  DevPool dev(tiny.config, 64);
+  runtime::Engine gpu_engine(tiny.config, std::make_unique<runtime::cuda::CudaModel>(tiny.config, rowmajor, *dev.pool),
+                             *dev.pool, nullptr, runtime::EngineOptions{4, 64, 0, true});
+  const auto want = run_to_end(cpu_engine, reqs), got = run_to_end(gpu_engine, reqs);
+  for (const auto& [id, tokens] : want) {
+    INFO("request " << id);
+    CHECK(got.at(id) == tokens);
+  }
 }
 
 }  // namespace tandem::testing
