@@ -218,7 +218,12 @@ PoolRoom pool_room(const Prepared& p, int local_ranks, int tp) {
       weights += weights * 4 / block_cols + 4.0 * static_cast<double>(p.model.layers) *
                                                static_cast<double>(4 * p.model.hidden + 3 * p.model.intermediate);
     }
-    return {want, device_pool_room(p, weights, static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend)), tp)};
+    double free = static_cast<double>(runtime::backend_free_bytes(p.cfg.model.backend));
+    if (p.model.quant.any())  // a long product's weights as bf16, a tile at a time, and its input rounded to bf16
+      free -= static_cast<double>(runtime::kDequantTileBytes) +   // (CudaModel::dequantized_gemm)
+              2.0 * static_cast<double>(p.cfg.job.max_batched_tokens) *
+                  static_cast<double>(std::max({p.model.hidden, p.model.heads * p.model.head_dim, p.model.intermediate}));
+    return {want, device_pool_room(p, weights, free, tp)};
   }
   struct sysinfo si {};
   sysinfo(&si);

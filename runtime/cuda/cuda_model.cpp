@@ -171,6 +171,15 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   const std::vector<float> inv_freq = rope_inv_freq(config);
   inv_freq_ = upload({&inv_freq});
   upload_layers(config, w);
+  // Long products of 8-bit weights on the tensor cores (TANDEM_CUDA_TC_8BIT=0: always products()): room for a
+  // tile of the widest such matrix's values.
+  const char* tc8 = std::getenv("TANDEM_CUDA_TC_8BIT");
+  int64_t tile = 0;
+  for (const DevLayer& l : layers_)
+    for (const DevMatrix* m : {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down})
+      if (m->quantized()) tile = std::max(tile, std::min(m->rows, dequant_tile_rows(m->cols)) * m->cols);
+  tc_8bit_ = tile > 0 && !(tc8 && std::string(tc8) == "0");
+  if (tc_8bit_) wtile_.resize(static_cast<std::size_t>(tile));
   if (const auto moe_layers = std::count_if(layers_.begin(), layers_.end(), [](const DevLayer& l) { return l.moe_index >= 0; })) {
     expert_counts_.resize(static_cast<std::size_t>(moe_layers * config.moe.experts));
     TANDEM_CUDA_CHECK(cudaMemset(expert_counts_.get(), 0, expert_counts_.size() * sizeof(unsigned long long)));
@@ -243,16 +252,38 @@ void CudaModel::product(const DevMatrix& w, const float* x, int64_t rows, float*
   products(p, RowGroups{}, 1, product_tiles(rows, 1), stream_);
 }
 
-void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
-  if (rows == 0) return;
-  if (w.quantized()) return product(w, static_cast<const float*>(x), rows, y);  // codes and scales: ours
+void CudaModel::blas_gemm(const void* w, cudaDataType_t t, cublasComputeType_t compute, int64_t n, int64_t k,
+                          const void* x, int64_t rows, float* y, int64_t ldy) {
   // Row-major y[rows][n] = x[rows][k] W^T with W [n][k] is, in cuBLAS's
   // column-major terms, y^T (n x rows) = W^T(k x n)^T * x^T (k x rows).
-  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), m = static_cast<int>(rows);
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasComputeType_t compute = w.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-  TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data.get(), cuda_type(w.dtype), k, x,
-                                   cuda_type(w.dtype), k, &beta, y, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT));
+  TANDEM_CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(rows),
+                                   static_cast<int>(k), &alpha, w, t, static_cast<int>(k), x, t, static_cast<int>(k), &beta,
+                                   y, CUDA_R_32F, static_cast<int>(ldy), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
+  if (rows == 0) return;
+  if (w.quantized()) {  // codes and scales: ours, or a long product's tiles of bf16 values on the tensor cores
+    if (tc_8bit_ && rows >= kDequantRows) return dequantized_gemm(w, static_cast<const float*>(x), rows, y);
+    return product(w, static_cast<const float*>(x), rows, y);
+  }
+  blas_gemm(w.data.get(), cuda_type(w.dtype), w.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+            w.rows, w.cols, x, rows, y, w.rows);
+}
+
+int64_t CudaModel::dequant_tile_rows(int64_t cols) {
+  return std::max<int64_t>(128, static_cast<int64_t>(kDequantTileBytes) / (2 * std::max<int64_t>(1, cols)) / 128 * 128);
+}
+
+void CudaModel::dequantized_gemm(const DevMatrix& w, const float* x, int64_t rows, float* y) {
+  to_half(x, rows * w.cols, DType::kBF16, act16_.get(), stream_);
+  const int64_t tile = dequant_tile_rows(w.cols);
+  for (int64_t n0 = 0; n0 < w.rows; n0 += tile) {  // the stream orders each tile's product before the next's dequantize
+    const int64_t n = std::min(tile, w.rows - n0);
+    dequantize_bf16(w.data.get(), w.dtype, w.scales(), n0, n, w.cols, wtile_.get(), stream_);
+    blas_gemm(wtile_.get(), CUDA_R_16BF, CUBLAS_COMPUTE_32F, n, w.cols, act16_.get(), rows, y + n0, w.rows);
+  }
 }
 
 void CudaModel::group_sum(float* y, int64_t n) {
@@ -406,6 +437,7 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   moved |= gate_up_.resize(sz(R * 2 * c_.intermediate));
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
   moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
+  if (tc_8bit_ && R >= kDequantRows) moved |= act16_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   moved |= last_.resize(sz(R * H));
   if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));
   if (c_.moe.any()) moved |= size_moe(R);

@@ -16,7 +16,9 @@
 // kv.dtype; FP8 rows as the CPU writes them): attention reads any,
 // accumulating in float32. A mixture of experts' layers and 8-bit weights
 // (kept 8-bit, with their scales) are multiplied by ops.h products(), not
-// cuBLAS (cuda_moe.cpp, products.cu).
+// cuBLAS (cuda_moe.cpp, products.cu) — except a dense product of 8-bit
+// weights over kDequantRows rows or more (a prefill), which turns the
+// weights' values into bf16 a tile at a time and runs on the tensor cores.
 // Weights are copied to the device in their checkpoint dtype. Products run
 // in cuBLAS with float32 accumulation: float32 weights in pedantic float32
 // (no TF32), bf16/f16 weights on the tensor cores with the activations
@@ -72,6 +74,10 @@ class CudaModel final : public ModelBackend {
   CudaModel& operator=(const CudaModel&) = delete;
 
   std::string_view name() const override { return "cuda"; }
+  // A dense product of 8-bit weights over this many rows or more (a prefill) runs on the tensor cores, the
+  // weights' values rounded to bf16 (TANDEM_CUDA_TC_8BIT=0: never); fewer rows are bound by the weights'
+  // bytes, which products() reads once, a byte each, multiplying code x scale in float32 as the CPU does.
+  static constexpr int64_t kDequantRows = 64;
   // Decode steps as captured graphs (default; TANDEM_CUDA_GRAPHS=0 starts without).
   void use_graphs(bool on) {
     graphs_enabled_ = on;
@@ -142,6 +148,14 @@ class CudaModel final : public ModelBackend {
   void gemm(const DevMatrix& w, const void* x, int64_t rows, float* y);
   // The same by ops.h products() on float32 x, in a fixed order (8-bit weights; a MoE layer's router).
   void product(const DevMatrix& w, const float* x, int64_t rows, float* y);
+  // 8-bit w on the tensor cores: x rounded to bf16, W's values (code x scale) rounded to bf16 a tile of rows
+  // at a time (wtile_), cuBLAS's bf16 product of each tile, float32 out.
+  void dequantized_gemm(const DevMatrix& w, const float* x, int64_t rows, float* y);
+  // Rows of an 8-bit matrix of `cols` columns dequantized at once: kDequantTileBytes of bf16, in 128s.
+  static int64_t dequant_tile_rows(int64_t cols);
+  // cuBLAS's y (ldy floats a row) = x W^T for W [n][k] of type t (row-major; x rows of k of type t).
+  void blas_gemm(const void* w, cudaDataType_t t, cublasComputeType_t compute, int64_t n, int64_t k, const void* x,
+                 int64_t rows, float* y, int64_t ldy);
 
   int64_t launch(std::span<const SeqChunk> chunks);
   void enqueue_step(int64_t rows, int64_t logit_rows);
@@ -167,6 +181,9 @@ class CudaModel final : public ModelBackend {
   // Step buffers.
   DeviceBuffer<float> x_, y_, qkv_, q_, attn_, gate_up_, last_, logits_;  // y_: a product to add to x_
   DeviceBuffer<float> act_;             // a product's input: float32, or bf16/f16 in its first half
+  bool tc_8bit_ = false;                // 8-bit weights, long products on the tensor cores (TANDEM_CUDA_TC_8BIT=0: never)
+  DeviceBuffer<uint16_t> act16_;        // their input rounded to bf16 [rows][widest]
+  DeviceBuffer<uint16_t> wtile_;        // a tile of their weights' values as bf16 (dequant_tile_rows)
   DeviceBuffer<float> gathered_;        // in a group: every rank's partial sums, [width][rows][hidden]
                                         // (a MoE layer's: every slot's, or with expert parallelism every
                                         // rank's slots of this rank's home rows)

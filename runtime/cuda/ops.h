@@ -166,6 +166,12 @@ struct Product {
   float* out = nullptr;
   int64_t rows = 0;  // a dense product's (RowGroups::offsets null)
 };
+// Rows [n0, n0 + n) of an 8-bit W ([rows][k] FP8 E4M3 or INT8 codes, one
+// group, its scales as products() reads them) into out as bf16 ([n][k]):
+// each weight's value as products() computes it, rounded to nearest even.
+// A long product's weights for the tensor cores (cuda_model.cpp gemm()).
+void dequantize_bf16(const void* codes, DType dtype, const ProductScales& s, int64_t n0, int64_t n, int64_t k, void* out,
+                     cudaStream_t stream);
 // A bound of the tiles `groups` groups of `rows` positions in all can make (the launch's grid).
 int64_t product_tiles(int64_t rows, int64_t groups);
 void products(const Product& p, const RowGroups& g, int64_t count, int64_t max_tiles, cudaStream_t stream);

@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
@@ -25,6 +27,17 @@ __device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float to_f(__half v) { return __half2float(v); }
 __device__ inline float to_f(I8 c) { return static_cast<float>(c.v); }
 __device__ inline float to_f(Fp8Code c) { return e4m3_value(c.bits); }
+
+// Weight (n, k) of a [N][K] matrix w (a group's), as a float32 value: an
+// 8-bit code times its scale (one float32 product, as the CPU's).
+template <class W>
+__device__ inline float weight_value(const W* w, const float* scales, const ProductScales& s, int64_t n, int64_t k,
+                                     int64_t K) {
+  float v = to_f(w[n * K + k]);
+  if (scales)  // 32-bit division: k, the offset and the block are far below 2^31
+    v *= scales[n * s.ld + static_cast<int32_t>(k + s.offset) / static_cast<int32_t>(s.block_cols)];
+  return v;
+}
 
 // A tile of kProductTileRows positions of one group by kTileN outputs; 256
 // threads, each 2 rows x 4 outputs (columns tx, tx + 16, tx + 32, tx + 48).
@@ -78,14 +91,7 @@ __global__ void __launch_bounds__(kThreads) product_kernel(Product p, RowGroups 
     for (int e = static_cast<int>(threadIdx.x); e < kTileN * kTileK; e += kThreads) {
       const int nn = e / kTileK, kk = e % kTileK;
       const int64_t n = n0 + nn, k = k0 + kk;
-      float v = 0.0f;
-      if (n < N && k < K) {
-        v = to_f(w[n * K + k]);
-        if (scales)  // 32-bit division: k, the offset and the block are far below 2^31
-          v *= scales[n * p.scales.ld +
-                      static_cast<int32_t>(k + p.scales.offset) / static_cast<int32_t>(p.scales.block_cols)];
-      }
-      ws[kk][nn] = v;
+      ws[kk][nn] = n < N && k < K ? weight_value(w, scales, p.scales, n, k, K) : 0.0f;
     }
     __syncthreads();
     for (int kk = 0; kk < kTileK; ++kk) {
@@ -109,7 +115,27 @@ __global__ void __launch_bounds__(kThreads) product_kernel(Product p, RowGroups 
   }
 }
 
+// Rows [n0, n0 + n) of w, element by element, as bf16 values.
+template <class W>
+__global__ void dequantize_kernel(const W* w, ProductScales s, int64_t n0, int64_t n, int64_t K, __nv_bfloat16* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n * K; e += stride)
+    out[e] = __float2bfloat16_rn(weight_value(w, s.grid, s, n0 + e / K, e % K, K));
+}
+
 }  // namespace
+
+void dequantize_bf16(const void* codes, DType dtype, const ProductScales& s, int64_t n0, int64_t n, int64_t k, void* out,
+                     cudaStream_t stream) {
+  if (n == 0 || k == 0) return;
+  if (!s.grid) throw Error("internal: dequantize_bf16 takes 8-bit weights with their scales");
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n * k + 255) / 256, 65535));
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  if (dtype == DType::kF8E4M3) dequantize_kernel<<<blocks, 256, 0, stream>>>(static_cast<const Fp8Code*>(codes), s, n0, n, k, o);
+  else if (dtype == DType::kI8) dequantize_kernel<<<blocks, 256, 0, stream>>>(static_cast<const I8*>(codes), s, n0, n, k, o);
+  else throw Error("internal: dequantize_bf16 takes FP8 E4M3 or INT8 codes");
+  TANDEM_CUDA_LAUNCHED();
+}
 
 int64_t product_tiles(int64_t rows, int64_t groups) { return (rows + kProductTileRows - 1) / kProductTileRows + groups; }
 

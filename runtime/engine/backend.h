@@ -10,6 +10,11 @@
 
 namespace tandem::runtime {
 
+// A CUDA rank with 8-bit weights turns a long product's weights into bf16
+// this many bytes at a time (CudaModel::dequantized_gemm); the pool sizing
+// leaves room for it.
+inline constexpr int64_t kDequantTileBytes = int64_t{64} << 20;
+
 // One sequence's part of a step.
 struct SeqChunk {
   int64_t start_pos = 0;                   // position of tokens[0] in its sequence

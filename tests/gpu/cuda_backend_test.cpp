@@ -21,7 +21,6 @@
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/engine/sampling.h"
-#include "runtime/model/quantize.h"
 #include "../unit/runtime/test_model.h"
 #include "gpu_helpers.h"
 
@@ -521,38 +520,4 @@ TEST_CASE("full-model logits match the CPU engine with the same KV dtype (f32 < 
 TEST_CASE("greedy tokens equal the CPU engine's for 32 steps in float32", "[gpu]") {
   testing::TinyModel tiny("qwen3", "f32");
   testing::check_greedy_like_cpu(tiny, *ModelWeights::load(tiny.config, tiny.dir, false), 4);
-}
-
-TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels; dense and MoE) gives the CPU engine's logits (< 1e-4: both "
-          "on code x scale), its weights 8-bit on the device",
-          "[gpu]") {
-  for (const char* arch : {"qwen3", "qwen3_moe"})
-  for (const char* scheme : {"fp8-block", "int8-channel"}) {
-    testing::TinyModel tiny(arch, "f32");  // f32 embedding and LM head: cuBLAS in pedantic f32, the SIMT attention
-    INFO(arch << " " << scheme);
-    const std::filesystem::path dir = tiny.dir.string() + "-" + scheme;
-    quantize_checkpoint({tiny.dir, dir, scheme});
-    const auto config = ModelConfig::load(dir);
-    const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
-    std::mt19937 rng(5);
-    std::vector<int32_t> prompt(40);
-    for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
-    cpu::ThreadPool threads(2);
-    kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 8);
-    cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
-    const auto want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
-    DevPool dev(config, 8, 4);
-    std::unique_ptr<cu::CudaModel> gpu;
-    const double held = testing::device_bytes_of([&] {
-      gpu = std::make_unique<cu::CudaModel>(config, *rowmajor, *dev.pool);
-      return 0;
-    });
-    const auto got = testing::chunked_logits(*gpu, *dev.pool, prompt);
-    REQUIRE(got.size() == want.size());
-    const double err = rel_err(got, want);
-    std::printf("cuda %s %s: largest logit difference from the CPU engine %.3g (relative); the model takes %.1f MiB of "
-                "device memory\n", arch, scheme, err, held / (1 << 20));
-    CHECK(err < 1e-4);
-    std::filesystem::remove_all(dir);
-  }
 }
