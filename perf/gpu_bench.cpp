@@ -8,7 +8,8 @@
 // step), and prefill tokens/s (8 x 512-token prompts in one step) as a share
 // of the bf16 peak. Then the bench model quantized (FP8 blocks, INT8
 // channels: 8-bit on the device) against bf16: device memory, prefill,
-// decode, decode against its 8-bit roofline. Then a mixture of experts (Qwen3-MoE layout: 8 layers,
+// decode, decode against its 8-bit roofline; FP8 with model.gpu_matmul = "fp8"
+// (a Hopper's FP8 tensor cores) against it in prefill. Then a mixture of experts (Qwen3-MoE layout: 8 layers,
 // hidden 1024, 32 experts of 512 units, 4 a token, bf16): prefill and decode
 // at 1 and 32 sequences against the bytes a step reads (the experts its
 // tokens touch, about E (1 - (1 - k/E)^B) a layer). Figures only; never
@@ -366,6 +367,20 @@ void quantized_figures(const Datasheet& ds, double copy, const std::filesystem::
                   scheme, static_cast<long long>(B), tps, bf16_decode[B == 1 ? 0 : 1], tps / bf16_decode[B == 1 ? 0 : 1],
                   roof, 100 * tps / roof);
     }
+    if (std::string(scheme) != "fp8-block") continue;
+    // model.gpu_matmul = "fp8": the prefill's products on the FP8 tensor cores (activations quantized), Hopper only.
+    if (const std::string why = cuda::Fp8Gemm::unsupported(); !why.empty()) {
+      std::printf("fp8-block, model.gpu_matmul = fp8: not measured: %s\n", why.c_str());
+      continue;
+    }
+    ModelConfig units = c;
+    units.gpu_matmul = "fp8";
+    bench.model.reset();  // one model on the device at a time
+    ModelBench fp8(units, *w, 32);
+    const double fp8_prefill = fp8.prefill_tps();
+    std::printf("fp8-block, model.gpu_matmul = fp8: prefill 8 x %lld tokens %.0f tok/s (auto %.0f: %.2fx; bf16 %.0f: %.2fx)\n",
+                static_cast<long long>(ModelBench::kCtx), fp8_prefill, prefill, fp8_prefill / prefill, bf16_prefill,
+                fp8_prefill / bf16_prefill);
   }
 }
 

@@ -6,7 +6,7 @@
 # each engine alternately, twice, the better of each kept (this machine's
 # neighbours swing single runs by 10% and more). Prints a table with the
 # ratios; then the same for 8-bit weights: llama.cpp Q8_0 against Tandem FP8
-# and INT8 (tandem quantize) of the same bf16 weights. Figures only: it never
+# and INT8 (tandem quantize) of the same bf16 weights, in both arithmetics. Figures only: it never
 # fails on time.
 #
 #   perf/llamacpp_bench.sh [BUILD_DIR] [THREADS]
@@ -70,13 +70,20 @@ for scheme in fp8-block int8-channel; do
   [ -f "$model-$scheme/config.json" ] ||
     "$build/launcher/tandem" quantize --model "$model" --out "$model-$scheme" --scheme "$scheme" --quiet
 done
-declare -A fp8 int8 q8l
+declare -A fp8 int8 fp8b int8b q8l
+eight() {  # scheme, workload, then the environment's assignments: Tandem's tokens/s
+  local scheme=$1 what=$2
+  shift 2
+  env "$@" "$build/perf/engine_bench" --model "$model-$scheme" --threads "$threads" --only "$what" | awk '{print $(NF-1)}'
+}
 for run in 1 2; do
   for what in prefill decode:1 decode:32; do
-    fp8[$what]="${fp8[$what]:-} $("$build/perf/engine_bench" --model "$model-fp8-block" --threads "$threads" --only "$what" |
-      awk '{print $(NF-1)}')"
-    int8[$what]="${int8[$what]:-} $("$build/perf/engine_bench" --model "$model-int8-channel" --threads "$threads" \
-      --only "$what" | awk '{print $(NF-1)}')"
+    fp8[$what]="${fp8[$what]:-} $(eight fp8-block "$what")"
+    int8[$what]="${int8[$what]:-} $(eight int8-channel "$what")"
+    if [ "$has_bf16" = 1 ]; then  # each weight's value rounded to bf16, AVX512-BF16 dot products
+      fp8b[$what]="${fp8b[$what]:-} $(eight fp8-block "$what" TANDEM_CPU_KERNELS=avx512-bf16)"
+      int8b[$what]="${int8b[$what]:-} $(eight int8-channel "$what" TANDEM_CPU_KERNELS=avx512-bf16)"
+    fi
   done
   json=$(node "$src/perf/llamacpp_bench.mjs" "$deps/node_modules" "$q8" "$threads")
   for key in prefill_512 decode_1 decode_32; do
@@ -90,3 +97,11 @@ printf '%-28s %13s %13s %8s %13s %8s\n' "workload" "llama.cpp Q8_0" "Tandem fp8"
 row "prefill, 512-token prompts" "${q8l[prefill_512]}" "${fp8[prefill]}" "${int8[prefill]}"
 row "decode, 1 sequence" "${q8l[decode_1]}" "${fp8[decode:1]}" "${int8[decode:1]}"
 row "decode, 32 sequences" "${q8l[decode_32]}" "${fp8[decode:32]}" "${int8[decode:32]}"
+if [ "$has_bf16" = 1 ]; then
+  echo
+  echo "The same, Tandem in its bf16 arithmetic (model.cpu_matmul = \"bf16\": code x scale rounded to bf16):"
+  printf '%-28s %13s %13s %8s %13s %8s\n' "workload" "llama.cpp Q8_0" "fp8, bf16" "ratio" "int8, bf16" "ratio"
+  row "prefill, 512-token prompts" "${q8l[prefill_512]}" "${fp8b[prefill]}" "${int8b[prefill]}"
+  row "decode, 1 sequence" "${q8l[decode_1]}" "${fp8b[decode:1]}" "${int8b[decode:1]}"
+  row "decode, 32 sequences" "${q8l[decode_32]}" "${fp8b[decode:32]}" "${int8b[decode:32]}"
+fi

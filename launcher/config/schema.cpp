@@ -87,6 +87,13 @@ std::vector<KeySpec> build_schema() {
                "on every CPU) or bf16 (activations rounded to bf16, AVX512-BF16 dot products: about 1.7x the prefill, "
                "other bits; docs/engine.md).")
           ,
+      key("model", "gpu_matmul", &C::model, &ModelConfig::gpu_matmul)
+          .choices({"auto", "fp8"})
+          .doc("The CUDA backend's products of an FP8 128x128-block checkpoint over 64 rows or more (prefill): auto "
+               "(the weights' values rounded to bf16 on the tensor cores, activations in bf16) or fp8 (Hopper's FP8 "
+               "tensor cores through cuBLASLt, activations quantized to E4M3 per row and 128 columns as vLLM and "
+               "SGLang serve such checkpoints: other numerics; docs/quantization.md).")
+          ,
       key("model", "served_name", &C::model, &ModelConfig::served_name)
           .doc("Model name in API responses and /v1/models; empty: the model directory's name.")
           ,

@@ -118,6 +118,16 @@ void check_backend(const Prepared& p, int ranks) {
   if (p.cfg.kv.dtype == "fp8" && p.model.head_dim % 4 != 0)
     throw Error("kv.dtype = \"fp8\" needs head_dim to be a multiple of 4 (each row's scale is an aligned float32); " +
                 p.cfg.model.path + " has head_dim " + std::to_string(p.model.head_dim) + ": use \"bf16\"");
+  if (p.cfg.model.gpu_matmul != "auto") {
+    if (c.on_cpu())
+      throw Error("model.gpu_matmul = \"" + p.cfg.model.gpu_matmul + "\" sets the CUDA backend's arithmetic; with "
+                  "model.backend = \"" + b + "\" remove it");
+    const runtime::QuantConfig& q = p.model.quant;
+    if (q.method != runtime::QuantConfig::Method::kFp8Block || q.block_rows != 128 || q.block_cols != 128)
+      throw Error("model.gpu_matmul = \"fp8\" multiplies checkpoints of FP8 weights in 128x128 blocks (DeepSeek and "
+                  "Qwen -FP8 releases, tandem quantize --scheme fp8-block); " + p.cfg.model.path + " is " +
+                  (q.any() ? q.name() : std::string(runtime::dtype_name(p.model.dtype))) + ": use \"auto\"");
+  }
   if (c.on_cpu()) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");

@@ -68,6 +68,7 @@ Prepared prepare(const RunOptions& o) {
   p.model = runtime::ModelConfig::load(p.cfg.model.path);
   p.model.load_as = p.cfg.model.dtype;
   p.model.cpu_matmul = p.cfg.model.cpu_matmul;
+  p.model.gpu_matmul = p.cfg.model.gpu_matmul;
   p.tokenizer = runtime::Tokenizer::load(p.cfg.model.path);
   p.max_model_len = p.cfg.model.max_model_len > 0 ? std::min(p.cfg.model.max_model_len, p.model.max_position_embeddings)
                                                   : p.model.max_position_embeddings;

@@ -31,8 +31,9 @@ cudaDataType_t cuda_type(DType t) {
 
 }  // namespace
 
-CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize) {
-  return upload(std::span<const Part>(parts.begin(), parts.size()), what, dequantize);
+CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize,
+                                       bool fp8_blocks) {
+  return upload(std::span<const Part>(parts.begin(), parts.size()), what, dequantize, fp8_blocks);
 }
 
 namespace {
@@ -45,7 +46,8 @@ std::pair<int64_t, int64_t> scale_blocks(const Matrix& m, int64_t c0) {
 
 }  // namespace
 
-CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::string& what, bool dequantize) {
+CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::string& what, bool dequantize,
+                                       bool fp8_blocks) {
   DevMatrix d;
   if (parts.empty()) return d;
   const Matrix& first = *parts.begin()->m;
@@ -103,7 +105,35 @@ CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::s
     TANDEM_CUDA_CHECK(cudaMemcpy(d.scale_rows.get(), scale_rows.data(), scale_rows.size() * sizeof(float),
                                  cudaMemcpyHostToDevice));
   }
+  if (fp8_blocks && d.dtype == DType::kF8E4M3) upload_blocks(parts, what, d);
   return d;
+}
+
+void CudaModel::upload_blocks(std::span<const Part> parts, const std::string& what, DevMatrix& d) {
+  constexpr int64_t B = kFp8Group;
+  d.blocks_ld = ((d.cols + B - 1) / B + 3) / 4 * 4;
+  std::vector<float> grid(static_cast<std::size_t>((d.rows + B - 1) / B * d.blocks_ld), 0.0f);
+  int64_t at = 0;  // the part's first row in d
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    const Scales& s = p.m->scales;
+    const int64_t rows = (p.r1 < 0 ? p.m->rows : p.r1) - p.r0;
+    // Whole blocks: the part starts on a block's first row and column, fills its last block row unless it is
+    // d's last part, and the width is whole blocks (cuBLASLt's grid starts at (0, 0) and steps by 128).
+    if (s.block_rows != B || s.block_cols != B || (p.r0 + s.r0) % B != 0 || (p.c0 + s.c0) % B != 0 ||
+        d.cols % B != 0 || (i + 1 < parts.size() && rows % B != 0))
+      throw Error("model.gpu_matmul = \"fp8\" needs whole 128x128 blocks, but " + what + " on this rank is " +
+                  std::to_string(rows) + " rows from row " + std::to_string(p.r0) + " by " + std::to_string(d.cols) +
+                  " columns from column " + std::to_string(p.c0) + " of blocks of " + std::to_string(s.block_rows) + "x" +
+                  std::to_string(s.block_cols) + " (a tensor-parallel width that cuts a block, or a dimension that is "
+                  "not a multiple of 128); use \"auto\"");
+    for (int64_t r = 0; r < rows; r += B)
+      for (int64_t c = 0; c < d.cols; c += B)
+        grid[static_cast<std::size_t>((at + r) / B * d.blocks_ld + c / B)] = s.at(p.r0 + r, p.c0 + c);
+    at += rows;
+  }
+  d.blocks.resize(grid.size());
+  TANDEM_CUDA_CHECK(cudaMemcpy(d.blocks.get(), grid.data(), grid.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 DeviceBuffer<float> CudaModel::upload(std::initializer_list<const std::vector<float>*> parts) {
@@ -170,14 +200,20 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   final_norm_ = upload({&w.final_norm});
   const std::vector<float> inv_freq = rope_inv_freq(config);
   inv_freq_ = upload({&inv_freq});
+  if (config.gpu_matmul == "fp8") {  // job_checks refused it for any other checkpoint
+    if (const std::string why = Fp8Gemm::unsupported(); !why.empty())
+      throw Error("model.gpu_matmul = \"fp8\": " + why + "; use \"auto\"");
+    fp8_ = std::make_unique<Fp8Gemm>(workspace_.get(), workspace_.size());
+  }
   upload_layers(config, w);
   // Long products of 8-bit weights on the tensor cores (TANDEM_CUDA_TC_8BIT=0: always products()): room for a
-  // tile of the widest such matrix's values.
+  // tile of the widest such matrix's values (those on the FP8 units need none).
   const char* tc8 = std::getenv("TANDEM_CUDA_TC_8BIT");
   int64_t tile = 0;
   for (const DevLayer& l : layers_)
     for (const DevMatrix* m : {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down})
-      if (m->quantized()) tile = std::max(tile, std::min(m->rows, dequant_tile_rows(m->cols)) * m->cols);
+      if (m->quantized() && !(fp8_ && m->blocks.size()))
+        tile = std::max(tile, std::min(m->rows, dequant_tile_rows(m->cols)) * m->cols);
   tc_8bit_ = tile > 0 && !(tc8 && std::string(tc8) == "0");
   if (tc_8bit_) wtile_.resize(static_cast<std::size_t>(tile));
   if (const auto moe_layers = std::count_if(layers_.begin(), layers_.end(), [](const DevLayer& l) { return l.moe_index >= 0; })) {
@@ -219,11 +255,12 @@ void CudaModel::upload_layers(const ModelConfig& full, const ModelWeights& w) {
     const std::vector<float> bq = slice(lw.bq, q0, q1), bk = slice(lw.bk, k0, k1), bv = slice(lw.bv, k0, k1);
     d.bqkv = upload({&bq, &bk, &bv}), d.bo = upload({&lw.bo});
     d.q_norm = upload({&lw.q_norm}), d.k_norm = upload({&lw.k_norm});
-    d.wqkv = upload({{&lw.wq, q0, q1}, {&lw.wk, k0, k1}, {&lw.wv, k0, k1}}, "q, k and v");
-    d.wo = upload({{&lw.wo, 0, -1, q0, q1}}, "o_proj");
+    const bool fp8 = fp8_ != nullptr;  // the 128x128 blocks' scales too
+    d.wqkv = upload({{&lw.wq, q0, q1}, {&lw.wk, k0, k1}, {&lw.wv, k0, k1}}, "q, k and v", false, fp8);
+    d.wo = upload({{&lw.wo, 0, -1, q0, q1}}, "o_proj", false, fp8);
     if (lw.experts.empty()) {
-      d.w_gate_up = upload({{&lw.w_gate, u0, u1}, {&lw.w_up, u0, u1}}, "gate and up");
-      d.w_down = upload({{&lw.w_down, 0, -1, u0, u1}}, "down_proj");
+      d.w_gate_up = upload({{&lw.w_gate, u0, u1}, {&lw.w_up, u0, u1}}, "gate and up", false, fp8);
+      d.w_down = upload({{&lw.w_down, 0, -1, u0, u1}}, "down_proj", false, fp8);
     } else {
       upload_moe(full, lw, d);
     }
@@ -264,9 +301,11 @@ void CudaModel::blas_gemm(const void* w, cudaDataType_t t, cublasComputeType_t c
 
 void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) {
   if (rows == 0) return;
-  if (w.quantized()) {  // codes and scales: ours, or a long product's tiles of bf16 values on the tensor cores
-    if (tc_8bit_ && rows >= kDequantRows) return dequantized_gemm(w, static_cast<const float*>(x), rows, y);
-    return product(w, static_cast<const float*>(x), rows, y);
+  if (w.quantized()) {  // codes and scales: ours, or a long product on the tensor cores
+    const auto* in = static_cast<const float*>(x);
+    if (rows >= kDequantRows && fp8_ && w.blocks.size()) return fp8_product(w, in, rows, y);
+    if (rows >= kDequantRows && tc_8bit_) return dequantized_gemm(w, in, rows, y);
+    return product(w, in, rows, y);
   }
   blas_gemm(w.data.get(), cuda_type(w.dtype), w.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
             w.rows, w.cols, x, rows, y, w.rows);
@@ -274,6 +313,12 @@ void CudaModel::gemm(const DevMatrix& w, const void* x, int64_t rows, float* y) 
 
 int64_t CudaModel::dequant_tile_rows(int64_t cols) {
   return std::max<int64_t>(128, static_cast<int64_t>(kDequantTileBytes) / (2 * std::max<int64_t>(1, cols)) / 128 * 128);
+}
+
+void CudaModel::fp8_product(const DevMatrix& w, const float* x, int64_t rows, float* y) {
+  quantize_groups_fp8(x, rows, w.cols, act8_.get(), act8_scales_.get(), stream_);
+  fp8_->run(w.data.get(), w.blocks.get(), w.blocks_ld, w.rows, w.cols, act8_.get(), act8_scales_.get(), rows, y, w.rows,
+            stream_);
 }
 
 void CudaModel::dequantized_gemm(const DevMatrix& w, const float* x, int64_t rows, float* y) {
@@ -438,6 +483,11 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
   moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   if (tc_8bit_ && R >= kDequantRows) moved |= act16_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
+  if (fp8_ && R >= kDequantRows) {
+    const int64_t widest = std::max({H, q_dim, c_.intermediate});
+    moved |= act8_.resize(sz(R * widest));
+    moved |= act8_scales_.resize(sz((widest / kFp8Group + 1) * fp8_scale_ld(R)));
+  }
   moved |= last_.resize(sz(R * H));
   if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));
   if (c_.moe.any()) moved |= size_moe(R);

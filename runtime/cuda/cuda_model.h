@@ -18,7 +18,9 @@
 // (kept 8-bit, with their scales) are multiplied by ops.h products(), not
 // cuBLAS (cuda_moe.cpp, products.cu) — except a dense product of 8-bit
 // weights over kDequantRows rows or more (a prefill), which turns the
-// weights' values into bf16 a tile at a time and runs on the tensor cores.
+// weights' values into bf16 a tile at a time and runs on the tensor cores
+// (or, with model.gpu_matmul = "fp8", quantizes its input and runs on
+// Hopper's FP8 tensor cores: fp8_gemm.h).
 // Weights are copied to the device in their checkpoint dtype. Products run
 // in cuBLAS with float32 accumulation: float32 weights in pedantic float32
 // (no TF32), bf16/f16 weights on the tensor cores with the activations
@@ -44,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -51,6 +54,7 @@
 
 #include "kv/block_pool.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/fp8_gemm.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/engine/backend.h"
 #include "runtime/engine/device_group.h"
@@ -108,6 +112,9 @@ class CudaModel final : public ModelBackend {
     ProductScales scales() const {
       return quantized() ? ProductScales{scale_rows.get(), scale_ld, scale_cols, scale_offset} : ProductScales{};
     }
+    // model.gpu_matmul = "fp8": the checkpoint's 128x128 blocks' scales [ceil(rows / 128)][blocks_ld] (fp8_gemm.h).
+    DeviceBuffer<float> blocks;
+    int64_t blocks_ld = 0;
   };
   struct DevLayer {
     DeviceBuffer<float> attn_norm, bqkv, bo, q_norm, k_norm, mlp_norm;  // bqkv: [bq | bk | bv]
@@ -124,8 +131,13 @@ class CudaModel final : public ModelBackend {
   };
   // The parts one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
   // 8-bit weights stay 8-bit, with a row of scales per row; dequantize: as their float32 values (the embedding).
-  static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize = false);
-  static DevMatrix upload(std::span<const Part> parts, const std::string& what, bool dequantize = false);
+  // fp8_blocks: FP8 weights get their 128x128 blocks' scales too (DevMatrix::blocks), or it throws.
+  static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize = false,
+                          bool fp8_blocks = false);
+  static DevMatrix upload(std::span<const Part> parts, const std::string& what, bool dequantize = false,
+                          bool fp8_blocks = false);
+  // The parts' 128x128 blocks' scales, block row by block row (fp8_gemm.h), into d.
+  static void upload_blocks(std::span<const Part> parts, const std::string& what, DevMatrix& d);
   static DeviceBuffer<float> upload(std::initializer_list<const std::vector<float>*> parts);
   void upload_layers(const ModelConfig& full, const ModelWeights& w);
   // A MoE layer's router and this rank's experts (cuda_moe.cpp).
@@ -151,6 +163,8 @@ class CudaModel final : public ModelBackend {
   // 8-bit w on the tensor cores: x rounded to bf16, W's values (code x scale) rounded to bf16 a tile of rows
   // at a time (wtile_), cuBLAS's bf16 product of each tile, float32 out.
   void dequantized_gemm(const DevMatrix& w, const float* x, int64_t rows, float* y);
+  // model.gpu_matmul = "fp8": x quantized per row and 128 columns, W's codes and blocks on the FP8 tensor cores.
+  void fp8_product(const DevMatrix& w, const float* x, int64_t rows, float* y);
   // Rows of an 8-bit matrix of `cols` columns dequantized at once: kDequantTileBytes of bf16, in 128s.
   static int64_t dequant_tile_rows(int64_t cols);
   // cuBLAS's y (ldy floats a row) = x W^T for W [n][k] of type t (row-major; x rows of k of type t).
@@ -184,6 +198,9 @@ class CudaModel final : public ModelBackend {
   bool tc_8bit_ = false;                // 8-bit weights, long products on the tensor cores (TANDEM_CUDA_TC_8BIT=0: never)
   DeviceBuffer<uint16_t> act16_;        // their input rounded to bf16 [rows][widest]
   DeviceBuffer<uint16_t> wtile_;        // a tile of their weights' values as bf16 (dequant_tile_rows)
+  std::unique_ptr<Fp8Gemm> fp8_;        // model.gpu_matmul = "fp8": long products of FP8 blocks on Hopper's FP8 units
+  DeviceBuffer<uint8_t> act8_;          // their input as E4M3 codes [rows][widest]
+  DeviceBuffer<float> act8_scales_;     // and scales (ops.h quantize_groups_fp8)
   DeviceBuffer<float> gathered_;        // in a group: every rank's partial sums, [width][rows][hidden]
                                         // (a MoE layer's: every slot's, or with expert parallelism every
                                         // rank's slots of this rank's home rows)

@@ -187,6 +187,7 @@ std::string model_fingerprint(const std::filesystem::path& dir, const ModelConfi
   add(st, dtype_name(config.dtype));
   if (config.load_as != "auto") add(st, "as:" + config.load_as);  // model.dtype changes the weights computed with
   if (config.cpu_matmul != "f32") add(st, "matmul:" + config.cpu_matmul);  // and bf16 dot products the KV's bits
+  if (config.gpu_matmul != "auto") add(st, "gpu_matmul:" + config.gpu_matmul);  // as do quantized activations
   add(st, "kv:float32");
   return hex(XXH3_64bits_digest(st));
 }

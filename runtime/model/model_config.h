@@ -70,6 +70,9 @@ struct ModelConfig {
   // The CPU backend's product arithmetic (tandem run's model.cpu_matmul: "f32" | "bf16"; not in config.json):
   // it changes the bits of the KV computed, so the KV store's fingerprint includes it.
   std::string cpu_matmul = "f32";
+  // The CUDA backend's long products of FP8 128x128-block weights (tandem run's model.gpu_matmul: "auto" |
+  // "fp8"; not in config.json): "fp8" quantizes their activations for Hopper's FP8 tensor cores.
+  std::string gpu_matmul = "auto";
 
   // Reads DIR/config.json; throws tandem::Error with one line naming the file
   // and the problem (missing field, unsupported architecture or dtype).

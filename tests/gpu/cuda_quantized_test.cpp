@@ -7,8 +7,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -16,9 +19,13 @@
 #include <vector>
 
 #include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/fp8_gemm.h"
 #include "runtime/cuda/ops.h"
 #include "runtime/model/dtype.h"
+#include "runtime/model/make_model.h"
 #include "runtime/model/quantize.h"
 #include "../unit/runtime/test_model.h"
 #include "gpu_helpers.h"
@@ -151,4 +158,121 @@ TEST_CASE("an 8-bit checkpoint's long prefill runs on the tensor cores (bf16 val
     }
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST_CASE("quantize_groups_fp8: each row's groups of 128 columns as the CPU's quantize_fp8_row makes them", "[gpu]") {
+  const int64_t rows = 5, k = 384, ld = cu::fp8_scale_ld(rows);  // 5 rows: scales 8 apart
+  std::vector<float> x = testing::random_floats(static_cast<std::size_t>(rows * k), 6, 3.0f);
+  for (int64_t c = 128; c < 256; ++c) x[static_cast<std::size_t>(2 * k + c)] = 0.0f;  // an all-zero group
+  x[static_cast<std::size_t>(4 * k + 7)] = 1e-30f;                                     // and a tiny value
+  const Dev<float> d_x(x);
+  const Dev<uint8_t> codes(std::vector<uint8_t>(static_cast<std::size_t>(rows * k), 0xAA));
+  const Dev<float> scales(std::vector<float>(static_cast<std::size_t>(k / 128 * ld), -1.0f));
+  cu::quantize_groups_fp8(d_x.p, rows, k, codes.p, scales.p, nullptr);
+  const auto got = codes.get(static_cast<std::size_t>(rows * k));
+  const auto got_scales = scales.get(static_cast<std::size_t>(k / 128 * ld));
+  int64_t wrong = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < k / 128; ++g) {
+      std::vector<uint8_t> want(128 + sizeof(float));
+      cpu::quantize_fp8_row(x.data() + r * k + g * 128, 128, want.data());
+      float scale = 0;
+      std::memcpy(&scale, want.data() + 128, sizeof scale);
+      wrong += got_scales[static_cast<std::size_t>(g * ld + r)] != scale;
+      for (int64_t c = 0; c < 128; ++c) wrong += got[static_cast<std::size_t>(r * k + g * 128 + c)] != want[static_cast<std::size_t>(c)];
+    }
+  CHECK(wrong == 0);
+}
+
+// model.gpu_matmul = "fp8": cuBLASLt's block-scaled FP8 product against the same arithmetic on the host in
+// double (x quantized per row and 128 columns as quantize_fp8_row, W's codes times their blocks' scales),
+// for row counts that are and are not a multiple of 4 and a weight of 2.5 block rows. Hopper only.
+TEST_CASE("Fp8Gemm: the FP8 tensor cores' product of 128x128-block weights and 1x128-group activations", "[gpu]") {
+  if (const std::string why = cu::Fp8Gemm::unsupported(); !why.empty()) {
+    std::printf("skipped: %s\n", why.c_str());
+    return;
+  }
+  const int64_t n = 320, k = 512, nb = (n + 127) / 128, kb = k / 128, w_ld = (kb + 3) / 4 * 4;
+  std::mt19937 rng(9);
+  std::vector<uint8_t> w(static_cast<std::size_t>(n * k));
+  for (auto& c : w) {
+    c = static_cast<uint8_t>(rng());
+    if ((c & 0x7F) == 0x7F) c ^= 1;
+  }
+  std::vector<float> w_scales(static_cast<std::size_t>(nb * w_ld), 0.0f);
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t j = 0; j < kb; ++j) w_scales[static_cast<std::size_t>(i * w_ld + j)] = 1e-3f * static_cast<float>(1 + (i * 7 + j * 3) % 11);
+  const Dev<uint8_t> d_w(w);
+  const Dev<float> d_ws(w_scales);
+  cu::DeviceBuffer<uint8_t> workspace(std::size_t{32} << 20);
+  cu::Fp8Gemm gemm(workspace.get(), workspace.size());
+  for (const int64_t rows : {int64_t{70}, int64_t{128}}) {
+    INFO(rows << " rows");
+    const std::vector<float> x = testing::random_floats(static_cast<std::size_t>(rows * k), 10 + static_cast<uint32_t>(rows));
+    const int64_t ld = cu::fp8_scale_ld(rows);
+    const Dev<float> d_x(x);
+    const Dev<uint8_t> codes(std::vector<uint8_t>(static_cast<std::size_t>(rows * k), 0));
+    const Dev<float> scales(std::vector<float>(static_cast<std::size_t>(kb * ld), 0.0f));
+    const Dev<float> y(std::vector<float>(static_cast<std::size_t>(rows * n), 0.0f));
+    cu::quantize_groups_fp8(d_x.p, rows, k, codes.p, scales.p, nullptr);
+    gemm.run(d_w.p, d_ws.p, w_ld, n, k, codes.p, scales.p, rows, y.p, n, nullptr);
+    const auto got = y.get(static_cast<std::size_t>(rows * n));
+    const auto xc = codes.get(static_cast<std::size_t>(rows * k));
+    const auto xs = scales.get(static_cast<std::size_t>(kb * ld));
+    double worst = 0, largest = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        double want = 0;
+        for (int64_t g = 0; g < kb; ++g) {
+          double part = 0;
+          for (int64_t c = g * 128; c < (g + 1) * 128; ++c)
+            part += static_cast<double>(f8e4m3_to_f32(xc[static_cast<std::size_t>(r * k + c)])) *
+                    f8e4m3_to_f32(w[static_cast<std::size_t>(o * k + c)]);
+          want += part * xs[static_cast<std::size_t>(g * ld + r)] * w_scales[static_cast<std::size_t>(o / 128 * w_ld + g)];
+        }
+        worst = std::max(worst, std::fabs(want - got[static_cast<std::size_t>(r * n + o)]));
+        largest = std::max(largest, std::fabs(want));
+      }
+    std::printf("Fp8Gemm, %ld rows: largest difference from the host's %.3g of the largest output %.3g\n",
+                static_cast<long>(rows), worst, largest);
+    CHECK(worst < 1e-3 * largest);  // float32 sums of exact FP8 products; a wrong scale layout is off by O(1)
+  }
+}
+
+TEST_CASE("model.gpu_matmul = \"fp8\": an FP8-block checkpoint's prefill on the FP8 tensor cores stays near the CPU "
+          "engine's logits, its short steps exactly the CPU's arithmetic",
+          "[gpu]") {
+  if (const std::string why = cu::Fp8Gemm::unsupported(); !why.empty()) {
+    std::printf("skipped: %s\n", why.c_str());
+    return;
+  }
+  MakeModelOptions o;
+  o.arch = "qwen3", o.preset = "small", o.dtype = "f32", o.seed = 12;  // hidden 256, q 256, kv 128, units 768: whole blocks
+  o.tokenizer_dir = testing::tokenizer_dir("qwen3");
+  o.out_dir = std::filesystem::temp_directory_path() / ("tandem-gpu-fp8mm-" + std::to_string(::getpid()));
+  make_model(o);
+  const std::filesystem::path dir = o.out_dir.string() + "-fp8";
+  quantize_checkpoint({o.out_dir, dir, "fp8-block"});
+  ModelConfig config = ModelConfig::load(dir);
+  const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+  std::mt19937 rng(13);
+  std::vector<int32_t> prompt(static_cast<std::size_t>(cu::CudaModel::kDequantRows + 36));
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
+  cpu::ThreadPool threads(2);
+  kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 16);
+  cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+  const std::vector<float> want = one_step_logits(cpu_model, cpu_pool, prompt);
+  const std::vector<float> want_short = testing::chunked_logits(cpu_model, cpu_pool, prompt);
+  config.gpu_matmul = "fp8";
+  DevPool dev(config, 16, 4);
+  cu::CudaModel gpu(config, *rowmajor, *dev.pool);
+  const double err = rel_err(one_step_logits(gpu, *dev.pool, prompt), want);
+  const double err_short = rel_err(testing::chunked_logits(gpu, *dev.pool, prompt), want_short);
+  std::printf("cuda fp8 block, model.gpu_matmul = fp8: one step of %zu rows %.3g from the CPU engine's logits; steps "
+              "of 20 rows and fewer %.3g\n", prompt.size(), err, err_short);
+  CHECK(err < 1e-1);  // activations in E4M3: 3 bits of mantissa where the CPU keeps 24
+  CHECK(err > 1e-6);  // and it did quantize them
+  CHECK(err_short < 1e-4);  // under 64 rows: products(), code x scale in float32
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(o.out_dir);
 }

@@ -142,6 +142,15 @@ with tempfile.TemporaryDirectory() as d:
         check("model.dtype = \"int8\" on an FP8 checkpoint is refused with one line",
               p.returncode != 0 and len(errors) == 1 and "is already quantized (fp8 128x128 block)" in errors[0],
               f"rc {p.returncode}: {p.stderr.strip()[-300:]}")
+        # model.gpu_matmul = "fp8" (Hopper's FP8 tensor cores) is the CUDA backend's, for FP8-block checkpoints only
+        for label, model, sets, want in (
+                ("on the CPU backend", fp8, ['model.gpu_matmul="fp8"'], "sets the CUDA backend's arithmetic"),
+                ("on a bf16 checkpoint", source, ['model.backend="cuda"', 'model.gpu_matmul="fp8"'],
+                 "multiplies checkpoints of FP8 weights in 128x128 blocks")):
+            p, _, _ = run(model, "gpu-matmul-" + label.split()[-2], 1, *sets, timeout=60)
+            errors = [l for l in p.stderr.splitlines() if l.startswith("tandem: error:")]
+            check(f"model.gpu_matmul = \"fp8\" {label} is refused with one line",
+                  p.returncode != 0 and len(errors) == 1 and want in errors[0], f"rc {p.returncode}: {p.stderr.strip()[-300:]}")
         p, widened, _ = run(source, "f32-at-load", 1, 'model.dtype="f32"')
         check("model.dtype = \"f32\": bf16 weights widened as they load, exactly: the checkpoint's own ids",
               p.returncode == 0 and widened == plain, f"rc {p.returncode}, {sum(widened.get(k) != v for k, v in plain.items())} differ")

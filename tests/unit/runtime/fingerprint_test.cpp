@@ -54,12 +54,15 @@ TEST_CASE("the model fingerprint changes with any byte of the weights, and its c
   set_mtime(weights, 1000);
   CHECK(model_fingerprint(dir, config) == base);
   // The same files run another way give other KV: weights converted as they load, bf16 dot products.
-  tandem::runtime::ModelConfig converted = config, bf16dot = config;
+  tandem::runtime::ModelConfig converted = config, bf16dot = config, fp8_units = config;
   converted.load_as = "fp8";
   bf16dot.cpu_matmul = "bf16";
+  fp8_units.gpu_matmul = "fp8";  // activations quantized for the FP8 tensor cores
   CHECK(model_fingerprint(dir, converted) != base);
   CHECK(model_fingerprint(dir, bf16dot) != base);
   CHECK(model_fingerprint(dir, bf16dot) != model_fingerprint(dir, converted));
+  CHECK(model_fingerprint(dir, fp8_units) != base);
+  CHECK(model_fingerprint(dir, fp8_units) != model_fingerprint(dir, bf16dot));
   // Cached: stored by the first call, found by the next (the file is not read: a change that keeps its
   // size and modification time is not seen, which no tool that writes the file does).
   const fs::path cache = dir / "cache" / "weight-hashes.json";

@@ -1,0 +1,42 @@
+// Products on Hopper's FP8 tensor cores (model.gpu_matmul = "fp8"): y = x W^T
+// for W an FP8 E4M3 checkpoint's codes in 128x128 blocks, each block with
+// its float32 scale (weight_scale_inv: W = code x scale), and x quantized to
+// E4M3 per row and 128 columns (ops.h quantize_groups_fp8), through
+// cuBLASLt's block-scaled matmul (CUDA 12.9+: A's scales
+// CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, B's VEC128_32F), float32 out.
+// The DeepSeek-V3 recipe, as vLLM and SGLang serve these checkpoints; not
+// the CPU's weight-only arithmetic (docs/quantization.md).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::runtime::cuda {
+
+class Fp8Gemm {
+ public:
+  // cuBLASLt's workspace: device memory of `bytes`, used on the products' stream only.
+  Fp8Gemm(void* workspace, std::size_t bytes);
+  ~Fp8Gemm();
+  Fp8Gemm(const Fp8Gemm&) = delete;
+  Fp8Gemm& operator=(const Fp8Gemm&) = delete;
+
+  // Why the current device cannot run these products ("" when it can): block-scaled FP8 is Hopper's (9.x).
+  static std::string unsupported();
+
+  // y (ldy floats a row) = x W^T, x: codes [rows][k] with scales [k / 128][fp8_scale_ld(rows)] (quantize_groups_fp8);
+  // W: codes [n][k], scales [ceil(n / 128)][w_scale_ld] (ld a multiple of 4, at least k / 128). k a multiple of 128.
+  // Throws if cuBLASLt has no algorithm for the shape here.
+  void run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const uint8_t* x,
+           const float* x_scales, int64_t rows, float* y, int64_t ldy, cudaStream_t stream);
+
+ private:
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_;
+  std::size_t workspace_bytes_;
+};
+
+}  // namespace tandem::runtime::cuda
