@@ -121,7 +121,7 @@ void CudaModel::upload_blocks(std::span<const Part> parts, const std::string& wh
     // Whole blocks: the part starts on a block's first row and column, fills its last block row unless it is
     // d's last part, and the width is whole blocks (cuBLASLt's grid starts at (0, 0) and steps by 128).
     if (s.block_rows != B || s.block_cols != B || (p.r0 + s.r0) % B != 0 || (p.c0 + s.c0) % B != 0 ||
-        d.cols % B != 0 || (i + 1 < parts.size() && rows % B != 0))
+        d.cols % B != 0 || d.rows % 4 != 0 || (i + 1 < parts.size() && rows % B != 0))
       throw Error("model.gpu_matmul = \"fp8\" needs whole 128x128 blocks, but " + what + " on this rank is " +
                   std::to_string(rows) + " rows from row " + std::to_string(p.r0) + " by " + std::to_string(d.cols) +
                   " columns from column " + std::to_string(p.c0) + " of blocks of " + std::to_string(s.block_rows) + "x" +
@@ -210,10 +210,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   // tile of the widest such matrix's values (those on the FP8 units need none).
   const char* tc8 = std::getenv("TANDEM_CUDA_TC_8BIT");
   int64_t tile = 0;
+  auto room = [&](const DevMatrix& m) {
+    if (m.quantized() && !(fp8_ && m.blocks.size())) tile = std::max(tile, std::min(m.rows, dequant_tile_rows(m.cols)) * m.cols);
+  };
   for (const DevLayer& l : layers_)
-    for (const DevMatrix* m : {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down})
-      if (m->quantized() && !(fp8_ && m->blocks.size()))
-        tile = std::max(tile, std::min(m->rows, dequant_tile_rows(m->cols)) * m->cols);
+    for (const DevMatrix* m : {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down}) room(*m);
+  room(lm_head_);  // an 8-bit LM head too (tied, it is the embedding's float32 values)
   tc_8bit_ = tile > 0 && !(tc8 && std::string(tc8) == "0");
   if (tc_8bit_) wtile_.resize(static_cast<std::size_t>(tile));
   if (const auto moe_layers = std::count_if(layers_.begin(), layers_.end(), [](const DevLayer& l) { return l.moe_index >= 0; })) {
@@ -317,8 +319,9 @@ int64_t CudaModel::dequant_tile_rows(int64_t cols) {
 
 void CudaModel::fp8_product(const DevMatrix& w, const float* x, int64_t rows, float* y) {
   quantize_groups_fp8(x, rows, w.cols, act8_.get(), act8_scales_.get(), stream_);
-  fp8_->run(w.data.get(), w.blocks.get(), w.blocks_ld, w.rows, w.cols, act8_.get(), act8_scales_.get(), rows, y, w.rows,
-            stream_);
+  // cuBLASLt takes the rows in fours: y's buffers have room for the padding rows' (zero) outputs (launch()).
+  fp8_->run(w.data.get(), w.blocks.get(), w.blocks_ld, w.rows, w.cols, act8_.get(), act8_scales_.get(),
+            fp8_scale_ld(rows), y, w.rows, stream_);
 }
 
 void CudaModel::dequantized_gemm(const DevMatrix& w, const float* x, int64_t rows, float* y) {
@@ -475,18 +478,20 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
                                     cudaMemcpyHostToDevice, stream_));
   bool moved = false;  // a buffer at a new address: captured graphs point at the old one
   moved |= x_.resize(sz(R * H));
-  moved |= y_.resize(sz(R * H));
-  moved |= qkv_.resize(sz(R * (q_dim + 2 * kv_dim)));
+  // The FP8 units write their products' outputs for rows in fours (fp8_product): y_, qkv_ and gate_up_ have room.
+  const int64_t Rp = fp8_ ? fp8_scale_ld(R) : R;
+  moved |= y_.resize(sz(Rp * H));
+  moved |= qkv_.resize(sz(Rp * (q_dim + 2 * kv_dim)));
   moved |= q_.resize(sz(R * q_dim));
   moved |= attn_.resize(sz(R * q_dim));
-  moved |= gate_up_.resize(sz(R * 2 * c_.intermediate));
+  moved |= gate_up_.resize(sz(Rp * 2 * c_.intermediate));
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
   moved |= act_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   if (tc_8bit_ && R >= kDequantRows) moved |= act16_.resize(sz(R * std::max({H, q_dim, c_.intermediate})));
   if (fp8_ && R >= kDequantRows) {
     const int64_t widest = std::max({H, q_dim, c_.intermediate});
-    moved |= act8_.resize(sz(R * widest));
-    moved |= act8_scales_.resize(sz((widest / kFp8Group + 1) * fp8_scale_ld(R)));
+    moved |= act8_.resize(sz(Rp * widest));
+    moved |= act8_scales_.resize(sz((widest / kFp8Group + 1) * Rp));
   }
   moved |= last_.resize(sz(R * H));
   if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));

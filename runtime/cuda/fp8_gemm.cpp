@@ -50,8 +50,9 @@ std::string Fp8Gemm::unsupported() {
 void Fp8Gemm::run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const uint8_t* x,
                   const float* x_scales, int64_t rows, float* y, int64_t ldy, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
-  if (k % kFp8Group != 0 || w_scale_ld % 4 != 0 || w_scale_ld < k / kFp8Group)
-    throw Error("internal: an FP8 block product needs k a multiple of 128 and the weights' scale rows a multiple of 4");
+  if (k % kFp8Group != 0 || rows % 4 != 0 || n % 4 != 0 || w_scale_ld % 4 != 0 || w_scale_ld < k / kFp8Group)
+    throw Error("internal: an FP8 block product needs k a multiple of 128, rows, n and the weights' scale rows "
+                "multiples of 4");
   // Row-major y[rows][n] = x[rows][k] W^T is, column-major, y^T (n x rows) = (W^T)^T (k x n, transposed) * x^T (k x rows):
   // A = W with its 128x128 blocks' scales, B = x with a scale per 128 of each column (its row), D float32.
   Call c;
@@ -71,8 +72,9 @@ void Fp8Gemm::run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, i
                                                            &workspace_bytes_, sizeof workspace_bytes_));
   cublasLtMatmulHeuristicResult_t found{};
   int count = 0;
-  TANDEM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, c.desc, c.a, c.b, c.d, c.d, c.pref, 1, &found, &count));
-  if (count == 0)
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, c.desc, c.a, c.b, c.d, c.d, c.pref, 1, &found, &count);
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) TANDEM_CUBLAS_CHECK(st);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || count == 0)
     throw Error("cuBLASLt has no FP8 block-scaled product for " + std::to_string(rows) + " x " + std::to_string(k) +
                 " by " + std::to_string(n) + " on this GPU; use model.gpu_matmul = \"auto\"");
   const float alpha = 1.0f, beta = 0.0f;

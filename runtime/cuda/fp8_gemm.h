@@ -27,9 +27,10 @@ class Fp8Gemm {
   // Why the current device cannot run these products ("" when it can): block-scaled FP8 is Hopper's (9.x).
   static std::string unsupported();
 
-  // y (ldy floats a row) = x W^T, x: codes [rows][k] with scales [k / 128][fp8_scale_ld(rows)] (quantize_groups_fp8);
-  // W: codes [n][k], scales [ceil(n / 128)][w_scale_ld] (ld a multiple of 4, at least k / 128). k a multiple of 128.
-  // Throws if cuBLASLt has no algorithm for the shape here.
+  // y (ldy floats a row) = x W^T, x: codes [rows][k] with scales [k / 128][rows] (quantize_groups_fp8, its rows
+  // padded: rows a multiple of 4, and y has room for them); W: codes [n][k], scales [ceil(n / 128)][w_scale_ld]
+  // (ld a multiple of 4, at least k / 128). k a multiple of 128, n of 4. Throws if cuBLASLt has no algorithm
+  // for the shape here.
   void run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const uint8_t* x,
            const float* x_scales, int64_t rows, float* y, int64_t ldy, cudaStream_t stream);
 

@@ -160,18 +160,24 @@ TEST_CASE("an 8-bit checkpoint's long prefill runs on the tensor cores (bf16 val
   }
 }
 
-TEST_CASE("quantize_groups_fp8: each row's groups of 128 columns as the CPU's quantize_fp8_row makes them", "[gpu]") {
-  const int64_t rows = 5, k = 384, ld = cu::fp8_scale_ld(rows);  // 5 rows: scales 8 apart
+TEST_CASE("quantize_groups_fp8: each row's groups of 128 columns as the CPU's quantize_fp8_row makes them; rows "
+          "padded to a multiple of 4 with zeros",
+          "[gpu]") {
+  const int64_t rows = 5, k = 384, ld = cu::fp8_scale_ld(rows);  // 5 rows: 8 of codes and scales
   std::vector<float> x = testing::random_floats(static_cast<std::size_t>(rows * k), 6, 3.0f);
   for (int64_t c = 128; c < 256; ++c) x[static_cast<std::size_t>(2 * k + c)] = 0.0f;  // an all-zero group
   x[static_cast<std::size_t>(4 * k + 7)] = 1e-30f;                                     // and a tiny value
   const Dev<float> d_x(x);
-  const Dev<uint8_t> codes(std::vector<uint8_t>(static_cast<std::size_t>(rows * k), 0xAA));
+  const Dev<uint8_t> codes(std::vector<uint8_t>(static_cast<std::size_t>(ld * k), 0xAA));
   const Dev<float> scales(std::vector<float>(static_cast<std::size_t>(k / 128 * ld), -1.0f));
   cu::quantize_groups_fp8(d_x.p, rows, k, codes.p, scales.p, nullptr);
-  const auto got = codes.get(static_cast<std::size_t>(rows * k));
+  const auto got = codes.get(static_cast<std::size_t>(ld * k));
   const auto got_scales = scales.get(static_cast<std::size_t>(k / 128 * ld));
   int64_t wrong = 0;
+  for (int64_t r = rows; r < ld; ++r) {  // the padding: zero codes, scale 0
+    for (int64_t c = 0; c < k; ++c) wrong += got[static_cast<std::size_t>(r * k + c)] != 0;
+    for (int64_t g = 0; g < k / 128; ++g) wrong += got_scales[static_cast<std::size_t>(g * ld + r)] != 0.0f;
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g = 0; g < k / 128; ++g) {
       std::vector<uint8_t> want(128 + sizeof(float));
@@ -186,13 +192,14 @@ TEST_CASE("quantize_groups_fp8: each row's groups of 128 columns as the CPU's qu
 
 // model.gpu_matmul = "fp8": cuBLASLt's block-scaled FP8 product against the same arithmetic on the host in
 // double (x quantized per row and 128 columns as quantize_fp8_row, W's codes times their blocks' scales),
-// for row counts that are and are not a multiple of 4 and a weight of 2.5 block rows. Hopper only.
+// for row counts that are and are not a multiple of 4 (padded to one: cuBLASLt takes rows in fours), a
+// weight of 2.5 block rows and 3 block columns (its scale rows padded to 4). Hopper only.
 TEST_CASE("Fp8Gemm: the FP8 tensor cores' product of 128x128-block weights and 1x128-group activations", "[gpu]") {
   if (const std::string why = cu::Fp8Gemm::unsupported(); !why.empty()) {
     std::printf("skipped: %s\n", why.c_str());
     return;
   }
-  const int64_t n = 320, k = 512, nb = (n + 127) / 128, kb = k / 128, w_ld = (kb + 3) / 4 * 4;
+  const int64_t n = 320, k = 384, nb = (n + 127) / 128, kb = k / 128, w_ld = (kb + 3) / 4 * 4;
   std::mt19937 rng(9);
   std::vector<uint8_t> w(static_cast<std::size_t>(n * k));
   for (auto& c : w) {
@@ -209,15 +216,15 @@ TEST_CASE("Fp8Gemm: the FP8 tensor cores' product of 128x128-block weights and 1
   for (const int64_t rows : {int64_t{70}, int64_t{128}}) {
     INFO(rows << " rows");
     const std::vector<float> x = testing::random_floats(static_cast<std::size_t>(rows * k), 10 + static_cast<uint32_t>(rows));
-    const int64_t ld = cu::fp8_scale_ld(rows);
+    const int64_t ld = cu::fp8_scale_ld(rows);  // the rows cuBLASLt multiplies
     const Dev<float> d_x(x);
-    const Dev<uint8_t> codes(std::vector<uint8_t>(static_cast<std::size_t>(rows * k), 0));
+    const Dev<uint8_t> codes(std::vector<uint8_t>(static_cast<std::size_t>(ld * k), 0));
     const Dev<float> scales(std::vector<float>(static_cast<std::size_t>(kb * ld), 0.0f));
-    const Dev<float> y(std::vector<float>(static_cast<std::size_t>(rows * n), 0.0f));
+    const Dev<float> y(std::vector<float>(static_cast<std::size_t>(ld * n), 0.0f));
     cu::quantize_groups_fp8(d_x.p, rows, k, codes.p, scales.p, nullptr);
-    gemm.run(d_w.p, d_ws.p, w_ld, n, k, codes.p, scales.p, rows, y.p, n, nullptr);
-    const auto got = y.get(static_cast<std::size_t>(rows * n));
-    const auto xc = codes.get(static_cast<std::size_t>(rows * k));
+    gemm.run(d_w.p, d_ws.p, w_ld, n, k, codes.p, scales.p, ld, y.p, n, nullptr);
+    const auto got = y.get(static_cast<std::size_t>(ld * n));
+    const auto xc = codes.get(static_cast<std::size_t>(ld * k));
     const auto xs = scales.get(static_cast<std::size_t>(kb * ld));
     double worst = 0, largest = 0;
     for (int64_t r = 0; r < rows; ++r)
@@ -256,7 +263,7 @@ TEST_CASE("model.gpu_matmul = \"fp8\": an FP8-block checkpoint's prefill on the 
   ModelConfig config = ModelConfig::load(dir);
   const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
   std::mt19937 rng(13);
-  std::vector<int32_t> prompt(static_cast<std::size_t>(cu::CudaModel::kDequantRows + 36));
+  std::vector<int32_t> prompt(static_cast<std::size_t>(cu::CudaModel::kDequantRows + 37));  // 101 rows: padded to 104
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
   cpu::ThreadPool threads(2);
   kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 16);
