@@ -98,21 +98,19 @@ TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels; dense and MoE) gives 
   for (const char* scheme : {"fp8-block", "int8-channel"}) {
     testing::TinyModel tiny(arch, "f32");  // f32 embedding and LM head: cuBLAS in pedantic f32, the SIMT attention
     INFO(arch << " " << scheme);
-    const std::filesystem::path dir = tiny.dir.string() + "-" + scheme;
-    quantize_checkpoint({tiny.dir, dir, scheme});
-    const auto config = ModelConfig::load(dir);
-    const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+    const testing::QuantizedModel q(tiny.dir, scheme);
+    const ModelConfig& config = q.config;
     std::mt19937 rng(5);
     std::vector<int32_t> prompt(40);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
     cpu::ThreadPool threads(2);
     kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 8);
-    cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+    cpu::CpuModel cpu_model(config, *q.panels, cpu_pool, threads);
     const auto want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
     DevPool dev(config, 8, 4);
     std::unique_ptr<cu::CudaModel> gpu;
     const double held = testing::device_bytes_of([&] {
-      gpu = std::make_unique<cu::CudaModel>(config, *rowmajor, *dev.pool);
+      gpu = std::make_unique<cu::CudaModel>(config, *q.rowmajor, *dev.pool);
       return 0;
     });
     const auto got = testing::chunked_logits(*gpu, *dev.pool, prompt);
@@ -121,7 +119,6 @@ TEST_CASE("an 8-bit checkpoint (FP8 blocks, INT8 channels; dense and MoE) gives 
     std::printf("cuda %s %s: largest logit difference from the CPU engine %.3g (relative); the model takes %.1f MiB of "
                 "device memory\n", arch, scheme, err, held / (1 << 20));
     CHECK(err < 1e-4);
-    std::filesystem::remove_all(dir);
   }
 }
 
@@ -134,20 +131,18 @@ TEST_CASE("an 8-bit checkpoint's long prefill runs on the tensor cores (bf16 val
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
   for (const char* scheme : {"fp8-block", "int8-channel"}) {
     INFO(scheme);
-    const std::filesystem::path dir = tiny.dir.string() + "-" + scheme;
-    quantize_checkpoint({tiny.dir, dir, scheme});
-    const auto config = ModelConfig::load(dir);
-    const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+    const testing::QuantizedModel q(tiny.dir, scheme);
+    const ModelConfig& config = q.config;
     cpu::ThreadPool threads(2);
     kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 8);
-    cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+    cpu::CpuModel cpu_model(config, *q.panels, cpu_pool, threads);
     const std::vector<float> want = one_step_logits(cpu_model, cpu_pool, prompt);
     for (const bool tc : {true, false}) {
       const char* road = tc ? "tensor cores (bf16 values)" : "code x scale in float32";
       INFO(road);
       const Tc8bit env(tc);
       DevPool dev(config, 8, 4);
-      cu::CudaModel gpu(config, *rowmajor, *dev.pool);
+      cu::CudaModel gpu(config, *q.rowmajor, *dev.pool);
       const std::vector<float> got = one_step_logits(gpu, *dev.pool, prompt);
       REQUIRE(got.size() == want.size());
       const double err = rel_err(got, want);
@@ -156,7 +151,6 @@ TEST_CASE("an 8-bit checkpoint's long prefill runs on the tensor cores (bf16 val
       CHECK(err < (tc ? 3e-2 : 1e-4));
       if (tc) CHECK(err > 1e-6);  // it did leave the float32 path: bf16 values are not the CPU's
     }
-    std::filesystem::remove_all(dir);
   }
 }
 
@@ -258,21 +252,19 @@ TEST_CASE("model.gpu_matmul = \"fp8\": an FP8-block checkpoint's prefill on the 
   o.tokenizer_dir = testing::tokenizer_dir("qwen3");
   o.out_dir = std::filesystem::temp_directory_path() / ("tandem-gpu-fp8mm-" + std::to_string(::getpid()));
   make_model(o);
-  const std::filesystem::path dir = o.out_dir.string() + "-fp8";
-  quantize_checkpoint({o.out_dir, dir, "fp8-block"});
-  ModelConfig config = ModelConfig::load(dir);
-  const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+  const testing::QuantizedModel q(o.out_dir, "fp8-block");
+  ModelConfig config = q.config;
   std::mt19937 rng(13);
   std::vector<int32_t> prompt(static_cast<std::size_t>(cu::CudaModel::kDequantRows + 37));  // 101 rows: padded to 104
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % 1000);
   cpu::ThreadPool threads(2);
   kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16, 4}, 16);
-  cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+  cpu::CpuModel cpu_model(config, *q.panels, cpu_pool, threads);
   const std::vector<float> want = one_step_logits(cpu_model, cpu_pool, prompt);
   const std::vector<float> want_short = testing::chunked_logits(cpu_model, cpu_pool, prompt);
   config.gpu_matmul = "fp8";
   DevPool dev(config, 16, 4);
-  cu::CudaModel gpu(config, *rowmajor, *dev.pool);
+  cu::CudaModel gpu(config, *q.rowmajor, *dev.pool);
   const double err = rel_err(one_step_logits(gpu, *dev.pool, prompt), want);
   const double err_short = rel_err(testing::chunked_logits(gpu, *dev.pool, prompt), want_short);
   std::printf("cuda fp8 block, model.gpu_matmul = fp8: one step of %zu rows %.3g from the CPU engine's logits; steps "
@@ -280,6 +272,5 @@ TEST_CASE("model.gpu_matmul = \"fp8\": an FP8-block checkpoint's prefill on the 
   CHECK(err < 1e-1);  // activations in E4M3: 3 bits of mantissa where the CPU keeps 24
   CHECK(err > 1e-6);  // and it did quantize them
   CHECK(err_short < 1e-4);  // under 64 rows: products(), code x scale in float32
-  std::filesystem::remove_all(dir);
   std::filesystem::remove_all(o.out_dir);
 }

@@ -358,13 +358,12 @@ TEST_CASE("an 8-bit checkpoint with a dimension of 2.5 blocks, on one CUDA rank 
   const std::vector<int32_t> prompt = random_prompt(12);
   for (const char* scheme : {"fp8-block", "int8-channel"}) {
     INFO(scheme);
-    const std::filesystem::path dir = o.out_dir.string() + "-" + scheme;
-    quantize_checkpoint({o.out_dir, dir, scheme});
-    const ModelConfig config = ModelConfig::load(dir);
-    const auto panels = ModelWeights::load(config, dir), rowmajor = ModelWeights::load(config, dir, false);
+    const testing::QuantizedModel q(o.out_dir, scheme);
+    const ModelConfig& config = q.config;
+    const auto& rowmajor = q.rowmajor;
     cpu::ThreadPool threads(2);
     kv::BlockPool cpu_pool({config.layers, config.kv_heads, config.head_dim, 16}, 8);
-    cpu::CpuModel cpu_model(config, *panels, cpu_pool, threads);
+    cpu::CpuModel cpu_model(config, *q.panels, cpu_pool, threads);
     const std::vector<float> want = testing::chunked_logits(cpu_model, cpu_pool, prompt);
     {
       DevPool dev(config, 8);
@@ -389,7 +388,6 @@ TEST_CASE("an 8-bit checkpoint with a dimension of 2.5 blocks, on one CUDA rank 
                   width, err);
       CHECK(err < 1e-4);
     }
-    std::filesystem::remove_all(dir);
   }
   std::filesystem::remove_all(o.out_dir);
 }

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -21,6 +23,7 @@
 #include "runtime/engine/backend.h"
 #include "runtime/engine/backend_registry.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/quantize.h"
 #include "runtime/model/weights.h"
 #include "../unit/runtime/test_model.h"
 
@@ -77,6 +80,23 @@ double device_bytes_of(F&& make) {
   REQUIRE(cudaMemGetInfo(&after, &total) == cudaSuccess);
   return static_cast<double>(before) - static_cast<double>(after);
 }
+
+// `source` written by tandem quantize (--scheme fp8-block | int8-channel) beside it and loaded both ways:
+// panels for the CPU engine, row-major for the CUDA backend; the directory is removed with it.
+struct QuantizedModel {
+  std::filesystem::path dir;
+  runtime::ModelConfig config;
+  std::unique_ptr<runtime::ModelWeights> panels, rowmajor;
+  QuantizedModel(const std::filesystem::path& source, const std::string& scheme) : dir(source.string() + "-" + scheme) {
+    runtime::quantize_checkpoint({source, dir, scheme});
+    config = runtime::ModelConfig::load(dir);
+    panels = runtime::ModelWeights::load(config, dir);
+    rowmajor = runtime::ModelWeights::load(config, dir, false);
+  }
+  ~QuantizedModel() { std::filesystem::remove_all(dir); }
+  QuantizedModel(const QuantizedModel&) = delete;
+  QuantizedModel& operator=(const QuantizedModel&) = delete;
+};
 
 // A pool in device memory.
 struct DevPool {
