@@ -67,18 +67,23 @@ void Fp8Gemm::run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, i
   TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
   TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(rows), k));
   TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(rows), ldy));
-  TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
-  TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes_, sizeof workspace_bytes_));
-  cublasLtMatmulHeuristicResult_t found{};
-  int count = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, c.desc, c.a, c.b, c.d, c.d, c.pref, 1, &found, &count);
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED) TANDEM_CUBLAS_CHECK(st);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || count == 0)
-    throw Error("cuBLASLt has no FP8 block-scaled product for " + std::to_string(rows) + " x " + std::to_string(k) +
-                " by " + std::to_string(n) + " on this GPU; use model.gpu_matmul = \"auto\"");
+  auto at = algos_.find({n, k, rows});
+  if (at == algos_.end()) {
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace_bytes_, sizeof workspace_bytes_));
+    cublasLtMatmulHeuristicResult_t found{};
+    int count = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, c.desc, c.a, c.b, c.d, c.d, c.pref, 1, &found, &count);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) TANDEM_CUBLAS_CHECK(st);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || count == 0)
+      throw Error("cuBLASLt has no FP8 block-scaled product for " + std::to_string(rows) + " x " + std::to_string(k) +
+                  " by " + std::to_string(n) + " on this GPU; use model.gpu_matmul = \"auto\"");
+    if (algos_.size() >= 4096) algos_.clear();  // prefill steps of many sizes: a bound, not a leak
+    at = algos_.emplace(std::array<int64_t, 3>{n, k, rows}, found.algo).first;
+  }
   const float alpha = 1.0f, beta = 0.0f;
-  TANDEM_CUBLAS_CHECK(cublasLtMatmul(lt_, c.desc, &alpha, w, c.a, x, c.b, &beta, y, c.d, y, c.d, &found.algo, workspace_,
+  TANDEM_CUBLAS_CHECK(cublasLtMatmul(lt_, c.desc, &alpha, w, c.a, x, c.b, &beta, y, c.d, y, c.d, &at->second, workspace_,
                                      workspace_bytes_, stream));
 }
 
