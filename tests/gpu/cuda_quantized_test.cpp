@@ -2,7 +2,9 @@
 // weights stay 8-bit on the device; short products multiply code x scale in
 // float32 (the CPU's arithmetic), long ones (a prefill of kDequantRows rows
 // or more) turn the weights' values into bf16 a tile at a time and run on the
-// tensor cores. Needs a GPU (main() in cuda_backend_test.cpp skips without one).
+// tensor cores, or with model.gpu_matmul = "fp8" quantize their input for
+// Hopper's FP8 units (those tests say "skipped" elsewhere). Needs a GPU
+// (main() in cuda_backend_test.cpp skips without one).
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
