@@ -20,7 +20,7 @@
 // weights over kDequantRows rows or more (a prefill), which turns the
 // weights' values into bf16 a tile at a time and runs on the tensor cores
 // (or, with model.gpu_matmul = "fp8", quantizes its input and runs on
-// Hopper's FP8 tensor cores: fp8_gemm.h).
+// Hopper's FP8 tensor cores: fp8_gemm.h; all of it in cuda_products.cpp).
 // Weights are copied to the device in their checkpoint dtype. Products run
 // in cuBLAS with float32 accumulation: float32 weights in pedantic float32
 // (no TF32), bf16/f16 weights on the tensor cores with the activations
