@@ -127,6 +127,7 @@ namespace {
 const KernelTable* chosen = nullptr;
 
 const KernelTable& best_f32() {
+  if (const KernelTable* t = avx512_gfni_kernels()) return *t;
   if (const KernelTable* t = avx512_kernels()) return *t;
   if (const KernelTable* t = avx2_kernels()) return *t;
   return scalar_kernels();
@@ -146,12 +147,14 @@ void use_kernels(MatmulMode mode) {
 }
 
 const KernelTable& kernels() {
-  // TANDEM_CPU_KERNELS=scalar|avx2|avx512-bf16 forces a table (scalar and avx2 cap the ISA, with kF32's bits).
+  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16 forces a table (scalar, avx2 and avx512 cap the ISA,
+  // with kF32's bits).
   static const KernelTable* forced = [] () -> const KernelTable* {
     const char* force = std::getenv("TANDEM_CPU_KERNELS");
     if (!force) return nullptr;
     if (std::strcmp(force, "scalar") == 0) return &scalar_kernels();
     if (std::strcmp(force, "avx2") == 0) return avx2_kernels() ? avx2_kernels() : &scalar_kernels();
+    if (std::strcmp(force, "avx512") == 0 && avx512_kernels()) return avx512_kernels();
     if (std::strcmp(force, "avx512-bf16") == 0 && avx512_bf16_kernels()) return avx512_bf16_kernels();
     return nullptr;
   }();

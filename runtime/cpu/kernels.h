@@ -123,6 +123,7 @@ const KernelTable& kernels();         // the table chosen (by default the best k
 const KernelTable& scalar_kernels();  // the portable reference
 const KernelTable* avx2_kernels();    // nullptr when not built or not supported here
 const KernelTable* avx512_kernels();  // AVX-512 matrix tiles over the AVX2 table; nullptr when unsupported
+const KernelTable* avx512_gfni_kernels();  // avx512 with its FP8 decode tiles on GFNI (same bits); nullptr without
 const KernelTable* avx512_bf16_kernels();  // kBf16Dot on AVX512-BF16; nullptr when unsupported
 
 }  // namespace tandem::runtime::cpu

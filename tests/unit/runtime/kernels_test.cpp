@@ -424,6 +424,7 @@ TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of
   std::vector<const KernelTable*> tables{&scalar_kernels()};
   if (avx2_kernels()) tables.push_back(avx2_kernels());
   if (avx512_kernels()) tables.push_back(avx512_kernels());
+  if (avx512_gfni_kernels()) tables.push_back(avx512_gfni_kernels());  // FP8 register tiles of its own
   std::vector<const KernelTable*> tree_tables = tables;  // the bf16 table has its own contract for 8-bit (below)
   const int64_t N = 44, K = 320;  // 2.5 blocks of 128
   // block grids: FP8 128 x 128 (partial blocks), per channel, per tensor, 16 x 24 blocks, and 5 x 12 (columns
@@ -458,7 +459,7 @@ TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of
         const Matrix f{sub.data(), DType::kF32, n, k, false, {}};
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j < k; ++j) REQUIRE(c.q.at(i, j) == f.at(i, j));
-        for (int64_t M : {1, 2, 3, 5, 16, 17}) {
+        for (int64_t M : {1, 2, 3, 5, 9, 16, 17}) {
           std::vector<float> x(static_cast<std::size_t>(M * k));
           for (float& v : x) v = u(rng);
           std::vector<float> want(static_cast<std::size_t>(M * n));
