@@ -19,7 +19,9 @@ dir=${2:-}
 
 # TEST_BINARY BENCH_BINARY NEED_GPU: the gpu tests, then the benchmark. With
 # NEED_GPU=1 (a bundle run, or nvidia-smi lists a GPU) a skip is a failure:
-# the tests did not see the GPU they were sent to.
+# the tests did not see the GPU they were sent to. A test case that runs past
+# TANDEM_GPU_TEST_TIMEOUT seconds (default 240) stops the tests with its name
+# and exit 124, so a hung kernel costs minutes, not the device run.
 checks() {
   nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
   "$1" --durations yes

@@ -7,12 +7,18 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "runtime/cpu/cpu_model.h"
 #include "runtime/cpu/kernels.h"
@@ -80,12 +86,67 @@ std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
 
 }  // namespace
 
+// A test case that runs past TANDEM_GPU_TEST_TIMEOUT seconds (default 240)
+// ends the process with its name and exit 124: a kernel that hangs the GPU
+// (or a group's threads waiting on each other) then costs one test's time
+// and says where, instead of the whole device run saying nothing.
+namespace {
+
+struct Watch {
+  std::mutex m;
+  std::condition_variable cv;
+  std::string name;  // the running test case; empty between them
+  std::chrono::steady_clock::time_point since;
+};
+Watch& watch() {
+  static Watch w;
+  return w;
+}
+
+struct WatchdogListener : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testCaseStarting(Catch::TestCaseInfo const& info) override {
+    TestEventListenerBase::testCaseStarting(info);
+    std::lock_guard<std::mutex> lock(watch().m);
+    watch().name = info.name;
+    watch().since = std::chrono::steady_clock::now();
+  }
+  void testCaseEnded(Catch::TestCaseStats const& stats) override {
+    TestEventListenerBase::testCaseEnded(stats);
+    std::lock_guard<std::mutex> lock(watch().m);
+    watch().name.clear();
+  }
+};
+CATCH_REGISTER_LISTENER(WatchdogListener)
+
+void start_watchdog() {
+  const char* env = std::getenv("TANDEM_GPU_TEST_TIMEOUT");
+  const auto limit = std::chrono::seconds(env && std::atoi(env) > 0 ? std::atoi(env) : 240);
+  std::thread([limit] {
+    Watch& w = watch();
+    std::unique_lock<std::mutex> lock(w.m);
+    for (;;) {
+      w.cv.wait_for(lock, std::chrono::seconds(1));  // woken by nothing: a poll a second, no spinning
+      if (!w.name.empty() && std::chrono::steady_clock::now() - w.since > limit) {
+        std::fprintf(stderr, "TIMEOUT: test case \"%s\" ran past %lld s (TANDEM_GPU_TEST_TIMEOUT); stopping\n",
+                     w.name.c_str(), static_cast<long long>(limit.count()));
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(124);
+      }
+    }
+  }).detach();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (cu::device_count() == 0) {
     std::printf("SKIP: the gpu tests need a CUDA device: %s\n", cu::devices_summary().c_str());
     return 77;
   }
   std::printf("%s\n", cu::devices_summary().c_str());
+  start_watchdog();
   return Catch::Session().run(argc, argv) == 0 ? 0 : 1;  // never 77 (the skip code) for 77 failures
 }
 
