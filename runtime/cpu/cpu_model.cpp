@@ -260,19 +260,7 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
       keys[sz(j - lo)] = kv_at(L.offset(blk, layer, 0, g, j % L.block_size));
       values[sz(j - lo)] = kv_at(L.offset(blk, layer, 1, g, j % L.block_size));
     }
-    DType kv = kv_dtype_;
-    if (kv == DType::kF8E4M3) {  // the rows' values in float32, then the float32 attention on them
-      thread_local std::vector<float> wide;
-      wide.resize(sz(2 * count * hd));
-      for (int64_t j = 0; j < count; ++j) {
-        float* k = wide.data() + j * hd;
-        float* v = wide.data() + (count + j) * hd;
-        kern_.widen_fp8_row(static_cast<const uint8_t*>(keys[sz(j)]), hd, k);
-        kern_.widen_fp8_row(static_cast<const uint8_t*>(values[sz(j)]), hd, v);
-        keys[sz(j)] = k, values[sz(j)] = v;
-      }
-      kv = DType::kF32;
-    }
+    const DType kv = kv_dtype_;  // FP8 rows too: the kernels take their values (code x scale)
     // Queries are hd apart within a row (heads of one KV head) or q_dim apart (one head, many rows).
     const int64_t ldq = nh > 1 ? hd : q_dim;
     const float* q = q_.data() + qb.r0 * q_dim + qb.h0 * hd;

@@ -94,6 +94,47 @@ void widen_fp8_row_scalar(const uint8_t* row, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = value[row[i]] * scale;
 }
 
+namespace {
+
+constexpr int64_t kWidenRows = 64;  // FP8 rows widened at a time: 64 x 128 floats, 32 KiB
+
+// Up to kWidenRows FP8 rows as float32 rows (in buf), and pointers to them.
+const void* const* widened(const KernelTable& t, const void* const* rows, int64_t count, int64_t n,
+                           std::vector<float>& buf, std::vector<const void*>& ptrs) {
+  buf.resize(static_cast<std::size_t>(count * n));
+  ptrs.resize(static_cast<std::size_t>(count));
+  for (int64_t r = 0; r < count; ++r) {
+    t.widen_fp8_row(static_cast<const uint8_t*>(rows[r]), n, buf.data() + r * n);
+    ptrs[static_cast<std::size_t>(r)] = buf.data() + r * n;
+  }
+  return ptrs.data();
+}
+
+}  // namespace
+
+void dot_rows_widened(const KernelTable& t, const float* q, int64_t ldq, int64_t M, const void* const* rows,
+                      int64_t count, int64_t n, float* out, int64_t ldo) {
+  thread_local std::vector<float> buf;
+  thread_local std::vector<const void*> ptrs;
+  for (int64_t r = 0; r < count; r += kWidenRows) {
+    const int64_t c = std::min(kWidenRows, count - r);
+    t.dot_rows(q, ldq, M, DType::kF32, widened(t, rows + r, c, n, buf, ptrs), c, n, out + r, ldo);
+  }
+}
+
+void weighted_sum_widened(const KernelTable& t, const float* w, int64_t ldw, int64_t M, const void* const* rows,
+                          int64_t count, int64_t n, bool accumulate, float* out, int64_t ldo) {
+  thread_local std::vector<float> buf;
+  thread_local std::vector<const void*> ptrs;
+  int64_t r = 0;
+  do {  // once at least: count 0 without accumulate zeroes the outputs
+    const int64_t c = std::min(kWidenRows, count - r);
+    t.weighted_sum(w + r, ldw, M, DType::kF32, widened(t, rows + r, c, n, buf, ptrs), c, n, accumulate || r > 0, out,
+                   ldo);
+    r += kWidenRows;
+  } while (r < count);
+}
+
 float exp_fixed(float d) {
   if (std::isnan(d)) return d;
   const float x = -104.0f > d ? -104.0f : d;

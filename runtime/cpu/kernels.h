@@ -27,12 +27,12 @@ struct KernelTable {
   // y[i] = fma(a, x[i], y[i])
   void (*axpy)(float a, const float* x, float* y, int64_t n);
   // Attention scores of M queries (q + m * ldq) against the same rows, whose
-  // elements are of type kv (float32 or bf16 KV, widened exactly):
-  // out[m * ldo + r] = dot(q + m * ldq, rows[r], n), bitwise as dot() on the
-  // widened rows, faster.
+  // elements are of type kv (float32, bf16 or f16 KV, widened exactly; or
+  // FP8 KV rows, widened as widen_fp8_row does): out[m * ldo + r] = dot(q +
+  // m * ldq, rows[r], n), bitwise as dot() on the widened rows, faster.
   void (*dot_rows)(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count,
                    int64_t n, float* out, int64_t ldo);
-  // M weighted sums of the same rows (of type kv): for each m, o = out + m *
+  // M weighted sums of the same rows (of type kv, as above): for each m, o = out + m *
   // ldo is set to 0 (unless accumulate), then for r in order axpy(w[m * ldw +
   // r], rows[r], o, n) — bitwise as that loop on the widened rows, with o kept
   // in registers.
@@ -47,8 +47,8 @@ struct KernelTable {
                       float* y, int64_t ldy);
   // FP8 KV rows (kv/kv_layout.h: n E4M3 codes, then the row's float32
   // scale): out[i] = value(code i) x scale, rounded once to float32 — the
-  // same bits on every table. Attention then runs the kF32 kernels above on
-  // these values (dot_rows and weighted_sum take float32 and bf16 rows).
+  // same bits on every table. dot_rows and weighted_sum compute on these
+  // values (the AVX-512 table in registers, the others on widened copies).
   void (*widen_fp8_row)(const uint8_t* row, int64_t n, float* out);
   // One query's attention weights from its n scores, in place: the softmax
   // arithmetic below — the same bits on every table.
@@ -78,6 +78,14 @@ void softmax_avx512(float* s, int64_t n, float scale);  // the AVX-512 tables' (
 void quantize_fp8_row(const float* x, int64_t n, uint8_t* row);
 // widen_fp8_row for the scalar and AVX2 tables: a table lookup and a multiply.
 void widen_fp8_row_scalar(const uint8_t* row, int64_t n, float* out);
+
+// dot_rows and weighted_sum on FP8 KV rows through `table`'s float32 ones,
+// the rows widened (widen_fp8_row) a block at a time: the scalar and AVX2
+// tables' FP8 path, and the AVX-512 table's where its own does not apply.
+void dot_rows_widened(const KernelTable& table, const float* q, int64_t ldq, int64_t M, const void* const* rows,
+                      int64_t count, int64_t n, float* out, int64_t ldo);
+void weighted_sum_widened(const KernelTable& table, const float* w, int64_t ldw, int64_t M, const void* const* rows,
+                          int64_t count, int64_t n, bool accumulate, float* out, int64_t ldo);
 
 // matmul_tree as each part's matmul through `table`, the partials added in the
 // tree: every table's reference, and the AVX-512 table's path where its fused

@@ -185,6 +185,7 @@ void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows,
 
 void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
               float* out, int64_t ldo) {
+  if (kv == DType::kF8E4M3) return dot_rows_widened(*avx2_kernels(), q, ldq, M, rows, count, n, out, ldo);
   with_dtype(kv, [&](auto d) { dot_rows_d<decltype(d)::value>(q, ldq, M, rows, count, n, out, ldo); });
 }
 
@@ -222,6 +223,8 @@ void weighted_sum_d(const float* w, int64_t ldw, int64_t M, const void* const* r
 
 void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
                   bool accumulate, float* out, int64_t ldo) {
+  if (kv == DType::kF8E4M3)
+    return weighted_sum_widened(*avx2_kernels(), w, ldw, M, rows, count, n, accumulate, out, ldo);
   with_dtype(kv, [&](auto d) { weighted_sum_d<decltype(d)::value>(w, ldw, M, rows, count, n, accumulate, out, ldo); });
 }
 

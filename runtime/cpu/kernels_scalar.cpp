@@ -60,6 +60,7 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
               float* out, int64_t ldo) {
+  if (kv == DType::kF8E4M3) return dot_rows_widened(scalar_kernels(), q, ldq, M, rows, count, n, out, ldo);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t r = 0; r < count; ++r)
       out[m * ldo + r] = dot8(q + m * ldq, [&](int64_t k) { return load_as_f32(rows[r], kv, static_cast<std::size_t>(k)); }, n);
@@ -67,6 +68,8 @@ void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* cons
 
 void weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const void* const* rows, int64_t count, int64_t n,
                   bool accumulate, float* out, int64_t ldo) {
+  if (kv == DType::kF8E4M3)
+    return weighted_sum_widened(scalar_kernels(), w, ldw, M, rows, count, n, accumulate, out, ldo);
   for (int64_t m = 0; m < M; ++m) {
     float* o = out + m * ldo;
     if (!accumulate)

@@ -597,3 +597,58 @@ TEST_CASE("FP8 KV rows: scale max|x|/448, nearest codes, widened to code x scale
     }
   }
 }
+
+TEST_CASE("attention on FP8 KV rows gives the bits of the float32 kernels on the widened rows, every table",
+          "[kernels][kv]") {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<const KernelTable*> tables{&scalar_kernels()};
+  if (avx2_kernels()) tables.push_back(avx2_kernels());
+  if (avx512_kernels()) tables.push_back(avx512_kernels());
+  if (avx512_gfni_kernels()) tables.push_back(avx512_gfni_kernels());
+  // head sizes on and off multiples of 8 and 16; row counts around the key tiles (8) and the widened blocks (64);
+  // row magnitudes from subnormal codes to scales past 2^7 (scale x 2^120 overflows), mixed within a tile
+  for (const int64_t n : {8, 12, 64, 80, 128}) {
+    for (const int64_t count : {1, 7, 8, 17, 70}) {
+      std::vector<std::vector<uint8_t>> store(static_cast<std::size_t>(count));
+      std::vector<const void*> rows, wide_rows;
+      std::vector<std::vector<float>> wide(static_cast<std::size_t>(count));
+      for (int64_t r = 0; r < count; ++r) {
+        const float magnitude = r % 5 == 3 ? 1e5f : r % 5 == 1 ? 1e-38f : 1.0f;
+        std::vector<float> x(static_cast<std::size_t>(n));
+        for (auto& v : x) v = u(rng) * magnitude;
+        auto& row = store[static_cast<std::size_t>(r)];
+        row.resize(static_cast<std::size_t>(n + 4));
+        quantize_fp8_row(x.data(), n, row.data());
+        auto& w = wide[static_cast<std::size_t>(r)];
+        w.resize(static_cast<std::size_t>(n));
+        scalar_kernels().widen_fp8_row(row.data(), n, w.data());
+        rows.push_back(row.data());
+        wide_rows.push_back(w.data());
+      }
+      for (const int64_t M : {1, 2, 5, 7}) {
+        std::vector<float> q(static_cast<std::size_t>(M * n)), p(static_cast<std::size_t>(M * count));
+        for (auto& v : q) v = u(rng);
+        for (auto& v : p) v = u(rng);
+        std::vector<float> want_s(static_cast<std::size_t>(M * count)), want_o(static_cast<std::size_t>(M * n));
+        scalar_kernels().dot_rows(q.data(), n, M, DType::kF32, wide_rows.data(), count, n, want_s.data(), count);
+        scalar_kernels().weighted_sum(p.data(), count, M, DType::kF32, wide_rows.data(), count, n, false,
+                                      want_o.data(), n);
+        for (const KernelTable* t : tables) {
+          INFO(t->name << " n " << n << " rows " << count << " M " << M);
+          std::vector<float> s(want_s.size(), -7.0f), o(want_o.size(), -7.0f), acc(want_o.size(), 0.0f);
+          t->dot_rows(q.data(), n, M, DType::kF8E4M3, rows.data(), count, n, s.data(), count);
+          CHECK(std::memcmp(s.data(), want_s.data(), 4 * s.size()) == 0);
+          t->weighted_sum(p.data(), count, M, DType::kF8E4M3, rows.data(), count, n, false, o.data(), n);
+          CHECK(std::memcmp(o.data(), want_o.data(), 4 * o.size()) == 0);
+          // accumulate: the first rows, then the rest on top, as the attention's parts do
+          const int64_t half = count / 2;
+          t->weighted_sum(p.data(), count, M, DType::kF8E4M3, rows.data(), half, n, false, acc.data(), n);
+          t->weighted_sum(p.data() + half, count, M, DType::kF8E4M3, rows.data() + half, count - half, n, true,
+                          acc.data(), n);
+          CHECK(std::memcmp(acc.data(), want_o.data(), 4 * acc.size()) == 0);
+        }
+      }
+    }
+  }
+}
