@@ -499,8 +499,9 @@ void dot_rows_fp8(const float* q, int64_t ldq, int64_t M, const void* const* row
     const auto tiles = [&](auto two) {
       const auto load = [k8, &sv](int64_t k, __m512 (&wv)[4]) {
         for (int p = 0; p < 4; ++p) {
-          const __m128i codes = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(k8[2 * p] + k)),
-                                                   _mm_loadl_epi64(reinterpret_cast<const __m128i*>(k8[2 * p + 1] + k)));
+          const auto* even = reinterpret_cast<const __m128i*>(k8[2 * p] + k);
+          const auto* odd = reinterpret_cast<const __m128i*>(k8[2 * p + 1] + k);
+          const __m128i codes = _mm_unpacklo_epi64(_mm_loadl_epi64(even), _mm_loadl_epi64(odd));
           __m512 v = fp8_times_2m120(_mm512_cvtepi8_epi32(codes));
           if constexpr (decltype(two)::value) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
           wv[p] = _mm512_mul_ps(v, sv[p]);

@@ -1,13 +1,14 @@
 // FP8 weights in decode on GFNI: the AVX-512 table with its FP8 register
 // tiles for one or two rows of x (a decode step of one sequence; a MoE
-// expert's few tokens) rewritten around GF(2) affine instructions. This file alone is compiled with -mgfni; its
-// table exists only after the CPU says it has GFNI (Ice Lake, Zen 4 and
-// later), and computes exactly the AVX-512 table's bits (kernels.h).
+// expert's few tokens) rewritten around GF(2) affine instructions. This
+// file alone is compiled with -mgfni; its table exists only after the CPU
+// says it has GFNI (Ice Lake, Zen 4 and later), and computes exactly the
+// AVX-512 table's bits (kernels.h).
 //
 // Why: a decode step reads each weight once, so its speed is the rate at
 // which codes become floats. The AVX-512 table spends three integer
 // instructions on 16 codes (sign extension, shift, mask); on a 2-core Zen 4
-// that held FP8 decode to ~13 GB/s a core in cache, below the memory's share.
+// that held FP8 decode to 13-16 GB/s a core in cache, below the memory's share.
 // Here 64 codes (one k-group of a panel: 8 rows x 8 columns) take two affine
 // byte maps and six unpacks: about 20 GB/s a core, INT8's rate. (Codes that
 // are FP8 subnormals become f32 subnormals here as in QPanel, and Zen 4
@@ -114,7 +115,8 @@ void fp8_tile(const float* x, int64_t ldx, const Matrix& W, int64_t n, float* y,
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
   for (int64_t k0 = 0; k0 < W.cols; s.advance()) {
     const int64_t k1 = std::min(W.cols, s.next);
-    const __m128 e = _mm_setr_ps(s.at(0), s.at(2), s.at(4), s.at(6)), o = _mm_setr_ps(s.at(1), s.at(3), s.at(5), s.at(7));
+    const __m128 e = _mm_setr_ps(s.at(0), s.at(2), s.at(4), s.at(6));  // rows 0, 2, 4, 6: a quarter each
+    const __m128 o = _mm_setr_ps(s.at(1), s.at(3), s.at(5), s.at(7));
     const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 se = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(e));
     __m512 so = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(o));
