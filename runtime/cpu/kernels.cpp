@@ -163,6 +163,46 @@ void softmax_scalar(float* s, int64_t n, float scale) {
   for (int64_t j = 0; j < n; ++j) s[j] /= l[0];
 }
 
+float quantize_int8_row(const float* x, int64_t n, int8_t* q) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite || amax == 0.0f) {
+    std::fill(q, q + n, int8_t{0});
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  const float inv = 127.0f / amax;
+  for (int64_t i = 0; i < n; ++i)  // |x| <= amax: within [-127, 127] but for an ulp, which rounds back
+    q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  return amax / 127.0f;
+}
+
+float int8_row_scale(const Matrix& W, int64_t n) {
+  const Scales& s = W.scales;
+  if (s.c0 / s.block_cols != (s.c0 + W.cols - 1) / s.block_cols)
+    throw Error("model.cpu_matmul = \"int8\" multiplies INT8 weights with one scale per row; " +
+                (s.name ? *s.name : std::string("a matrix")) + " has column blocks: use \"f32\"");
+  return s.at(n, 0);
+}
+
+void matmul_int8dot_reference(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1,
+                              float* y, int64_t ldy) {
+  const int64_t K = W.cols;
+  std::vector<int8_t> q(static_cast<std::size_t>(K));
+  const auto* codes = static_cast<const int8_t*>(W.data);
+  for (int64_t m = 0; m < M; ++m) {
+    const float xs = quantize_int8_row(x + m * ldx, K, q.data());
+    for (int64_t n = n0; n < n1; ++n) {
+      int32_t acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += int32_t{q[static_cast<std::size_t>(k)]} * codes[W.index(n, k)];
+      y[m * ldy + n] = static_cast<float>(acc) * (xs * int8_row_scale(W, n));
+    }
+  }
+}
+
 namespace {
 
 const KernelTable* chosen = nullptr;
@@ -181,6 +221,13 @@ void use_kernels(MatmulMode mode) {
     chosen = &best_f32();
     return;
   }
+  if (mode == MatmulMode::kInt8Dot) {
+    chosen = avx512_vnni_kernels();
+    if (!chosen)
+      throw Error("model.cpu_matmul = \"int8\" needs a CPU with AVX512-VNNI (vpdpbusd: Cascade Lake, Ice Lake, Zen 4 "
+                  "and later), and this one has none; use \"f32\"");
+    return;
+  }
   chosen = avx512_bf16_kernels();
   if (!chosen)
     throw Error("model.cpu_matmul = \"bf16\" needs a CPU with AVX512-BF16 (vdpbf16ps), and this one has none; use "
@@ -188,7 +235,7 @@ void use_kernels(MatmulMode mode) {
 }
 
 const KernelTable& kernels() {
-  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16 forces a table (scalar, avx2 and avx512 cap the ISA,
+  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni forces a table (scalar, avx2 and avx512 cap the ISA,
   // with kF32's bits).
   static const KernelTable* forced = [] () -> const KernelTable* {
     const char* force = std::getenv("TANDEM_CPU_KERNELS");
@@ -197,6 +244,7 @@ const KernelTable& kernels() {
     if (std::strcmp(force, "avx2") == 0) return avx2_kernels() ? avx2_kernels() : &scalar_kernels();
     if (std::strcmp(force, "avx512") == 0 && avx512_kernels()) return avx512_kernels();
     if (std::strcmp(force, "avx512-bf16") == 0 && avx512_bf16_kernels()) return avx512_bf16_kernels();
+    if (std::strcmp(force, "avx512-vnni") == 0 && avx512_vnni_kernels()) return avx512_vnni_kernels();
     return nullptr;
   }();
   if (forced) return *forced;

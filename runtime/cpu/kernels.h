@@ -120,7 +120,35 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     parallel tree each part's product added in the tree. The row-parallel
 //     tree and batch invariance hold as in kF32, so outputs stay the same bits
 //     across batches, splits and widths. Needs AVX512-BF16.
-enum class MatmulMode { kF32, kBf16Dot };
+//   kInt8Dot: products with INT8 weights (an int8-channel or -tensor
+//     checkpoint, or model.dtype = "int8") quantize their input as the
+//     checkpoint's W8A8 recipe does, dynamically per token: each row of x
+//     (in a row-parallel product, each of its kReduceChunks column chunks:
+//     row_parallel.h) gets amax = max |x|, codes q = nearest-even(x x (127 /
+//     amax)) and scale amax / 127 (quantize_int8_row); y = float(acc) x
+//     (x's scale x w's row scale), acc the exact integer sum of q x code
+//     (AVX512-VNNI's vpdpbusd), each float operation rounding once. An integer
+//     sum has no order, so outputs are batch-invariant, and the row-parallel
+//     tree keeps them the same bits at every width. Every other product
+//     (bf16 weights, FP8, the LM head) and everything else is kF32's. Needs
+//     AVX512-VNNI; products of at most kInt8DotMaxCols columns.
+enum class MatmulMode { kF32, kBf16Dot, kInt8Dot };
+
+// kInt8Dot's products keep their integer sums in 32 bits: |sum of (q + 128)
+// x code| < 255 x 128 x K must stay under 2^31.
+constexpr int64_t kInt8DotMaxCols = 65536;
+
+// kInt8Dot's activation codes of a row of n floats (the rule above): returns
+// the scale; a row of zeros has codes 0 and scale 0, a row with a NaN or an
+// infinity codes 0 and a NaN scale (its products are NaN).
+float quantize_int8_row(const float* x, int64_t n, int8_t* q);
+// Row n's scale of an INT8 matrix whose scales are one per row over its
+// columns (a channel or a tensor: what kInt8Dot multiplies).
+float int8_row_scale(const Matrix& W, int64_t n);
+// kInt8Dot's product, one output at a time in plain C++ (any layout): the
+// reference, and the VNNI table's path where its tiles do not apply.
+void matmul_int8dot_reference(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1,
+                              float* y, int64_t ldy);
 
 // Chooses what kernels() returns, once per process, before the first model
 // (TANDEM_CPU_KERNELS, below, wins); throws tandem::Error with one line when
@@ -133,5 +161,6 @@ const KernelTable* avx2_kernels();    // nullptr when not built or not supported
 const KernelTable* avx512_kernels();  // AVX-512 matrix tiles over the AVX2 table; nullptr when unsupported
 const KernelTable* avx512_gfni_kernels();  // avx512 with its FP8 decode tiles on GFNI (same bits); nullptr without
 const KernelTable* avx512_bf16_kernels();  // kBf16Dot on AVX512-BF16; nullptr when unsupported
+const KernelTable* avx512_vnni_kernels();  // kInt8Dot on AVX512-VNNI; nullptr when unsupported
 
 }  // namespace tandem::runtime::cpu

@@ -1,0 +1,48 @@
+// A random 8-bit matrix for the kernel tests (kernels_test, int8_dot_kernels_test).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "runtime/model/weights.h"
+
+namespace tandem::runtime::cpu::test {
+
+// An 8-bit matrix with random codes (every finite FP8 code, subnormals included; INT8 -127..127) and random
+// scales on a (br x bc) grid, and the f32 matrix of its values computed independently: f8e4m3_to_f32(code) or
+// the integer, times the scale, one rounding.
+struct QuantMatrix {
+  std::vector<uint8_t> codes;
+  std::vector<float> grid, values;
+  Matrix q, f;
+  // max_code: codes whose value is larger in magnitude are drawn again (huge scales: finite products).
+  QuantMatrix(DType dt, int64_t rows, int64_t cols, int64_t br, int64_t bc, std::mt19937& rng, float lo = 1e-4f,
+              float hi = 1e-2f, float max_code = 1e9f) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(lo, hi);
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    for (int64_t i = 0; i < sr * sc; ++i) grid.push_back(scale(rng));
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      int b = 0;
+      float v = 0;
+      do {
+        b = byte(rng);
+        if (dt == DType::kF8E4M3 && (b & 0x7F) == 0x7F) b ^= 1;  // not NaN
+        if (dt == DType::kI8 && b == 0x80) b = 0x81;              // -127 at most
+        v = dt == DType::kF8E4M3 ? f8e4m3_to_f32(static_cast<uint8_t>(b)) : static_cast<float>(static_cast<int8_t>(b));
+      } while (std::abs(v) > max_code);
+      codes.push_back(static_cast<uint8_t>(b));
+      values.push_back(v * grid[static_cast<std::size_t>((i / cols) / br * sc + (i % cols) / bc)]);
+    }
+    q = Matrix{codes.data(), dt, rows, cols, false, {}};
+    q.scales.grid = grid.data();
+    q.scales.block_rows = br;
+    q.scales.block_cols = bc;
+    q.scales.ld = sc;
+    f = Matrix{values.data(), DType::kF32, rows, cols, false, {}};
+  }
+};
+
+}  // namespace tandem::runtime::cpu::test
