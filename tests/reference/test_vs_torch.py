@@ -18,6 +18,10 @@ per channel), held to the public layout by check_quantized.py, then run the
 same way: both sides dequantize the same 8-bit weights (torch_forward.py from
 the formats' definitions), so TOL holds for them too; under bf16 dot products
 their weights' values are rounded to bf16 as well (TOL_BF16_Q).
+The INT8 variants also run with INT8 activations (model.cpu_matmul = "int8",
+where the CPU has AVX512-VNNI): against torch_forward.py --act int8 within
+TOL_INT8_ACT, chunks of 7 bitwise the same, greedy tokens equal, and their
+cost against the weight-only logits printed and held under INT8_ACT_ACCURACY.
 The KV_FP8 variants also run with FP8 KV (kv.dtype = "fp8", rows of E4M3 codes
 with a float32 scale each): against torch_forward.py --kv fp8, which stores its
 cache the same way from the definition, within TOL_KV_FP8 (a code can round
@@ -44,6 +48,12 @@ TOL_BF16 = 1e-2  # bf16 keeps 8 bits of each activation (2^-9 relative): measure
 # 8-bit weights under bf16 dot products are also rounded to bf16 (code x scale has up to 12 significant bits): measured
 # 4.3e-3 to 7.0e-3, and 3.9e-2 on a random MoE whose expert choice flips at a few positions (argmax equal at 96%)
 TOL_BF16_Q = 5e-2
+# INT8 activations (model.cpu_matmul = "int8", where the CPU has AVX512-VNNI): both sides quantize the same way;
+# an activation an ulp apart on the two sides could round to the other code: measured 3.9e-7 (llama), 6.0e-7 (mixtral)
+TOL_INT8_ACT = 1e-4
+# W8A8 against the weight-only products: measured 1.05e-2 (llama, argmax equal at 96%), 1.3e-1 on a random Mixtral
+# whose expert choice flips at a position (argmax equal at 100%)
+INT8_ACT_ACCURACY = 2.5e-1
 TOL_KV_FP8 = 1e-4  # the same FP8 cache on both sides: measured 2.6e-6 (demo model)
 KV_FP8_ACCURACY = 5e-2  # FP8 KV against float32 KV: measured 1.4e-2 (demo model), argmax equal at 98%
 KV_FP8 = ("llama gqa4:1 rope llama3", "qwen3 tied gqa4:1", "the trained demo model (demo/model, bf16)",
@@ -156,6 +166,29 @@ with tempfile.TemporaryDirectory() as tmp:
             same = gen["token_ids"] == ref["greedy"]
             check(f"{name} 32 greedy tokens", same,
                   "equal" if same else f"tandem {gen['token_ids']} torch {ref['greedy']}")
+            if scheme == "int8-channel":
+                ours_i8, chunk_i8, ref_i8 = (Path(tmp) / f"{k}{i}.npy" for k in ("i8-", "i8chunk-", "i8ref-"))
+                vnni = dict(os.environ, TANDEM_CPU_KERNELS="avx512-vnni")
+                out = run([engine_logits, model, ids, ours_i8], env=vnni)
+                if "kernels: avx512-vnni" in out:
+                    run([engine_logits, model, ids, chunk_i8, "7"], env=vnni)
+                    ref_q = json.loads(run(["/usr/bin/python3", torch_forward, model, "--ids", ids, "--greedy", "32",
+                                            "--act", "int8", "--out-logits", ref_i8]).strip().splitlines()[-1])
+                    rq, q, q7 = np.load(ref_i8), np.load(ours_i8), np.load(chunk_i8)
+                    err = float(np.abs(rq - q).max()) / scale
+                    check(f"{name} logits, INT8 activations", err <= TOL_INT8_ACT,
+                          f"max rel err {err:.2e} against torch's W8A8 products")
+                    check(f"{name} INT8 activations: chunked prefill is bitwise the same", np.array_equal(q, q7),
+                          "chunks of 7 vs one")
+                    cost = float(np.abs(a - q).max()) / scale
+                    agree = float((a.argmax(1) == q.argmax(1)).mean())
+                    check(f"{name} INT8 activations against weight-only", cost <= INT8_ACT_ACCURACY,
+                          f"max rel err {cost:.2e}, argmax equal at {100 * agree:.0f}% of positions")
+                    gen = json.loads(run([tandem, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens",
+                                          "32", "--temperature", "0", "--ignore-eos", "--json"], env=vnni))
+                    same = gen["token_ids"] == ref_q["greedy"]
+                    check(f"{name} INT8 activations: 32 greedy tokens", same,
+                          "equal" if same else f"tandem {gen['token_ids']} torch {ref_q['greedy']}")
             if name in KV_FP8:
                 ref8, ours8, chunk8 = (Path(tmp) / f"{k}{i}.npy" for k in ("ref8-", "ours8-", "chunk8-"))
                 ref_q = json.loads(run(["/usr/bin/python3", torch_forward, model, "--ids", ids, "--greedy", "32",

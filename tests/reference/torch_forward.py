@@ -5,7 +5,7 @@ Tandem's C++ engine is tested against this file; it shares no code with it and
 does not use `transformers` or `safetensors`.  Run it with Debian's Python
 (`/usr/bin/python3`, torch >= 1.13, numpy).
 
-usage: torch_forward.py MODEL_DIR --ids 1,2,3 [--greedy N] [--kv fp8]
+usage: torch_forward.py MODEL_DIR --ids 1,2,3 [--greedy N] [--kv fp8] [--act int8]
        torch_forward.py MODEL_DIR --ids "1,2;3,4" --embed last|mean|cls [--normalize]
                         [--out-logits FILE.npy] [--out-json FILE.json]
 
@@ -52,6 +52,16 @@ Conventions (matching Hugging Face's modeling code):
     it, pooled by its last token, the mean over its tokens or its first,
     divided by their L2 norm when asked. A checkpoint saved from the inner
     model (tensor names without "model.") and one without lm_head load.
+  * --act int8 (Tandem's model.cpu_matmul = "int8", the W8A8 recipe of INT8
+    checkpoints with a scale per channel or tensor): a product with an I8
+    weight quantizes each row of its input x on its own: amax = max |x|,
+    codes q = round-half-even(x * (127 / amax)) (float32 operations), scale
+    amax / 127 (a row of zeros: codes 0, scale 0); y = float32(the exact
+    integer sum of q * code) * (x's scale * the weight row's scale), each
+    float32 operation rounding once. o_proj and down_proj (an expert's too)
+    are cut into 8 column chunks (chunk c: columns [c K / 8, (c + 1) K / 8)),
+    each quantized and multiplied on its own, the 8 results added as
+    ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) in float32.
   * --kv fp8 (Tandem's kv.dtype = "fp8"): every key and value row (one token,
     one kv head, after RoPE) is stored as E4M3 codes with one float32 scale,
     scale = max|row| / 448, code = the E4M3 value nearest row / scale (ties to
@@ -235,8 +245,48 @@ class Quantization:
         return q * full
 
 
+class Int8Weight:
+    """An I8 weight kept as its codes and its rows' scales, for --act int8."""
+
+    def __init__(self, codes, row_scale):
+        self.codes, self.row_scale, self.shape = codes, row_scale, codes.shape
+
+    def numel(self):
+        return self.codes.numel()
+
+
+def quantize_int8_rows(x):
+    """x: [T, K] float32 -> (codes [T, K] float64 holding integers, scales [T] float32), per row."""
+    amax = x.abs().amax(dim=1)
+    finite = torch.isfinite(x).all(dim=1)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = torch.tensor(127.0, dtype=torch.float32) / safe
+    q = torch.round(x * inv[:, None]).clamp(-127, 127)
+    keep = (finite & (amax > 0))[:, None]
+    q = torch.where(keep, q, torch.zeros_like(q)).double()
+    scale = amax / torch.tensor(127.0, dtype=torch.float32)
+    scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
+    return q, scale
+
+
+def int8_product(x, w, chunks):
+    """--act int8's product of x [T, K] with an Int8Weight, in `chunks` column chunks added in the tree."""
+    K = x.shape[1]
+    parts = []
+    for c in range(chunks):
+        a, b = K * c // chunks, K * (c + 1) // chunks
+        q, xs = quantize_int8_rows(x[:, a:b])
+        acc = (q @ w.codes[:, a:b].double().t()).float()         # exact integers, rounded once to float32
+        parts.append(acc * (xs[:, None] * w.row_scale[None, :]))
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
 class Checkpoint:
     """All tensors of MODEL_DIR: model.safetensors or the shards of an index."""
+
+    act_int8 = False  # --act int8: I8 weights kept as codes and row scales (Int8Weight)
 
     def __init__(self, model_dir, quant=None):
         self.quant = quant
@@ -280,7 +330,13 @@ class Checkpoint:
         if self.entries[name][1] in ("F8_E4M3", "I8"):
             if self.quant is None or self.entries[name][1] not in self.quant.dtypes:
                 raise RefError("tensor %s is %s but the config says no such quantization" % (name, self.entries[name][1]))
-            t = self.quant.dequantize(self, name, t)
+            if self.act_int8 and self.entries[name][1] == "I8":
+                if self.quant.block[1] is not None:
+                    raise RefError("--act int8 needs a scale per channel or tensor; %s has blocks" % name)
+                full = self.quant.dequantize(self, name, torch.ones_like(t))   # each element's scale
+                t = Int8Weight(t, full[:, 0].contiguous())
+            else:
+                t = self.quant.dequantize(self, name, t)
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise RefError("tensor %s has shape %s, expected %s" % (name, list(t.shape), list(shape)))
         return t
@@ -434,9 +490,10 @@ def rmsnorm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def linear(x, w, b=None):
-    """x: [T, in], w: [out, in], b: [out] or None -> [T, out]."""
-    y = x @ w.t()
+def linear(x, w, b=None, chunks=1):
+    """x: [T, in], w: [out, in], b: [out] or None -> [T, out].  An Int8Weight (--act int8) is multiplied
+    with quantized activations, its input cut into `chunks` column chunks (8 for o_proj and down_proj)."""
+    y = int8_product(x, w, chunks) if isinstance(w, Int8Weight) else x @ w.t()
     if b is not None:
         y = y + b
     return y
@@ -530,7 +587,8 @@ class Model:
         for t in range(h.shape[0]):
             for slot in range(cfg.top_k):
                 w_gate, w_up, w_down = L.experts[int(order[t, slot])]
-                y = linear(torch.nn.functional.silu(linear(h[t:t + 1], w_gate)) * linear(h[t:t + 1], w_up), w_down)
+                y = linear(torch.nn.functional.silu(linear(h[t:t + 1], w_gate)) * linear(h[t:t + 1], w_up), w_down,
+                           chunks=8)
                 out[t] += weights[t, slot] * y[0]
         return out
 
@@ -580,7 +638,7 @@ class Model:
             att = torch.softmax(scores, dim=-1)                   # [H, T, S+T]
             o = att @ vals                                        # [H, T, hd]
             o = o.transpose(0, 1).reshape(T, H * hd)              # [T, H*hd]
-            x = x + linear(o, L.wo, L.bo)                         # [T, D]
+            x = x + linear(o, L.wo, L.bo, chunks=8)               # [T, D]
 
             # ---- SwiGLU MLP, or the mixture of experts ----
             h = rmsnorm(x, L.ffn_norm, cfg.norm_eps)              # [T, D]
@@ -589,7 +647,7 @@ class Model:
                 continue
             gate = linear(h, L.w_gate, L.b_gate)                  # [T, F]
             up = linear(h, L.w_up, L.b_up)                        # [T, F]
-            x = x + linear(torch.nn.functional.silu(gate) * up, L.w_down, L.b_down)  # [T, D]
+            x = x + linear(torch.nn.functional.silu(gate) * up, L.w_down, L.b_down, chunks=8)  # [T, D]
 
         x = rmsnorm(x, self.final_norm, cfg.norm_eps)             # [T, D]
         if hidden:
@@ -621,7 +679,7 @@ def generate(model, prompt, n_new):
     return prompt_logits, out
 
 
-def load_model(model_dir):
+def load_model(model_dir, act_int8=False):
     cfg_path = os.path.join(model_dir, "config.json")
     if not os.path.exists(cfg_path):
         raise RefError("%s not found" % cfg_path)
@@ -630,6 +688,7 @@ def load_model(model_dir):
     cfg = Config(raw)
     quant = Quantization(raw["quantization_config"]) if raw.get("quantization_config") else None
     ckpt = Checkpoint(model_dir, quant)
+    ckpt.act_int8 = act_int8
     ckpt.strip_model_prefix()
     return Model(cfg, ckpt)
 
@@ -661,6 +720,8 @@ def main(argv=None):
     ap.add_argument("--greedy", type=int, default=0, metavar="N", help="greedy-generate N tokens after the prompt")
     ap.add_argument("--out-logits", metavar="FILE.npy", help="save the prompt's logits, float32 [T, vocab]")
     ap.add_argument("--kv", choices=("f32", "fp8"), default="f32", help="KV cache storage (fp8: see above)")
+    ap.add_argument("--act", choices=("f32", "int8"), default="f32",
+                    help="int8: I8 weights' products with activations quantized per row (see above)")
     ap.add_argument("--embed", choices=("last", "mean", "cls"),
                     help="print the pooled embedding of each ';'-separated input of --ids, as JSON, instead")
     ap.add_argument("--normalize", action="store_true", help="with --embed: L2-normalise each vector")
@@ -673,7 +734,7 @@ def main(argv=None):
         if args.greedy < 0:
             raise RefError("--greedy must be >= 0")
         with torch.no_grad():
-            model = load_model(args.model_dir)
+            model = load_model(args.model_dir, act_int8=args.act == "int8")
             model.kv_fp8 = args.kv == "fp8"
             if args.embed:
                 vectors = [embed(model, parse_ids(part), args.embed, args.normalize).tolist()
