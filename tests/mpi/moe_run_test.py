@@ -10,7 +10,9 @@ prefill and decode widths mismatched; a width that does not divide the
 experts is refused before any work with one line. Under bf16 dot products
 (model.cpu_matmul = "bf16") the token ids differ from f32's and are the same
 bits in one process, expert-parallel and disaggregated. So are an FP8-block
-checkpoint's (written by `tandem quantize`), against its bf16 source.
+checkpoint's (written by `tandem quantize`), against its bf16 source, and
+under INT8 activations (model.cpu_matmul = "int8") an INT8-on-load model's,
+experts whole and split.
 Usage: moe_run_test.py TANDEM SRC_DIR"""
 import json
 import subprocess
@@ -162,6 +164,41 @@ with tempfile.TemporaryDirectory() as d:
                             *sets)
             check(f"fp8 block, {name}: the same token ids as one process", p.returncode == 0 and got == one,
                   f"rc {p.returncode}, {sum(got.get(k) != v for k, v in one.items())} differ")
+
+    # INT8 activations (model.cpu_matmul = "int8", AVX512-VNNI) on the bf16 source quantized to INT8 as it loads:
+    # other bits than the weight-only INT8 products, the same bits in one process, at width 2 with experts whole
+    # and split, and disaggregated with mismatched widths; refused with one line on weights that are not INT8.
+    if check.wants("int8 activations"):
+        source = tmp / "moe-bf16"
+        if not source.exists():
+            make_model(tandem, src, source, "tiny", 5, "qwen3_moe", "--dtype", "bf16")
+        w8a8 = ['model.dtype="int8"', 'model.cpu_matmul="int8"']
+        p, one, summary = run(source, "int8-single", 1, *w8a8)
+        if p.returncode != 0 and "needs a CPU with AVX512-VNNI" in p.stderr:
+            print("skipped INT8 activations: no AVX512-VNNI on this CPU")
+        else:
+            _, weight_only, _ = run(source, "int8-weight-only", 1, 'model.dtype="int8"')
+            check("INT8 activations: one process completes, the summary names the arithmetic, other bits than "
+                  "weight-only INT8's",
+                  p.returncode == 0 and len(one) == 24 and summary.get("kernels") == "avx512-vnni" and one != weight_only,
+                  f"rc {p.returncode}, kernels {summary.get('kernels')}, "
+                  f"{sum(one[k] != weight_only.get(k) for k in one)} of 24 differ")
+            for name, np, sets in (("agg tp=2, experts whole", 3, ['job.mode="agg"', "cluster.tp=2"]),
+                                   ("agg tp=2, experts split", 3,
+                                    ['job.mode="agg"', "cluster.tp=2", "cluster.expert_parallel=false"]),
+                                   ("1P+1D, prefill 2 ranks, decode 1 rank", 4,
+                                    ['job.mode="disagg"', "cluster.prefill_tp=2", "cluster.decode_tp=1",
+                                     "cluster.prefill_ranks=2", "router.local_prefill_tokens=1"])):
+                tag = "int8-" + name.replace(",", "").replace(" ", "_").replace("=", "").replace("+", "")
+                p, got, _ = run(source, tag, np, *w8a8, *sets)
+                check(f"INT8 activations, {name}: the same token ids as one process", p.returncode == 0 and got == one,
+                      f"rc {p.returncode}, {sum(got.get(k) != v for k, v in one.items())} differ")
+            p, _, _ = run(source, "int8-on-bf16", 1, 'model.cpu_matmul="int8"', timeout=60)
+            errors = [l for l in p.stderr.splitlines() if l.startswith("tandem: error:")]
+            check("model.cpu_matmul = \"int8\" on bf16 weights is refused with one line naming the way out",
+                  p.returncode != 0 and len(errors) == 1 and "multiplies INT8 weights" in errors[0] and
+                  'model.dtype = \"int8\"' in errors[0] and not (tmp / "int8-on-bf16.jsonl").exists(),
+                  f"rc {p.returncode}: {p.stderr.strip()[-300:]}")
 
     if check.wants("refused"):
         six = make_model(tandem, src, tmp / "six", "tiny", 5, "qwen3_moe", "--dtype", "f32", "--experts", "6")
