@@ -70,6 +70,14 @@ struct Int8Rows {
   }
 };
 
+// acc + the four byte products of each lane (a unsigned, b signed): vpdpbusd in
+// place. GCC 12 copies the accumulator of _mm512_dpbusd_epi32 to another register
+// each call, a move per product in the tile's loop.
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
 // A panel's lanes hold (row r, half h) at dword 2r + h: the 16 outputs of
 // two panels (the second's lanes may be zero) as row sums, in column order.
 inline __m512i fold_pairs(__m512i a, __m512i b) {
@@ -95,13 +103,13 @@ inline void int8_tile(const uint8_t* xq, int64_t ldq, const float* xs, const int
     for (int p = 0; p < P; ++p) {
       _mm_prefetch(reinterpret_cast<const char*>(panel + p * 8 * K + 8 * k) + 1024, _MM_HINT_T0);
       wv[p] = _mm512_loadu_si512(panel + p * 8 * K + 8 * k);
-      if constexpr (kSums) wsum[p] = _mm512_dpbusd_epi32(wsum[p], ones, wv[p]);
+      if constexpr (kSums) wsum[p] = dpbusd(wsum[p], ones, wv[p]);
     }
     for (int m = 0; m < MR; ++m) {
       int64_t bytes;
       std::memcpy(&bytes, xq + m * ldq + k, 8);
       const __m512i xv = _mm512_set1_epi64(bytes);
-      for (int p = 0; p < P; ++p) acc[m][p] = _mm512_dpbusd_epi32(acc[m][p], xv, wv[p]);
+      for (int p = 0; p < P; ++p) acc[m][p] = dpbusd(acc[m][p], xv, wv[p]);
     }
   }
   if constexpr (kSums) *sums = _mm512_slli_epi32(fold_pairs(wsum[0], P == 2 ? wsum[P - 1] : _mm512_setzero_si512()), 7);
