@@ -272,10 +272,12 @@ void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtim
 }
 
 // --quantized: the bench model against its FP8-block and INT8-channel twins
-// (written once by tandem quantize's code beside it), measured round-robin
-// so the machine's drift falls on all three alike.
+// (written once by tandem quantize's code beside it), and the INT8 twin with
+// its activations quantized too (model.cpu_matmul = "int8") where the CPU has
+// AVX512-VNNI, measured round-robin so the machine's drift falls on all alike.
 struct Variant {
   std::string name;
+  runtime::cpu::MatmulMode mode = runtime::cpu::MatmulMode::kF32;  // the products' arithmetic
   runtime::ModelConfig c;
   std::unique_ptr<runtime::ModelWeights> w;
   std::vector<Decode> ones;  // decode of 1, several rounds
@@ -315,12 +317,16 @@ void codes_rates(const runtime::ModelWeights& fp8, const runtime::ModelWeights& 
   if (!cpu::avx512_kernels()) return;
   const double plain = codes_rate(*cpu::avx512_kernels(), fp8.layers[0].w_gate);
   const double i8 = codes_rate(*cpu::avx512_kernels(), int8.layers[0].w_gate);
+  char w8a8[64] = "";  // INT8 weights under model.cpu_matmul = "int8", where the CPU has AVX512-VNNI
+  if (const cpu::KernelTable* vnni = cpu::avx512_vnni_kernels())
+    std::snprintf(w8a8, sizeof w8a8, " (%.1f with INT8 activations)", codes_rate(*vnni, int8.layers[0].w_gate));
   if (const cpu::KernelTable* g = cpu::avx512_gfni_kernels()) {
     const double gfni = codes_rate(*g, fp8.layers[0].w_gate);
     std::printf("  one core, one row, codes in L2: fp8 %5.1f GB/s on GFNI against %5.1f on the AVX-512 table "
-                "(%.2fx); int8 %5.1f\n", gfni, plain, gfni / plain, i8);
+                "(%.2fx); int8 %5.1f%s\n", gfni, plain, gfni / plain, i8, w8a8);
   } else {
-    std::printf("  one core, one row, codes in L2: fp8 %5.1f GB/s, int8 %5.1f (no GFNI on this CPU)\n", plain, i8);
+    std::printf("  one core, one row, codes in L2: fp8 %5.1f GB/s, int8 %5.1f%s (no GFNI on this CPU)\n", plain, i8,
+                w8a8);
   }
 }
 
@@ -340,10 +346,21 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
     v.held_bytes = held_bytes(*v.w);
     vs.push_back(std::move(v));
   }
+  if (runtime::cpu::avx512_vnni_kernels()) {  // the INT8 twin again, its activations quantized (model.cpu_matmul = "int8")
+    Variant v;
+    v.name = "int8 W8A8";
+    v.mode = runtime::cpu::MatmulMode::kInt8Dot;
+    v.c = vs.back().c;
+    v.w = runtime::ModelWeights::load(v.c, bf16_dir + "-int8-channel");
+    v.step_bytes = vs.back().step_bytes;
+    v.held_bytes = vs.back().held_bytes;
+    vs.push_back(std::move(v));
+  }
   const int T = threads.size();
   double best_triad = 0;
   for (int r = 0; r < (quick ? 3 : 5); ++r) {
     for (auto& v : vs) {
+      runtime::cpu::use_kernels(v.mode);  // the engine takes its table as it is made
       const double before = planner::triad_gbps(T);
       Run d = decode(v.c, *v.w, threads, 1, quick ? 8 : 24);
       const double after = planner::triad_gbps(T);
@@ -351,10 +368,17 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
       v.ones.push_back({1, d, std::max(before, after)});
     }
   }
-  for (auto& v : vs) v.decode32 = decode(v.c, *v.w, threads, 32, quick ? 8 : 24);
-  for (auto& v : vs) v.prefill = prefill(v.c, *v.w, threads, quick ? 1 : 2, kPrefillLen);
-  std::printf("\n8-bit weights against bf16 (the bench model and its tandem quantize twins; the LM head stays bf16), "
-              "round-robin:\n");
+  for (auto& v : vs) {
+    runtime::cpu::use_kernels(v.mode);
+    v.decode32 = decode(v.c, *v.w, threads, 32, quick ? 8 : 24);
+  }
+  for (auto& v : vs) {
+    runtime::cpu::use_kernels(v.mode);
+    v.prefill = prefill(v.c, *v.w, threads, quick ? 1 : 2, kPrefillLen);
+  }
+  runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kF32);
+  std::printf("\n8-bit weights against bf16 (the bench model and its tandem quantize twins; the LM head stays bf16; "
+              "int8 W8A8: the int8 twin under model.cpu_matmul = \"int8\"), round-robin:\n");
   std::printf("  %-13s %10s %12s %22s %26s %12s %14s\n", "weights", "held MiB", "read/step MB", "decode 1 (tok/s, x)",
               "of 8-bit roofline (triad)", "decode 32", "prefill 512");
   // decode 1: each variant's median round by tokens/s against its own triad (the bandwidth-bound case); its x is

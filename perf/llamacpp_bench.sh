@@ -2,7 +2,7 @@
 # Tandem's CPU engine against llama.cpp on the same weights, back to back:
 # prefill of 512-token prompts, decode of 1 and of 32 concurrent sequences,
 # Tandem in both arithmetics (model.cpu_matmul f32, and bf16 where the CPU
-# has AVX512-BF16),
+# has AVX512-BF16; for INT8 weights also int8, where it has AVX512-VNNI),
 # each engine alternately, twice, the better of each kept (this machine's
 # neighbours swing single runs by 10% and more). Prints a table with the
 # ratios; then the same for 8-bit weights: llama.cpp Q8_0 against Tandem FP8
@@ -70,7 +70,9 @@ for scheme in fp8-block int8-channel; do
   [ -f "$model-$scheme/config.json" ] ||
     "$build/launcher/tandem" quantize --model "$model" --out "$model-$scheme" --scheme "$scheme" --quiet
 done
-declare -A fp8 int8 fp8b int8b q8l
+declare -A fp8 int8 fp8b int8b int8v q8l
+# model.cpu_matmul = "int8" (activations quantized per token, AVX512-VNNI), where the CPU has it.
+has_vnni=$(grep -qw avx512_vnni /proc/cpuinfo && echo 1 || echo 0)
 eight() {  # scheme, workload, then the environment's assignments: Tandem's tokens/s
   local scheme=$1 what=$2
   shift 2
@@ -83,6 +85,9 @@ for run in 1 2; do
     if [ "$has_bf16" = 1 ]; then  # each weight's value rounded to bf16, AVX512-BF16 dot products
       fp8b[$what]="${fp8b[$what]:-} $(eight fp8-block "$what" TANDEM_CPU_KERNELS=avx512-bf16)"
       int8b[$what]="${int8b[$what]:-} $(eight int8-channel "$what" TANDEM_CPU_KERNELS=avx512-bf16)"
+    fi
+    if [ "$has_vnni" = 1 ]; then
+      int8v[$what]="${int8v[$what]:-} $(eight int8-channel "$what" TANDEM_CPU_KERNELS=avx512-vnni)"
     fi
   done
   json=$(node "$src/perf/llamacpp_bench.mjs" "$deps/node_modules" "$q8" "$threads")
@@ -104,4 +109,13 @@ if [ "$has_bf16" = 1 ]; then
   row "prefill, 512-token prompts" "${q8l[prefill_512]}" "${fp8b[prefill]}" "${int8b[prefill]}"
   row "decode, 1 sequence" "${q8l[decode_1]}" "${fp8b[decode:1]}" "${int8b[decode:1]}"
   row "decode, 32 sequences" "${q8l[decode_32]}" "${fp8b[decode:32]}" "${int8b[decode:32]}"
+fi
+if [ "$has_vnni" = 1 ]; then
+  echo
+  echo "INT8 with its activations quantized too (model.cpu_matmul = \"int8\", the W8A8 recipe, as Q8_0 does), beside"
+  echo "the weight-only INT8 products above:"
+  printf '%-28s %13s %13s %8s %13s %8s\n' "workload" "llama.cpp Q8_0" "int8, W8A8" "ratio" "int8, f32" "ratio"
+  row "prefill, 512-token prompts" "${q8l[prefill_512]}" "${int8v[prefill]}" "${int8[prefill]}"
+  row "decode, 1 sequence" "${q8l[decode_1]}" "${int8v[decode:1]}" "${int8[decode:1]}"
+  row "decode, 32 sequences" "${q8l[decode_32]}" "${int8v[decode:32]}" "${int8[decode:32]}"
 fi

@@ -103,7 +103,8 @@ namespace {
 // model.cpu_matmul = "int8" multiplies INT8 weights with one scale per row (kernels.h's kInt8Dot).
 void check_int8_products(const Prepared& p) {
   const runtime::QuantConfig& q = p.model.quant;
-  const bool int8_rows = q.method == runtime::QuantConfig::Method::kCompressedTensors && q.weight == runtime::DType::kI8 &&
+  using Method = runtime::QuantConfig::Method;
+  const bool int8_rows = q.method == Method::kCompressedTensors && q.weight == runtime::DType::kI8 &&
                          q.block_cols == 0;  // a channel's or the tensor's scale
   if (!int8_rows && p.cfg.model.dtype != "int8")
     throw Error("model.cpu_matmul = \"int8\" multiplies INT8 weights with a scale per channel or tensor; " +
@@ -114,8 +115,8 @@ void check_int8_products(const Prepared& p) {
   for (const int64_t k : {m.hidden, m.intermediate, m.moe.intermediate, m.heads * m.head_dim})
     if (k > runtime::cpu::kInt8DotMaxCols)
       throw Error("model.cpu_matmul = \"int8\" keeps each product's sum in 32 bits, up to " +
-                  std::to_string(runtime::cpu::kInt8DotMaxCols) + " columns; " + p.cfg.model.path + " has a product of " +
-                  std::to_string(k) + ": use \"f32\"");
+                  std::to_string(runtime::cpu::kInt8DotMaxCols) + " columns; " + p.cfg.model.path +
+                  " has a product of " + std::to_string(k) + ": use \"f32\"");
   runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kInt8Dot);  // throws without AVX512-VNNI
 }
 

@@ -141,8 +141,9 @@ inline void int8_tiles(int64_t M, const Int8Rows& q, const int8_t* panel, int64_
   for (int64_t m = 0, left = (M + kRows - 1) / kRows; left > 0; --left) {
     const int64_t mr = (M - m + left - 1) / left;
     const uint8_t* xq = q.codes.data() + m * q.ld;
-    if (first) int8_tile_rows<kRows, P, true>(mr, xq, q.ld, q.scale.data() + m, panel, K, ws, &sums, y + m * ldy, ldy, c0, c1);
-    else int8_tile_rows<kRows, P, false>(mr, xq, q.ld, q.scale.data() + m, panel, K, ws, &sums, y + m * ldy, ldy, c0, c1);
+    const float* xs = q.scale.data() + m;
+    if (first) int8_tile_rows<kRows, P, true>(mr, xq, q.ld, xs, panel, K, ws, &sums, y + m * ldy, ldy, c0, c1);
+    else int8_tile_rows<kRows, P, false>(mr, xq, q.ld, xs, panel, K, ws, &sums, y + m * ldy, ldy, c0, c1);
     first = false;
     m += mr;
   }
