@@ -75,13 +75,24 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
   }
 }
 
-void quantize_fp8_row(const float* x, int64_t n, uint8_t* row) {
+namespace {
+
+// max |x[i]|, and whether every x[i] is finite: the scale of an FP8 KV row and of an INT8 activation row.
+float row_amax(const float* x, int64_t n, bool& finite) {
   float amax = 0.0f;
-  bool finite = true;
+  finite = true;
   for (int64_t i = 0; i < n; ++i) {
     finite = finite && std::isfinite(x[i]);
     amax = std::max(amax, std::fabs(x[i]));
   }
+  return amax;
+}
+
+}  // namespace
+
+void quantize_fp8_row(const float* x, int64_t n, uint8_t* row) {
+  bool finite;
+  const float amax = row_amax(x, n, finite);
   const float scale = finite ? amax / 448.0f : std::numeric_limits<float>::quiet_NaN();
   for (int64_t i = 0; i < n; ++i) row[i] = scale > 0.0f ? f32_to_f8e4m3(x[i] / scale) : 0;
   std::memcpy(row + n, &scale, sizeof scale);
@@ -164,12 +175,8 @@ void softmax_scalar(float* s, int64_t n, float scale) {
 }
 
 float quantize_int8_row(const float* x, int64_t n, int8_t* q) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    finite = finite && std::isfinite(x[i]);
-    amax = std::max(amax, std::fabs(x[i]));
-  }
+  bool finite;
+  const float amax = row_amax(x, n, finite);
   if (!finite || amax == 0.0f) {
     std::fill(q, q + n, int8_t{0});
     return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();

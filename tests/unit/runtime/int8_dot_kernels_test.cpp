@@ -82,18 +82,9 @@ TEST_CASE("kInt8Dot products: the reference and the VNNI table are the rule's bi
   for (const int64_t br : {int64_t{1}, N}) {  // a scale per channel, one for the tensor
     QuantMatrix w(DType::kI8, N, K, br, K, rng);
     PanelStore store;
-    struct Case {
-      const char* what;
-      Matrix q;
-      int64_t r0, k0;
-    };
-    const std::vector<Case> cases{{"row-major", w.q, 0, 0},
-                                  {"panels", store.pack(w.q), 0, 0},
-                                  {"rows 13..44 copied", store.pack_slice(w.q, 13, 44, 0, K), 13, 0},
-                                  {"rows 16..44 viewed", store.pack(w.q).row_view(16, 44), 16, 0},
-                                  {"columns 136..272", store.pack_columns(w.q, 136, 272), 0, 136},
-                                  {"columns 40..76 (not panels)", store.pack_columns(w.q, 40, 76), 0, 40}};
-    for (const Case& c : cases) {
+    auto cases = test::layout_cases(w.q, store);
+    cases.push_back({"columns 40..76 (not panels)", store.pack_columns(w.q, 40, 76), 0, 40});
+    for (const auto& c : cases) {
       const int64_t n = c.q.rows, k = c.q.cols;
       for (const int64_t M : {1, 2, 3, 5, 8, 9, 16, 17, 40}) {
         std::vector<float> x(static_cast<std::size_t>(M * k));

@@ -403,18 +403,7 @@ TEST_CASE("8-bit matrices compute on code x scale: the bits of the f32 matrix of
       QuantMatrix w(dt, N, K, br, bc, rng, big ? 64.0f : huge ? 0x1p120f : 1e-4f,
                     big ? 1024.0f : huge ? 0x1p121f : 1e-2f, huge ? 0x1p-6f : 1e9f);
       PanelStore store;
-      // whole (row-major and panels), a shard of rows starting inside a panel and one on a panel, a column chunk
-      struct Case {
-        const char* what;
-        Matrix q;
-        int64_t r0, k0;
-      };
-      const std::vector<Case> cases{{"row-major", w.q, 0, 0},
-                                    {"panels", store.pack(w.q), 0, 0},
-                                    {"rows 13..44 copied", store.pack_slice(w.q, 13, 44, 0, K), 13, 0},
-                                    {"rows 16..44 viewed", store.pack(w.q).row_view(16, 44), 16, 0},
-                                    {"columns 136..272", store.pack_columns(w.q, 136, 272), 0, 136}};
-      for (const Case& c : cases) {
+      for (const auto& c : test::layout_cases(w.q, store)) {
         const int64_t n = c.q.rows, k = c.q.cols;
         std::vector<float> sub(static_cast<std::size_t>(n * k));
         for (int64_t i = 0; i < n; ++i)

@@ -45,4 +45,19 @@ struct QuantMatrix {
   }
 };
 
+// The layouts a kernel meets an 8-bit matrix in: whole (row-major and panels), a shard of rows starting
+// inside a panel and one on a panel, a column chunk. r0, k0: where its (0, 0) sits in q.
+struct LayoutCase {
+  const char* what;
+  Matrix q;
+  int64_t r0, k0;
+};
+inline std::vector<LayoutCase> layout_cases(const Matrix& q, PanelStore& store) {
+  return {{"row-major", q, 0, 0},
+          {"panels", store.pack(q), 0, 0},
+          {"rows 13..44 copied", store.pack_slice(q, 13, 44, 0, q.cols), 13, 0},
+          {"rows 16..44 viewed", store.pack(q).row_view(16, 44), 16, 0},
+          {"columns 136..272", store.pack_columns(q, 136, 272), 0, 136}};
+}
+
 }  // namespace tandem::runtime::cpu::test
