@@ -308,6 +308,23 @@ double codes_rate(const runtime::cpu::KernelTable& t, const runtime::Matrix& W) 
   return static_cast<double>(m.rows * m.cols) / best / 1e9;
 }
 
+// Multiply-adds per second (x2: GOP/s) one core gets from a table in a 512-row product with W (x in L2):
+// the prefill case, where the products are bound by arithmetic.
+double products_rate(const runtime::cpu::KernelTable& t, const runtime::Matrix& W) {
+  const int64_t M = 512;
+  std::vector<float> x(static_cast<std::size_t>(M * W.cols)), y(static_cast<std::size_t>(M * W.rows));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : x) v = u(rng);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    t.matmul(x.data(), W.cols, M, W, 0, W.rows, y.data(), W.rows);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(M * W.rows * W.cols) / best / 1e9;
+}
+
 // The decode kernels' own speed on the twins' first gate_proj: FP8 on the
 // GFNI tiles against the AVX-512 table's (the same bits), INT8 beside them.
 // Two cores at these rates against the triad say whether decode 1 can reach
@@ -317,6 +334,16 @@ void codes_rates(const runtime::ModelWeights& fp8, const runtime::ModelWeights& 
   if (!cpu::avx512_kernels()) return;
   const double plain = codes_rate(*cpu::avx512_kernels(), fp8.layers[0].w_gate);
   const double i8 = codes_rate(*cpu::avx512_kernels(), int8.layers[0].w_gate);
+  // The prefill products of INT8 weights, one core: f32 arithmetic, INT8 activations on VNNI and on AMX.
+  {
+    const runtime::Matrix& W = int8.layers[0].w_gate;
+    std::printf("  one core, 512 rows x gate_proj, int8 weights: %5.0f GOP/s in f32",
+                products_rate(*cpu::avx512_kernels(), W));
+    if (const cpu::KernelTable* v = cpu::avx512_vnni_kernels())
+      std::printf(", %5.0f with INT8 activations", products_rate(*v, W));
+    if (const cpu::KernelTable* a = cpu::avx512_amx_kernels()) std::printf(", %5.0f on AMX", products_rate(*a, W));
+    std::printf("\n");
+  }
   char w8a8[64] = "";  // INT8 weights under model.cpu_matmul = "int8", where the CPU has AVX512-VNNI
   if (const cpu::KernelTable* vnni = cpu::avx512_vnni_kernels())
     std::snprintf(w8a8, sizeof w8a8, " (%.1f with INT8 activations)", codes_rate(*vnni, int8.layers[0].w_gate));
@@ -346,7 +373,7 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
     v.held_bytes = held_bytes(*v.w);
     vs.push_back(std::move(v));
   }
-  if (runtime::cpu::avx512_vnni_kernels()) {  // the INT8 twin again, its activations quantized (model.cpu_matmul = "int8")
+  if (runtime::cpu::avx512_vnni_kernels()) {  // the INT8 twin again, activations quantized (model.cpu_matmul = "int8")
     Variant v;
     v.name = "int8 W8A8";
     v.mode = runtime::cpu::MatmulMode::kInt8Dot;

@@ -229,7 +229,7 @@ void use_kernels(MatmulMode mode) {
     return;
   }
   if (mode == MatmulMode::kInt8Dot) {
-    chosen = avx512_vnni_kernels();
+    chosen = avx512_amx_kernels() ? avx512_amx_kernels() : avx512_vnni_kernels();
     if (!chosen)
       throw Error("model.cpu_matmul = \"int8\" needs a CPU with AVX512-VNNI (vpdpbusd: Cascade Lake, Ice Lake, Zen 4 "
                   "and later), and this one has none; use \"f32\"");
@@ -242,7 +242,7 @@ void use_kernels(MatmulMode mode) {
 }
 
 const KernelTable& kernels() {
-  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni forces a table (scalar, avx2 and avx512 cap the ISA,
+  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni|amx-int8 forces a table (scalar, avx2 and avx512 cap the ISA,
   // with kF32's bits).
   static const KernelTable* forced = [] () -> const KernelTable* {
     const char* force = std::getenv("TANDEM_CPU_KERNELS");
@@ -252,6 +252,7 @@ const KernelTable& kernels() {
     if (std::strcmp(force, "avx512") == 0 && avx512_kernels()) return avx512_kernels();
     if (std::strcmp(force, "avx512-bf16") == 0 && avx512_bf16_kernels()) return avx512_bf16_kernels();
     if (std::strcmp(force, "avx512-vnni") == 0 && avx512_vnni_kernels()) return avx512_vnni_kernels();
+    if (std::strcmp(force, "amx-int8") == 0 && avx512_amx_kernels()) return avx512_amx_kernels();
     return nullptr;
   }();
   if (forced) return *forced;

@@ -131,7 +131,9 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     sum has no order, so outputs are batch-invariant, and the row-parallel
 //     tree keeps them the same bits at every width. Every other product
 //     (bf16 weights, FP8, the LM head) and everything else is kF32's. Needs
-//     AVX512-VNNI; products of at most kInt8DotMaxCols columns.
+//     AVX512-VNNI; products of at most kInt8DotMaxCols columns. Where the CPU
+//     has AMX-INT8 (and Linux grants it), products of 16 rows or more run on
+//     its tiles: exact integer sums too, so the same bits.
 enum class MatmulMode { kF32, kBf16Dot, kInt8Dot };
 
 // kInt8Dot's products keep their integer sums in 32 bits: |sum of (q + 128)
@@ -162,5 +164,6 @@ const KernelTable* avx512_kernels();  // AVX-512 matrix tiles over the AVX2 tabl
 const KernelTable* avx512_gfni_kernels();  // avx512 with its FP8 decode tiles on GFNI (same bits); nullptr without
 const KernelTable* avx512_bf16_kernels();  // kBf16Dot on AVX512-BF16; nullptr when unsupported
 const KernelTable* avx512_vnni_kernels();  // kInt8Dot on AVX512-VNNI; nullptr when unsupported
+const KernelTable* avx512_amx_kernels();   // kInt8Dot on AMX-INT8 tiles from 16 rows (the same bits); nullptr without
 
 }  // namespace tandem::runtime::cpu

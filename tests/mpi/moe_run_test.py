@@ -180,7 +180,8 @@ with tempfile.TemporaryDirectory() as d:
             _, weight_only, _ = run(source, "int8-weight-only", 1, 'model.dtype="int8"')
             check("INT8 activations: one process completes, the summary names the arithmetic, other bits than "
                   "weight-only INT8's",
-                  p.returncode == 0 and len(one) == 24 and summary.get("kernels") == "avx512-vnni" and one != weight_only,
+                  p.returncode == 0 and len(one) == 24 and summary.get("kernels") in ("avx512-vnni", "amx-int8") and
+                  one != weight_only,
                   f"rc {p.returncode}, kernels {summary.get('kernels')}, "
                   f"{sum(one[k] != weight_only.get(k) for k in one)} of 24 differ")
             for name, np, sets in (("agg tp=2, experts whole", 3, ['job.mode="agg"', "cluster.tp=2"]),

@@ -20,7 +20,8 @@ the formats' definitions), so TOL holds for them too; under bf16 dot products
 their weights' values are rounded to bf16 as well (TOL_BF16_Q).
 The INT8 variants also run with INT8 activations (model.cpu_matmul = "int8",
 where the CPU has AVX512-VNNI): against torch_forward.py --act int8 within
-TOL_INT8_ACT, chunks of 7 bitwise the same, greedy tokens equal, and their
+TOL_INT8_ACT, chunks of 7 bitwise the same, on AMX (where the CPU has it)
+bitwise the same as on VNNI, greedy tokens equal, and their
 cost against the weight-only logits printed and held under INT8_ACT_ACCURACY.
 The KV_FP8 variants also run with FP8 KV (kv.dtype = "fp8", rows of E4M3 codes
 with a float32 scale each): against torch_forward.py --kv fp8, which stores its
@@ -180,6 +181,11 @@ with tempfile.TemporaryDirectory() as tmp:
                           f"max rel err {err:.2e} against torch's W8A8 products")
                     check(f"{name} INT8 activations: chunked prefill is bitwise the same", np.array_equal(q, q7),
                           "chunks of 7 vs one")
+                    amx = Path(tmp) / f"i8amx-{i}.npy"
+                    out = run([engine_logits, model, ids, amx], env=dict(os.environ, TANDEM_CPU_KERNELS="amx-int8"))
+                    if "kernels: amx-int8" in out:  # AMX tiles from 16 rows: the same integer sums
+                        check(f"{name} INT8 activations on AMX: bitwise the VNNI table's",
+                              np.array_equal(np.load(amx), q), "24 rows through AMX tiles")
                     cost = float(np.abs(a - q).max()) / scale
                     agree = float((a.argmax(1) == q.argmax(1)).mean())
                     check(f"{name} INT8 activations against weight-only", cost <= INT8_ACT_ACCURACY,

@@ -76,6 +76,7 @@ TEST_CASE("kInt8Dot products: the reference and the VNNI table are the rule's bi
   std::vector<const KernelTable*> tables;
   if (avx512_vnni_kernels()) tables.push_back(avx512_vnni_kernels());
   else WARN("no AVX512-VNNI on this CPU: only the reference is checked here");
+  if (avx512_amx_kernels()) tables.push_back(avx512_amx_kernels());  // AMX tiles from 16 rows
   std::mt19937 rng(29);
   std::uniform_real_distribution<float> u(-1, 1);
   const int64_t N = 44, K = 320;
@@ -86,7 +87,7 @@ TEST_CASE("kInt8Dot products: the reference and the VNNI table are the rule's bi
     cases.push_back({"columns 40..76 (not panels)", store.pack_columns(w.q, 40, 76), 0, 40});
     for (const auto& c : cases) {
       const int64_t n = c.q.rows, k = c.q.cols;
-      for (const int64_t M : {1, 2, 3, 5, 8, 9, 16, 17, 40}) {
+      for (const int64_t M : {1, 2, 3, 5, 8, 9, 16, 17, 40, 70}) {
         std::vector<float> x(static_cast<std::size_t>(M * k));
         for (float& v : x) v = u(rng) * (M % 2 ? 1e-3f : 30.0f);
         if (M == 9) std::fill(x.begin() + k, x.begin() + 2 * k, 0.0f);  // a row of zeros: 0
@@ -109,7 +110,7 @@ TEST_CASE("kInt8Dot products: the reference and the VNNI table are the rule's bi
     }
     // The row-parallel product: each chunk's own quantization and product, added in the fixed tree.
     const auto chunks = split_columns(w.q, 0, kReduceChunks, store);
-    for (const int64_t M : {1, 9}) {
+    for (const int64_t M : {1, 9, 33}) {
       std::vector<float> x(static_cast<std::size_t>(M * K));
       for (float& v : x) v = u(rng);
       std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
@@ -129,14 +130,17 @@ TEST_CASE("kInt8Dot products: the reference and the VNNI table are the rule's bi
   }
 }
 
-TEST_CASE("the VNNI table: integer sums exact at the widest product, NaN rows NaN, other weights kF32's",
+TEST_CASE("the INT8 tables: integer sums exact at the widest product, NaN rows NaN, other weights kF32's",
           "[kernels][quant]") {
   const KernelTable* t = avx512_vnni_kernels();
   if (!t) return;  // no AVX512-VNNI here: nothing to hold to its contract
   std::mt19937 rng(31);
   PanelStore store;
-  {  // every code 127 (or -127) and every activation at +amax: the sums' largest magnitudes, 127^2 x 65536
-    const int64_t N = 16, K = kInt8DotMaxCols;
+  // every code 127 (or -127) and every activation at +amax: the sums' largest magnitudes, 127^2 x 65536; on the
+  // VNNI tiles (2 rows) and, where the CPU has them, the AMX tiles (18 rows)
+  for (const KernelTable* table : {t, avx512_amx_kernels()}) {
+    if (!table) continue;
+    const int64_t N = 16, K = kInt8DotMaxCols, M = table == t ? 2 : 18;
     std::vector<uint8_t> codes(static_cast<std::size_t>(N * K), 127);
     for (int64_t k = 0; k < K; ++k) codes[static_cast<std::size_t>(K + k)] = static_cast<uint8_t>(-127);
     std::vector<float> grid(N, 0.5f);
@@ -144,14 +148,20 @@ TEST_CASE("the VNNI table: integer sums exact at the widest product, NaN rows Na
     q.scales.grid = grid.data();
     q.scales.block_cols = K;
     const Matrix p = store.pack(q);
-    std::vector<float> x(static_cast<std::size_t>(2 * K), 3.0f), y(static_cast<std::size_t>(2 * N));
+    std::vector<float> x(static_cast<std::size_t>(M * K), 3.0f), y(static_cast<std::size_t>(M * N));
     x[static_cast<std::size_t>(K + 5)] = std::numeric_limits<float>::quiet_NaN();
-    t->matmul(x.data(), K, 2, p, 0, N, y.data(), N);
+    table->matmul(x.data(), K, M, p, 0, N, y.data(), N);
     const float want = static_cast<float>(int64_t{127} * 127 * K) * ((3.0f / 127.0f) * 0.5f);
-    CHECK(y[0] == want);
-    CHECK(y[1] == -want);
-    CHECK(y[2] == want);
-    for (int64_t j = 0; j < N; ++j) CHECK(std::isnan(y[static_cast<std::size_t>(N + j)]));
+    INFO(table->name);
+    for (int64_t m = 0; m < M; ++m) {
+      if (m == 1) {
+        for (int64_t j = 0; j < N; ++j) CHECK(std::isnan(y[static_cast<std::size_t>(N + j)]));
+        continue;
+      }
+      CHECK(y[static_cast<std::size_t>(m * N)] == want);
+      CHECK(y[static_cast<std::size_t>(m * N + 1)] == -want);
+      CHECK(y[static_cast<std::size_t>(m * N + 2)] == want);
+    }
   }
   {  // FP8 and bf16 weights: the FP32 products, bitwise
     std::uniform_real_distribution<float> u(-1, 1);
@@ -159,13 +169,16 @@ TEST_CASE("the VNNI table: integer sums exact at the widest product, NaN rows Na
     std::vector<uint16_t> b(w.values.size());
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(w.values[i]);
     for (const Matrix& m : {store.pack(w.q), store.pack(Matrix{b.data(), DType::kBF16, 40, 256, false, {}})}) {
-      std::vector<float> x(5 * 256);
+      std::vector<float> x(20 * 256);
       for (float& v : x) v = u(rng);
-      std::vector<float> want(5 * 40), got(want.size());
-      scalar_kernels().matmul(x.data(), 256, 5, m, 0, 40, want.data(), 40);
-      t->matmul(x.data(), 256, 5, m, 0, 40, got.data(), 40);
-      INFO(dtype_name(m.dtype));
-      require_bits(got, want);
+      std::vector<float> want(20 * 40), got(want.size());
+      scalar_kernels().matmul(x.data(), 256, 20, m, 0, 40, want.data(), 40);
+      for (const KernelTable* table : {t, avx512_amx_kernels()}) {
+        if (!table) continue;
+        table->matmul(x.data(), 256, 20, m, 0, 40, got.data(), 40);
+        INFO(table->name << " " << dtype_name(m.dtype));
+        require_bits(got, want);
+      }
     }
   }
 }
