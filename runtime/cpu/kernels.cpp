@@ -242,8 +242,8 @@ void use_kernels(MatmulMode mode) {
 }
 
 const KernelTable& kernels() {
-  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni|amx-int8 forces a table (scalar, avx2 and avx512 cap the ISA,
-  // with kF32's bits).
+  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni|amx-int8 forces a table (scalar, avx2 and avx512
+  // cap the ISA, with kF32's bits).
   static const KernelTable* forced = [] () -> const KernelTable* {
     const char* force = std::getenv("TANDEM_CPU_KERNELS");
     if (!force) return nullptr;

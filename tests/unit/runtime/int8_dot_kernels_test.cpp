@@ -136,13 +136,14 @@ TEST_CASE("the INT8 tables: integer sums exact at the widest product, NaN rows N
   if (!t) return;  // no AVX512-VNNI here: nothing to hold to its contract
   std::mt19937 rng(31);
   PanelStore store;
-  // every code 127 (or -127) and every activation at +amax: the sums' largest magnitudes, 127^2 x 65536; on the
-  // VNNI tiles (2 rows) and, where the CPU has them, the AMX tiles (18 rows)
+  // every code 127 (or -128: compressed-tensors' INT8 range) and every activation at +amax: the sums' largest
+  // magnitudes, 127 x 128 x 65536 (with the unsigned operand's offset, 255 x 128 x 65536 < 2^31); on the VNNI tiles
+  // (2 rows) and, where the CPU has them, the AMX tiles (18 rows)
   for (const KernelTable* table : {t, avx512_amx_kernels()}) {
     if (!table) continue;
     const int64_t N = 16, K = kInt8DotMaxCols, M = table == t ? 2 : 18;
     std::vector<uint8_t> codes(static_cast<std::size_t>(N * K), 127);
-    for (int64_t k = 0; k < K; ++k) codes[static_cast<std::size_t>(K + k)] = static_cast<uint8_t>(-127);
+    for (int64_t k = 0; k < K; ++k) codes[static_cast<std::size_t>(K + k)] = 0x80;  // -128
     std::vector<float> grid(N, 0.5f);
     Matrix q{codes.data(), DType::kI8, N, K, false, {}};
     q.scales.grid = grid.data();
@@ -151,7 +152,9 @@ TEST_CASE("the INT8 tables: integer sums exact at the widest product, NaN rows N
     std::vector<float> x(static_cast<std::size_t>(M * K), 3.0f), y(static_cast<std::size_t>(M * N));
     x[static_cast<std::size_t>(K + 5)] = std::numeric_limits<float>::quiet_NaN();
     table->matmul(x.data(), K, M, p, 0, N, y.data(), N);
-    const float want = static_cast<float>(int64_t{127} * 127 * K) * ((3.0f / 127.0f) * 0.5f);
+    const float scale = (3.0f / 127.0f) * 0.5f;
+    const float want = static_cast<float>(int64_t{127} * 127 * K) * scale;
+    const float negative = static_cast<float>(int64_t{127} * -128 * K) * scale;
     INFO(table->name);
     for (int64_t m = 0; m < M; ++m) {
       if (m == 1) {
@@ -159,7 +162,7 @@ TEST_CASE("the INT8 tables: integer sums exact at the widest product, NaN rows N
         continue;
       }
       CHECK(y[static_cast<std::size_t>(m * N)] == want);
-      CHECK(y[static_cast<std::size_t>(m * N + 1)] == -want);
+      CHECK(y[static_cast<std::size_t>(m * N + 1)] == negative);
       CHECK(y[static_cast<std::size_t>(m * N + 2)] == want);
     }
   }
