@@ -274,12 +274,14 @@ void print_figures(const Figures& f, const runtime::ModelConfig& c, const runtim
 // --quantized: the bench model against its FP8-block and INT8-channel twins
 // (written once by tandem quantize's code beside it), and the INT8 twin with
 // its activations quantized too (model.cpu_matmul = "int8") where the CPU has
-// AVX512-VNNI, measured round-robin so the machine's drift falls on all alike.
+// AVX512-VNNI, and bf16 and FP8 under model.cpu_matmul = "bf16-amx" where it has
+// AVX512-BF16 (on AMX's tiles where it has AMX-BF16), measured round-robin so the
+// machine's drift falls on all alike.
 struct Variant {
   std::string name;
   runtime::cpu::MatmulMode mode = runtime::cpu::MatmulMode::kF32;  // the products' arithmetic
   runtime::ModelConfig c;
-  std::unique_ptr<runtime::ModelWeights> w;
+  std::shared_ptr<runtime::ModelWeights> w;  // shared by the variants of one checkpoint
   std::vector<Decode> ones;  // decode of 1, several rounds
   Run decode32, prefill;
   double step_bytes = 0, held_bytes = 0;
@@ -329,9 +331,18 @@ double products_rate(const runtime::cpu::KernelTable& t, const runtime::Matrix& 
 // GFNI tiles against the AVX-512 table's (the same bits), INT8 beside them.
 // Two cores at these rates against the triad say whether decode 1 can reach
 // the memory's speed at all.
-void codes_rates(const runtime::ModelWeights& fp8, const runtime::ModelWeights& int8) {
+void codes_rates(const runtime::ModelWeights& bf16, const runtime::ModelWeights& fp8, const runtime::ModelWeights& int8) {
   namespace cpu = runtime::cpu;
   if (!cpu::avx512_kernels()) return;
+  {  // The prefill products of bf16 weights, one core: f32, bf16 dot products, bf16-amx on FMAs and on AMX tiles.
+    const runtime::Matrix& W = bf16.layers[0].w_gate;
+    std::printf("  one core, 512 rows x gate_proj, bf16 weights: %5.0f GOP/s in f32", products_rate(*cpu::avx512_kernels(), W));
+    if (const cpu::KernelTable* b = cpu::avx512_bf16_kernels()) std::printf(", %5.0f bf16 dots", products_rate(*b, W));
+    if (const cpu::KernelTable* f = cpu::avx512_bf16amx_kernels())
+      std::printf(", %5.0f bf16-amx on FMAs", products_rate(*f, W));
+    if (const cpu::KernelTable* a = cpu::amx_bf16_kernels()) std::printf(", %5.0f on AMX tiles", products_rate(*a, W));
+    std::printf("\n");
+  }
   const double plain = codes_rate(*cpu::avx512_kernels(), fp8.layers[0].w_gate);
   const double i8 = codes_rate(*cpu::avx512_kernels(), int8.layers[0].w_gate);
   // The prefill products of INT8 weights, one core: f32 arithmetic, INT8 activations on VNNI and on AMX.
@@ -383,6 +394,18 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
     v.held_bytes = vs.back().held_bytes;
     vs.push_back(std::move(v));
   }
+  if (runtime::cpu::avx512_bf16amx_kernels()) {  // bf16 and FP8 under model.cpu_matmul = "bf16-amx"
+    for (const int i : {0, 1}) {
+      Variant v;
+      v.name = vs[static_cast<std::size_t>(i)].name + " bf16-amx";
+      v.mode = runtime::cpu::MatmulMode::kBf16Amx;
+      v.c = vs[static_cast<std::size_t>(i)].c;
+      v.w = vs[static_cast<std::size_t>(i)].w;
+      v.step_bytes = vs[static_cast<std::size_t>(i)].step_bytes;
+      v.held_bytes = vs[static_cast<std::size_t>(i)].held_bytes;
+      vs.push_back(std::move(v));
+    }
+  }
   const int T = threads.size();
   double best_triad = 0;
   for (int r = 0; r < (quick ? 3 : 5); ++r) {
@@ -405,8 +428,9 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
   }
   runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kF32);
   std::printf("\n8-bit weights against bf16 (the bench model and its tandem quantize twins; the LM head stays bf16; "
-              "int8 W8A8: the int8 twin under model.cpu_matmul = \"int8\"), round-robin:\n");
-  std::printf("  %-13s %10s %12s %22s %26s %12s %14s\n", "weights", "held MiB", "read/step MB", "decode 1 (tok/s, x)",
+              "int8 W8A8: the int8 twin under model.cpu_matmul = \"int8\"; bf16-amx: under model.cpu_matmul = \"bf16-amx\" on "
+              "the %s table), round-robin:\n", runtime::cpu::amx_bf16_kernels() ? "amx-bf16" : "avx512-bf16amx");
+  std::printf("  %-18s %10s %12s %22s %26s %12s %14s\n", "weights", "held MiB", "read/step MB", "decode 1 (tok/s, x)",
               "of 8-bit roofline (triad)", "decode 32", "prefill 512");
   // decode 1: each variant's median round by tokens/s against its own triad (the bandwidth-bound case); its x is
   // against bf16's round chosen the same way
@@ -418,7 +442,7 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
   for (auto& v : vs) {
     const Decode& d = v.ones[v.ones.size() / 2];
     const double tps = tokens_per_s(d.run), gbps = v.step_bytes * tps / 1e9;
-    std::printf("  %-13s %10.0f %12.0f %14.1f (%.2fx) %17.1f%% (%4.1f GB/s) %6.1f (%.2fx) %7.1f (%.2fx)\n",
+    std::printf("  %-18s %10.0f %12.0f %14.1f (%.2fx) %17.1f%% (%4.1f GB/s) %6.1f (%.2fx) %7.1f (%.2fx)\n",
                 v.name.c_str(), v.held_bytes / (1 << 20), v.step_bytes / 1e6, tps, tps / base1, 100.0 * gbps / d.triad,
                 d.triad, tokens_per_s(v.decode32), tokens_per_s(v.decode32) / tokens_per_s(vs[0].decode32),
                 tokens_per_s(v.prefill), tokens_per_s(v.prefill) / tokens_per_s(vs[0].prefill));
@@ -428,10 +452,10 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
     double fastest = 1e30;
     for (const Decode& d : v.ones) fastest = std::min(fastest, d.run.fastest);
     const double gbps = v.step_bytes / fastest / 1e9;
-    std::printf("  %-13s decode 1, its fastest step: %6.1f ms, %5.1f GB/s = %5.1f%% of the best triad (%.1f GB/s)\n",
+    std::printf("  %-18s decode 1, its fastest step: %6.1f ms, %5.1f GB/s = %5.1f%% of the best triad (%.1f GB/s)\n",
                 v.name.c_str(), 1e3 * fastest, gbps, 100.0 * gbps / best_triad, best_triad);
   }
-  codes_rates(*vs[1].w, *vs[2].w);
+  codes_rates(*vs[0].w, *vs[1].w, *vs[2].w);
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ struct ModelConfig {
   std::string dtype = "auto";          // auto | f32 | bf16 | f16
   std::string backend = "cpu";         // cpu | cuda
   std::string chat_template = "auto";  // auto | chatml | llama3 | llama3.1 | mistral
-  std::string cpu_matmul = "f32";      // f32 | bf16 | int8: the CPU backend's matrix products (runtime/cpu/kernels.h)
+  std::string cpu_matmul = "f32";      // f32 | bf16 | bf16-amx | int8: the CPU backend's matrix products (runtime/cpu/kernels.h)
   std::string gpu_matmul = "auto";     // auto | fp8: the CUDA backend's long products of FP8-block weights
   std::string served_name;             // empty: the model directory's name
   int64_t max_model_len = 0;           // tokens; 0: the model's max_position_embeddings

@@ -156,6 +156,7 @@ void check_backend(const Prepared& p, int ranks) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
     if (p.cfg.model.cpu_matmul == "bf16") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Dot);  // throws here
+    if (p.cfg.model.cpu_matmul == "bf16-amx") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Amx);
     if (p.cfg.model.cpu_matmul == "int8") check_int8_products(p);
     return;
   }

@@ -121,6 +121,8 @@ router::BatchSetup router_setup(const Prepared& p, std::unique_ptr<runtime::Chat
   s.input_order = c.choices.output_order == OutputOrder::kInput;
   s.kernels = !c.choices.on_cpu()              ? c.model.backend
               : c.model.cpu_matmul == "bf16" ? std::string("avx512-bf16")
+              : c.model.cpu_matmul == "bf16-amx"
+                  ? std::string(runtime::cpu::amx_bf16_kernels() ? "amx-bf16" : "avx512-bf16amx")
               : c.model.cpu_matmul == "int8"
                   ? std::string(runtime::cpu::avx512_amx_kernels() ? "amx-int8" : "avx512-vnni")
                                              : std::string(runtime::cpu::kernels().name);

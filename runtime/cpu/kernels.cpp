@@ -1,6 +1,10 @@
 // Registry of CPU kernel tables: the one place that picks an ISA.
 #include "runtime/cpu/kernels.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -212,6 +216,45 @@ void matmul_int8dot_reference(const float* x, int64_t ldx, int64_t M, const Matr
 
 namespace {
 
+float flush_subnormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
+
+// A value as kBf16Amx reads it: rounded to bf16 (nearest even), a subnormal 0.
+float as_bf16(float v) { return flush_subnormal(bf16_to_f32(f32_to_bf16(flush_subnormal(v)))); }
+
+}  // namespace
+
+void matmul_bf16amx_reference(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1,
+                              float* y, int64_t ldy) {
+  const int64_t K = W.cols, Kp = (K + 31) / 32 * 32;
+  std::vector<float> xb(static_cast<std::size_t>(Kp)), wb(static_cast<std::size_t>(Kp));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xb[static_cast<std::size_t>(k)] = as_bf16(x[m * ldx + k]);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t k = 0; k < K; ++k) wb[static_cast<std::size_t>(k)] = as_bf16(W.at(n, k));
+      float t = 0.0f;
+      for (int64_t b = 0; b < Kp; b += 32) {
+        float e = 0.0f, o = 0.0f;
+        for (int64_t k = b; k < b + 32; k += 2) {
+          const auto i = static_cast<std::size_t>(k);
+          e = flush_subnormal(std::fma(xb[i], wb[i], e));
+          o = flush_subnormal(std::fma(xb[i + 1], wb[i + 1], o));
+        }
+        t = flush_subnormal(t + flush_subnormal(e + o));
+      }
+      y[m * ldy + n] = t;
+    }
+  }
+}
+
+bool amx_usable(unsigned feature) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << feature))) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux's permission for the tile data
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+namespace {
+
 const KernelTable* chosen = nullptr;
 
 const KernelTable& best_f32() {
@@ -235,6 +278,13 @@ void use_kernels(MatmulMode mode) {
                   "and later), and this one has none; use \"f32\"");
     return;
   }
+  if (mode == MatmulMode::kBf16Amx) {
+    chosen = amx_bf16_kernels() ? amx_bf16_kernels() : avx512_bf16amx_kernels();
+    if (!chosen)
+      throw Error("model.cpu_matmul = \"bf16-amx\" needs a CPU with AVX512-BF16 (AMX-BF16 to be fast: "
+                  "Sapphire Rapids and later), and this one has none; use \"f32\"");
+    return;
+  }
   chosen = avx512_bf16_kernels();
   if (!chosen)
     throw Error("model.cpu_matmul = \"bf16\" needs a CPU with AVX512-BF16 (vdpbf16ps), and this one has none; use "
@@ -242,8 +292,8 @@ void use_kernels(MatmulMode mode) {
 }
 
 const KernelTable& kernels() {
-  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni|amx-int8 forces a table (scalar, avx2 and avx512
-  // cap the ISA, with kF32's bits).
+  // TANDEM_CPU_KERNELS=scalar|avx2|avx512|avx512-bf16|avx512-vnni|amx-int8|avx512-bf16amx|amx-bf16
+  // forces a table (scalar, avx2 and avx512 cap the ISA, with kF32's bits).
   static const KernelTable* forced = [] () -> const KernelTable* {
     const char* force = std::getenv("TANDEM_CPU_KERNELS");
     if (!force) return nullptr;
@@ -253,6 +303,8 @@ const KernelTable& kernels() {
     if (std::strcmp(force, "avx512-bf16") == 0 && avx512_bf16_kernels()) return avx512_bf16_kernels();
     if (std::strcmp(force, "avx512-vnni") == 0 && avx512_vnni_kernels()) return avx512_vnni_kernels();
     if (std::strcmp(force, "amx-int8") == 0 && avx512_amx_kernels()) return avx512_amx_kernels();
+    if (std::strcmp(force, "avx512-bf16amx") == 0 && avx512_bf16amx_kernels()) return avx512_bf16amx_kernels();
+    if (std::strcmp(force, "amx-bf16") == 0 && amx_bf16_kernels()) return amx_bf16_kernels();
     return nullptr;
   }();
   if (forced) return *forced;

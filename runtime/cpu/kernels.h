@@ -134,7 +134,28 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     AVX512-VNNI; products of at most kInt8DotMaxCols columns. Where the CPU
 //     has AMX-INT8 (and Linux grants it), products of 16 rows or more run on
 //     its tiles: exact integer sums too, so the same bits.
-enum class MatmulMode { kF32, kBf16Dot, kInt8Dot };
+//   kBf16Amx: the products kBf16Dot takes (bf16 weights in panels, 8-bit
+//     weights in panels as bf16 values), x rounded to bf16 the same way, in
+//     the arithmetic of AMX's tdpbf16ps (measured on Sapphire Rapids, held
+//     to it by the tests): K in blocks of 32 (the last padded with zero
+//     products); in a block, E adds the products of its even k in increasing
+//     k, O those of its odd k, each from +0, each step an FMA of the exact
+//     product (bf16 subnormals read as 0, subnormal results flushed to signed
+//     zero); the output t, from +0, becomes t + (E + O) block by block, those
+//     adds flushing likewise. Where the CPU has AMX-BF16 (and Linux grants
+//     it), products of 16 rows or more run on its tiles, whose peak is many
+//     times the FMA units'; fewer rows, and every row elsewhere, on AVX-512
+//     FMAs in the same order: the same bits on every CPU with AVX-512. Batch
+//     invariance and the row-parallel tree hold as in kBf16Dot.
+enum class MatmulMode { kF32, kBf16Dot, kInt8Dot, kBf16Amx };
+
+// Whether CPUID.(7, 0):EDX has AMX-TILE and bit `feature` (22 AMX-BF16, 25
+// AMX-INT8), and Linux grants this process the tile data (arch_prctl).
+bool amx_usable(unsigned feature);
+// kBf16Amx's product, one output at a time in plain C++ (any layout, bf16 or
+// 8-bit weights): the reference.
+void matmul_bf16amx_reference(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1,
+                              float* y, int64_t ldy);
 
 // kInt8Dot's products keep their integer sums in 32 bits: |sum of (q + 128)
 // x code| < 255 x 128 x K must stay under 2^31.
@@ -165,5 +186,7 @@ const KernelTable* avx512_gfni_kernels();  // avx512 with its FP8 decode tiles o
 const KernelTable* avx512_bf16_kernels();  // kBf16Dot on AVX512-BF16; nullptr when unsupported
 const KernelTable* avx512_vnni_kernels();  // kInt8Dot on AVX512-VNNI; nullptr when unsupported
 const KernelTable* avx512_amx_kernels();   // kInt8Dot on AMX-INT8 tiles from 16 rows (the same bits); nullptr without
+const KernelTable* avx512_bf16amx_kernels();  // kBf16Amx on AVX-512 FMAs, every row count; nullptr without AVX-512
+const KernelTable* amx_bf16_kernels();  // kBf16Amx on AMX-BF16 tiles from 16 rows (the same bits); nullptr without
 
 }  // namespace tandem::runtime::cpu

@@ -12,15 +12,13 @@
 // rearranged once into the B tiles' layout (four consecutive k of a column
 // side by side, a row of the tile per four k) and multiplied by every pair
 // of row tiles, 64 k at a time, two such column blocks at once (2 x 2 C tiles).
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "runtime/cpu/amx_tiles.h"
 #include "runtime/cpu/int8_rows.h"
 #include "runtime/cpu/kernels.h"
 
@@ -28,22 +26,6 @@ namespace tandem::runtime::cpu {
 namespace {
 
 constexpr int64_t kAmxRows = 16;  // fewer rows: the VNNI tiles (decode)
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.colsb[t] = 64;
-  }
-  // GCC 12's _tile_loadconfig does not tell the compiler it reads c, which then drops the stores above
-  asm volatile("ldtilecfg %0" : : "m"(c));
-}
 
 // Two panels' codes (the second may be absent: zeros) in the B tiles'
 // layout: for each k-group of 8, row 2g holds k 8g..8g+3 of the 16 columns
@@ -167,20 +149,12 @@ void matmul_tree_amx(const float* x, int64_t ldx, int64_t M, const Matrix* parts
   return avx512_vnni_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);
 }
 
-// CPUID.(7, 0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8; then Linux's permission for the tile data (XTILEDATA, 18).
-bool amx_usable() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
-  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
 }  // namespace
 
 const KernelTable* avx512_amx_kernels() {
   static const KernelTable* table = []() -> const KernelTable* {
     const KernelTable* base = avx512_vnni_kernels();
-    if (!base || !amx_usable()) return nullptr;
+    if (!base || !amx_usable(25)) return nullptr;  // AMX-INT8
     static const KernelTable t{"amx-int8", matmul_amx, base->dot, base->axpy, base->dot_rows,
                                base->weighted_sum, matmul_tree_amx, base->widen_fp8_row, base->softmax};
     return &t;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "runtime/cpu/bf16_panels.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/quantized_panel.h"
 
@@ -15,24 +16,6 @@ namespace tandem::runtime::cpu {
 namespace {
 
 constexpr int kMaxParts = 64;
-
-// x's rows rounded to bf16 (vcvtneps2bf16: nearest even, a subnormal to 0).
-const uint16_t* rows_as_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& buf) {
-  buf.resize(static_cast<std::size_t>(M * K) + 16);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* src = x + m * ldx;
-    uint16_t* dst = buf.data() + m * K;
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
-    if (k < K) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
-      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + k));
-      _mm256_mask_storeu_epi16(dst + k, mask, h);
-    }
-  }
-  return buf.data();
-}
 
 // Sixteen 4-lane dot products folded: r[i] holds columns 4i..4i+3, lanes
 // 0-3 each; lane c of the result is column c's (l0 + l2) + (l1 + l3).
@@ -127,13 +110,13 @@ inline void quantized_bf16_tile(int64_t mr, const uint16_t* x, int64_t ldx, cons
   if constexpr (MR > 1) {
     if (mr < MR) return quantized_bf16_tile<D, MR - 1>(mr, x, ldx, W, p, y, ldy, c0, c1);
   }
-  QPanel<D> q(W, p);
+  QuantizedPanelReader<D> q(W, p);
   __m512 acc[MR][2];
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
   for (int64_t k = 0; k < W.cols; k += 8) {
-    __m512 f[4];
-    q.load(k, f);  // rows 2j, 2j + 1 at columns k..k+7, as float
-    const __m512bh wv[2] = {_mm512_cvtne2ps_pbh(f[1], f[0]), _mm512_cvtne2ps_pbh(f[3], f[2])};  // rows 0-3, 4-7
+    __m512i lo, hi;
+    q.load(k, lo, hi);
+    const __m512bh wv[2] = {(__m512bh)lo, (__m512bh)hi};  // rows 0-3, 4-7
     for (int m = 0; m < MR; ++m) {
       const __m512bh xv = (__m512bh)_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + m * ldx + k)));
       acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xv, wv[0]);
@@ -143,19 +126,6 @@ inline void quantized_bf16_tile(int64_t mr, const uint16_t* x, int64_t ldx, cons
   for (int m = 0; m < MR; ++m) {
     const __m512 r4[4] = {acc[m][0], acc[m][1], _mm512_setzero_ps(), _mm512_setzero_ps()};
     store_columns(fold4x4(r4), y + m * ldy, c0, c1);
-  }
-}
-
-// One 8-bit panel's values rounded to bf16, into out in the bf16 panel layout (the same bits
-// quantized_bf16_tile makes in registers).
-template <DType D>
-void quantized_panel_as_bf16(const Matrix& W, int64_t p, uint16_t* out) {
-  QPanel<D> q(W, p);
-  for (int64_t k = 0; k < W.cols; k += 8) {
-    __m512 f[4];
-    q.load(k, f);
-    _mm512_storeu_si512(out + 8 * k, (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]));
-    _mm512_storeu_si512(out + 8 * k + 32, (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]));
   }
 }
 

@@ -67,7 +67,8 @@ struct ModelConfig {
   // stored; "f32" | "bf16" | "f16" converted (rounded to nearest even); "fp8" | "int8" the linear
   // layers quantized as `tandem quantize --scheme fp8-block | int8-channel` would (quantize.h).
   std::string load_as = "auto";
-  // The CPU backend's product arithmetic (tandem run's model.cpu_matmul: "f32" | "bf16" | "int8"; not in config.json):
+  // The CPU backend's product arithmetic (tandem run's model.cpu_matmul: "f32" | "bf16" | "bf16-amx" | "int8"; not in
+  // config.json):
   // it changes the bits of the KV computed, so the KV store's fingerprint includes it.
   std::string cpu_matmul = "f32";
   // The CUDA backend's long products of FP8 128x128-block weights (tandem run's model.gpu_matmul: "auto" |

@@ -8,7 +8,7 @@ Workers of 2 and 4 ranks, experts whole on their ranks (expert
 parallelism) or split, give the same token ids, aggregated and with the
 prefill and decode widths mismatched; a width that does not divide the
 experts is refused before any work with one line. Under bf16 dot products
-(model.cpu_matmul = "bf16") the token ids differ from f32's and are the same
+(model.cpu_matmul = "bf16", and "bf16-amx") the token ids differ from f32's and are the same
 bits in one process, expert-parallel and disaggregated. So are an FP8-block
 checkpoint's (written by `tandem quantize`), against its bf16 source, and
 under INT8 activations (model.cpu_matmul = "int8") an INT8-on-load model's,
@@ -101,23 +101,25 @@ with tempfile.TemporaryDirectory() as d:
                   experts.get("expert_parallel_ranks") == ranks and
                   (share == 1 if ranks == 1 else 1 / ranks <= share < 1), f"{experts}")
 
-    # bf16 dot products (model.cpu_matmul = "bf16", AVX512-BF16): other bits than f32's, but the same bits in one
-    # process, expert-parallel at width 2 and disaggregated; refused with one line where the CPU lacks them.
+    # bf16 dot products (model.cpu_matmul = "bf16", AVX512-BF16) and bf16 in AMX's order ("bf16-amx": AMX tiles from
+    # 16 rows where the CPU has AMX-BF16, AVX-512 FMAs otherwise): other bits than f32's, but the same bits in one
+    # process, expert-parallel at width 2 and disaggregated; refused with one line where the CPU lacks AVX512-BF16.
     if check.wants("bf16"):
         bf = make_model(tandem, src, tmp / "moe-bf16", "tiny", 5, "qwen3_moe", "--dtype", "bf16")
-        p, one, summary = run(bf, "bf16-single", 1, 'model.cpu_matmul="bf16"')
-        if p.returncode != 0 and "needs a CPU with AVX512-BF16" in p.stderr:
-            print("skipped bf16 dot products: no AVX512-BF16 on this CPU")
-        else:
-            _, f32, _ = run(bf, "bf16-f32", 1)
-            check("bf16 dot products: one process completes, the summary names the arithmetic, other bits than f32's",
-                  p.returncode == 0 and len(one) == 24 and summary.get("kernels") == "avx512-bf16" and one != f32,
+        _, f32, _ = run(bf, "bf16-f32", 1)
+        for mode, tables in (("bf16", ("avx512-bf16",)), ("bf16-amx", ("amx-bf16", "avx512-bf16amx"))):
+            p, one, summary = run(bf, mode + "-single", 1, f'model.cpu_matmul="{mode}"')
+            if p.returncode != 0 and "needs a CPU with AVX512-BF16" in p.stderr:
+                print(f"skipped {mode}: no AVX512-BF16 on this CPU")
+                continue
+            check(f"{mode}: one process completes, the summary names the arithmetic, other bits than f32's",
+                  p.returncode == 0 and len(one) == 24 and summary.get("kernels") in tables and one != f32,
                   f"rc {p.returncode}, kernels {summary.get('kernels')}, {sum(one[k] != f32.get(k) for k in one)} of 24 differ")
             for name, np, sets in (("agg tp=2, experts whole", 3, ['job.mode="agg"', "cluster.tp=2"]),
                                    ("1P+1D", 3, ['job.mode="disagg"', "router.local_prefill_tokens=1"])):
-                p, got, _ = run(bf, "bf16-" + name.split(",")[0].replace(" ", "_").replace("=", "").replace("+", ""), np,
-                                'model.cpu_matmul="bf16"', *sets)
-                check(f"bf16 dot products, {name}: the same token ids as one process", p.returncode == 0 and got == one,
+                tag = name.split(",")[0].replace(" ", "_").replace("=", "").replace("+", "")
+                p, got, _ = run(bf, f"{mode}-{tag}", np, f'model.cpu_matmul="{mode}"', *sets)
+                check(f"{mode}, {name}: the same token ids as one process", p.returncode == 0 and got == one,
                       f"rc {p.returncode}, {sum(got.get(k) != v for k, v in one.items())} differ")
 
     # An FP8-block checkpoint written by `tandem quantize`: other bits than its bf16 source, the same bits in one

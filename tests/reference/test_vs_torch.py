@@ -12,7 +12,10 @@ widened exactly), so one tolerance serves every dtype. Where the CPU has
 AVX512-BF16, the bf16 checkpoints also run under model.cpu_matmul = "bf16"
 (activations rounded to bf16 in the products with bf16 weights): their
 logits within TOL_BF16 of torch's (measured on the trained demo model:
-1.7e-3, every argmax the same; random weights up to 6.7e-3).
+1.7e-3, every argmax the same; random weights up to 6.7e-3); and under
+model.cpu_matmul = "bf16-amx" (the same roundings, the sums in AMX's order)
+within the same tolerance, chunks of 7 bitwise the same, and on AMX tiles
+(where the CPU has AMX-BF16) bitwise the same as on AVX-512 FMAs.
 Quantized variants are written by `tandem quantize` (FP8 128x128 blocks, INT8
 per channel), held to the public layout by check_quantized.py, then run the
 same way: both sides dequantize the same 8-bit weights (torch_forward.py from
@@ -162,6 +165,22 @@ with tempfile.TemporaryDirectory() as tmp:
                     agree = float((a.argmax(1) == d.argmax(1)).mean())
                     check(f"{name} logits, bf16 dot products", err <= (TOL_BF16 if scheme is None else TOL_BF16_Q),
                           f"max rel err {err:.2e}, argmax equal at {100 * agree:.0f}% of positions")
+                # model.cpu_matmul = "bf16-amx": AMX's order of the sums, on AVX-512 FMAs and (from 16 rows) on AMX tiles
+                tiles, fmas, fmas7 = (Path(tmp) / f"{k}{i}.npy" for k in ("amx-", "amxfma-", "amxfma7-"))
+                amx_fma = dict(os.environ, TANDEM_CPU_KERNELS="avx512-bf16amx")
+                if "kernels: avx512-bf16amx" in run([engine_logits, model, ids, fmas], env=amx_fma):
+                    run([engine_logits, model, ids, fmas7, "7"], env=amx_fma)
+                    d, d7 = np.load(fmas), np.load(fmas7)
+                    err = float(np.abs(a - d).max()) / scale
+                    agree = float((a.argmax(1) == d.argmax(1)).mean())
+                    check(f"{name} logits, bf16-amx", err <= (TOL_BF16 if scheme is None else TOL_BF16_Q),
+                          f"max rel err {err:.2e}, argmax equal at {100 * agree:.0f}% of positions")
+                    check(f"{name} bf16-amx: chunked prefill is bitwise the same", np.array_equal(d, d7),
+                          "chunks of 7 vs one")
+                    out = run([engine_logits, model, ids, tiles], env=dict(os.environ, TANDEM_CPU_KERNELS="amx-bf16"))
+                    if "kernels: amx-bf16" in out:
+                        check(f"{name} bf16-amx on AMX tiles: bitwise the FMA table's", np.array_equal(np.load(tiles), d),
+                              f"{a.shape[0]} rows through AMX tiles")
             gen = json.loads(run([tandem, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens", "32",
                                   "--temperature", "0", "--ignore-eos", "--json"]))
             same = gen["token_ids"] == ref["greedy"]

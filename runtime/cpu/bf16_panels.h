@@ -1,0 +1,82 @@
+// bf16 operands of the bf16 tables (kernels_avx512_bf16.cpp,
+// kernels_amx_bf16.cpp): x's rows rounded to bf16, and a panel's k-groups as
+// bf16 whether the panel holds bf16 weights or 8-bit codes and scales. Included
+// only by files compiled with AVX512-BF16, in an unnamed namespace: each
+// includer has its own copy.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "runtime/cpu/quantized_panel.h"
+
+namespace tandem::runtime::cpu {
+namespace {
+
+// x's rows rounded to bf16 (vcvtneps2bf16: nearest even, a subnormal to 0),
+// row m at buf + m * ld; columns [K, ld) and rows [M, rows) zeros (ld >= K,
+// rows >= M; by default neither padded).
+inline const uint16_t* rows_as_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& buf,
+                                    int64_t ld = 0, int64_t rows = 0) {
+  ld = ld ? ld : K;
+  rows = rows ? rows : M;
+  buf.resize(static_cast<std::size_t>(rows * ld) + 16);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* src = x + m * ldx;
+    uint16_t* dst = buf.data() + m * ld;
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
+    if (k < K) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + k));
+      _mm256_mask_storeu_epi16(dst + k, mask, h);
+    }
+    std::memset(dst + K, 0, static_cast<std::size_t>(ld - K) * 2);
+  }
+  std::memset(buf.data() + M * ld, 0, static_cast<std::size_t>((rows - M) * ld) * 2);
+  return buf.data();
+}
+
+// A bf16 panel's k-groups in order: lo = columns 0-3, hi = columns 4-7, each
+// column's 8 k side by side (the panel layout, weights.h).
+struct Bf16PanelReader {
+  const uint16_t* w;
+  Bf16PanelReader(const Matrix& W, int64_t p) : w(static_cast<const uint16_t*>(W.data) + p * W.cols) {}
+  void load(int64_t k, __m512i& lo, __m512i& hi) const {
+    lo = _mm512_loadu_si512(w + 8 * k);
+    hi = _mm512_loadu_si512(w + 8 * k + 32);
+  }
+};
+
+// The same from an 8-bit panel: its values (code x scale, QPanel) rounded to
+// bf16 (vcvtne2ps2bf16: nearest even, a subnormal to 0). k in increasing order.
+template <DType D>
+struct QuantizedPanelReader {
+  QPanel<D> q;
+  QuantizedPanelReader(const Matrix& W, int64_t p) : q(W, p) {}
+  void load(int64_t k, __m512i& lo, __m512i& hi) {
+    __m512 f[4];
+    q.load(k, f);  // rows 2j, 2j + 1 at columns k..k+7, as float
+    lo = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]);
+    hi = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
+  }
+};
+
+// One 8-bit panel's values rounded to bf16, into out in the bf16 panel layout.
+template <DType D>
+void quantized_panel_as_bf16(const Matrix& W, int64_t p, uint16_t* out) {
+  QuantizedPanelReader<D> r(W, p);
+  for (int64_t k = 0; k < W.cols; k += 8) {
+    __m512i lo, hi;
+    r.load(k, lo, hi);
+    _mm512_storeu_si512(out + 8 * k, lo);
+    _mm512_storeu_si512(out + 8 * k + 32, hi);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::runtime::cpu

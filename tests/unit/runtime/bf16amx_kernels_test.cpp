@@ -1,0 +1,195 @@
+// kBf16Amx (kernels.h, model.cpu_matmul = "bf16-amx"): bf16 products in the
+// arithmetic of AMX's tdpbf16ps — the reference, the AVX-512 FMA table and,
+// where the CPU has AMX-BF16, the tile table held to that rule, written out
+// here independently, bit for bit (signed zeros, subnormals and all).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "runtime/cpu/kernels.h"
+#include "runtime/cpu/row_parallel.h"
+#include "tests/unit/runtime/quant_matrix.h"
+
+using namespace tandem::runtime;
+using namespace tandem::runtime::cpu;
+using tandem::runtime::cpu::test::QuantMatrix;
+
+namespace {
+
+float ftz(float v) { return std::fabs(v) < 0x1p-126f && v != 0.0f ? std::copysign(0.0f, v) : v; }
+
+// A float as an AMX operand: bf16 nearest even (NaN kept), a subnormal read as a zero of its sign.
+float operand(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7FFFFFFFu) <= 0x7F800000u) bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  else bits = (bits | 0x00400000u) & 0xFFFF0000u;
+  float b;
+  std::memcpy(&b, &bits, 4);
+  return ftz(ftz(v) == 0.0f ? std::copysign(0.0f, v) : b);
+}
+
+// The rule: 32 k a block, padded with +0 x +0; per block an even and an odd chain of FMAs from +0, then
+// t = t + (even + odd); every result flushed.
+float rule(const std::vector<float>& x, const std::vector<float>& w) {
+  const std::size_t K = x.size(), blocks = (K + 31) / 32;
+  float t = 0.0f;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    float chain[2] = {0.0f, 0.0f};
+    for (std::size_t i = 0; i < 32; ++i) {
+      const std::size_t k = 32 * b + i;
+      const float p_x = k < K ? operand(x[k]) : 0.0f, p_w = k < K ? operand(w[k]) : 0.0f;
+      chain[i % 2] = ftz(std::fma(p_x, p_w, chain[i % 2]));
+    }
+    t = ftz(t + ftz(chain[0] + chain[1]));
+  }
+  return t;
+}
+
+// Row n of W (its values, any dtype and layout) against row x, columns [k0, k0 + K).
+float rule_at(const float* x, const Matrix& values, int64_t n, int64_t k0, int64_t K) {
+  std::vector<float> xs(x, x + K), ws(static_cast<std::size_t>(K));
+  for (int64_t k = 0; k < K; ++k) ws[static_cast<std::size_t>(k)] = values.at(n, k0 + k);
+  return rule(xs, ws);
+}
+
+std::vector<const KernelTable*> tables_here() {
+  std::vector<const KernelTable*> t;
+  if (avx512_bf16amx_kernels()) t.push_back(avx512_bf16amx_kernels());
+  else WARN("no AVX512-BF16 on this CPU: only the reference is checked here");
+  if (amx_bf16_kernels()) t.push_back(amx_bf16_kernels());
+  else WARN("no AMX-BF16 on this CPU (or Linux refused the tile state): the AMX table is not checked here");
+  return t;
+}
+
+// Activations over 40 binades, some near 2^-63 (products near the smallest normal), zeros of both signs.
+std::vector<float> activations(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& v : x) {
+    const unsigned r = rng() % 16;
+    v = r == 0 ? 0.0f : r == 1 ? -0.0f : r < 5 ? u(rng) * 0x1p-62f : u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+  }
+  return x;
+}
+
+// bf16 weights of every kind: normal over a wide range, near 2^-63, subnormal, zeros of both signs.
+std::vector<uint16_t> bf16_weights(int64_t n, std::mt19937& rng) {
+  std::vector<uint16_t> w(static_cast<std::size_t>(n));
+  for (uint16_t& h : w) {
+    const unsigned r = rng() % 16, sign = (rng() & 1u) << 15, mant = rng() & 0x7Fu;
+    const unsigned exp = r == 0 ? 0u : r < 5 ? 127u - 64u + rng() % 4 : 127u - 20u + rng() % 40;
+    h = static_cast<uint16_t>(sign | (exp << 7) | (r == 1 ? 0u : mant));
+  }
+  return w;
+}
+
+void require_bits(const std::vector<float>& got, const std::vector<float>& want) {
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i << ": " << got[i] << " vs " << want[i]);
+    REQUIRE(std::memcmp(&got[i], &want[i], 4) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's bits, to the signed zero",
+          "[kernels]") {
+  const auto tables = tables_here();
+  std::mt19937 rng(41);
+  for (const int64_t K : {8, 24, 32, 40, 64, 200, 1024}) {
+    for (const int64_t N : {8, 13, 40}) {
+      std::vector<uint16_t> bits = bf16_weights(N * K, rng);
+      const Matrix raw{bits.data(), DType::kBF16, N, K, false, {}};
+      PanelStore store;
+      const Matrix w = store.pack(raw);
+      REQUIRE(w.panels);
+      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 33, 40}) {
+        const std::vector<float> x = activations(M * K, rng);
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}, {N / 2, N / 2 + 1}}) {
+          std::vector<float> want(static_cast<std::size_t>(M * N), -7.0f), got(want.size(), -7.0f);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = n0; n < n1; ++n) want[static_cast<std::size_t>(m * N + n)] = rule_at(x.data() + m * K, raw, n, 0, K);
+          INFO("K=" << K << " N=" << N << " M=" << M << " columns " << n0 << ".." << n1);
+          matmul_bf16amx_reference(x.data(), K, M, w, n0, n1, got.data(), N);
+          require_bits(got, want);
+          for (const KernelTable* t : tables) {
+            INFO(t->name);
+            std::fill(got.begin(), got.end(), -7.0f);
+            t->matmul(x.data(), K, M, w, n0, n1, got.data(), N);
+            require_bits(got, want);
+          }
+        }
+      }
+      if (K % 64 != 0) continue;  // the row-parallel product: each chunk's product, added in the fixed tree
+      const auto chunks = split_columns(raw, 0, kReduceChunks, store);
+      for (const int64_t M : {1, 17}) {
+        const std::vector<float> x = activations(M * K, rng);
+        std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            float p[kReduceChunks];
+            for (int c = 0; c < kReduceChunks; ++c)
+              p[c] = rule_at(x.data() + m * K + chunk_begin(K, c), raw, n, chunk_begin(K, c), K / kReduceChunks);
+            want[static_cast<std::size_t>(m * N + n)] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+          }
+        for (const KernelTable* t : tables) {
+          INFO(t->name << " tree K=" << K << " N=" << N << " M=" << M);
+          t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
+          require_bits(got, want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout; other weights kF32's",
+          "[kernels][quant]") {
+  const auto tables = tables_here();
+  std::mt19937 rng(43);
+  const int64_t N = 44, K = 320;  // 2.5 blocks of 128
+  for (const auto& [dt, br, bc] : {std::tuple<DType, int64_t, int64_t>{DType::kF8E4M3, 128, 128},
+                                   {DType::kI8, 1, K}, {DType::kF8E4M3, N, K}}) {
+    QuantMatrix w(dt, N, K, br, bc, rng);
+    PanelStore store;
+    for (const auto& c : test::layout_cases(w.q, store)) {
+      if (!c.q.panels) continue;  // row-major 8-bit: kF32's products (below)
+      const int64_t n = c.q.rows, k = c.q.cols;
+      for (const int64_t M : {1, 5, 16, 17, 40}) {
+        const std::vector<float> x = activations(M * k, rng);
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 2}, {8, 16}}) {
+          std::vector<float> want(static_cast<std::size_t>(M * n), -7.0f), got(want.size(), -7.0f);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = n0; j < n1; ++j)
+              want[static_cast<std::size_t>(m * n + j)] = rule_at(x.data() + m * k, w.f, c.r0 + j, c.k0, k);
+          INFO(c.what << " " << dtype_name(dt) << " M=" << M << " columns " << n0 << ".." << n1);
+          matmul_bf16amx_reference(x.data(), k, M, c.q, n0, n1, got.data(), n);
+          require_bits(got, want);
+          for (const KernelTable* t : tables) {
+            INFO(t->name);
+            std::fill(got.begin(), got.end(), -7.0f);
+            t->matmul(x.data(), k, M, c.q, n0, n1, got.data(), n);
+            require_bits(got, want);
+          }
+        }
+      }
+    }
+  }
+  // Weights not in panels (row-major 8-bit, f32): the FP32 products, bitwise.
+  std::uniform_real_distribution<float> u(-1, 1);
+  QuantMatrix w(DType::kF8E4M3, 40, 256, 128, 128, rng);
+  for (const Matrix& m : {w.q, w.f}) {
+    std::vector<float> x(20 * 256);
+    for (float& v : x) v = u(rng);
+    std::vector<float> want(20 * 40), got(want.size());
+    scalar_kernels().matmul(x.data(), 256, 20, m, 0, 40, want.data(), 40);
+    for (const KernelTable* t : tables) {
+      t->matmul(x.data(), 256, 20, m, 0, 40, got.data(), 40);
+      INFO(t->name << " " << dtype_name(m.dtype));
+      require_bits(got, want);
+    }
+  }
+}
