@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tandem's CPU engine against llama.cpp on the same weights, back to back:
 # prefill of 512-token prompts, decode of 1 and of 32 concurrent sequences,
-# Tandem in both arithmetics (model.cpu_matmul f32, and bf16 where the CPU
-# has AVX512-BF16; for INT8 weights also int8, where it has AVX512-VNNI),
+# Tandem in its arithmetics (model.cpu_matmul f32, and bf16 and bf16-amx where
+# the CPU has AVX512-BF16; for INT8 weights also int8, where it has AVX512-VNNI),
 # each engine alternately, twice, the better of each kept (this machine's
 # neighbours swing single runs by 10% and more). Prints a table with the
 # ratios; then the same for 8-bit weights: llama.cpp Q8_0 against Tandem FP8
@@ -34,13 +34,17 @@ gguf=$build/bench-model.gguf
 [ -f "$gguf" ] && [ "$gguf" -nt "$model/model.safetensors" ] || /usr/bin/python3 "$src/perf/gguf_export.py" "$model" "$gguf"
 
 best() { printf '%s\n' "$@" | sort -g | tail -1; }
-declare -A tandem bf16 llama
-# model.cpu_matmul = "bf16" (AVX512-BF16 dot products), where the CPU has them.
+declare -A tandem bf16 amxb llama
+# model.cpu_matmul = "bf16" (AVX512-BF16 dot products), where the CPU has them; "bf16-amx" on AMX tiles where it
+# has AMX-BF16, else on AVX-512 FMAs.
 has_bf16=$(grep -qw avx512_bf16 /proc/cpuinfo && echo 1 || echo 0)
+amx_table=$(grep -qw amx_bf16 /proc/cpuinfo && echo amx-bf16 || echo avx512-bf16amx)
 for run in 1 2; do
   for what in prefill decode:1 decode:32; do
     tandem[$what]="${tandem[$what]:-} $("$build/perf/engine_bench" --threads "$threads" --only "$what" | awk '{print $(NF-1)}')"
     [ "$has_bf16" = 1 ] && bf16[$what]="${bf16[$what]:-} $(TANDEM_CPU_KERNELS=avx512-bf16 "$build/perf/engine_bench" \
+      --threads "$threads" --only "$what" | awk '{print $(NF-1)}')"
+    [ "$has_bf16" = 1 ] && amxb[$what]="${amxb[$what]:-} $(TANDEM_CPU_KERNELS=$amx_table "$build/perf/engine_bench" \
       --threads "$threads" --only "$what" | awk '{print $(NF-1)}')"
   done
   json=$(node "$src/perf/llamacpp_bench.mjs" "$deps/node_modules" "$gguf" "$threads")
@@ -70,7 +74,7 @@ for scheme in fp8-block int8-channel; do
   [ -f "$model-$scheme/config.json" ] ||
     "$build/launcher/tandem" quantize --model "$model" --out "$model-$scheme" --scheme "$scheme" --quiet
 done
-declare -A fp8 int8 fp8b int8b int8v q8l
+declare -A fp8 int8 fp8b int8b int8v fp8a q8l
 # model.cpu_matmul = "int8" (activations quantized per token, AVX512-VNNI), where the CPU has it.
 has_vnni=$(grep -qw avx512_vnni /proc/cpuinfo && echo 1 || echo 0)
 eight() {  # scheme, workload, then the environment's assignments: Tandem's tokens/s
@@ -85,6 +89,7 @@ for run in 1 2; do
     if [ "$has_bf16" = 1 ]; then  # each weight's value rounded to bf16, AVX512-BF16 dot products
       fp8b[$what]="${fp8b[$what]:-} $(eight fp8-block "$what" TANDEM_CPU_KERNELS=avx512-bf16)"
       int8b[$what]="${int8b[$what]:-} $(eight int8-channel "$what" TANDEM_CPU_KERNELS=avx512-bf16)"
+      fp8a[$what]="${fp8a[$what]:-} $(eight fp8-block "$what" TANDEM_CPU_KERNELS=$amx_table)"
     fi
     if [ "$has_vnni" = 1 ]; then
       int8v[$what]="${int8v[$what]:-} $(eight int8-channel "$what" TANDEM_CPU_KERNELS=avx512-vnni)"
@@ -118,4 +123,21 @@ if [ "$has_vnni" = 1 ]; then
   row "prefill, 512-token prompts" "${q8l[prefill_512]}" "${int8v[prefill]}" "${int8[prefill]}"
   row "decode, 1 sequence" "${q8l[decode_1]}" "${int8v[decode:1]}" "${int8[decode:1]}"
   row "decode, 32 sequences" "${q8l[decode_32]}" "${int8v[decode:32]}" "${int8[decode:32]}"
+fi
+if [ "$has_bf16" = 1 ]; then
+  echo
+  echo "Tandem under model.cpu_matmul = \"bf16-amx\" (activations rounded to bf16, AMX's order of the sums; table"
+  echo "$amx_table): bf16 weights against llama.cpp's bf16, FP8 weights against its Q8_0:"
+  printf '%-28s %13s %13s %8s %14s %13s %8s\n' "workload" "llama.cpp" "bf16-amx" "ratio" "llama.cpp Q8_0" "fp8 bf16-amx" \
+    "ratio"
+  pair() {  # label, llama.cpp bf16 runs, Tandem bf16 runs, llama.cpp Q8_0 runs, Tandem fp8 runs
+    /usr/bin/python3 -c "
+import sys
+a, b, c, d = (float(v) for v in sys.argv[2:])
+print(f'{sys.argv[1]:28s} {a:13.1f} {b:13.1f} {b / a:7.2f}x {c:14.1f} {d:13.1f} {d / c:7.2f}x')" \
+      "$1" "$(best $2)" "$(best $3)" "$(best $4)" "$(best $5)"
+  }
+  pair "prefill, 512-token prompts" "${llama[prefill_512]}" "${amxb[prefill]}" "${q8l[prefill_512]}" "${fp8a[prefill]}"
+  pair "decode, 1 sequence" "${llama[decode_1]}" "${amxb[decode:1]}" "${q8l[decode_1]}" "${fp8a[decode:1]}"
+  pair "decode, 32 sequences" "${llama[decode_32]}" "${amxb[decode:32]}" "${q8l[decode_32]}" "${fp8a[decode:32]}"
 fi
