@@ -331,12 +331,14 @@ double products_rate(const runtime::cpu::KernelTable& t, const runtime::Matrix& 
 // GFNI tiles against the AVX-512 table's (the same bits), INT8 beside them.
 // Two cores at these rates against the triad say whether decode 1 can reach
 // the memory's speed at all.
-void codes_rates(const runtime::ModelWeights& bf16, const runtime::ModelWeights& fp8, const runtime::ModelWeights& int8) {
+void codes_rates(const runtime::ModelWeights& bf16, const runtime::ModelWeights& fp8,
+                 const runtime::ModelWeights& int8) {
   namespace cpu = runtime::cpu;
   if (!cpu::avx512_kernels()) return;
   {  // The prefill products of bf16 weights, one core: f32, bf16 dot products, bf16-amx on FMAs and on AMX tiles.
     const runtime::Matrix& W = bf16.layers[0].w_gate;
-    std::printf("  one core, 512 rows x gate_proj, bf16 weights: %5.0f GOP/s in f32", products_rate(*cpu::avx512_kernels(), W));
+    std::printf("  one core, 512 rows x gate_proj, bf16 weights: %5.0f GOP/s in f32",
+                products_rate(*cpu::avx512_kernels(), W));
     if (const cpu::KernelTable* b = cpu::avx512_bf16_kernels()) std::printf(", %5.0f bf16 dots", products_rate(*b, W));
     if (const cpu::KernelTable* f = cpu::avx512_bf16amx_kernels())
       std::printf(", %5.0f bf16-amx on FMAs", products_rate(*f, W));
@@ -358,6 +360,9 @@ void codes_rates(const runtime::ModelWeights& bf16, const runtime::ModelWeights&
   char w8a8[64] = "";  // INT8 weights under model.cpu_matmul = "int8", where the CPU has AVX512-VNNI
   if (const cpu::KernelTable* vnni = cpu::avx512_vnni_kernels())
     std::snprintf(w8a8, sizeof w8a8, " (%.1f with INT8 activations)", codes_rate(*vnni, int8.layers[0].w_gate));
+  if (const cpu::KernelTable* a = cpu::amx_bf16_kernels() ? cpu::amx_bf16_kernels() : cpu::avx512_bf16amx_kernels())
+    std::printf("  one core, one row, codes in L2: fp8 under bf16-amx (%s) %5.1f GB/s\n", a->name,
+                codes_rate(*a, fp8.layers[0].w_gate));
   if (const cpu::KernelTable* g = cpu::avx512_gfni_kernels()) {
     const double gfni = codes_rate(*g, fp8.layers[0].w_gate);
     std::printf("  one core, one row, codes in L2: fp8 %5.1f GB/s on GFNI against %5.1f on the AVX-512 table "
@@ -428,8 +433,9 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
   }
   runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kF32);
   std::printf("\n8-bit weights against bf16 (the bench model and its tandem quantize twins; the LM head stays bf16; "
-              "int8 W8A8: the int8 twin under model.cpu_matmul = \"int8\"; bf16-amx: under model.cpu_matmul = \"bf16-amx\" on "
-              "the %s table), round-robin:\n", runtime::cpu::amx_bf16_kernels() ? "amx-bf16" : "avx512-bf16amx");
+              "int8 W8A8: the int8 twin under model.cpu_matmul = \"int8\"; bf16-amx: under model.cpu_matmul = "
+              "\"bf16-amx\" on the %s table), round-robin:\n",
+              runtime::cpu::amx_bf16_kernels() ? "amx-bf16" : "avx512-bf16amx");
   std::printf("  %-18s %10s %12s %22s %26s %12s %14s\n", "weights", "held MiB", "read/step MB", "decode 1 (tok/s, x)",
               "of 8-bit roofline (triad)", "decode 32", "prefill 512");
   // decode 1: each variant's median round by tokens/s against its own triad (the bandwidth-bound case); its x is

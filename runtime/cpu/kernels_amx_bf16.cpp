@@ -21,6 +21,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -32,7 +33,7 @@
 namespace tandem::runtime::cpu {
 namespace {
 
-constexpr int kFmaRows = 4;       // rows an FMA tile keeps (3 accumulators each)
+constexpr int kFmaRows = 4;  // rows an FMA tile keeps (3 accumulators each)
 
 // MXCSR's flush-to-zero (results) and, with inputs = true, denormals-are-zero (inputs) while alive. 8-bit
 // panels are read without DAZ: their FP8 codes pass through subnormal floats on the way (quantized_panel.h),
@@ -78,8 +79,10 @@ class KMajor {
     for (int i = 0; i < 4; ++i) second_[i] = _mm512_load_si512(second[i]);
   }
   void operator()(__m512i alo, __m512i ahi, __m512i blo, __m512i bhi, __m512 (&v)[8]) const {
-    const __m512i a0 = _mm512_permutex2var_epi16(alo, first_[0], ahi), a1 = _mm512_permutex2var_epi16(alo, first_[1], ahi);
-    const __m512i b0 = _mm512_permutex2var_epi16(blo, first_[0], bhi), b1 = _mm512_permutex2var_epi16(blo, first_[1], bhi);
+    const __m512i a0 = _mm512_permutex2var_epi16(alo, first_[0], ahi),
+                  a1 = _mm512_permutex2var_epi16(alo, first_[1], ahi);
+    const __m512i b0 = _mm512_permutex2var_epi16(blo, first_[0], bhi),
+                  b1 = _mm512_permutex2var_epi16(blo, first_[1], bhi);
     constexpr __mmask32 kUpper = 0xAAAAAAAAu;
     for (int kk = 0; kk < 4; ++kk) {
       v[kk] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(kUpper, a0, second_[kk], b0));
@@ -91,6 +94,74 @@ class KMajor {
   __m512i first_[2], second_[4];
 };
 
+// An FP8 panel whose 8 rows share each column block's scale (128 x 128 blocks, a tensor's scale): its
+// k-groups as bf16 (what QuantizedPanelReader<kF8E4M3> gives) by table lookup. Per column block, the
+// table holds bf16(code value x scale) for the 128 magnitudes, the product rounded once to float32 and
+// then to bf16 as vcvtneps2bf16 does; a code with its sign bit set is the negated entry (both roundings
+// are symmetric). 64 codes take two byte lookups (vpermt2b) and four shuffles, where the float path
+// takes twenty-odd instructions: FP8 decode is bound by that work, not by memory.
+struct Fp8TableReader {
+  const uint8_t* codes;
+  PanelScales s;
+  __m512i low[2], high[2];  // the entries' low and high bytes, 64 a register
+
+  Fp8TableReader(const Matrix& W, int64_t p) : codes(static_cast<const uint8_t*>(W.data) + W.index(p, 0)), s(W, p) {
+    table();
+  }
+  // Whether every panel of W reads one scale per column block.
+  static bool fits(const Matrix& W) {
+    const Scales& g = W.scales;
+    return W.dtype == DType::kF8E4M3 && ((g.block_rows % 8 == 0 && g.r0 % 8 == 0) || g.r0 + W.rows <= g.block_rows);
+  }
+  // The 128 magnitudes' values, once: exact floats (E4M3's subnormals are normal floats).
+  static const float* magnitudes() {
+    alignas(64) static const auto values = [] {
+      std::array<float, 128> v{};
+      for (int c = 0; c < 128; ++c) v[static_cast<std::size_t>(c)] = f8e4m3_to_f32(static_cast<uint8_t>(c));
+      return v;
+    }();
+    return values.data();
+  }
+  // Rebuilt at every column block (8 x 128 weights of a 128 x 128-block checkpoint): in registers.
+  void table() {
+    const float* m = magnitudes();
+    const __m512 scale = _mm512_set1_ps(s.at(0));
+    for (int i = 0; i < 2; ++i) {  // entries 64 i .. 64 i + 63
+      __m256i lo[2], hi[2];
+      for (int j = 0; j < 2; ++j) {
+        const float* v = m + 64 * i + 32 * j;  // one rounding each, then to bf16
+        const __m512i words = _mm512_inserti64x4(
+            _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(v), scale))),
+            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(v + 16), scale)), 1);
+        lo[j] = _mm512_cvtepi16_epi8(words);
+        hi[j] = _mm512_cvtepi16_epi8(_mm512_srli_epi16(words, 8));
+      }
+      low[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[0]), lo[1], 1);
+      high[i] = _mm512_inserti64x4(_mm512_castsi256_si512(hi[0]), hi[1], 1);
+    }
+  }
+  // k-group k's 64 entries as their low bytes l and high bytes h, in the codes' order (row r, column j at 8r + j).
+  __attribute__((always_inline)) inline void lookup(int64_t k, __m512i& l, __m512i& h) {
+    if (k >= s.next) {
+      s.advance();
+      table();
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 1024), _MM_HINT_T0);  // one stream, fetched ahead
+    const __m512i c = _mm512_loadu_si512(codes + 8 * k);
+    l = _mm512_permutex2var_epi8(low[0], c, low[1]);  // bit 7 (the sign) not an index bit
+    h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high[0], c, high[1]), c,
+                                  _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // | sign
+  }
+  __attribute__((always_inline)) inline void load(int64_t k, __m512i& out_lo, __m512i& out_hi) {
+    __m512i l, h;
+    lookup(k, l, h);
+    // unpack works per 128-bit lane: a = codes 0-7, 16-23, 32-39, 48-55 as words, b = 8-15, 24-31, ...
+    const __m512i a = _mm512_unpacklo_epi8(l, h), b = _mm512_unpackhi_epi8(l, h);
+    out_lo = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), b);
+    out_hi = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), b);
+  }
+};
+
 // x's rows rounded to bf16 (rows_as_bf16), as floats: row m at out + m * K.
 const float* rows_as_bf16_floats(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& tmp,
                                  std::vector<float>& out) {
@@ -98,8 +169,9 @@ const float* rows_as_bf16_floats(const float* x, int64_t ldx, int64_t M, int64_t
   out.resize(static_cast<std::size_t>(M * K));
   int64_t i = 0;
   for (; i + 16 <= M * K; i += 16)
-    _mm512_storeu_ps(out.data() + i, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))), 16)));
+    _mm512_storeu_ps(out.data() + i,
+                     _mm512_castsi512_ps(_mm512_slli_epi32(
+                         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))), 16)));
   for (; i < M * K; ++i) {
     const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
     std::memcpy(&out[static_cast<std::size_t>(i)], &bits, 4);
@@ -208,6 +280,34 @@ inline void pack_group(A& a, B& b, int64_t k, uint16_t* row) {
   _mm512_storeu_si512(row + 96, _mm512_shuffle_i64x2(a23, b23, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
+// The same from FP8 table readers (the second may be absent), the looked-up bytes gathered straight into the
+// B rows: row 2r + h's half for one panel is bytes (low, high) of (column c, k 2(2r + h)) then of k + 1,
+// c = 0..7, one vpermt2b per two rows: 12 shuffles for 128 weights where the readers' panel layout and
+// pack_group take 20.
+template <class B>
+inline void pack_group(Fp8TableReader& a, B& b, int64_t k, uint16_t* row) {
+  alignas(64) static const auto index = [] {
+    std::array<std::array<uint8_t, 64>, 2> t{};
+    for (int r = 0; r < 2; ++r)
+      for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 8; ++c)
+          for (int e = 0; e < 2; ++e)
+            for (int w = 0; w < 2; ++w)
+              t[static_cast<std::size_t>(r)][static_cast<std::size_t>(32 * h + 4 * c + 2 * e + w)] =
+                  static_cast<uint8_t>(64 * w + 8 * c + 2 * (2 * r + h) + e);
+    return t;
+  }();
+  __m512i la, ha, lb = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
+  a.lookup(k, la, ha);
+  if constexpr (std::is_same_v<B, Fp8TableReader>) b.lookup(k, lb, hb);
+  for (int r = 0; r < 2; ++r) {
+    const __m512i i = _mm512_load_si512(index[static_cast<std::size_t>(r)].data());
+    const __m512i pa = _mm512_permutex2var_epi8(la, i, ha), pb = _mm512_permutex2var_epi8(lb, i, hb);
+    _mm512_storeu_si512(row + 64 * r, _mm512_shuffle_i64x2(pa, pb, _MM_SHUFFLE(1, 0, 1, 0)));
+    _mm512_storeu_si512(row + 64 * r + 32, _mm512_shuffle_i64x2(pa, pb, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+}
+
 template <class A, class B>
 void pack_b(A& a, B& b, int64_t K, int64_t Kp, uint16_t* out) {
   for (int64_t k = 0; k < K; k += 8) pack_group(a, b, k, out + 16 * k);  // pair k / 2
@@ -295,7 +395,8 @@ void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64
         NoPanel none;
         pack_b(a, none, K, Kp, b);
       }
-      blocks.push_back({b, static_cast<int>(std::max<int64_t>(n0, p) - p), static_cast<int>(std::min<int64_t>(n1, p + 16) - p)});
+      blocks.push_back(
+          {b, static_cast<int>(std::max<int64_t>(n0, p) - p), static_cast<int>(std::min<int64_t>(n1, p + 16) - p)});
     }
     for (int64_t t = 0; t < pairs; ++t)
       for (std::size_t i = 0; i < blocks.size(); i += 2)
@@ -313,22 +414,26 @@ void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   const int64_t K = W.cols, Kp = (K + 31) / 32 * 32;
   thread_local std::vector<uint16_t> xb;
   rows_as_bf16(x, ldx, M, K, xb, Kp, M);
-  alignas(64) uint16_t slab[2][16 * 32];
+  alignas(64) uint16_t slabs[2][2][16 * 32];  // two in turn: a step's rearranging never waits for the last tile loads
   alignas(64) float c[2][16 * 16];
   configure_tiles(static_cast<int>(M));
   for (int64_t p = n0 / 8 * 8; p < n1; p += 32) {
     _tile_zero(0);
     _tile_zero(1);
     const bool has[4] = {true, p + 8 < n1, p + 16 < n1, p + 24 < n1};
-    Reader r[4] = {Reader(W, p), Reader(W, has[1] ? p + 8 : p), Reader(W, has[2] ? p + 16 : p), Reader(W, has[3] ? p + 24 : p)};
+    Reader r[4] = {Reader(W, p), Reader(W, has[1] ? p + 8 : p), Reader(W, has[2] ? p + 16 : p),
+                   Reader(W, has[3] ? p + 24 : p)};
     NoPanel none;
     for (int64_t k = 0; k < Kp; k += 32) {
       const int64_t kk = std::min<int64_t>(32, K - k);
+      auto& slab = slabs[(k / 32) % 2];
       for (int j = 0; j < 2; ++j) {
         if (!has[2 * j]) continue;
         // pack_b on this slab's 32 k (kk of them real)
-        if (has[2 * j + 1]) pack_slab(r[2 * j], r[2 * j + 1], k, kk, slab[j]);
-        else pack_slab(r[2 * j], none, k, kk, slab[j]);
+        if (has[2 * j + 1])
+          pack_slab(r[2 * j], r[2 * j + 1], k, kk, slab[j]);
+        else
+          pack_slab(r[2 * j], none, k, kk, slab[j]);
       }
       _tile_loadd(4, xb.data() + k, Kp * 2);
       _tile_loadd(6, slab[0], 64);
@@ -364,6 +469,8 @@ template <bool kTiles>
 void matmul_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                     int64_t ldy) {
   if (W.quantized() && quantized_panels_ok(W)) {  // 8-bit panels: their values rounded to bf16
+    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+    if (vbmi && Fp8TableReader::fits(W)) return matmul_reader<kTiles, Fp8TableReader>(x, ldx, M, W, n0, n1, y, ldy);
     if (W.dtype == DType::kF8E4M3)
       return matmul_reader<kTiles, QuantizedPanelReader<DType::kF8E4M3>>(x, ldx, M, W, n0, n1, y, ldy);
     return matmul_reader<kTiles, QuantizedPanelReader<DType::kI8>>(x, ldx, M, W, n0, n1, y, ldy);
@@ -373,8 +480,8 @@ void matmul_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix& W, int
 }
 
 template <bool kTiles>
-void matmul_tree_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0,
-                         int64_t n1, float* y, int64_t ldy) {
+void matmul_tree_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
+                         float* y, int64_t ldy) {
   bool ours = true;  // each part's product as matmul makes it, added in the tree
   for (int c = 0; c < count && ours; ++c)
     ours = parts[c].quantized() ? quantized_panels_ok(parts[c]) : parts[c].panels && parts[c].dtype == DType::kBF16;
@@ -389,8 +496,9 @@ const KernelTable* avx512_bf16amx_kernels() {
   static const KernelTable* table = []() -> const KernelTable* {
     const KernelTable* base = avx512_kernels();
     if (!base || !__builtin_cpu_supports("avx512bf16")) return nullptr;
-    static const KernelTable t{"avx512-bf16amx", matmul_bf16amx<false>, base->dot, base->axpy, base->dot_rows,
-                               base->weighted_sum, matmul_tree_bf16amx<false>, base->widen_fp8_row, base->softmax};
+    static const KernelTable t{
+        "avx512-bf16amx",   matmul_bf16amx<false>,      base->dot,           base->axpy,   base->dot_rows,
+        base->weighted_sum, matmul_tree_bf16amx<false>, base->widen_fp8_row, base->softmax};
     return &t;
   }();
   return table;
@@ -400,8 +508,9 @@ const KernelTable* amx_bf16_kernels() {
   static const KernelTable* table = []() -> const KernelTable* {
     const KernelTable* base = avx512_bf16amx_kernels();
     if (!base || !amx_usable(22)) return nullptr;  // AMX-BF16
-    static const KernelTable t{"amx-bf16", matmul_bf16amx<true>, base->dot, base->axpy, base->dot_rows,
-                               base->weighted_sum, matmul_tree_bf16amx<true>, base->widen_fp8_row, base->softmax};
+    static const KernelTable t{
+        "amx-bf16",         matmul_bf16amx<true>,      base->dot,           base->axpy,   base->dot_rows,
+        base->weighted_sum, matmul_tree_bf16amx<true>, base->widen_fp8_row, base->softmax};
     return &t;
   }();
   return table;

@@ -25,8 +25,10 @@ float ftz(float v) { return std::fabs(v) < 0x1p-126f && v != 0.0f ? std::copysig
 float operand(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, 4);
-  if ((bits & 0x7FFFFFFFu) <= 0x7F800000u) bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  else bits = (bits | 0x00400000u) & 0xFFFF0000u;
+  if ((bits & 0x7FFFFFFFu) <= 0x7F800000u)
+    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  else
+    bits = (bits | 0x00400000u) & 0xFFFF0000u;
   float b;
   std::memcpy(&b, &bits, 4);
   return ftz(ftz(v) == 0.0f ? std::copysign(0.0f, v) : b);
@@ -58,10 +60,14 @@ float rule_at(const float* x, const Matrix& values, int64_t n, int64_t k0, int64
 
 std::vector<const KernelTable*> tables_here() {
   std::vector<const KernelTable*> t;
-  if (avx512_bf16amx_kernels()) t.push_back(avx512_bf16amx_kernels());
-  else WARN("no AVX512-BF16 on this CPU: only the reference is checked here");
-  if (amx_bf16_kernels()) t.push_back(amx_bf16_kernels());
-  else WARN("no AMX-BF16 on this CPU (or Linux refused the tile state): the AMX table is not checked here");
+  if (avx512_bf16amx_kernels())
+    t.push_back(avx512_bf16amx_kernels());
+  else
+    WARN("no AVX512-BF16 on this CPU: only the reference is checked here");
+  if (amx_bf16_kernels())
+    t.push_back(amx_bf16_kernels());
+  else
+    WARN("no AMX-BF16 on this CPU (or Linux refused the tile state): the AMX table is not checked here");
   return t;
 }
 
@@ -71,7 +77,10 @@ std::vector<float> activations(int64_t n, std::mt19937& rng) {
   std::vector<float> x(static_cast<std::size_t>(n));
   for (float& v : x) {
     const unsigned r = rng() % 16;
-    v = r == 0 ? 0.0f : r == 1 ? -0.0f : r < 5 ? u(rng) * 0x1p-62f : u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    v = r == 0   ? 0.0f
+        : r == 1 ? -0.0f
+        : r < 5  ? u(rng) * 0x1p-62f
+                 : u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
   }
   return x;
 }
@@ -112,7 +121,8 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}, {N / 2, N / 2 + 1}}) {
           std::vector<float> want(static_cast<std::size_t>(M * N), -7.0f), got(want.size(), -7.0f);
           for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = n0; n < n1; ++n) want[static_cast<std::size_t>(m * N + n)] = rule_at(x.data() + m * K, raw, n, 0, K);
+            for (int64_t n = n0; n < n1; ++n)
+              want[static_cast<std::size_t>(m * N + n)] = rule_at(x.data() + m * K, raw, n, 0, K);
           INFO("K=" << K << " N=" << N << " M=" << M << " columns " << n0 << ".." << n1);
           matmul_bf16amx_reference(x.data(), K, M, w, n0, n1, got.data(), N);
           require_bits(got, want);
@@ -130,12 +140,10 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
         const std::vector<float> x = activations(M * K, rng);
         std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
         for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < N; ++n) {
-            float p[kReduceChunks];
-            for (int c = 0; c < kReduceChunks; ++c)
-              p[c] = rule_at(x.data() + m * K + chunk_begin(K, c), raw, n, chunk_begin(K, c), K / kReduceChunks);
-            want[static_cast<std::size_t>(m * N + n)] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-          }
+          for (int64_t n = 0; n < N; ++n)
+            want[static_cast<std::size_t>(m * N + n)] = test::chunk_tree([&](int c) {
+              return rule_at(x.data() + m * K + chunk_begin(K, c), raw, n, chunk_begin(K, c), K / kReduceChunks);
+            });
         for (const KernelTable* t : tables) {
           INFO(t->name << " tree K=" << K << " N=" << N << " M=" << M);
           t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
@@ -151,9 +159,18 @@ TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout
   const auto tables = tables_here();
   std::mt19937 rng(43);
   const int64_t N = 44, K = 320;  // 2.5 blocks of 128
-  for (const auto& [dt, br, bc] : {std::tuple<DType, int64_t, int64_t>{DType::kF8E4M3, 128, 128},
-                                   {DType::kI8, 1, K}, {DType::kF8E4M3, N, K}}) {
-    QuantMatrix w(dt, N, K, br, bc, rng);
+  struct Grid {
+    DType dt;
+    int64_t br, bc;
+    float lo = 1e-4f, hi = 1e-2f, max_code = 1e9f;
+  };
+  // FP8 128 x 128 blocks, INT8 per channel, FP8 per tensor; FP8 blocks with scales near the smallest normal
+  // (subnormal products: flushed) and near 2^120 (codes of at most 2^-6: finite products)
+  for (const Grid& g :
+       {Grid{DType::kF8E4M3, 128, 128}, Grid{DType::kI8, 1, K}, Grid{DType::kF8E4M3, N, K},
+        Grid{DType::kF8E4M3, 128, 128, 2e-38f, 4e-38f}, Grid{DType::kF8E4M3, 128, 128, 0x1p120f, 0x1p121f, 0x1p-6f}}) {
+    const DType dt = g.dt;
+    QuantMatrix w(dt, N, K, g.br, g.bc, rng, g.lo, g.hi, g.max_code);
     PanelStore store;
     for (const auto& c : test::layout_cases(w.q, store)) {
       if (!c.q.panels) continue;  // row-major 8-bit: kF32's products (below)

@@ -115,12 +115,10 @@ TEST_CASE("kInt8Dot products: the reference and the VNNI table are the rule's bi
       for (float& v : x) v = u(rng);
       std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
       for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < N; ++j) {
-          float p[kReduceChunks];
-          for (int c = 0; c < kReduceChunks; ++c)
-            p[c] = int8dot_here(x.data() + m * K + chunk_begin(K, c), w, j, chunk_begin(K, c), K / kReduceChunks);
-          want[static_cast<std::size_t>(m * N + j)] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-        }
+        for (int64_t j = 0; j < N; ++j)
+          want[static_cast<std::size_t>(m * N + j)] = test::chunk_tree([&](int c) {
+            return int8dot_here(x.data() + m * K + chunk_begin(K, c), w, j, chunk_begin(K, c), K / kReduceChunks);
+          });
       for (const KernelTable* t : tables) {
         INFO(t->name << " tree, M=" << M);
         t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);

@@ -365,10 +365,9 @@ TEST_CASE("the bf16 dot-product table computes exactly the arithmetic kernels.h 
           t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
           for (int64_t m = 0; m < M; ++m) {
             for (int64_t n = 0; n < N; ++n) {
-              float p[kReduceChunks];
-              for (int c = 0; c < kReduceChunks; ++c)
-                p[c] = bf16dot(x.data() + m * K + chunk_begin(K, c), raw.m, n, chunk_begin(K, c), K / kReduceChunks);
-              const float want = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+              const float want = test::chunk_tree([&](int c) {
+                return bf16dot(x.data() + m * K + chunk_begin(K, c), raw.m, n, chunk_begin(K, c), K / kReduceChunks);
+              });
               const float g = got[static_cast<std::size_t>(m * N + n)];
               INFO("tree K=" << K << " N=" << N << " M=" << M << " m=" << m << " n=" << n);
               REQUIRE(std::memcmp(&g, &want, 4) == 0);

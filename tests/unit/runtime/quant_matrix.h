@@ -1,4 +1,5 @@
-// A random 8-bit matrix for the kernel tests (kernels_test, int8_dot_kernels_test).
+// Shared by the kernel tests (kernels_test, int8_dot_kernels_test, bf16amx_kernels_test): a random 8-bit
+// matrix, the layouts a kernel meets it in, the row-parallel tree.
 #pragma once
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "runtime/cpu/row_parallel.h"
 #include "runtime/model/weights.h"
 
 namespace tandem::runtime::cpu::test {
@@ -58,6 +60,16 @@ inline std::vector<LayoutCase> layout_cases(const Matrix& q, PanelStore& store) 
           {"rows 13..44 copied", store.pack_slice(q, 13, 44, 0, q.cols), 13, 0},
           {"rows 16..44 viewed", store.pack(q).row_view(16, 44), 16, 0},
           {"columns 136..272", store.pack_columns(q, 136, 272), 0, 136}};
+}
+
+// The row-parallel product's fixed tree (row_parallel.h) over part(c), c = 0..7, written out:
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)).
+template <class Part>
+float chunk_tree(const Part& part) {
+  static_assert(kReduceChunks == 8);
+  float p[kReduceChunks];
+  for (int c = 0; c < kReduceChunks; ++c) p[c] = part(c);
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
 }  // namespace tandem::runtime::cpu::test
