@@ -16,6 +16,7 @@
 using namespace tandem::runtime;
 using namespace tandem::runtime::cpu;
 using tandem::runtime::cpu::test::QuantMatrix;
+using tandem::runtime::cpu::test::require_bits;
 
 namespace {
 
@@ -94,13 +95,6 @@ std::vector<uint16_t> bf16_weights(int64_t n, std::mt19937& rng) {
     h = static_cast<uint16_t>(sign | (exp << 7) | (r == 1 ? 0u : mant));
   }
   return w;
-}
-
-void require_bits(const std::vector<float>& got, const std::vector<float>& want) {
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i << ": " << got[i] << " vs " << want[i]);
-    REQUIRE(std::memcmp(&got[i], &want[i], 4) == 0);
-  }
 }
 
 }  // namespace

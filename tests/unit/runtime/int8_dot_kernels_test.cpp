@@ -16,6 +16,7 @@
 using namespace tandem::runtime;
 using namespace tandem::runtime::cpu;
 using tandem::runtime::cpu::test::QuantMatrix;
+using tandem::runtime::cpu::test::require_bits;
 
 namespace {
 
@@ -40,13 +41,6 @@ float int8dot_here(const float* x, const QuantMatrix& w, int64_t n, int64_t k0, 
            static_cast<int8_t>(w.codes[static_cast<std::size_t>(n * w.q.cols + k0 + k)]);
   const float ws = w.grid[static_cast<std::size_t>(n / w.q.scales.block_rows)];
   return static_cast<float>(acc) * (xs * ws);
-}
-
-void require_bits(const std::vector<float>& got, const std::vector<float>& want) {
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i << ": " << got[i] << " vs " << want[i]);
-    REQUIRE(std::memcmp(&got[i], &want[i], 4) == 0);
-  }
 }
 
 }  // namespace

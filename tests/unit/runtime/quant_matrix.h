@@ -2,8 +2,11 @@
 // matrix, the layouts a kernel meets it in, the row-parallel tree.
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -60,6 +63,15 @@ inline std::vector<LayoutCase> layout_cases(const Matrix& q, PanelStore& store) 
           {"rows 13..44 copied", store.pack_slice(q, 13, 44, 0, q.cols), 13, 0},
           {"rows 16..44 viewed", store.pack(q).row_view(16, 44), 16, 0},
           {"columns 136..272", store.pack_columns(q, 136, 272), 0, 136}};
+}
+
+// Every element of got the same bits as want's (signed zeros and NaNs included).
+inline void require_bits(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i << ": " << got[i] << " vs " << want[i]);
+    REQUIRE(std::memcmp(&got[i], &want[i], 4) == 0);
+  }
 }
 
 // The row-parallel product's fixed tree (row_parallel.h) over part(c), c = 0..7, written out:
