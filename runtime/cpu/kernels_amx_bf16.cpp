@@ -53,6 +53,9 @@ class FlushDenormals {
   unsigned saved_ = 0;
 };
 
+// Lanes [c0, c1) of a 16-column block: the columns a block stores.
+inline __mmask16 columns(int c0, int c1) { return static_cast<__mmask16>(((1u << c1) - 1u) & ~((1u << c0) - 1u)); }
+
 // A panel that is not there (past the columns asked for): zeros.
 struct NoPanel {
   void load(int64_t, __m512i& lo, __m512i& hi) const { lo = hi = _mm512_setzero_si512(); }
@@ -211,7 +214,7 @@ void fma_tile(const float* x, int64_t ldx, A& a, B& b, int64_t K, const KMajor& 
     }
     for (int m = 0; m < MR; ++m) t[m] = _mm512_add_ps(t[m], _mm512_add_ps(e[m], o[m]));
   }
-  const __mmask16 mask = static_cast<__mmask16>(((1u << c1) - 1u) & ~((1u << c0) - 1u));
+  const __mmask16 mask = columns(c0, c1);
   for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy, mask, t[m]);
 }
 
@@ -357,7 +360,7 @@ void tile_pair(const uint16_t* xb, int64_t ld, int64_t t, int64_t M, const Colum
     if (m0 >= M) break;
     const int64_t rows = std::min<int64_t>(16, M - m0);
     for (int j = 0; j < 2; ++j) {
-      const __mmask16 mask = static_cast<__mmask16>(((1u << cb[j]->c1) - 1u) & ~((1u << cb[j]->c0) - 1u));
+      const __mmask16 mask = columns(cb[j]->c0, cb[j]->c1);
       for (int64_t m = 0; m < rows; ++m)
         _mm512_mask_storeu_ps(y + (m0 + m) * ldy + 16 * j, mask, _mm512_load_ps(c[2 * i + j] + 16 * m));
     }
@@ -373,7 +376,7 @@ void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64
   // A group of column blocks packed at once (~512 KiB), then every row tile against them: the row tiles' bf16
   // rows and the group's weights stay in L2 between uses.
   const int64_t block_bytes = 16 * Kp * 2, group = std::max<int64_t>(2, (int64_t{1} << 19) / block_bytes / 2 * 2);
-  std::vector<ColumnBlock> blocks;
+  thread_local std::vector<ColumnBlock> blocks;
   packed.resize(static_cast<std::size_t>(group * 16 * Kp));
   configure_tiles();
   for (int64_t g = n0 / 8 * 8; g < n1; g += 16 * group) {
@@ -449,7 +452,7 @@ void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
       const int64_t first = p + 16 * j;
       const int c0 = static_cast<int>(std::max<int64_t>(n0, first) - first);
       const int c1 = static_cast<int>(std::min<int64_t>(n1, first + 16) - first);
-      const __mmask16 mask = static_cast<__mmask16>(((1u << c1) - 1u) & ~((1u << c0) - 1u));
+      const __mmask16 mask = columns(c0, c1);
       for (int64_t m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * ldy + first, mask, _mm512_load_ps(c[j] + 16 * m));
     }
   }
