@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/cpu/line_aligned.h"
 #include "runtime/cpu/quantized_panel.h"
 
 namespace tandem::runtime::cpu {
@@ -19,7 +20,7 @@ namespace {
 // x's rows rounded to bf16 (vcvtneps2bf16: nearest even, a subnormal to 0),
 // row m at buf + m * ld; columns [K, ld) and rows [M, rows) zeros (ld >= K,
 // rows >= M; by default neither padded).
-inline const uint16_t* rows_as_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& buf,
+inline const uint16_t* rows_as_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, LineVector<uint16_t>& buf,
                                     int64_t ld = 0, int64_t rows = 0) {
   ld = ld ? ld : K;
   rows = rows ? rows : M;

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/cpu/line_aligned.h"
+
 namespace tandem::runtime::cpu {
 namespace {
 
@@ -19,7 +21,7 @@ namespace {
 // q + 128 (unsigned), each row padded to a multiple of 64 bytes with q = 0,
 // and rows of q = 0 (scale 0) added up to a multiple of row_multiple.
 struct Int8Rows {
-  std::vector<uint8_t> codes;
+  LineVector<uint8_t> codes;  // rows of ld codes from a cache line (the AMX table loads tiles from them)
   std::vector<float> scale;
   int64_t ld = 0;
 

@@ -109,7 +109,7 @@ void matmul_amx(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t
     return avx512_vnni_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);
   const int64_t K = W.cols;
   thread_local Int8Rows q;
-  thread_local std::vector<uint8_t> packed;
+  thread_local LineVector<uint8_t> packed;
   q.quantize(x, ldx, M, K, 32);
   const int64_t Kp = q.ld, pairs = (M + 31) / 32;
   packed.resize(static_cast<std::size_t>(32 * Kp));

@@ -166,7 +166,7 @@ struct Fp8TableReader {
 };
 
 // x's rows rounded to bf16 (rows_as_bf16), as floats: row m at out + m * K.
-const float* rows_as_bf16_floats(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& tmp,
+const float* rows_as_bf16_floats(const float* x, int64_t ldx, int64_t M, int64_t K, LineVector<uint16_t>& tmp,
                                  std::vector<float>& out) {
   const uint16_t* h = rows_as_bf16(x, ldx, M, K, tmp);
   out.resize(static_cast<std::size_t>(M * K));
@@ -244,7 +244,7 @@ template <class Reader>
 void matmul_fma(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                 int64_t ldy) {
   const int64_t K = W.cols;
-  thread_local std::vector<uint16_t> tmp;
+  thread_local LineVector<uint16_t> tmp;
   thread_local std::vector<float> xf;
   const float* xr = rows_as_bf16_floats(x, ldx, M, K, tmp, xf);
   const KMajor km;
@@ -330,20 +330,46 @@ struct ColumnBlock {
   int c0, c1;
 };
 
-// Rows [32 t, 32 t + 32) of xb against two column blocks: C tiles 0-3 (2 x 2 of 16 x 16), A in 4-5, B in 6-7.
-void tile_pair(const uint16_t* xb, int64_t ld, int64_t t, int64_t M, const ColumnBlock& b0, const ColumnBlock& b1,
+// x's rows rounded to bf16 (as rows_as_bf16) in the A tiles' layout: 16 rows by 32 k a tile of 1 KiB (row m's
+// 32 k at 32 m), a block of 16 rows' tiles in k order; k past K and rows past M (up to `rows`) zeros. A tile
+// loads from one contiguous KiB: rows of x at a stride of 2-6 KiB fell on two L1 sets (one at 4 KiB) and a
+// tile load missed its own rows.
+void rows_as_bf16_tiles(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t Kp, int64_t rows,
+                        LineVector<uint16_t>& buf) {
+  const int64_t steps = Kp / 32;
+  buf.resize(static_cast<std::size_t>(rows * Kp));
+  for (int64_t m = 0; m < rows; ++m) {
+    uint16_t* dst = buf.data() + (m / 16) * steps * 512 + (m % 16) * 32;
+    if (m >= M) {
+      for (int64_t s = 0; s < steps; ++s) _mm512_storeu_si512(dst + s * 512, _mm512_setzero_si512());
+      continue;
+    }
+    const float* src = x + m * ldx;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t k = 32 * s;
+      const __mmask16 lo = k + 16 <= K ? 0xffff : k < K ? static_cast<__mmask16>((1u << (K - k)) - 1u) : 0;
+      const __mmask16 hi = k + 32 <= K ? 0xffff : k + 16 < K ? static_cast<__mmask16>((1u << (K - k - 16)) - 1u) : 0;
+      const __m512 a = _mm512_maskz_loadu_ps(lo, src + k), b = _mm512_maskz_loadu_ps(hi, src + k + 16);
+      _mm512_storeu_si512(dst + s * 512, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+}
+
+// Row tiles 2 t and 2 t + 1 of xb (rows_as_bf16_tiles, `steps` tiles each) against two column blocks: C tiles
+// 0-3 (2 x 2 of 16 x 16), A in 4-5, B in 6-7.
+void tile_pair(const uint16_t* xb, int64_t steps, int64_t t, int64_t M, const ColumnBlock& b0, const ColumnBlock& b1,
                float* y, int64_t ldy) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const uint16_t* a = xb + t * 32 * ld;
-  const int64_t stride = ld * 2;
-  for (int64_t k = 0; k < ld; k += 32) {
-    _tile_loadd(4, a + k, stride);
-    _tile_loadd(6, b0.b + 16 * k, 64);
-    _tile_loadd(5, a + 16 * ld + k, stride);
-    _tile_loadd(7, b1.b + 16 * k, 64);
+  const uint16_t* a0 = xb + 2 * t * steps * 512;
+  const uint16_t* a1 = a0 + steps * 512;
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a0 + 512 * s, 64);
+    _tile_loadd(6, b0.b + 512 * s, 64);
+    _tile_loadd(5, a1 + 512 * s, 64);
+    _tile_loadd(7, b1.b + 512 * s, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
@@ -371,8 +397,8 @@ template <class Reader>
 void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                   int64_t ldy) {
   const int64_t K = W.cols, Kp = (K + 31) / 32 * 32, pairs = (M + 31) / 32;
-  thread_local std::vector<uint16_t> xb, packed;
-  rows_as_bf16(x, ldx, M, K, xb, Kp, pairs * 32);
+  thread_local LineVector<uint16_t> xb, packed;
+  rows_as_bf16_tiles(x, ldx, M, K, Kp, pairs * 32, xb);
   // A group of column blocks packed at once (~512 KiB), then every row tile against them: the row tiles' bf16
   // rows and the group's weights stay in L2 between uses.
   const int64_t block_bytes = 16 * Kp * 2, group = std::max<int64_t>(2, (int64_t{1} << 19) / block_bytes / 2 * 2);
@@ -403,7 +429,7 @@ void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64
     }
     for (int64_t t = 0; t < pairs; ++t)
       for (std::size_t i = 0; i < blocks.size(); i += 2)
-        tile_pair(xb.data(), Kp, t, M, blocks[i], blocks[i + 1], y + g + 16 * static_cast<int64_t>(i), ldy);
+        tile_pair(xb.data(), Kp / 32, t, M, blocks[i], blocks[i + 1], y + g + 16 * static_cast<int64_t>(i), ldy);
   }
   _tile_release();
   _mm256_zeroupper();  // GCC 12 puts none after AMX code (kernels_amx.cpp: the callers' SSE code ran 2-3x slower)
@@ -415,7 +441,7 @@ template <class Reader>
 void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
   const int64_t K = W.cols, Kp = (K + 31) / 32 * 32;
-  thread_local std::vector<uint16_t> xb;
+  thread_local LineVector<uint16_t> xb;
   rows_as_bf16(x, ldx, M, K, xb, Kp, M);
   alignas(64) uint16_t slabs[2][2][16 * 32];  // two in turn: a step's rearranging never waits for the last tile loads
   alignas(64) float c[2][16 * 16];

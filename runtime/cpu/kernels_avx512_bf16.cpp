@@ -133,7 +133,7 @@ template <DType D>
 void matmul_bf16dot_quantized(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                               int64_t ldy) {
   const int64_t K = W.cols;
-  thread_local std::vector<uint16_t> xb, wide;
+  thread_local LineVector<uint16_t> xb, wide;
   const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 18) / (K * 2));
   constexpr int64_t kWiden = 16;  // more rows: each panel made bf16 once, the bf16 panels' tiles read it
   for (int64_t mb = 0; mb < M; mb += m_block) {
@@ -171,7 +171,7 @@ void matmul_bf16dot(const float* x, int64_t ldx, int64_t M, const Matrix& W, int
   }
   if (!W.panels || W.dtype != DType::kBF16) return avx512_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);  // FP32's contract
   const int64_t K = W.cols;
-  thread_local std::vector<uint16_t> xb;
+  thread_local LineVector<uint16_t> xb;
   const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 18) / (K * 2));  // ~256 KiB of bf16 x
   for (int64_t mb = 0; mb < M; mb += m_block) {
     const int64_t me = std::min(M, mb + m_block);
@@ -235,7 +235,7 @@ void matmul_tree_bf16dot(const float* x, int64_t ldx, int64_t M, const Matrix* p
     kc[c] = parts[c].cols;
     K += parts[c].cols;
   }
-  thread_local std::vector<uint16_t> xb;
+  thread_local LineVector<uint16_t> xb;
   const uint8_t* panels[kMaxParts];
   const int64_t m_block = std::max<int64_t>(6, (int64_t{1} << 18) / (K * 2));
   for (int64_t mb = 0; mb < M; mb += m_block) {
