@@ -15,8 +15,8 @@ struct LineAligned {
   LineAligned() = default;
   template <class U>
   explicit LineAligned(const LineAligned<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{64}); }
   template <class U>
   bool operator==(const LineAligned<U>&) const {
     return true;
