@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "launcher/commands.h"
+#include "launcher/run/job_checks.h"
 #include "router/batch_request.h"
 #include "runtime/service/worker_core.h"
 #include "runtime/engine/engine.h"
@@ -23,6 +24,7 @@ struct GenerateOptions {
   bool json = false;
   int threads = 0;
   std::string kv_dtype = "f32";
+  std::string cpu_matmul = "f32";
   runtime::SamplingParams params;
 };
 
@@ -59,6 +61,7 @@ int run_generate(const GenerateOptions& o) {
     if (!tok) throw Error(o.model + ": no tokenizer.json; give --prompt-ids instead of --prompt");
     prompt = tok->encode(o.prompt, true);
   }
+  use_cpu_matmul(o.cpu_matmul, config, o.model, "");  // before any weight is read: a refusal costs nothing
   const auto weights = runtime::ModelWeights::load(config, o.model);
   const int64_t block = 16;
   const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + std::max<int64_t>(1, o.params.max_tokens),
@@ -85,7 +88,8 @@ int run_generate(const GenerateOptions& o) {
                         {"text", result.text},
                         {"finish_reason", runtime::finish_reason_name(result.reason)},
                         {"ttft_s", result.ttft_s},
-                        {"e2e_s", result.e2e_s}};
+                        {"e2e_s", result.e2e_s},
+                        {"kernels", runtime::cpu::kernels().name}};
     if (o.params.logprobs >= 0) {
       j["logprobs"] = nlohmann::json::array();
       for (const auto& p : result.logprobs) j["logprobs"].push_back(logprobs_json(p));
@@ -117,7 +121,10 @@ Action add_generate_command(CLI::App& root) {
   cmd->add_option("--threads", o->threads, "Compute threads; 0: every CPU this process may use");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache elements, as kv.dtype: f32, bf16 or fp8")
       ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
-  cmd->add_flag("--json", o->json, "Print JSON with token_ids, text, finish_reason and timings");
+  cmd->add_option("--cpu-matmul", o->cpu_matmul,
+                  "The products' arithmetic, as model.cpu_matmul: f32, bf16, bf16-amx or int8 (docs/engine.md)")
+      ->check(CLI::IsMember({"f32", "bf16", "bf16-amx", "int8"}));
+  cmd->add_flag("--json", o->json, "Print JSON with token_ids, text, finish_reason, timings and the kernels that ran");
   return [o, text, ids]() {
     if (text->count() == 0 && ids->count() == 0) throw Error("generate: give --prompt TEXT or --prompt-ids 1,2,3");
     return run_generate(*o);

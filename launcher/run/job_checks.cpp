@@ -98,29 +98,28 @@ void check_files(Prepared& p) {
   }
 }
 
-namespace {
-
-// model.cpu_matmul = "int8" multiplies INT8 weights with one scale per row (kernels.h's kInt8Dot).
-void check_int8_products(const Prepared& p) {
-  const runtime::QuantConfig& q = p.model.quant;
+void use_cpu_matmul(const std::string& choice, const runtime::ModelConfig& m, const std::string& path,
+                    const std::string& load_as) {
+  if (choice == "bf16") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Dot);  // throws without AVX512-BF16
+  if (choice == "bf16-amx") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Amx);
+  if (choice != "int8") return;
+  // "int8" multiplies INT8 weights with one scale per row (kernels.h's kInt8Dot).
+  const runtime::QuantConfig& q = m.quant;
   using Method = runtime::QuantConfig::Method;
   const bool int8_rows = q.method == Method::kCompressedTensors && q.weight == runtime::DType::kI8 &&
                          q.block_cols == 0;  // a channel's or the tensor's scale
-  if (!int8_rows && p.cfg.model.dtype != "int8")
-    throw Error("model.cpu_matmul = \"int8\" multiplies INT8 weights with a scale per channel or tensor; " +
-                p.cfg.model.path + " is " + (q.any() ? q.name() : std::string(runtime::dtype_name(p.model.dtype))) +
-                ": quantize it as it loads (model.dtype = \"int8\"), write it with `tandem quantize --scheme "
-                "int8-channel`, or use \"f32\"");
-  const runtime::ModelConfig& m = p.model;
+  if (!int8_rows && load_as != "int8")
+    throw Error("model.cpu_matmul = \"int8\" multiplies INT8 weights with a scale per channel or tensor; " + path +
+                " is " + (q.any() ? q.name() : std::string(runtime::dtype_name(m.dtype))) +
+                ": " + (load_as.empty() ? "" : "quantize it as it loads (model.dtype = \"int8\"), ") +
+                "write it with `tandem quantize --scheme int8-channel`, or use \"f32\"");
   for (const int64_t k : {m.hidden, m.intermediate, m.moe.intermediate, m.heads * m.head_dim})
     if (k > runtime::cpu::kInt8DotMaxCols)
       throw Error("model.cpu_matmul = \"int8\" keeps each product's sum in 32 bits, up to " +
-                  std::to_string(runtime::cpu::kInt8DotMaxCols) + " columns; " + p.cfg.model.path +
-                  " has a product of " + std::to_string(k) + ": use \"f32\"");
+                  std::to_string(runtime::cpu::kInt8DotMaxCols) + " columns; " + path + " has a product of " +
+                  std::to_string(k) + ": use \"f32\"");
   runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kInt8Dot);  // throws without AVX512-VNNI
 }
-
-}  // namespace
 
 void check_backend(const Prepared& p, int ranks) {
   const std::string& b = p.cfg.model.backend;
@@ -155,9 +154,7 @@ void check_backend(const Prepared& p, int ranks) {
   if (c.on_cpu()) {
     if (c.transport == TransportKind::kNccl)
       throw Error("transport.backend = \"nccl\" moves KV between GPUs; it needs model.backend = \"cuda\"");
-    if (p.cfg.model.cpu_matmul == "bf16") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Dot);  // throws here
-    if (p.cfg.model.cpu_matmul == "bf16-amx") runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kBf16Amx);
-    if (p.cfg.model.cpu_matmul == "int8") check_int8_products(p);
+    use_cpu_matmul(p.cfg.model.cpu_matmul, p.model, p.cfg.model.path, p.cfg.model.dtype);
     return;
   }
   if (p.cfg.model.cpu_matmul != "f32")

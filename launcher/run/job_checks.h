@@ -40,6 +40,10 @@ void check_files(Prepared& p);
 // model.backend on a worker: built, with a device, and with what this job asks
 // of it. Throws tandem::Error (one line).
 void check_backend(const Prepared& p, int ranks);
+// model.cpu_matmul's kernels chosen for this process (f32, bf16, bf16-amx, int8), for model m at `path`, loaded
+// as model.dtype `load_as` ("": as the checkpoint is, no conversion offered). Throws tandem::Error (one line) where the CPU or the model cannot take them.
+void use_cpu_matmul(const std::string& choice, const runtime::ModelConfig& m, const std::string& path,
+                    const std::string& load_as);
 // A worker rank's KV layout: kv.dtype resolved (auto: f32 on the CPU; on a
 // GPU bf16 unless the checkpoint is f32), and the KV heads it holds as one of
 // a tensor-parallel group of `tp` ranks.

