@@ -53,6 +53,10 @@ struct KernelTable {
   // One query's attention weights from its n scores, in place: the softmax
   // arithmetic below — the same bits on every table.
   void (*softmax)(float* s, int64_t n, float scale);
+  // Rows a row-parallel product gives matmul_tree at a time (CpuModel::row_parallel): few, where a table adds
+  // the parts' partials in memory; more where the table rearranges the weights per call (AMX), which the rows
+  // then share.
+  int64_t tree_rows = 64;
 };
 
 // The softmax of attention, one fixed arithmetic (every table, every batch):

@@ -330,16 +330,14 @@ struct ColumnBlock {
   int c0, c1;
 };
 
-// x's rows rounded to bf16 (as rows_as_bf16) in the A tiles' layout: 16 rows by 32 k a tile of 1 KiB (row m's
-// 32 k at 32 m), a block of 16 rows' tiles in k order; k past K and rows past M (up to `rows`) zeros. A tile
-// loads from one contiguous KiB: rows of x at a stride of 2-6 KiB fell on two L1 sets (one at 4 KiB) and a
-// tile load missed its own rows.
-void rows_as_bf16_tiles(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t Kp, int64_t rows,
-                        LineVector<uint16_t>& buf) {
+// x's rows rounded to bf16 (as rows_as_bf16) in the A tiles' layout at out: 16 rows by 32 k a tile of 1 KiB
+// (row m's 32 k at 32 m), a block of 16 rows' tiles in k order; k past K and rows past M (up to `rows`) zeros.
+// A tile loads from one contiguous KiB: rows of x at a stride of 2-6 KiB fell on two L1 sets (one at 4 KiB)
+// and a tile load missed its own rows.
+void rows_as_bf16_tiles(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t Kp, int64_t rows, uint16_t* out) {
   const int64_t steps = Kp / 32;
-  buf.resize(static_cast<std::size_t>(rows * Kp));
   for (int64_t m = 0; m < rows; ++m) {
-    uint16_t* dst = buf.data() + (m / 16) * steps * 512 + (m % 16) * 32;
+    uint16_t* dst = out + (m / 16) * steps * 512 + (m % 16) * 32;
     if (m >= M) {
       for (int64_t s = 0; s < steps; ++s) _mm512_storeu_si512(dst + s * 512, _mm512_setzero_si512());
       continue;
@@ -355,31 +353,74 @@ void rows_as_bf16_tiles(const float* x, int64_t ldx, int64_t M, int64_t K, int64
   }
 }
 
-// Row tiles 2 t and 2 t + 1 of xb (rows_as_bf16_tiles, `steps` tiles each) against two column blocks: C tiles
-// 0-3 (2 x 2 of 16 x 16), A in 4-5, B in 6-7.
-void tile_pair(const uint16_t* xb, int64_t steps, int64_t t, int64_t M, const ColumnBlock& b0, const ColumnBlock& b1,
-               float* y, int64_t ldy) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const uint16_t* a0 = xb + 2 * t * steps * 512;
-  const uint16_t* a1 = a0 + steps * 512;
-  for (int64_t s = 0; s < steps; ++s) {
-    _tile_loadd(4, a0 + 512 * s, 64);
-    _tile_loadd(6, b0.b + 512 * s, 64);
-    _tile_loadd(5, a1 + 512 * s, 64);
-    _tile_loadd(7, b1.b + 512 * s, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+// 16 columns of W from p (a second panel only below n1) in the B tiles' layout at out, Kp / 2 rows of pairs.
+template <class Reader>
+void pack_block(const Matrix& W, int64_t p, int64_t n1, int64_t Kp, uint16_t* out) {
+  Reader a(W, p);
+  if (p + 8 < n1) {
+    Reader second(W, p + 8);
+    pack_b(a, second, W.cols, Kp, out);
+  } else {
+    NoPanel none;
+    pack_b(a, none, W.cols, Kp, out);
   }
-  alignas(64) float c[4][16 * 16];
-  _tile_stored(0, c[0], 64);
-  _tile_stored(1, c[1], 64);
-  _tile_stored(2, c[2], 64);
-  _tile_stored(3, c[3], 64);
+}
+using PackBlock = void (*)(const Matrix& W, int64_t p, int64_t n1, int64_t Kp, uint16_t* out);
+
+// One part of a product on the tiles: its rows of x in tiles (rows_as_bf16_tiles), its 32-k steps, and where
+// its weights sit in a packed column block.
+struct TilePart {
+  const uint16_t* xb;
+  int64_t steps;
+  int64_t offset;
+};
+
+constexpr int kTreeLevels = 8;  // partials on a tree's stack: up to kTileParts parts
+constexpr int kTileParts = 1 << (kTreeLevels - 1);
+
+// Row tiles 2 t and 2 t + 1 against two column blocks (C tiles 0-3, 2 x 2 of 16 x 16; A in 4-5, B in 6-7), for
+// each part in turn from +0, the parts' sums added in matmul_tree_by_parts' tree (a part's 32 x 32 sums pushed,
+// the top two added while they are of one level), the rows below M and the blocks' columns stored into y.
+void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const ColumnBlock& b0, const ColumnBlock& b1,
+               float* y, int64_t ldy) {
+  alignas(64) float slot[kTreeLevels][4][16 * 16];
+  int level[kTreeLevels];
+  int depth = 0;
+  for (int c = 0; c < count; ++c) {
+    const TilePart& part = parts[c];
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint16_t* a0 = part.xb + 2 * t * part.steps * 512;
+    const uint16_t* a1 = a0 + part.steps * 512;
+    const uint16_t* w0 = b0.b + part.offset;
+    const uint16_t* w1 = b1.b + part.offset;
+    for (int64_t s = 0; s < part.steps; ++s) {
+      _tile_loadd(4, a0 + 512 * s, 64);
+      _tile_loadd(6, w0 + 512 * s, 64);
+      _tile_loadd(5, a1 + 512 * s, 64);
+      _tile_loadd(7, w1 + 512 * s, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    float(&top)[4][256] = slot[depth];
+    _tile_stored(0, top[0], 64);
+    _tile_stored(1, top[1], 64);
+    _tile_stored(2, top[2], 64);
+    _tile_stored(3, top[3], 64);
+    level[depth++] = 0;
+    while (depth >= 2 && level[depth - 1] == level[depth - 2]) {
+      float* left = slot[depth - 2][0];
+      const float* right = slot[depth - 1][0];
+      for (int i = 0; i < 4 * 256; i += 16)
+        _mm512_store_ps(left + i, _mm512_add_ps(_mm512_load_ps(left + i), _mm512_load_ps(right + i)));
+      --depth;
+      ++level[depth - 1];
+    }
+  }
   const ColumnBlock* cb[2] = {&b0, &b1};
   for (int i = 0; i < 2; ++i) {  // rows 32 t + 16 i on
     const int64_t m0 = t * 32 + 16 * i;
@@ -388,51 +429,80 @@ void tile_pair(const uint16_t* xb, int64_t steps, int64_t t, int64_t M, const Co
     for (int j = 0; j < 2; ++j) {
       const __mmask16 mask = columns(cb[j]->c0, cb[j]->c1);
       for (int64_t m = 0; m < rows; ++m)
-        _mm512_mask_storeu_ps(y + (m0 + m) * ldy + 16 * j, mask, _mm512_load_ps(c[2 * i + j] + 16 * m));
+        _mm512_mask_storeu_ps(y + (m0 + m) * ldy + 16 * j, mask, _mm512_load_ps(slot[0][2 * i + j] + 16 * m));
     }
   }
 }
 
-template <class Reader>
-void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
-                  int64_t ldy) {
-  const int64_t K = W.cols, Kp = (K + 31) / 32 * 32, pairs = (M + 31) / 32;
+// More than 16 rows: y = the tree over parts c (count a power of two, at most kTileParts; one part: its product) of x's columns for
+// part c (following part c - 1's) times parts[c], packs[c] rearranging its weights. x's rows rounded to bf16 in
+// tiles, part by part; then for a group of column blocks (16 columns each, all the parts' k), their weights
+// rearranged once into the B tiles' layout (~512 KiB) and multiplied by every pair of row tiles, two column blocks
+// at once. A row-parallel product's partials never leave L1 (matmul_tree_by_parts wrote each part's M x N to
+// memory and added them there).
+void tiles_block(const float* x, int64_t ldx, int64_t M, const Matrix* parts, const PackBlock* packs, int count,
+                 int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t pairs = (M + 31) / 32;
   thread_local LineVector<uint16_t> xb, packed;
-  rows_as_bf16_tiles(x, ldx, M, K, Kp, pairs * 32, xb);
-  // A group of column blocks packed at once (~512 KiB), then every row tile against them: the row tiles' bf16
-  // rows and the group's weights stay in L2 between uses.
-  const int64_t block_bytes = 16 * Kp * 2, group = std::max<int64_t>(2, (int64_t{1} << 19) / block_bytes / 2 * 2);
+  thread_local std::vector<TilePart> tp;
+  tp.resize(static_cast<std::size_t>(count));
+  int64_t rows_elems = 0, block_elems = 0;  // all parts' tiled x; one column block of all parts
+  for (int c = 0; c < count; ++c) {
+    const int64_t Kp = (parts[c].cols + 31) / 32 * 32;
+    tp[static_cast<std::size_t>(c)] = {nullptr, Kp / 32, block_elems};
+    rows_elems += pairs * 32 * Kp;
+    block_elems += 16 * Kp;
+  }
+  xb.resize(static_cast<std::size_t>(rows_elems));
+  int64_t k0 = 0, at = 0;
+  for (int c = 0; c < count; ++c) {
+    TilePart& part = tp[static_cast<std::size_t>(c)];
+    rows_as_bf16_tiles(x + k0, ldx, M, parts[c].cols, 32 * part.steps, pairs * 32, xb.data() + at);
+    part.xb = xb.data() + at;
+    k0 += parts[c].cols;
+    at += pairs * 32 * 32 * part.steps;
+  }
+  // A group's weights and the row tiles' bf16 rows stay in L2 between uses.
+  const int64_t block_bytes = 2 * block_elems, group = std::max<int64_t>(2, (int64_t{1} << 19) / block_bytes / 2 * 2);
   thread_local std::vector<ColumnBlock> blocks;
-  packed.resize(static_cast<std::size_t>(group * 16 * Kp));
+  packed.resize(static_cast<std::size_t>(group * block_elems));
   configure_tiles();
   for (int64_t g = n0 / 8 * 8; g < n1; g += 16 * group) {
     blocks.clear();
     for (int64_t i = 0; i < group; ++i) {
       const int64_t p = g + 16 * i;
-      uint16_t* b = packed.data() + i * 16 * Kp;
+      uint16_t* b = packed.data() + i * block_elems;
       if (p >= n1) {  // past the range: zeros, nothing stored
         if (i % 2 == 0) break;
         std::memset(b, 0, static_cast<std::size_t>(block_bytes));
         blocks.push_back({b, 0, 0});
         continue;
       }
-      Reader a(W, p);
-      if (p + 8 < n1) {
-        Reader second(W, p + 8);
-        pack_b(a, second, K, Kp, b);
-      } else {
-        NoPanel none;
-        pack_b(a, none, K, Kp, b);
-      }
+      for (int c = 0; c < count; ++c)
+        packs[c](parts[c], p, n1, 32 * tp[static_cast<std::size_t>(c)].steps, b + tp[static_cast<std::size_t>(c)].offset);
       blocks.push_back(
           {b, static_cast<int>(std::max<int64_t>(n0, p) - p), static_cast<int>(std::min<int64_t>(n1, p + 16) - p)});
     }
     for (int64_t t = 0; t < pairs; ++t)
       for (std::size_t i = 0; i < blocks.size(); i += 2)
-        tile_pair(xb.data(), Kp / 32, t, M, blocks[i], blocks[i + 1], y + g + 16 * static_cast<int64_t>(i), ldy);
+        tile_tree(tp.data(), count, t, M, blocks[i], blocks[i + 1], y + g + 16 * static_cast<int64_t>(i), ldy);
   }
   _tile_release();
   _mm256_zeroupper();  // GCC 12 puts none after AMX code (kernels_amx.cpp: the callers' SSE code ran 2-3x slower)
+}
+
+// tiles_block on blocks of rows whose bf16 copy (~1.5 MiB) stays in L2 beside a group of weights: each group is
+// multiplied by the rows it was rearranged for, re-read from L2, not from L3 once per group; each block rearranges
+// the weights again. (The bench model's 512-token prefill on a Xeon with 2 MiB of L2 a core, alternated runs:
+// ~1.5 MiB 546 tok/s, 768 KiB 515, no blocks 540; row_parallel's 64 rows a call 494, 256 rows 523.)
+void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix* parts, const PackBlock* packs, int count,
+                  int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  int64_t k = 0;
+  for (int c = 0; c < count; ++c) k += (parts[c].cols + 31) / 32 * 32;
+  const int64_t block = std::max<int64_t>(32, (int64_t{1536} << 10) / (2 * k) / 32 * 32);
+  const int64_t blocks = (M + block - 1) / block, rows = ((M + blocks - 1) / blocks + 31) / 32 * 32;  // even blocks
+  for (int64_t r0 = 0; r0 < M; r0 += rows)
+    tiles_block(x + r0 * ldx, ldx, std::min(rows, M - r0), parts, packs, count, n0, n1, y + r0 * ldy, ldy);
 }
 
 // Up to 16 rows (decode): one A tile of M rows; for each pair of column blocks, 32 k at a time, their B tiles
@@ -486,35 +556,52 @@ void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   _mm256_zeroupper();
 }
 
-template <bool kTiles, class Reader>
-void matmul_reader(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
-                   int64_t ldy) {
-  if (kTiles && M > 16) return matmul_tiles<Reader>(x, ldx, M, W, n0, n1, y, ldy);
-  if (kTiles) return matmul_rows16<Reader>(x, ldx, M, W, n0, n1, y, ldy);
-  matmul_fma<Reader>(x, ldx, M, W, n0, n1, y, ldy);
+// Calls f(std::type_identity<Reader>{}) with the reader of W's panels under this arithmetic (8-bit panels: their
+// values rounded to bf16; bf16 panels as they are); false, calling nothing, for weights the f32 table takes.
+template <class F>
+bool with_reader(const Matrix& W, F&& f) {
+  if (W.quantized() && quantized_panels_ok(W)) {
+    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+    if (vbmi && Fp8TableReader::fits(W))
+      f(std::type_identity<Fp8TableReader>{});
+    else if (W.dtype == DType::kF8E4M3)
+      f(std::type_identity<QuantizedPanelReader<DType::kF8E4M3>>{});
+    else
+      f(std::type_identity<QuantizedPanelReader<DType::kI8>>{});
+    return true;
+  }
+  if (!W.panels || W.dtype != DType::kBF16) return false;
+  f(std::type_identity<Bf16PanelReader>{});
+  return true;
 }
 
 template <bool kTiles>
 void matmul_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                     int64_t ldy) {
-  if (W.quantized() && quantized_panels_ok(W)) {  // 8-bit panels: their values rounded to bf16
-    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
-    if (vbmi && Fp8TableReader::fits(W)) return matmul_reader<kTiles, Fp8TableReader>(x, ldx, M, W, n0, n1, y, ldy);
-    if (W.dtype == DType::kF8E4M3)
-      return matmul_reader<kTiles, QuantizedPanelReader<DType::kF8E4M3>>(x, ldx, M, W, n0, n1, y, ldy);
-    return matmul_reader<kTiles, QuantizedPanelReader<DType::kI8>>(x, ldx, M, W, n0, n1, y, ldy);
-  }
-  if (!W.panels || W.dtype != DType::kBF16) return avx512_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);  // kF32's
-  matmul_reader<kTiles, Bf16PanelReader>(x, ldx, M, W, n0, n1, y, ldy);
+  const bool ours = with_reader(W, [&](auto r) {
+    using Reader = typename decltype(r)::type;
+    if (kTiles && M > 16) {
+      const PackBlock pack = pack_block<Reader>;
+      matmul_tiles(x, ldx, M, &W, &pack, 1, n0, n1, y, ldy);
+    } else if (kTiles) {
+      matmul_rows16<Reader>(x, ldx, M, W, n0, n1, y, ldy);
+    } else {
+      matmul_fma<Reader>(x, ldx, M, W, n0, n1, y, ldy);
+    }
+  });
+  if (!ours) avx512_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);  // kF32's
 }
 
 template <bool kTiles>
 void matmul_tree_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
                          float* y, int64_t ldy) {
-  bool ours = true;  // each part's product as matmul makes it, added in the tree
-  for (int c = 0; c < count && ours; ++c)
-    ours = parts[c].quantized() ? quantized_panels_ok(parts[c]) : parts[c].panels && parts[c].dtype == DType::kBF16;
-  if (!ours) return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // kF32's
+  thread_local std::vector<PackBlock> packs;
+  packs.assign(static_cast<std::size_t>(count), nullptr);
+  for (int c = 0; c < count; ++c)  // each part's product as matmul makes it, added in the tree
+    if (!with_reader(parts[c], [&](auto r) { packs[static_cast<std::size_t>(c)] = pack_block<typename decltype(r)::type>; }))
+      return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // kF32's
+  if (kTiles && M > 16 && count <= kTileParts)
+    return matmul_tiles(x, ldx, M, parts, packs.data(), count, n0, n1, y, ldy);
   const KernelTable& self = kTiles ? *amx_bf16_kernels() : *avx512_bf16amx_kernels();
   matmul_tree_by_parts(self, x, ldx, M, parts, count, n0, n1, y, ldy);
 }
@@ -538,8 +625,8 @@ const KernelTable* amx_bf16_kernels() {
     const KernelTable* base = avx512_bf16amx_kernels();
     if (!base || !amx_usable(22)) return nullptr;  // AMX-BF16
     static const KernelTable t{
-        "amx-bf16",         matmul_bf16amx<true>,      base->dot,           base->axpy,   base->dot_rows,
-        base->weighted_sum, matmul_tree_bf16amx<true>, base->widen_fp8_row, base->softmax};
+        "amx-bf16",         matmul_bf16amx<true>,      base->dot,           base->axpy,    base->dot_rows,
+        base->weighted_sum, matmul_tree_bf16amx<true>, base->widen_fp8_row, base->softmax, 1024};
     return &t;
   }();
   return table;

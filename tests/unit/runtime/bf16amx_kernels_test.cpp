@@ -103,7 +103,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
           "[kernels]") {
   const auto tables = tables_here();
   std::mt19937 rng(41);
-  for (const int64_t K : {8, 24, 32, 40, 64, 200, 1024}) {
+  for (const int64_t K : {8, 24, 32, 40, 64, 200, 384, 1024}) {
     for (const int64_t N : {8, 13, 40}) {
       std::vector<uint16_t> bits = bf16_weights(N * K, rng);
       const Matrix raw{bits.data(), DType::kBF16, N, K, false, {}};
@@ -130,21 +130,64 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
       }
       if (K % 64 != 0) continue;  // the row-parallel product: each chunk's product, added in the fixed tree
       const auto chunks = split_columns(raw, 0, kReduceChunks, store);
-      for (const int64_t M : {1, 17}) {
-        const std::vector<float> x = activations(M * K, rng);
-        std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < N; ++n)
-            want[static_cast<std::size_t>(m * N + n)] = test::chunk_tree([&](int c) {
-              return rule_at(x.data() + m * K + chunk_begin(K, c), raw, n, chunk_begin(K, c), K / kReduceChunks);
-            });
-        for (const KernelTable* t : tables) {
-          INFO(t->name << " tree K=" << K << " N=" << N << " M=" << M);
-          t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
-          require_bits(got, want);
+      for (const int count : {1, 2, 4, 8}) {  // chunks [0, count), x's columns for them
+        for (const int64_t M : {1, 17, 40, 70}) {
+          const std::vector<float> x = activations(M * K, rng);
+          std::vector<float> want(static_cast<std::size_t>(M * N));
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              const auto part = [&](int c) {
+                return rule_at(x.data() + m * K + chunk_begin(K, c), raw, n, chunk_begin(K, c), K / kReduceChunks);
+              };
+              const auto tree = [&](const auto& self, int first, int parts) -> float {
+                return parts == 1 ? part(first) : self(self, first, parts / 2) + self(self, first + parts / 2, parts / 2);
+              };
+              want[static_cast<std::size_t>(m * N + n)] = tree(tree, 0, count);
+            }
+          for (const KernelTable* t : tables)
+            for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}}) {
+              INFO(t->name << " tree K=" << K << " N=" << N << " M=" << M << " parts " << count << " columns " << n0
+                           << ".." << n1);
+              std::vector<float> got(want.size(), -7.0f), expect(want.size(), -7.0f);
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = n0; n < n1; ++n)
+                  expect[static_cast<std::size_t>(m * N + n)] = want[static_cast<std::size_t>(m * N + n)];
+              t->matmul_tree(x.data(), K, M, chunks.data(), count, n0, n1, got.data(), N);
+              require_bits(got, expect);
+            }
         }
       }
     }
+  }
+}
+
+TEST_CASE("kBf16Amx over a long K: the AMX table's blocks of rows give the rule's bits", "[kernels]") {
+  // The AMX table multiplies a block of rows at a time whose bf16 copy stays in L2 (~1.5 MiB): a K this long
+  // makes blocks of 32 rows, so 70 rows are three blocks, the last of 6.
+  const auto tables = tables_here();
+  std::mt19937 rng(47);
+  const int64_t K = 32768, N = 10, M = 70;
+  std::vector<uint16_t> bits = bf16_weights(N * K, rng);
+  const Matrix raw{bits.data(), DType::kBF16, N, K, false, {}};
+  PanelStore store;
+  const Matrix w = store.pack(raw);
+  const auto chunks = split_columns(raw, 0, kReduceChunks, store);
+  const std::vector<float> x = activations(M * K, rng);
+  std::vector<float> whole(static_cast<std::size_t>(M * N)), tree(whole.size());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      whole[static_cast<std::size_t>(m * N + n)] = rule_at(x.data() + m * K, raw, n, 0, K);
+      tree[static_cast<std::size_t>(m * N + n)] = test::chunk_tree([&](int c) {
+        return rule_at(x.data() + m * K + chunk_begin(K, c), raw, n, chunk_begin(K, c), K / kReduceChunks);
+      });
+    }
+  for (const KernelTable* t : tables) {
+    INFO(t->name);
+    std::vector<float> got(whole.size(), -7.0f);
+    t->matmul(x.data(), K, M, w, 0, N, got.data(), N);
+    require_bits(got, whole);
+    t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
+    require_bits(got, tree);
   }
 }
 
