@@ -1,5 +1,5 @@
 // bf16 operands of the bf16 tables (kernels_avx512_bf16.cpp,
-// kernels_amx_bf16.cpp): x's rows rounded to bf16, and a panel's k-groups as
+// kernels_avx512_bf16amx.cpp, kernels_amx_bf16.cpp): x's rows rounded to bf16, and a panel's k-groups as
 // bf16 whether the panel holds bf16 weights or 8-bit codes and scales. Included
 // only by files compiled with AVX512-BF16, in an unnamed namespace: each
 // includer has its own copy.

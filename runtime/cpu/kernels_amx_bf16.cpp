@@ -1,23 +1,14 @@
-// The bf16 tile arithmetic (kernels.h, MatmulMode::kBf16Amx) in two tables:
-// "amx-bf16", where Intel's AMX multiplies 16 x 32 bf16 of activations by
-// 32 x 16 of weights into a 16 x 16 tile of float sums in one instruction
-// (tdpbf16ps), and "avx512-bf16amx", the same arithmetic on AVX-512 FMAs,
-// which the AMX table also runs for fewer than kAmxRows rows (decode). This
-// file alone is compiled with -mavx512bf16 -mamx-tile -mamx-bf16; the AMX
-// code runs only where CPUID says AMX-BF16 and Linux grants the tile state.
+// The bf16 tile arithmetic (kernels.h, MatmulMode::kBf16Amx) on Intel's AMX: the "amx-bf16" table, where one
+// instruction (tdpbf16ps) multiplies 16 x 32 bf16 of activations by 32 x 16 of weights into a 16 x 16 tile of
+// float sums, in the order kernels.h states (its FMA twin: kernels_avx512_bf16amx.cpp). This file alone is
+// compiled with -mavx512bf16 -mavx512vbmi -mamx-tile -mamx-bf16; its code runs only where CPUID says AMX-BF16 and
+// Linux grants the tile state.
 //
-// tdpbf16ps, as measured (kernels.h states it; the tests hold both tables to
-// it): for each output, the 16 even-k products of the instruction's 32 k are
-// added in order into one float from +0, the 16 odd-k products into another,
-// and their sum is added to the tile's value; inputs that are subnormal count
-// as 0 and subnormal results are flushed. The FMA path does the same under
-// MXCSR's FTZ and DAZ, set for its duration.
-//
-// Per call on AMX: x's rows rounded to bf16, padded to whole tiles; then for
-// a group of column blocks (16 columns each), their weights rearranged once
-// into the B tiles' layout (the two k of a pair side by side, a row of the
-// tile per pair) and multiplied by every pair of row tiles, 32 k at a time,
-// two column blocks at once (2 x 2 C tiles).
+// More than 16 rows: x's rows rounded to bf16 in tiles; for a group of column blocks (16 columns each), their
+// weights rearranged once into the B tiles' layout (the two k of a pair side by side, a row of the tile per pair)
+// and multiplied by every pair of row tiles, 32 k at a time, two column blocks at once (2 x 2 C tiles); a
+// row-parallel product's parts in turn, their sums added in the tree in L1. Up to 16 rows (decode): one A tile,
+// the weights rearranged 32 k at a time as they stream.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -27,242 +18,11 @@
 #include <vector>
 
 #include "runtime/cpu/amx_tiles.h"
-#include "runtime/cpu/bf16_panels.h"
+#include "runtime/cpu/bf16amx_panels.h"
 #include "runtime/cpu/kernels.h"
 
 namespace tandem::runtime::cpu {
 namespace {
-
-constexpr int kFmaRows = 4;  // rows an FMA tile keeps (3 accumulators each)
-
-// MXCSR's flush-to-zero (results) and, with inputs = true, denormals-are-zero (inputs) while alive. 8-bit
-// panels are read without DAZ: their FP8 codes pass through subnormal floats on the way (quantized_panel.h),
-// and their bf16 values (vcvtne2ps2bf16) are never subnormal.
-class FlushDenormals {
- public:
-  explicit FlushDenormals(bool inputs) {
-    asm volatile("stmxcsr %0" : "=m"(saved_));
-    const unsigned flushed = saved_ | 0x8000u | (inputs ? 0x40u : 0u);
-    asm volatile("ldmxcsr %0" : : "m"(flushed) : "memory");
-  }
-  ~FlushDenormals() { asm volatile("ldmxcsr %0" : : "m"(saved_) : "memory"); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-
- private:
-  unsigned saved_ = 0;
-};
-
-// Lanes [c0, c1) of a 16-column block: the columns a block stores.
-inline __mmask16 columns(int c0, int c1) { return static_cast<__mmask16>(((1u << c1) - 1u) & ~((1u << c0) - 1u)); }
-
-// A panel that is not there (past the columns asked for): zeros.
-struct NoPanel {
-  void load(int64_t, __m512i& lo, __m512i& hi) const { lo = hi = _mm512_setzero_si512(); }
-};
-
-// Two panels' k-group (a: columns 0-7, b: 8-15, each as its reader gives it:
-// lo = columns 0-3, hi = 4-7, a column's 8 k side by side) as 8 vectors of
-// float: v[i] holds w[k + i] of the 16 columns, a bf16 exactly widened.
-class KMajor {
- public:
-  KMajor() {
-    alignas(64) int16_t first[2][32], second[4][32];
-    for (int kk = 0; kk < 4; ++kk) {
-      for (int c = 0; c < 8; ++c) {  // [k 0..3 or 4..7][column 0..7] from the panel's [column][k]
-        first[0][8 * kk + c] = static_cast<int16_t>(8 * c + kk);
-        first[1][8 * kk + c] = static_cast<int16_t>(8 * c + kk + 4);
-      }
-      for (int c = 0; c < 16; ++c) {  // column c's bf16 at k kk into the upper half of dword c
-        second[kk][2 * c] = 0;
-        second[kk][2 * c + 1] = static_cast<int16_t>(c < 8 ? 8 * kk + c : 32 + 8 * kk + c - 8);
-      }
-    }
-    for (int i = 0; i < 2; ++i) first_[i] = _mm512_load_si512(first[i]);
-    for (int i = 0; i < 4; ++i) second_[i] = _mm512_load_si512(second[i]);
-  }
-  void operator()(__m512i alo, __m512i ahi, __m512i blo, __m512i bhi, __m512 (&v)[8]) const {
-    const __m512i a0 = _mm512_permutex2var_epi16(alo, first_[0], ahi),
-                  a1 = _mm512_permutex2var_epi16(alo, first_[1], ahi);
-    const __m512i b0 = _mm512_permutex2var_epi16(blo, first_[0], bhi),
-                  b1 = _mm512_permutex2var_epi16(blo, first_[1], bhi);
-    constexpr __mmask32 kUpper = 0xAAAAAAAAu;
-    for (int kk = 0; kk < 4; ++kk) {
-      v[kk] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(kUpper, a0, second_[kk], b0));
-      v[kk + 4] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(kUpper, a1, second_[kk], b1));
-    }
-  }
-
- private:
-  __m512i first_[2], second_[4];
-};
-
-// An FP8 panel whose 8 rows share each column block's scale (128 x 128 blocks, a tensor's scale): its
-// k-groups as bf16 (what QuantizedPanelReader<kF8E4M3> gives) by table lookup. Per column block, the
-// table holds bf16(code value x scale) for the 128 magnitudes, the product rounded once to float32 and
-// then to bf16 as vcvtneps2bf16 does; a code with its sign bit set is the negated entry (both roundings
-// are symmetric). 64 codes take two byte lookups (vpermt2b) and four shuffles, where the float path
-// takes twenty-odd instructions: FP8 decode is bound by that work, not by memory.
-struct Fp8TableReader {
-  const uint8_t* codes;
-  PanelScales s;
-  __m512i low[2], high[2];  // the entries' low and high bytes, 64 a register
-
-  Fp8TableReader(const Matrix& W, int64_t p) : codes(static_cast<const uint8_t*>(W.data) + W.index(p, 0)), s(W, p) {
-    table();
-  }
-  // Whether every panel of W reads one scale per column block.
-  static bool fits(const Matrix& W) {
-    const Scales& g = W.scales;
-    return W.dtype == DType::kF8E4M3 && ((g.block_rows % 8 == 0 && g.r0 % 8 == 0) || g.r0 + W.rows <= g.block_rows);
-  }
-  // The 128 magnitudes' values, once: exact floats (E4M3's subnormals are normal floats).
-  static const float* magnitudes() {
-    alignas(64) static const auto values = [] {
-      std::array<float, 128> v{};
-      for (int c = 0; c < 128; ++c) v[static_cast<std::size_t>(c)] = f8e4m3_to_f32(static_cast<uint8_t>(c));
-      return v;
-    }();
-    return values.data();
-  }
-  // Rebuilt at every column block (8 x 128 weights of a 128 x 128-block checkpoint): in registers.
-  void table() {
-    const float* m = magnitudes();
-    const __m512 scale = _mm512_set1_ps(s.at(0));
-    for (int i = 0; i < 2; ++i) {  // entries 64 i .. 64 i + 63
-      __m256i lo[2], hi[2];
-      for (int j = 0; j < 2; ++j) {
-        const float* v = m + 64 * i + 32 * j;  // one rounding each, then to bf16
-        const __m512i words = _mm512_inserti64x4(
-            _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(v), scale))),
-            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(v + 16), scale)), 1);
-        lo[j] = _mm512_cvtepi16_epi8(words);
-        hi[j] = _mm512_cvtepi16_epi8(_mm512_srli_epi16(words, 8));
-      }
-      low[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[0]), lo[1], 1);
-      high[i] = _mm512_inserti64x4(_mm512_castsi256_si512(hi[0]), hi[1], 1);
-    }
-  }
-  // k-group k's 64 entries as their low bytes l and high bytes h, in the codes' order (row r, column j at 8r + j).
-  __attribute__((always_inline)) inline void lookup(int64_t k, __m512i& l, __m512i& h) {
-    if (k >= s.next) {
-      s.advance();
-      table();
-    }
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 1024), _MM_HINT_T0);  // one stream, fetched ahead
-    const __m512i c = _mm512_loadu_si512(codes + 8 * k);
-    l = _mm512_permutex2var_epi8(low[0], c, low[1]);  // bit 7 (the sign) not an index bit
-    h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high[0], c, high[1]), c,
-                                  _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // | sign
-  }
-  __attribute__((always_inline)) inline void load(int64_t k, __m512i& out_lo, __m512i& out_hi) {
-    __m512i l, h;
-    lookup(k, l, h);
-    // unpack works per 128-bit lane: a = codes 0-7, 16-23, 32-39, 48-55 as words, b = 8-15, 24-31, ...
-    const __m512i a = _mm512_unpacklo_epi8(l, h), b = _mm512_unpackhi_epi8(l, h);
-    out_lo = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), b);
-    out_hi = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), b);
-  }
-};
-
-// x's rows rounded to bf16 (rows_as_bf16), as floats: row m at out + m * K.
-const float* rows_as_bf16_floats(const float* x, int64_t ldx, int64_t M, int64_t K, LineVector<uint16_t>& tmp,
-                                 std::vector<float>& out) {
-  const uint16_t* h = rows_as_bf16(x, ldx, M, K, tmp);
-  out.resize(static_cast<std::size_t>(M * K));
-  int64_t i = 0;
-  for (; i + 16 <= M * K; i += 16)
-    _mm512_storeu_ps(out.data() + i,
-                     _mm512_castsi512_ps(_mm512_slli_epi32(
-                         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))), 16)));
-  for (; i < M * K; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
-    std::memcpy(&out[static_cast<std::size_t>(i)], &bits, 4);
-  }
-  return out.data();
-}
-
-// MR rows of x (bf16 values as floats) against 16 columns, the rule in
-// registers: per block of 32 k, E and O from +0, t += E + O.
-template <int MR, class A, class B>
-void fma_tile(const float* x, int64_t ldx, A& a, B& b, int64_t K, const KMajor& km, float* y, int64_t ldy, int c0,
-              int c1) {
-  __m512 t[MR], e[MR], o[MR];
-  for (int m = 0; m < MR; ++m) t[m] = _mm512_setzero_ps();
-  for (int64_t kb = 0; kb < K; kb += 32) {
-    for (int m = 0; m < MR; ++m) e[m] = o[m] = _mm512_setzero_ps();
-    const int64_t ke = std::min<int64_t>(K, kb + 32);
-    for (int64_t k = kb; k < ke; k += 8) {
-      __m512i alo, ahi, blo, bhi;
-      a.load(k, alo, ahi);
-      b.load(k, blo, bhi);
-      __m512 v[8];
-      km(alo, ahi, blo, bhi, v);
-      for (int m = 0; m < MR; ++m) {
-        const float* xm = x + m * ldx + k;
-        for (int i = 0; i < 8; i += 2) {
-          e[m] = _mm512_fmadd_ps(_mm512_set1_ps(xm[i]), v[i], e[m]);
-          o[m] = _mm512_fmadd_ps(_mm512_set1_ps(xm[i + 1]), v[i + 1], o[m]);
-        }
-      }
-    }
-    if (ke - kb < 32) {  // the block's padding: products +0 (-0 + +0 is +0)
-      for (int m = 0; m < MR; ++m) {
-        e[m] = _mm512_add_ps(e[m], _mm512_setzero_ps());
-        o[m] = _mm512_add_ps(o[m], _mm512_setzero_ps());
-      }
-    }
-    for (int m = 0; m < MR; ++m) t[m] = _mm512_add_ps(t[m], _mm512_add_ps(e[m], o[m]));
-  }
-  const __mmask16 mask = columns(c0, c1);
-  for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy, mask, t[m]);
-}
-
-template <class A, class B>
-void fma_rows(int64_t mr, const float* x, int64_t ldx, A& a, B& b, int64_t K, const KMajor& km, float* y, int64_t ldy,
-              int c0, int c1) {
-  switch (mr) {
-    case 4: return fma_tile<4>(x, ldx, a, b, K, km, y, ldy, c0, c1);
-    case 3: return fma_tile<3>(x, ldx, a, b, K, km, y, ldy, c0, c1);
-    case 2: return fma_tile<2>(x, ldx, a, b, K, km, y, ldy, c0, c1);
-    default: return fma_tile<1>(x, ldx, a, b, K, km, y, ldy, c0, c1);
-  }
-}
-
-// Columns [n0, n1) in blocks of 16 (two panels; a second past n1 absent),
-// every column of a block computed, [n0, n1) stored.
-template <class Block>
-void for_blocks(int64_t n0, int64_t n1, const Block& block) {
-  for (int64_t p = n0 / 8 * 8; p < n1; p += 16) {
-    const int c0 = static_cast<int>(std::max<int64_t>(n0, p) - p);
-    const int c1 = static_cast<int>(std::min<int64_t>(n1, p + 16) - p);
-    block(p, p + 8 < n1, c0, c1);
-  }
-}
-
-template <class Reader>
-void matmul_fma(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
-                int64_t ldy) {
-  const int64_t K = W.cols;
-  thread_local LineVector<uint16_t> tmp;
-  thread_local std::vector<float> xf;
-  const float* xr = rows_as_bf16_floats(x, ldx, M, K, tmp, xf);
-  const KMajor km;
-  const FlushDenormals flush(std::is_same_v<Reader, Bf16PanelReader>);
-  for_blocks(n0, n1, [&](int64_t p, bool two, int c0, int c1) {
-    for (int64_t m = 0; m < M; m += kFmaRows) {
-      const int64_t mr = std::min<int64_t>(kFmaRows, M - m);
-      Reader a(W, p);
-      if (two) {
-        Reader b(W, p + 8);
-        fma_rows(mr, xr + m * K, K, a, b, K, km, y + m * ldy + p, ldy, c0, c1);
-      } else {
-        NoPanel b;
-        fma_rows(mr, xr + m * K, K, a, b, K, km, y + m * ldy + p, ldy, c0, c1);
-      }
-    }
-  });
-}
 
 // Two panels (the second may be absent: zeros) in the B tiles' layout: row p
 // holds the 16 columns' pair (w[2p], w[2p + 1]), 64 bytes; Kp / 2 rows, those
@@ -434,9 +194,9 @@ void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const Col
   }
 }
 
-// More than 16 rows: y = the tree over parts c (count a power of two, at most kTileParts; one part: its product) of x's columns for
-// part c (following part c - 1's) times parts[c], packs[c] rearranging its weights. x's rows rounded to bf16 in
-// tiles, part by part; then for a group of column blocks (16 columns each, all the parts' k), their weights
+// More than 16 rows: y = the tree over parts c (count a power of two, at most kTileParts; one part: its product) of x's
+// columns for part c (following part c - 1's) times parts[c], packs[c] rearranging its weights. x's rows rounded to
+// bf16 in tiles, part by part; then for a group of column blocks (16 columns each, all the parts' k), their weights
 // rearranged once into the B tiles' layout (~512 KiB) and multiplied by every pair of row tiles, two column blocks
 // at once. A row-parallel product's partials never leave L1 (matmul_tree_by_parts wrote each part's M x N to
 // memory and added them there).
@@ -479,7 +239,8 @@ void tiles_block(const float* x, int64_t ldx, int64_t M, const Matrix* parts, co
         continue;
       }
       for (int c = 0; c < count; ++c)
-        packs[c](parts[c], p, n1, 32 * tp[static_cast<std::size_t>(c)].steps, b + tp[static_cast<std::size_t>(c)].offset);
+        packs[c](parts[c], p, n1, 32 * tp[static_cast<std::size_t>(c)].steps,
+                 b + tp[static_cast<std::size_t>(c)].offset);
       blocks.push_back(
           {b, static_cast<int>(std::max<int64_t>(n0, p) - p), static_cast<int>(std::min<int64_t>(n1, p + 16) - p)});
     }
@@ -556,77 +317,42 @@ void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   _mm256_zeroupper();
 }
 
-// Calls f(std::type_identity<Reader>{}) with the reader of W's panels under this arithmetic (8-bit panels: their
-// values rounded to bf16; bf16 panels as they are); false, calling nothing, for weights the f32 table takes.
-template <class F>
-bool with_reader(const Matrix& W, F&& f) {
-  if (W.quantized() && quantized_panels_ok(W)) {
-    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
-    if (vbmi && Fp8TableReader::fits(W))
-      f(std::type_identity<Fp8TableReader>{});
-    else if (W.dtype == DType::kF8E4M3)
-      f(std::type_identity<QuantizedPanelReader<DType::kF8E4M3>>{});
-    else
-      f(std::type_identity<QuantizedPanelReader<DType::kI8>>{});
-    return true;
-  }
-  if (!W.panels || W.dtype != DType::kBF16) return false;
-  f(std::type_identity<Bf16PanelReader>{});
-  return true;
-}
-
-template <bool kTiles>
-void matmul_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
-                    int64_t ldy) {
+void matmul_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+                     int64_t ldy) {
   const bool ours = with_reader(W, [&](auto r) {
     using Reader = typename decltype(r)::type;
-    if (kTiles && M > 16) {
+    if (M > 16) {
       const PackBlock pack = pack_block<Reader>;
       matmul_tiles(x, ldx, M, &W, &pack, 1, n0, n1, y, ldy);
-    } else if (kTiles) {
-      matmul_rows16<Reader>(x, ldx, M, W, n0, n1, y, ldy);
     } else {
-      matmul_fma<Reader>(x, ldx, M, W, n0, n1, y, ldy);
+      matmul_rows16<Reader>(x, ldx, M, W, n0, n1, y, ldy);
     }
   });
   if (!ours) avx512_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);  // kF32's
 }
 
-template <bool kTiles>
-void matmul_tree_bf16amx(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0, int64_t n1,
-                         float* y, int64_t ldy) {
+void matmul_tree_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0,
+                          int64_t n1, float* y, int64_t ldy) {
   thread_local std::vector<PackBlock> packs;
   packs.assign(static_cast<std::size_t>(count), nullptr);
-  for (int c = 0; c < count; ++c)  // each part's product as matmul makes it, added in the tree
-    if (!with_reader(parts[c], [&](auto r) { packs[static_cast<std::size_t>(c)] = pack_block<typename decltype(r)::type>; }))
+  for (int c = 0; c < count; ++c) {  // each part's product as matmul makes it, added in the tree
+    PackBlock& pack = packs[static_cast<std::size_t>(c)];
+    if (!with_reader(parts[c], [&](auto r) { pack = pack_block<typename decltype(r)::type>; }))
       return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // kF32's
-  if (kTiles && M > 16 && count <= kTileParts)
-    return matmul_tiles(x, ldx, M, parts, packs.data(), count, n0, n1, y, ldy);
-  const KernelTable& self = kTiles ? *amx_bf16_kernels() : *avx512_bf16amx_kernels();
-  matmul_tree_by_parts(self, x, ldx, M, parts, count, n0, n1, y, ldy);
+  }
+  if (M > 16 && count <= kTileParts) return matmul_tiles(x, ldx, M, parts, packs.data(), count, n0, n1, y, ldy);
+  matmul_tree_by_parts(*amx_bf16_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
 }
 
 }  // namespace
-
-const KernelTable* avx512_bf16amx_kernels() {
-  static const KernelTable* table = []() -> const KernelTable* {
-    const KernelTable* base = avx512_kernels();
-    if (!base || !__builtin_cpu_supports("avx512bf16")) return nullptr;
-    static const KernelTable t{
-        "avx512-bf16amx",   matmul_bf16amx<false>,      base->dot,           base->axpy,   base->dot_rows,
-        base->weighted_sum, matmul_tree_bf16amx<false>, base->widen_fp8_row, base->softmax};
-    return &t;
-  }();
-  return table;
-}
 
 const KernelTable* amx_bf16_kernels() {
   static const KernelTable* table = []() -> const KernelTable* {
     const KernelTable* base = avx512_bf16amx_kernels();
     if (!base || !amx_usable(22)) return nullptr;  // AMX-BF16
     static const KernelTable t{
-        "amx-bf16",         matmul_bf16amx<true>,      base->dot,           base->axpy,    base->dot_rows,
-        base->weighted_sum, matmul_tree_bf16amx<true>, base->widen_fp8_row, base->softmax, 1024};
+        "amx-bf16",         matmul_amx_bf16,      base->dot,           base->axpy,    base->dot_rows,
+        base->weighted_sum, matmul_tree_amx_bf16, base->widen_fp8_row, base->softmax, 1024};
     return &t;
   }();
   return table;
