@@ -135,7 +135,8 @@ struct TilePart {
   int64_t offset;
 };
 
-constexpr int kTreeLevels = 8;  // partials on a tree's stack: up to kTileParts parts
+constexpr int64_t kStreamRows = 32;  // up to these rows (decode), matmul_stream; more, matmul_tiles
+constexpr int kTreeLevels = 8;       // partials on a tree's stack: up to kTileParts parts
 constexpr int kTileParts = 1 << (kTreeLevels - 1);
 
 // Row tiles 2 t and 2 t + 1 against two column blocks (C tiles 0-3, 2 x 2 of 16 x 16; A in 4-5, B in 6-7), for
@@ -266,20 +267,26 @@ void matmul_tiles(const float* x, int64_t ldx, int64_t M, const Matrix* parts, c
     tiles_block(x + r0 * ldx, ldx, std::min(rows, M - r0), parts, packs, count, n0, n1, y + r0 * ldy, ldy);
 }
 
-// Up to 16 rows (decode): one A tile of M rows; for each pair of column blocks, 32 k at a time, their B tiles
-// rearranged into a 2 KiB slab (in L1) and multiplied at once, the weights streamed once.
+// Up to 32 rows (decode): one A tile of M rows (two: 16 and M - 16); for each four panels (32 columns), 32 k at
+// a time, their B tiles rearranged into a 2 KiB slab (in L1) and multiplied at once, the weights streamed once.
+// (The groups of matmul_tiles wrote each weight into a 512 KiB buffer first: at 32 rows, a decode step of 32
+// sequences, that took more time than the tiles.)
 template <class Reader>
-void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
+void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
   const int64_t K = W.cols, Kp = (K + 31) / 32 * 32;
   thread_local LineVector<uint16_t> xb;
   rows_as_bf16(x, ldx, M, K, xb, Kp, M);
   alignas(64) uint16_t slabs[2][2][16 * 32];  // two in turn: a step's rearranging never waits for the last tile loads
-  alignas(64) float c[2][16 * 16];
-  configure_tiles(static_cast<int>(M));
+  alignas(64) float c[4][16 * 16];            // C tiles 0-1: rows 0-15, 2-3: rows 16 on; A tiles 4, 5
+  const bool two = M > 16;
+  configure_tiles(static_cast<int>(std::min<int64_t>(M, 16)), static_cast<int>(two ? M - 16 : 16));
+  const uint16_t* second = xb.data() + 16 * Kp;
   for (int64_t p = n0 / 8 * 8; p < n1; p += 32) {
     _tile_zero(0);
     _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
     const bool has[4] = {true, p + 8 < n1, p + 16 < n1, p + 24 < n1};
     Reader r[4] = {Reader(W, p), Reader(W, has[1] ? p + 8 : p), Reader(W, has[2] ? p + 16 : p),
                    Reader(W, has[3] ? p + 24 : p)};
@@ -298,19 +305,29 @@ void matmul_rows16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
       _tile_loadd(4, xb.data() + k, Kp * 2);
       _tile_loadd(6, slab[0], 64);
       _tile_dpbf16ps(0, 4, 6);
+      if (two) {
+        _tile_loadd(5, second + k, Kp * 2);
+        _tile_dpbf16ps(2, 5, 6);
+      }
       if (has[2]) {
         _tile_loadd(7, slab[1], 64);
         _tile_dpbf16ps(1, 4, 7);
+        if (two) _tile_dpbf16ps(3, 5, 7);
       }
     }
     _tile_stored(0, c[0], 64);
     if (has[2]) _tile_stored(1, c[1], 64);
+    if (two) {
+      _tile_stored(2, c[2], 64);
+      if (has[2]) _tile_stored(3, c[3], 64);
+    }
     for (int j = 0; j < 2 && has[2 * j]; ++j) {
       const int64_t first = p + 16 * j;
       const int c0 = static_cast<int>(std::max<int64_t>(n0, first) - first);
       const int c1 = static_cast<int>(std::min<int64_t>(n1, first + 16) - first);
       const __mmask16 mask = columns(c0, c1);
-      for (int64_t m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * ldy + first, mask, _mm512_load_ps(c[j] + 16 * m));
+      for (int64_t m = 0; m < M; ++m)
+        _mm512_mask_storeu_ps(y + m * ldy + first, mask, _mm512_load_ps(c[j + (m < 16 ? 0 : 2)] + 16 * (m % 16)));
     }
   }
   _tile_release();
@@ -321,11 +338,11 @@ void matmul_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix& W, in
                      int64_t ldy) {
   const bool ours = with_reader(W, [&](auto r) {
     using Reader = typename decltype(r)::type;
-    if (M > 16) {
+    if (M > kStreamRows) {
       const PackBlock pack = pack_block<Reader>;
       matmul_tiles(x, ldx, M, &W, &pack, 1, n0, n1, y, ldy);
     } else {
-      matmul_rows16<Reader>(x, ldx, M, W, n0, n1, y, ldy);
+      matmul_stream<Reader>(x, ldx, M, W, n0, n1, y, ldy);
     }
   });
   if (!ours) avx512_kernels()->matmul(x, ldx, M, W, n0, n1, y, ldy);  // kF32's
@@ -340,7 +357,8 @@ void matmul_tree_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix* 
     if (!with_reader(parts[c], [&](auto r) { pack = pack_block<typename decltype(r)::type>; }))
       return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // kF32's
   }
-  if (M > 16 && count <= kTileParts) return matmul_tiles(x, ldx, M, parts, packs.data(), count, n0, n1, y, ldy);
+  if (M > kStreamRows && count <= kTileParts)
+    return matmul_tiles(x, ldx, M, parts, packs.data(), count, n0, n1, y, ldy);
   matmul_tree_by_parts(*amx_bf16_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
 }
 

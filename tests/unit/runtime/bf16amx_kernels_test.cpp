@@ -110,7 +110,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
       PanelStore store;
       const Matrix w = store.pack(raw);
       REQUIRE(w.panels);
-      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 33, 40}) {
+      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 28, 32, 33, 40}) {
         const std::vector<float> x = activations(M * K, rng);
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}, {N / 2, N / 2 + 1}}) {
           std::vector<float> want(static_cast<std::size_t>(M * N), -7.0f), got(want.size(), -7.0f);
@@ -131,7 +131,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
       if (K % 64 != 0) continue;  // the row-parallel product: each chunk's product, added in the fixed tree
       const auto chunks = split_columns(raw, 0, kReduceChunks, store);
       for (const int count : {1, 2, 4, 8}) {  // chunks [0, count), x's columns for them
-        for (const int64_t M : {1, 17, 40, 70}) {
+        for (const int64_t M : {1, 17, 32, 40, 70}) {
           const std::vector<float> x = activations(M * K, rng);
           std::vector<float> want(static_cast<std::size_t>(M * N));
           for (int64_t m = 0; m < M; ++m)
@@ -212,7 +212,7 @@ TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout
     for (const auto& c : test::layout_cases(w.q, store)) {
       if (!c.q.panels) continue;  // row-major 8-bit: kF32's products (below)
       const int64_t n = c.q.rows, k = c.q.cols;
-      for (const int64_t M : {1, 5, 16, 17, 40}) {
+      for (const int64_t M : {1, 5, 16, 17, 31, 40}) {
         const std::vector<float> x = activations(M * k, rng);
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 2}, {8, 16}}) {
           std::vector<float> want(static_cast<std::size_t>(M * n), -7.0f), got(want.size(), -7.0f);
