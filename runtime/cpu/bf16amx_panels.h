@@ -76,7 +76,8 @@ struct Fp8TableReader {
       s.advance();
       table();
     }
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 1024), _MM_HINT_T0);  // one stream, fetched ahead
+    // one stream, fetched 16 KiB ahead (1 KiB: FP8 decode of one sequence 23 tok/s on the bench model, 16 KiB 27)
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 16384), _MM_HINT_T0);
     const __m512i c = _mm512_loadu_si512(codes + 8 * k);
     l = _mm512_permutex2var_epi8(low[0], c, low[1]);  // bit 7 (the sign) not an index bit
     h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high[0], c, high[1]), c,

@@ -87,7 +87,7 @@ struct QPanel {
       s.advance();
       scales();
     }
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 1024), _MM_HINT_T0);  // one stream, fetched ahead
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 16384), _MM_HINT_T0);  // one stream, 16 KiB ahead
     for (int p = 0; p < 4; ++p) {
       const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 8 * k + 16 * p)));
       if constexpr (D == DType::kF8E4M3) {
