@@ -76,7 +76,8 @@ inline void block_products(const float* x, int64_t ldx, const uint8_t* codes, in
                            __m512 so, __m512 (&acc)[MR][4]) {
   const Fp8Group widen;
   for (int64_t k = k0; k < k1; k += 8) {
-    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 16384), _MM_HINT_T0);  // one stream, 16 KiB ahead (1 KiB: -5%)
+    // one stream, 16 KiB ahead (1 KiB: FP8 decode 5% slower)
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 8 * k + 16384), _MM_HINT_T0);
     __m512 w[4];
     widen(codes + 8 * k, w);
     for (int i = 0; i < 4; ++i) {
