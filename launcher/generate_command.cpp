@@ -11,6 +11,7 @@
 #include "launcher/run/job_checks.h"
 #include "router/batch_request.h"
 #include "runtime/service/worker_core.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/weights.h"
 

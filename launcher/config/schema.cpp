@@ -87,8 +87,8 @@ std::vector<KeySpec> build_schema() {
                "CPU), bf16 (activations rounded to bf16, AVX512-BF16 dot products: about 1.7x the prefill on Zen 4, other "
                "bits; docs/engine.md), bf16-amx (activations rounded to bf16, the sums in the order of AMX's tiles: "
                "about 3x the prefill of bf16 and FP8 checkpoints on Xeons since Sapphire Rapids, the same bits on any "
-               "AVX512-BF16 CPU) or int8 (INT8 checkpoints: activations quantized per token, AVX512-VNNI integer "
-               "products, the W8A8 recipe; docs/quantization.md).")
+               "CPU with AVX512-BF16 and VBMI) or int8 (INT8 checkpoints: activations quantized per token, "
+               "AVX512-VNNI integer products, the W8A8 recipe; docs/quantization.md).")
           ,
       key("model", "gpu_matmul", &C::model, &ModelConfig::gpu_matmul)
           .choices({"auto", "fp8"})

@@ -41,7 +41,8 @@ void check_files(Prepared& p);
 // of it. Throws tandem::Error (one line).
 void check_backend(const Prepared& p, int ranks);
 // model.cpu_matmul's kernels chosen for this process (f32, bf16, bf16-amx, int8), for model m at `path`, loaded
-// as model.dtype `load_as` ("": as the checkpoint is, no conversion offered). Throws tandem::Error (one line) where the CPU or the model cannot take them.
+// as model.dtype `load_as` ("": as the checkpoint is, no conversion offered). Throws tandem::Error (one line)
+// where the CPU or the model cannot take them.
 void use_cpu_matmul(const std::string& choice, const runtime::ModelConfig& m, const std::string& path,
                     const std::string& load_as);
 // A worker rank's KV layout: kv.dtype resolved (auto: f32 on the CPU; on a

@@ -281,8 +281,8 @@ void use_kernels(MatmulMode mode) {
   if (mode == MatmulMode::kBf16Amx) {
     chosen = amx_bf16_kernels() ? amx_bf16_kernels() : avx512_bf16amx_kernels();
     if (!chosen)
-      throw Error("model.cpu_matmul = \"bf16-amx\" needs a CPU with AVX512-BF16 (AMX-BF16 to be fast: "
-                  "Sapphire Rapids and later), and this one has none; use \"f32\"");
+      throw Error("model.cpu_matmul = \"bf16-amx\" needs a CPU with AVX512-BF16 and AVX512-VBMI (Zen 4, Sapphire "
+                  "Rapids and later; AMX-BF16 to be fast), and this one lacks them; use \"f32\"");
     return;
   }
   chosen = avx512_bf16_kernels();

@@ -147,10 +147,10 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     product (bf16 subnormals read as 0, subnormal results flushed to signed
 //     zero); the output t, from +0, becomes t + (E + O) block by block, those
 //     adds flushing likewise. Where the CPU has AMX-BF16 (and Linux grants
-//     it), products of 16 rows or more run on its tiles, whose peak is many
-//     times the FMA units'; fewer rows, and every row elsewhere, on AVX-512
-//     FMAs in the same order: the same bits on every CPU with AVX-512. Batch
-//     invariance and the row-parallel tree hold as in kBf16Dot.
+//     it), products run on its tiles, whose peak is many times the FMA
+//     units'; elsewhere on AVX-512 FMAs in the same order (AVX512-BF16 and
+//     VBMI): the same bits on every such CPU. Batch invariance and the
+//     row-parallel tree hold as in kBf16Dot.
 enum class MatmulMode { kF32, kBf16Dot, kInt8Dot, kBf16Amx };
 
 // Whether CPUID.(7, 0):EDX has AMX-TILE and bit `feature` (22 AMX-BF16, 25

@@ -4,11 +4,11 @@
 // compiled with -mavx512bf16 -mavx512vbmi -mamx-tile -mamx-bf16; its code runs only where CPUID says AMX-BF16 and
 // Linux grants the tile state.
 //
-// More than 16 rows: x's rows rounded to bf16 in tiles; for a group of column blocks (16 columns each), their
+// More than 32 rows: x's rows rounded to bf16 in tiles; for a group of column blocks (16 columns each), their
 // weights rearranged once into the B tiles' layout (the two k of a pair side by side, a row of the tile per pair)
 // and multiplied by every pair of row tiles, 32 k at a time, two column blocks at once (2 x 2 C tiles); a
-// row-parallel product's parts in turn, their sums added in the tree in L1. Up to 16 rows (decode): one A tile,
-// the weights rearranged 32 k at a time as they stream.
+// row-parallel product's parts in turn, their sums added in the tree in L1. Up to 32 rows (decode): one or two A
+// tiles, the weights rearranged 32 k at a time as they stream.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -195,7 +195,7 @@ void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const Col
   }
 }
 
-// More than 16 rows: y = the tree over parts c (count a power of two, at most kTileParts; one part: its product) of x's
+// More than 32 rows: y = the tree over parts c (count a power of two, at most kTileParts; one part: its product) of x's
 // columns for part c (following part c - 1's) times parts[c], packs[c] rearranging its weights. x's rows rounded to
 // bf16 in tiles, part by part; then for a group of column blocks (16 columns each, all the parts' k), their weights
 // rearranged once into the B tiles' layout (~512 KiB) and multiplied by every pair of row tiles, two column blocks
@@ -281,7 +281,7 @@ void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   alignas(64) float c[4][16 * 16];            // C tiles 0-1: rows 0-15, 2-3: rows 16 on; A tiles 4, 5
   const bool two = M > 16;
   configure_tiles(static_cast<int>(std::min<int64_t>(M, 16)), static_cast<int>(two ? M - 16 : 16));
-  const uint16_t* second = xb.data() + 16 * Kp;
+  const uint16_t* second = two ? xb.data() + 16 * Kp : nullptr;
   for (int64_t p = n0 / 8 * 8; p < n1; p += 32) {
     _tile_zero(0);
     _tile_zero(1);
@@ -336,6 +336,7 @@ void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
 
 void matmul_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix& W, int64_t n0, int64_t n1, float* y,
                      int64_t ldy) {
+  if (M <= 0) return;  // no rows: no tile of 0 rows to configure
   const bool ours = with_reader(W, [&](auto r) {
     using Reader = typename decltype(r)::type;
     if (M > kStreamRows) {
@@ -350,16 +351,27 @@ void matmul_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix& W, in
 
 void matmul_tree_amx_bf16(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0,
                           int64_t n1, float* y, int64_t ldy) {
+  if (M <= 0) return;
+  // Another table's tree (or the parts one at a time) takes the rows that table asks for a call: this table's
+  // 1024 rows would be that many rows of partials in memory.
+  const auto in_blocks = [&](auto&& tree) {
+    const int64_t rows = avx512_kernels()->tree_rows;
+    for (int64_t r0 = 0; r0 < M; r0 += rows) tree(x + r0 * ldx, std::min(rows, M - r0), y + r0 * ldy);
+  };
   thread_local std::vector<PackBlock> packs;
   packs.assign(static_cast<std::size_t>(count), nullptr);
   for (int c = 0; c < count; ++c) {  // each part's product as matmul makes it, added in the tree
     PackBlock& pack = packs[static_cast<std::size_t>(c)];
     if (!with_reader(parts[c], [&](auto r) { pack = pack_block<typename decltype(r)::type>; }))
-      return avx512_kernels()->matmul_tree(x, ldx, M, parts, count, n0, n1, y, ldy);  // kF32's
+      return in_blocks([&](const float* xb, int64_t rb, float* yb) {  // kF32's
+        avx512_kernels()->matmul_tree(xb, ldx, rb, parts, count, n0, n1, yb, ldy);
+      });
   }
   if (M > kStreamRows && count <= kTileParts)
     return matmul_tiles(x, ldx, M, parts, packs.data(), count, n0, n1, y, ldy);
-  matmul_tree_by_parts(*amx_bf16_kernels(), x, ldx, M, parts, count, n0, n1, y, ldy);
+  in_blocks([&](const float* xb, int64_t rb, float* yb) {
+    matmul_tree_by_parts(*amx_bf16_kernels(), xb, ldx, rb, parts, count, n0, n1, yb, ldy);
+  });
 }
 
 }  // namespace

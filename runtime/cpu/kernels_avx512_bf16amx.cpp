@@ -1,6 +1,7 @@
 // The bf16 tile arithmetic (kernels.h, MatmulMode::kBf16Amx) on AVX-512 FMAs: the "avx512-bf16amx" table, for
-// any CPU with AVX512-BF16 (the same bits as AMX's tiles, kernels_amx_bf16.cpp; Zen 4 nodes give what Sapphire
-// Rapids nodes give). This file alone is compiled with -mavx512bf16 -mavx512vbmi.
+// any CPU with AVX512-BF16 and AVX512-VBMI (the same bits as AMX's tiles, kernels_amx_bf16.cpp; Zen 4 nodes give
+// what Sapphire Rapids nodes give). This file alone is compiled with -mavx512bf16 -mavx512vbmi, so the table needs
+// both (Cooper Lake, BF16 without VBMI, has neither table).
 //
 // tdpbf16ps, as measured (kernels.h states it; the tests hold both tables to
 // it): for each output, the 16 even-k products of the instruction's 32 k are
@@ -196,7 +197,7 @@ void matmul_tree_fma_table(const float* x, int64_t ldx, int64_t M, const Matrix*
 const KernelTable* avx512_bf16amx_kernels() {
   static const KernelTable* table = []() -> const KernelTable* {
     const KernelTable* base = avx512_kernels();
-    if (!base || !__builtin_cpu_supports("avx512bf16")) return nullptr;
+    if (!base || !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512vbmi")) return nullptr;
     static const KernelTable t{
         "avx512-bf16amx",   matmul_fma_table,      base->dot,           base->axpy,   base->dot_rows,
         base->weighted_sum, matmul_tree_fma_table, base->widen_fp8_row, base->softmax};

@@ -232,6 +232,27 @@ TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout
       }
     }
   }
+  // The row-parallel product of 8-bit parts (FP8 blocks through the table reader, INT8 channels): each chunk's
+  // product, added in the fixed tree, on the tiles above 32 rows.
+  for (const Grid& g : {Grid{DType::kF8E4M3, 128, 128}, Grid{DType::kI8, 1, K}}) {
+    QuantMatrix w(g.dt, N, K, g.br, g.bc, rng, g.lo, g.hi, g.max_code);
+    PanelStore store;
+    const auto chunks = split_columns(w.q, 0, kReduceChunks, store);
+    for (const int64_t M : {5, 40, 70}) {
+      const std::vector<float> x = activations(M * K, rng);
+      std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size(), -7.0f);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < N; ++j)
+          want[static_cast<std::size_t>(m * N + j)] = test::chunk_tree([&](int c) {
+            return rule_at(x.data() + m * K + chunk_begin(K, c), w.f, j, chunk_begin(K, c), K / kReduceChunks);
+          });
+      for (const KernelTable* t : tables) {
+        INFO(t->name << " tree " << dtype_name(g.dt) << " M=" << M);
+        t->matmul_tree(x.data(), K, M, chunks.data(), kReduceChunks, 0, N, got.data(), N);
+        require_bits(got, want);
+      }
+    }
+  }
   // Weights not in panels (row-major 8-bit, f32): the FP32 products, bitwise.
   std::uniform_real_distribution<float> u(-1, 1);
   QuantMatrix w(DType::kF8E4M3, 40, 256, 128, 128, rng);
