@@ -186,7 +186,7 @@ void CpuModel::row_parallel(const float* x, int64_t rows, const std::vector<Matr
   threads_.run(threads, [&](int64_t t) {
     const auto [n0, n1] = column_range(n, threads, t);
     if (n0 >= n1) return;
-    const int64_t block = kern_.tree_rows;  // bounds the partials of a table without a fused kernel
+    const int64_t block = kern_.tree_rows;  // rows a call, as the table asks (kernels.h)
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
       const int64_t rb = std::min(block, rows - r0);
       kern_.matmul_tree(x + r0 * k, k, rb, parts.data(), static_cast<int>(parts.size()), n0, n1, y + r0 * n, n);

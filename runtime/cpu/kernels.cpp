@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "runtime/cpu/row_parallel.h"
 
 namespace tandem::runtime::cpu {
 
@@ -22,23 +23,20 @@ void matmul_tree_by_parts(const KernelTable& table, const float* x, int64_t ldx,
                           int count, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   thread_local std::vector<std::vector<float>> slots;
   const auto size = static_cast<std::size_t>(M * n1);
-  std::vector<int> levels;  // of the partials on the stack, bottom first
+  TreeLevels levels;  // of the partials on the stack, slots[i] at position i
   int64_t k0 = 0;
   for (int c = 0; c < count; ++c) {
-    const std::size_t top = levels.size();
+    const auto top = static_cast<std::size_t>(levels.depth());
     if (slots.size() <= top) slots.resize(top + 1);
     if (slots[top].size() < size) slots[top].resize(size);
     table.matmul(x + k0, ldx, M, parts[c], n0, n1, slots[top].data(), n1);
     k0 += parts[c].cols;
-    levels.push_back(0);
-    while (levels.size() >= 2 && levels[levels.size() - 1] == levels[levels.size() - 2]) {
-      float* left = slots[levels.size() - 2].data();
-      const float* right = slots[levels.size() - 1].data();
+    levels.push([&](int l, int r) {
+      float* left = slots[static_cast<std::size_t>(l)].data();
+      const float* right = slots[static_cast<std::size_t>(r)].data();
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = n0; n < n1; ++n) left[m * n1 + n] += right[m * n1 + n];
-      levels.pop_back();
-      ++levels.back();
-    }
+    });
   }
   for (int64_t m = 0; m < M; ++m) std::copy(slots[0].data() + m * n1 + n0, slots[0].data() + m * n1 + n1, y + m * ldy + n0);
 }

@@ -20,6 +20,7 @@
 #include "runtime/cpu/amx_tiles.h"
 #include "runtime/cpu/bf16amx_panels.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/cpu/row_parallel.h"
 
 namespace tandem::runtime::cpu {
 namespace {
@@ -145,8 +146,7 @@ constexpr int kTileParts = 1 << (kTreeLevels - 1);
 void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const ColumnBlock& b0, const ColumnBlock& b1,
                float* y, int64_t ldy) {
   alignas(64) float slot[kTreeLevels][4][16 * 16];
-  int level[kTreeLevels];
-  int depth = 0;
+  TreeLevels levels;
   for (int c = 0; c < count; ++c) {
     const TilePart& part = parts[c];
     _tile_zero(0);
@@ -167,20 +167,15 @@ void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const Col
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-    float(&top)[4][256] = slot[depth];
+    float(&top)[4][256] = slot[levels.depth()];
     _tile_stored(0, top[0], 64);
     _tile_stored(1, top[1], 64);
     _tile_stored(2, top[2], 64);
     _tile_stored(3, top[3], 64);
-    level[depth++] = 0;
-    while (depth >= 2 && level[depth - 1] == level[depth - 2]) {
-      float* left = slot[depth - 2][0];
-      const float* right = slot[depth - 1][0];
+    levels.push([&](int l, int r) {
       for (int i = 0; i < 4 * 256; i += 16)
-        _mm512_store_ps(left + i, _mm512_add_ps(_mm512_load_ps(left + i), _mm512_load_ps(right + i)));
-      --depth;
-      ++level[depth - 1];
-    }
+        _mm512_store_ps(slot[l][0] + i, _mm512_add_ps(_mm512_load_ps(slot[l][0] + i), _mm512_load_ps(slot[r][0] + i)));
+    });
   }
   const ColumnBlock* cb[2] = {&b0, &b1};
   for (int i = 0; i < 2; ++i) {  // rows 32 t + 16 i on

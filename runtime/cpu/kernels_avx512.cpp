@@ -16,6 +16,7 @@
 #include "runtime/cpu/avx512_tiles.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/quantized_panel.h"
+#include "runtime/cpu/row_parallel.h"
 
 namespace tandem::runtime::cpu {
 namespace {
@@ -144,17 +145,13 @@ template <DType D, int MR>
 inline void tile_tree(const float* x, int64_t ldx, const uint8_t* const* panels, const int64_t* koff, const int64_t* kc,
                       int count, float* y, int64_t ldy) {
   constexpr int G = (MR + 1) / 2;
-  __m512 stack[8][G];  // partial sums of subtrees; levels alongside
-  int level[8];
-  int depth = 0;
+  __m512 stack[8][G];  // partial sums of subtrees
+  TreeLevels levels;
   for (int c = 0; c < count; ++c) {
-    panel_folds<D, MR>(x + koff[c], ldx, panels[c], kc[c], stack[depth]);
-    level[depth++] = 0;
-    while (depth >= 2 && level[depth - 1] == level[depth - 2]) {
-      for (int g = 0; g < G; ++g) stack[depth - 2][g] = _mm512_add_ps(stack[depth - 2][g], stack[depth - 1][g]);
-      --depth;
-      ++level[depth - 1];
-    }
+    panel_folds<D, MR>(x + koff[c], ldx, panels[c], kc[c], stack[levels.depth()]);
+    levels.push([&](int l, int r) {
+      for (int g = 0; g < G; ++g) stack[l][g] = _mm512_add_ps(stack[l][g], stack[r][g]);
+    });
   }
   store_folds<MR>(stack[0], y, ldy);
 }

@@ -20,22 +20,18 @@ TreeSum::TreeSum(std::vector<std::vector<float>>& buffers, int64_t rows, int64_t
 
 float* TreeSum::next() { return buffers_[static_cast<std::size_t>(free_.back())].data(); }
 
-// The new partial is a leaf (level 0); while the two on top are of one
-// level they are one subtree's halves: the left one takes their sum.
+// The new partial is a leaf; the left of two halves takes their sum and the right's buffer is free again.
 void TreeSum::push() {
   stack_.push_back(free_.back());
   free_.pop_back();
-  levels_.push_back(0);
-  while (levels_.size() >= 2 && levels_[levels_.size() - 1] == levels_[levels_.size() - 2]) {
-    float* left = buffers_[static_cast<std::size_t>(stack_[stack_.size() - 2])].data();
-    const float* right = buffers_[static_cast<std::size_t>(stack_.back())].data();
-    for (int64_t r = 0; r < rows_; ++r)
-      for (int64_t c = c0_; c < c1_; ++c) left[r * ld_ + c] += right[r * ld_ + c];
+  levels_.push([&](int l, int r) {
+    float* left = buffers_[static_cast<std::size_t>(stack_[static_cast<std::size_t>(l)])].data();
+    const float* right = buffers_[static_cast<std::size_t>(stack_[static_cast<std::size_t>(r)])].data();
+    for (int64_t row = 0; row < rows_; ++row)
+      for (int64_t c = c0_; c < c1_; ++c) left[row * ld_ + c] += right[row * ld_ + c];
     free_.push_back(stack_.back());
     stack_.pop_back();
-    levels_.pop_back();
-    ++levels_.back();
-  }
+  });
 }
 
 const float* TreeSum::result() const { return buffers_[static_cast<std::size_t>(stack_.front())].data(); }

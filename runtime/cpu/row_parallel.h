@@ -28,6 +28,28 @@ constexpr int64_t chunk_begin(int64_t k, int c) { return k * c / kReduceChunks; 
 // `store`).
 std::vector<Matrix> split_columns(const Matrix& w, int first, int count, PanelStore& store);
 
+// The fixed tree's shape, as partials arrive left to right on a stack: push() a leaf (at depth() - 1 after it),
+// and while the two on top are of one level they are one subtree's halves: add(left, right), stack positions
+// depth() - 2 and depth() - 1, must put their sum in left (the right one is then dropped). Every adder of the
+// tree (kernels, TreeSum) keeps its partials itself and this their levels.
+class TreeLevels {
+ public:
+  template <class Add>
+  void push(Add&& add) {
+    level_[depth_++] = 0;
+    while (depth_ >= 2 && level_[depth_ - 1] == level_[depth_ - 2]) {
+      add(depth_ - 2, depth_ - 1);
+      --depth_;
+      ++level_[depth_ - 1];
+    }
+  }
+  int depth() const { return depth_; }
+
+ private:
+  int level_[32];  // a stack of 2^31 leaves at most
+  int depth_ = 0;
+};
+
 // Adds partial results in the fixed tree as they come, left to right, with
 // at most log2(count) + 1 buffers alive (buffers.size() of them, at least
 // that): push() the next partial (written into next()), and after the last
@@ -43,8 +65,8 @@ class TreeSum {
  private:
   std::vector<std::vector<float>>& buffers_;
   int64_t rows_, ld_, c0_, c1_;
-  std::vector<int> stack_;   // buffer indexes; levels_ alongside
-  std::vector<int> levels_;
+  std::vector<int> stack_;  // buffer indexes; levels_ alongside
+  TreeLevels levels_;
   std::vector<int> free_;
 };
 
