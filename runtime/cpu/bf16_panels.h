@@ -42,6 +42,30 @@ inline const uint16_t* rows_as_bf16(const float* x, int64_t ldx, int64_t M, int6
   return buf.data();
 }
 
+// x's rows rounded to bf16 (as rows_as_bf16) in the A tiles' layout at out: 16 rows by 32 k a tile of 1 KiB
+// (row m's 32 k at 32 m), a block of 16 rows' tiles in k order; k past K and rows past M (up to `rows`) zeros.
+// A tile loads from one contiguous KiB: rows of x at a stride of 2-6 KiB fell on two L1 sets (one at 4 KiB)
+// and a tile load missed its own rows.
+inline void rows_as_bf16_tiles(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t Kp, int64_t rows,
+                               uint16_t* out) {
+  const int64_t steps = Kp / 32;
+  for (int64_t m = 0; m < rows; ++m) {
+    uint16_t* dst = out + (m / 16) * steps * 512 + (m % 16) * 32;
+    if (m >= M) {
+      for (int64_t s = 0; s < steps; ++s) _mm512_storeu_si512(dst + s * 512, _mm512_setzero_si512());
+      continue;
+    }
+    const float* src = x + m * ldx;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t k = 32 * s;
+      const __mmask16 lo = k + 16 <= K ? 0xffff : k < K ? static_cast<__mmask16>((1u << (K - k)) - 1u) : 0;
+      const __mmask16 hi = k + 32 <= K ? 0xffff : k + 16 < K ? static_cast<__mmask16>((1u << (K - k - 16)) - 1u) : 0;
+      const __m512 a = _mm512_maskz_loadu_ps(lo, src + k), b = _mm512_maskz_loadu_ps(hi, src + k + 16);
+      _mm512_storeu_si512(dst + s * 512, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+}
+
 // A bf16 panel's k-groups in order: lo = columns 0-3, hi = columns 4-7, each
 // column's 8 k side by side (the panel layout, weights.h).
 struct Bf16PanelReader {

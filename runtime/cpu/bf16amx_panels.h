@@ -16,6 +16,24 @@
 namespace tandem::runtime::cpu {
 namespace {
 
+// MXCSR's flush-to-zero (results) and, with inputs = true, denormals-are-zero (inputs) while alive. 8-bit
+// panels are read without DAZ: their FP8 codes pass through subnormal floats on the way (quantized_panel.h),
+// and their bf16 values (vcvtne2ps2bf16) are never subnormal.
+class FlushDenormals {
+ public:
+  explicit FlushDenormals(bool inputs) {
+    asm volatile("stmxcsr %0" : "=m"(saved_));
+    const unsigned flushed = saved_ | 0x8000u | (inputs ? 0x40u : 0u);
+    asm volatile("ldmxcsr %0" : : "m"(flushed) : "memory");
+  }
+  ~FlushDenormals() { asm volatile("ldmxcsr %0" : : "m"(saved_) : "memory"); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+};
+
 // Lanes [c0, c1) of a 16-column block: the columns a block stores.
 inline __mmask16 columns(int c0, int c1) { return static_cast<__mmask16>(((1u << c1) - 1u) & ~((1u << c0) - 1u)); }
 

@@ -218,6 +218,7 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
   auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
 
   query_blocks_.clear();
+  if (kern_.attend) return attention_on_tiles(layer, chunks);
   for (int64_t r = 0; r < rows;) {
     int64_t end = r + 1;
     while (end < rows && rows_[sz(end)].chunk == rows_[sz(r)].chunk) ++end;
@@ -284,6 +285,49 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
         kern_.weighted_sum(scores.data() + m * count + (from - lo), count, 1, kv, values.data() + (from - lo), n, hd,
                            true, out + m * ldq, ldq);
     }
+  });
+}
+
+// kBf16Amx's attention (KernelTable::attend): a task per chunk and KV head, its keys and values rearranged
+// once for all the chunk's rows and the KV head's query heads; a chunk's rows split in pieces only where the
+// tasks would not keep every thread busy. Each element is the same whatever the task (kernels.h).
+void CpuModel::attention_on_tiles(int64_t layer, std::span<const SeqChunk> chunks) {
+  const auto& L = pool_.layout();
+  const int64_t hd = c_.head_dim, group = c_.heads / c_.kv_heads, q_dim = c_.heads * hd;
+  const int64_t rows = static_cast<int64_t>(rows_.size()), window = std::max<int64_t>(0, c_.sliding_window);
+  auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+  std::vector<std::pair<int64_t, int64_t>> spans;  // each chunk's rows
+  for (int64_t r = 0; r < rows;) {
+    int64_t end = r + 1;
+    while (end < rows && rows_[sz(end)].chunk == rows_[sz(r)].chunk) ++end;
+    spans.emplace_back(r, end);
+    r = end;
+  }
+  const int64_t tasks = static_cast<int64_t>(spans.size()) * c_.kv_heads;
+  const int64_t pieces = std::max<int64_t>(1, (2 * threads_.size() + tasks - 1) / tasks);
+  for (const auto& [r0, r1] : spans) {
+    const int64_t step = std::max<int64_t>(16, (r1 - r0 + pieces - 1) / pieces);
+    for (int64_t a = r0; a < r1; a += step)
+      for (int64_t g = 0; g < c_.kv_heads; ++g)
+        query_blocks_.push_back({a, std::min(r1, a + step), g * group, (g + 1) * group});
+  }
+  threads_.run(static_cast<int64_t>(query_blocks_.size()), [&](int64_t task) {
+    thread_local std::vector<const void*> keys, values;
+    const QueryBlock& qb = query_blocks_[sz(task)];
+    const SeqChunk& ch = chunks[sz(rows_[sz(qb.r0)].chunk)];
+    const int64_t g = qb.h0 / group, pos0 = rows_[sz(qb.r0)].pos, last = pos0 + (qb.r1 - qb.r0) - 1;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0, base = first / 32 * 32;
+    keys.assign(sz(last + 1 - base), nullptr);  // positions before the first any row sees: not read
+    values.assign(sz(last + 1 - base), nullptr);
+    for (int64_t j = first; j <= last; ++j) {
+      const int64_t blk = ch.block_table[sz(j / L.block_size)];
+      keys[sz(j - base)] = kv_at(L.offset(blk, layer, 0, g, j % L.block_size));
+      values[sz(j - base)] = kv_at(L.offset(blk, layer, 1, g, j % L.block_size));
+    }
+    const AttendTask t{q_.data() + qb.r0 * q_dim + qb.h0 * hd, attn_.data() + qb.r0 * q_dim + qb.h0 * hd, q_dim, hd,
+                       qb.r1 - qb.r0, qb.h1 - qb.h0, hd, pos0, window, base, kv_dtype_, keys.data(), values.data(),
+                       1.0f / std::sqrt(static_cast<float>(hd))};
+    kern_.attend(t);
   });
 }
 

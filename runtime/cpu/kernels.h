@@ -17,6 +17,27 @@
 
 namespace tandem::runtime::cpu {
 
+// One KV head's queries over one sequence's keys and values: the work of KernelTable::attend. Query (row i,
+// head j), i < rows, j < heads, is at q + i * ldq_row + j * ldq_head (head_dim floats; its output at the same
+// offsets from out), at position pos0 + i, and sees positions [first, pos0 + i] with first = max(0, pos0 + i -
+// window + 1) under a sliding window (window > 0), else 0. keys[p - base] and values[p - base] are position p's
+// rows (of type kv, as dot_rows takes them) for p in [base, pos0 + rows); base % 32 == 0; a row no query sees
+// may be nullptr.
+struct AttendTask {
+  const float* q;
+  float* out;
+  int64_t ldq_row, ldq_head, rows, heads, head_dim;
+  int64_t pos0, window, base;
+  DType kv;
+  const void* const* keys;
+  const void* const* values;
+  float scale;  // the scores' factor, as softmax takes it
+};
+// KernelTable::attend of the kBf16Amx tables (attention_bf16amx.cpp): on AMX-BF16 tiles (only where
+// amx_bf16_kernels() is not null), and the same bits on AVX-512 FMAs (AVX512-BF16 and VBMI).
+void attend_bf16amx_tiles(const AttendTask& task);
+void attend_bf16amx_fma(const AttendTask& task);
+
 struct KernelTable {
   const char* name;
   // y[m * ldy + n] = dot(x[m * ldx ...], W row n) for m in [0, M), n in [n0, n1).
@@ -57,6 +78,9 @@ struct KernelTable {
   // the parts' partials in memory; more where the table rearranges the weights per call (AMX), which the rows
   // then share.
   int64_t tree_rows = 64;
+  // Attention in kBf16Amx's arithmetic (below), on kBf16Amx's tables; nullptr on every other (attention is then
+  // dot_rows, softmax and weighted_sum: kF32's).
+  void (*attend)(const AttendTask& task) = nullptr;
 };
 
 // The softmax of attention, one fixed arithmetic (every table, every batch):
@@ -151,6 +175,16 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     units'; elsewhere on AVX-512 FMAs in the same order (AVX512-BF16 and
 //     VBMI): the same bits on every such CPU. Batch invariance and the
 //     row-parallel tree hold as in kBf16Dot.
+//     Attention is on the tiles too (KernelTable::attend): a query's score
+//     for position p is that product of bf16(q) and bf16(key p) (FP8 keys:
+//     their values, as widen_fp8_row gives them, rounded to bf16) over
+//     head_dim; the softmax is the one below on [first, pos]; the output is
+//     the product of the weights rounded to bf16 (0 outside [first, pos])
+//     and the values rounded likewise, its K the positions in blocks of 32
+//     from a multiple of 32 (a block of zero weights adds nothing). Each
+//     element depends on its query and the rows alone: the same bits in
+//     prefill and decode, any chunking or batch. (A block of zero weights
+//     skipped or added differs only where an output flushed to -0: +0.)
 enum class MatmulMode { kF32, kBf16Dot, kInt8Dot, kBf16Amx };
 
 // Whether CPUID.(7, 0):EDX has AMX-TILE and bit `feature` (22 AMX-BF16, 25

@@ -24,24 +24,6 @@ namespace {
 
 constexpr int kFmaRows = 4;  // rows an FMA tile keeps (3 accumulators each)
 
-// MXCSR's flush-to-zero (results) and, with inputs = true, denormals-are-zero (inputs) while alive. 8-bit
-// panels are read without DAZ: their FP8 codes pass through subnormal floats on the way (quantized_panel.h),
-// and their bf16 values (vcvtne2ps2bf16) are never subnormal.
-class FlushDenormals {
- public:
-  explicit FlushDenormals(bool inputs) {
-    asm volatile("stmxcsr %0" : "=m"(saved_));
-    const unsigned flushed = saved_ | 0x8000u | (inputs ? 0x40u : 0u);
-    asm volatile("ldmxcsr %0" : : "m"(flushed) : "memory");
-  }
-  ~FlushDenormals() { asm volatile("ldmxcsr %0" : : "m"(saved_) : "memory"); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-
- private:
-  unsigned saved_ = 0;
-};
-
 // Two panels' k-group (a: columns 0-7, b: 8-15, each as its reader gives it:
 // lo = columns 0-3, hi = 4-7, a column's 8 k side by side) as 8 vectors of
 // float: v[i] holds w[k + i] of the 16 columns, a bf16 exactly widened.
@@ -200,7 +182,8 @@ const KernelTable* avx512_bf16amx_kernels() {
     if (!base || !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512vbmi")) return nullptr;
     static const KernelTable t{
         "avx512-bf16amx",   matmul_fma_table,      base->dot,           base->axpy,   base->dot_rows,
-        base->weighted_sum, matmul_tree_fma_table, base->widen_fp8_row, base->softmax};
+        base->weighted_sum, matmul_tree_fma_table, base->widen_fp8_row, base->softmax, 64,
+        attend_bf16amx_fma};
     return &t;
   }();
   return table;
