@@ -85,9 +85,9 @@ std::vector<KeySpec> build_schema() {
           .choices({"f32", "bf16", "bf16-amx", "int8"})
           .doc("The CPU backend's matrix products: f32 (FP32 FMAs on exactly widened weights, the same bits on every "
                "CPU), bf16 (activations rounded to bf16, AVX512-BF16 dot products: about 1.7x the prefill on Zen 4, other "
-               "bits; docs/engine.md), bf16-amx (activations rounded to bf16, the sums in the order of AMX's tiles: "
-               "about 3x the prefill of bf16 and FP8 checkpoints on Xeons since Sapphire Rapids, the same bits on any "
-               "CPU with AVX512-BF16 and VBMI) or int8 (INT8 checkpoints: activations quantized per token, "
+               "bits; docs/engine.md), bf16-amx (activations rounded to bf16, the sums in the order of AMX's tiles, "
+               "attention on the tiles too: about 3x the prefill of bf16 and FP8 checkpoints on Xeons since Sapphire "
+               "Rapids, more for long prompts, the same bits on any CPU with AVX512-BF16 and VBMI) or int8 (INT8 checkpoints: activations quantized per token, "
                "AVX512-VNNI integer products, the W8A8 recipe; docs/quantization.md).")
           ,
       key("model", "gpu_matmul", &C::model, &ModelConfig::gpu_matmul)

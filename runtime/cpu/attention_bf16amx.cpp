@@ -209,12 +209,17 @@ struct AmxTiles {
 // results flushed (MXCSR's DAZ and FTZ while it multiplies, not in the softmax between).
 struct FmaTiles {
   int64_t rows = 16;
-  const uint16_t* a = nullptr;
-  int64_t lda = 32;
+  alignas(64) float a[16][32];  // the A tile's rows < `rows` as floats (bf16 exactly widened)
   alignas(64) float c[4][16][16];
 
   void zero() { std::memset(c, 0, sizeof c); }
-  void load_a(const uint16_t* p, int64_t ld) { a = p, lda = ld; }
+  void load_a(const uint16_t* p, int64_t ld) {
+    for (int64_t m = 0; m < rows; ++m)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + m * ld + 16 * h));
+        _mm512_store_ps(a[m] + 16 * h, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+      }
+  }
   void dp(int n, const uint16_t* const (&b)[4]) {
     const FlushDenormals flush(true);
     const __m512i upper = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -226,11 +231,10 @@ struct FmaTiles {
         odd[p] = _mm512_castsi512_ps(_mm512_and_si512(w, upper));
       }
       for (int64_t m = 0; m < rows; ++m) {
-        const uint16_t* am = a + m * lda;
         __m512 e = _mm512_setzero_ps(), o = _mm512_setzero_ps();
         for (int p = 0; p < 16; ++p) {
-          e = _mm512_fmadd_ps(_mm512_set1_ps(bf16_value(am[2 * p])), even[p], e);
-          o = _mm512_fmadd_ps(_mm512_set1_ps(bf16_value(am[2 * p + 1])), odd[p], o);
+          e = _mm512_fmadd_ps(_mm512_set1_ps(a[m][2 * p]), even[p], e);
+          o = _mm512_fmadd_ps(_mm512_set1_ps(a[m][2 * p + 1]), odd[p], o);
         }
         _mm512_store_ps(c[j][m], _mm512_add_ps(_mm512_load_ps(c[j][m]), _mm512_add_ps(e, o)));
       }
@@ -239,12 +243,6 @@ struct FmaTiles {
   void store(int n, float* dst, int64_t ld) {
     for (int j = 0; j < n; ++j)
       for (int64_t m = 0; m < rows; ++m) std::memcpy(dst + m * ld + 16 * j, c[j][m], 64);
-  }
-  static float bf16_value(uint16_t h) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
   }
 };
 
