@@ -16,6 +16,7 @@
 // Figures only: it never fails on time.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -327,6 +328,63 @@ double products_rate(const runtime::cpu::KernelTable& t, const runtime::Matrix& 
   return 2.0 * static_cast<double>(M * W.rows * W.cols) / best / 1e9;
 }
 
+// One core's attention over a 2048-token prefill chunk, one KV head (2 query heads, head_dim 128, f32 KV), in
+// GFLOP/s (4 x head_dim per query and key it sees): the FP32 kernels as CpuModel::attention runs them (blocks of 24
+// rows of one head: scores, softmax, the weighted sums of the positions all rows see together, the rest alone),
+// against kBf16Amx's attend where the CPU has it (on FMAs; on AMX tiles).
+void attention_rates() {
+  namespace cpu = runtime::cpu;
+  const int64_t n = 2048, hd = 128, heads = 2, q_dim = heads * hd, height = 24;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> q(static_cast<std::size_t>(n * q_dim)), k(static_cast<std::size_t>(n * hd)), v(k.size());
+  for (auto* x : {&q, &k, &v})
+    for (float& e : *x) e = g(rng);
+  std::vector<float> out(q.size()), s(static_cast<std::size_t>(height * n));
+  std::vector<const void*> keys(static_cast<std::size_t>(n)), values(keys.size());
+  for (int64_t p = 0; p < n; ++p) keys[p] = k.data() + p * hd, values[p] = v.data() + p * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const auto fp32 = [&](const cpu::KernelTable& t) {
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r0 = 0; r0 < n; r0 += height) {
+        const int64_t M = std::min(height, n - r0), count = r0 + M;
+        t.dot_rows(q.data() + r0 * q_dim + h * hd, q_dim, M, runtime::DType::kF32, keys.data(), count, hd, s.data(),
+                   count);
+        for (int64_t m = 0; m < M; ++m) t.softmax(s.data() + m * count, r0 + m + 1, scale);
+        float* o = out.data() + r0 * q_dim + h * hd;
+        t.weighted_sum(s.data(), count, M, runtime::DType::kF32, values.data(), r0 + 1, hd, false, o, q_dim);
+        for (int64_t m = 1; m < M; ++m)
+          t.weighted_sum(s.data() + m * count + r0 + 1, count, 1, runtime::DType::kF32, values.data() + r0 + 1, m, hd,
+                         true, o + m * q_dim, q_dim);
+      }
+  };
+  const auto tiles = [&](const cpu::KernelTable& t) {
+    const cpu::AttendTask task{q.data(), out.data(), q_dim, hd, n, heads, hd, 0, 0, 0, runtime::DType::kF32,
+                               keys.data(), values.data(), scale};
+    t.attend(task);
+  };
+  const auto rate = [&](auto&& run) {
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = Clock::now();
+      run();
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return 4.0 * static_cast<double>(hd * heads) * static_cast<double>(n * (n + 1) / 2) / best / 1e9;
+  };
+  const double base = rate([&] { fp32(*cpu::avx512_kernels()); });
+  std::printf("  one core, attention of a 2048-token chunk, one KV head: %5.1f GFLOP/s in FP32", base);
+  if (const cpu::KernelTable* f = cpu::avx512_bf16amx_kernels()) {
+    const double r = rate([&] { tiles(*f); });
+    std::printf(", %5.1f bf16-amx on FMAs (%.2fx)", r, r / base);
+  }
+  if (const cpu::KernelTable* a = cpu::amx_bf16_kernels()) {
+    const double r = rate([&] { tiles(*a); });
+    std::printf(", %5.1f on AMX tiles (%.2fx)", r, r / base);
+  }
+  std::printf("\n");
+}
+
 // The decode kernels' own speed on the twins' first gate_proj: FP8 on the
 // GFNI tiles against the AVX-512 table's (the same bits), INT8 beside them.
 // Two cores at these rates against the triad say whether decode 1 can reach
@@ -335,6 +393,7 @@ void codes_rates(const runtime::ModelWeights& bf16, const runtime::ModelWeights&
                  const runtime::ModelWeights& int8) {
   namespace cpu = runtime::cpu;
   if (!cpu::avx512_kernels()) return;
+  attention_rates();
   {  // The prefill products of bf16 weights, one core: f32, bf16 dot products, bf16-amx on FMAs and on AMX tiles.
     const runtime::Matrix& W = bf16.layers[0].w_gate;
     std::printf("  one core, 512 rows x gate_proj, bf16 weights: %5.0f GOP/s in f32",
