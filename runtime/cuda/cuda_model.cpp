@@ -180,8 +180,10 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   if (const auto moe_layers = std::count_if(layers_.begin(), layers_.end(), [](const DevLayer& l) { return l.moe_index >= 0; })) {
     expert_counts_.resize(static_cast<std::size_t>(moe_layers * config.moe.experts));
     TANDEM_CUDA_CHECK(cudaMemset(expert_counts_.get(), 0, expert_counts_.size() * sizeof(unsigned long long)));
-    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());  // zero before the first step's kernels (stream_ does not wait for it)
   }
+  // The uploads above (cudaMemcpy from pageable memory may return before its DMA lands) and the zeroing are on
+  // the default stream, which stream_ (non-blocking) does not wait for: done before the first step's kernels.
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
   // The device holds its copy: the mapping's pages leave this process (a rank keeps its shard, not the file).
   if (w.checkpoint) {
     auto bytes = [](const Matrix& m) { return static_cast<std::size_t>(m.rows * m.cols) * dtype_size(m.dtype); };
