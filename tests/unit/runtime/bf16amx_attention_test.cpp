@@ -19,22 +19,10 @@
 using namespace tandem::runtime;
 using namespace tandem::runtime::cpu;
 using tandem::runtime::cpu::test::require_bits;
+using tandem::runtime::cpu::test::bf16amx_tables;
 using tandem::runtime::cpu::test::rule;
 
 namespace {
-
-std::vector<const KernelTable*> attend_tables() {
-  std::vector<const KernelTable*> t;
-  if (avx512_bf16amx_kernels())
-    t.push_back(avx512_bf16amx_kernels());
-  else
-    WARN("no AVX512-BF16 and VBMI on this CPU: kBf16Amx's attention is not checked here");
-  if (amx_bf16_kernels())
-    t.push_back(amx_bf16_kernels());
-  else
-    WARN("no AMX-BF16 on this CPU (or Linux refused the tile state): the tile attention is not checked here");
-  return t;
-}
 
 // A sequence's keys and values, one KV head: positions 0 .. n-1 as rows of type kv, and their values as floats.
 struct Kv {
@@ -131,7 +119,7 @@ void check_task(const KernelTable& table, const Kv& kv, int64_t rows, int64_t he
 TEST_CASE("kBf16Amx attention: the tables give the rule's bits for every KV type, decode and prefill",
           "[kernels]") {
   std::mt19937 rng(7);
-  for (const KernelTable* t : attend_tables()) {
+  for (const KernelTable* t : bf16amx_tables()) {
     REQUIRE(t->attend != nullptr);
     for (const DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
       for (const int64_t hd : {128, 64, 80, 40}) {

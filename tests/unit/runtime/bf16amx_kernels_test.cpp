@@ -18,6 +18,7 @@ using namespace tandem::runtime;
 using namespace tandem::runtime::cpu;
 using tandem::runtime::cpu::test::QuantMatrix;
 using tandem::runtime::cpu::test::require_bits;
+using tandem::runtime::cpu::test::bf16amx_tables;
 using tandem::runtime::cpu::test::rule;
 
 namespace {
@@ -27,19 +28,6 @@ float rule_at(const float* x, const Matrix& values, int64_t n, int64_t k0, int64
   std::vector<float> xs(x, x + K), ws(static_cast<std::size_t>(K));
   for (int64_t k = 0; k < K; ++k) ws[static_cast<std::size_t>(k)] = values.at(n, k0 + k);
   return rule(xs, ws);
-}
-
-std::vector<const KernelTable*> tables_here() {
-  std::vector<const KernelTable*> t;
-  if (avx512_bf16amx_kernels())
-    t.push_back(avx512_bf16amx_kernels());
-  else
-    WARN("no AVX512-BF16 on this CPU: only the reference is checked here");
-  if (amx_bf16_kernels())
-    t.push_back(amx_bf16_kernels());
-  else
-    WARN("no AMX-BF16 on this CPU (or Linux refused the tile state): the AMX table is not checked here");
-  return t;
 }
 
 // Activations over 40 binades, some near 2^-63 (products near the smallest normal), zeros of both signs.
@@ -71,7 +59,7 @@ std::vector<uint16_t> bf16_weights(int64_t n, std::mt19937& rng) {
 
 TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's bits, to the signed zero",
           "[kernels]") {
-  const auto tables = tables_here();
+  const auto tables = bf16amx_tables();
   std::mt19937 rng(41);
   for (const int64_t K : {8, 24, 32, 40, 64, 200, 384, 1024}) {
     for (const int64_t N : {8, 13, 40}) {
@@ -134,7 +122,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
 TEST_CASE("kBf16Amx over a long K: the AMX table's blocks of rows give the rule's bits", "[kernels]") {
   // The AMX table multiplies a block of rows at a time whose bf16 copy stays in L2 (~1.5 MiB): a K this long
   // makes blocks of 32 rows, so 70 rows are three blocks, the last of 6.
-  const auto tables = tables_here();
+  const auto tables = bf16amx_tables();
   std::mt19937 rng(47);
   const int64_t K = 32768, N = 10, M = 70;
   std::vector<uint16_t> bits = bf16_weights(N * K, rng);
@@ -163,7 +151,7 @@ TEST_CASE("kBf16Amx over a long K: the AMX table's blocks of rows give the rule'
 
 TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout; other weights kF32's",
           "[kernels][quant]") {
-  const auto tables = tables_here();
+  const auto tables = bf16amx_tables();
   std::mt19937 rng(43);
   const int64_t N = 44, K = 320;  // 2.5 blocks of 128
   struct Grid {

@@ -1,11 +1,15 @@
-// kBf16Amx's arithmetic (kernels.h) written out here, from the rule alone, for the tests that hold the
-// tables to it (bf16amx_kernels_test, bf16amx_attention_test).
+// kBf16Amx's arithmetic (kernels.h) written out here, from the rule alone, and the tables this CPU has, for the
+// tests that hold the tables to it (bf16amx_kernels_test, bf16amx_attention_test).
 #pragma once
+
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "runtime/cpu/kernels.h"
 
 namespace tandem::runtime::cpu::test {
 
@@ -38,6 +42,20 @@ inline float rule(const std::vector<float>& x, const std::vector<float>& w) {
     }
     t = ftz(t + ftz(chain[0] + chain[1]));
   }
+  return t;
+}
+
+// The kBf16Amx tables this CPU has: the FMA table (AVX512-BF16 and VBMI), the AMX one; a warning for each missing.
+inline std::vector<const KernelTable*> bf16amx_tables() {
+  std::vector<const KernelTable*> t;
+  if (avx512_bf16amx_kernels())
+    t.push_back(avx512_bf16amx_kernels());
+  else
+    WARN("no AVX512-BF16 and VBMI on this CPU: the FMA table is not checked here");
+  if (amx_bf16_kernels())
+    t.push_back(amx_bf16_kernels());
+  else
+    WARN("no AMX-BF16 on this CPU (or Linux refused the tile state): the AMX table is not checked here");
   return t;
 }
 
