@@ -365,10 +365,12 @@ void CpuModel::moe(int64_t layer, int64_t R) {
       std::copy_n(xn_.data() + slots[sz(i)] / K * H, H, xe_.data() + i * H);
     const ExpertWeights& ex = lw.experts[sz(e)];
     matmul(xe_.data(), n, {{&ex.gate, ge_.data(), nullptr}, {&ex.up, ue_.data(), nullptr}});
-    for (int64_t i = 0; i < n * U; ++i) {
-      const float g = ge_[sz(i)];
-      ge_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * ue_[sz(i)];
-    }
+    rows_in_pieces(n, [&](int64_t a, int64_t b) {
+      for (int64_t i = a * U; i < b * U; ++i) {
+        const float g = ge_[sz(i)];
+        ge_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * ue_[sz(i)];
+      }
+    });
     row_parallel(ge_.data(), n, expert_down_parts_[sz(layer)][sz(e)], ye_.data(), nullptr, /*exchange=*/false);
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(ye_.data() + i * H, H,
@@ -386,12 +388,14 @@ void CpuModel::moe(int64_t layer, int64_t R) {
   // Where each slot's output is read: the combine's layout, or slot_out itself.
   auto slot = [&](int64_t s) { return expert_parallel_ ? combine_bufs_.read[sz(s)] : slot_out_.data() + s * H; };
   moe_out_.resize(sz(R * H));
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t i = 0; i < H; ++i) {
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot(r * K + k)[i];
-      moe_out_[sz((r - r0) * H + i)] = acc;
-    }
+  rows_in_pieces(r1 - r0, [&](int64_t a, int64_t b) {
+    for (int64_t r = r0 + a; r < r0 + b; ++r)
+      for (int64_t i = 0; i < H; ++i) {
+        float acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += route_weight_[sz(r * K + k)] * slot(r * K + k)[i];
+        moe_out_[sz((r - r0) * H + i)] = acc;
+      }
+  });
   const float* combined = moe_out_.data();
   if (expert_parallel_) {
     std::vector<int64_t> counts(combine_.home_rows);
@@ -399,7 +403,16 @@ void CpuModel::moe(int64_t layer, int64_t R) {
     group_->all_gather(moe_out_.data(), counts, xn_.data());  // xn_: the experts' inputs, read by now
     combined = xn_.data();
   }
-  for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += combined[i];
+  rows_in_pieces(R, [&](int64_t a, int64_t b) {
+    for (int64_t i = a * H; i < b * H; ++i) x_[sz(i)] += combined[i];
+  });
+}
+
+// Rows [0, R) as up to four pieces a thread (one piece for a single row): f(r0, r1) for each.
+void CpuModel::rows_in_pieces(int64_t R, const std::function<void(int64_t, int64_t)>& f) {
+  const int64_t pieces = std::min<int64_t>(R, 4 * threads_.size());
+  if (pieces <= 1) return f(0, R);
+  threads_.run(pieces, [&](int64_t i) { f(R * i / pieces, R * (i + 1) / pieces); });
 }
 
 void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
@@ -463,48 +476,60 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
     }
   };
 
+  // The per-row steps between the products go over the threads in pieces of rows (rows_in_pieces): a row's
+  // arithmetic is the same whichever thread does it.
   for (int64_t l = 0; l < c_.layers; ++l) {
     const LayerWeights& lw = layers_[sz(l)];
-    for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.attn_norm, H, xn_.data() + r * H);
+    rows_in_pieces(R, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) rms_norm(x_.data() + r * H, lw.attn_norm, H, xn_.data() + r * H);
+    });
     const bool b = c_.qkv_bias;
     matmul(xn_.data(), R,
            {{&lw.wq, q_.data(), b ? &lw.bq : nullptr},
             {&lw.wk, kbuf_.data(), b ? &lw.bk : nullptr},
             {&lw.wv, vbuf_.data(), b ? &lw.bv : nullptr}});
-    for (int64_t r = 0; r < R; ++r) {
-      for (int64_t h = 0; h < c_.heads; ++h) {
-        float* q = q_.data() + r * q_dim + h * hd;
-        if (c_.qk_norm) rms_norm(q, lw.q_norm, hd, q);
-        rope(q, r);
+    rows_in_pieces(R, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t h = 0; h < c_.heads; ++h) {
+          float* q = q_.data() + r * q_dim + h * hd;
+          if (c_.qk_norm) rms_norm(q, lw.q_norm, hd, q);
+          rope(q, r);
+        }
+        for (int64_t h = 0; h < c_.kv_heads; ++h) {
+          float* k = kbuf_.data() + r * kv_dim + h * hd;
+          if (c_.qk_norm) rms_norm(k, lw.k_norm, hd, k);
+          rope(k, r);
+        }
+        const auto& ref = rows_[sz(r)];
+        const int64_t blk = chunks[sz(ref.chunk)].block_table[sz(ref.pos / L.block_size)];
+        for (int64_t g = 0; g < c_.kv_heads; ++g) {  // each KV head's run of the block: head_dim at the token's slot
+          store_kv(kbuf_.data() + r * kv_dim + g * hd, hd, L.offset(blk, l, 0, g, ref.pos % L.block_size));
+          store_kv(vbuf_.data() + r * kv_dim + g * hd, hd, L.offset(blk, l, 1, g, ref.pos % L.block_size));
+        }
       }
-      for (int64_t h = 0; h < c_.kv_heads; ++h) {
-        float* k = kbuf_.data() + r * kv_dim + h * hd;
-        if (c_.qk_norm) rms_norm(k, lw.k_norm, hd, k);
-        rope(k, r);
-      }
-      const auto& ref = rows_[sz(r)];
-      const int64_t blk = chunks[sz(ref.chunk)].block_table[sz(ref.pos / L.block_size)];
-      for (int64_t g = 0; g < c_.kv_heads; ++g) {  // each KV head's run of the block: head_dim at the token's slot
-        store_kv(kbuf_.data() + r * kv_dim + g * hd, hd, L.offset(blk, l, 0, g, ref.pos % L.block_size));
-        store_kv(vbuf_.data() + r * kv_dim + g * hd, hd, L.offset(blk, l, 1, g, ref.pos % L.block_size));
-      }
-    }
+    });
     attention(l, chunks);
     row_parallel(attn_.data(), R, wo_parts_[sz(l)], xn_.data(), lw.bo.empty() ? nullptr : &lw.bo);
-    for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
-
-    for (int64_t r = 0; r < R; ++r) rms_norm(x_.data() + r * H, lw.mlp_norm, H, xn_.data() + r * H);
+    rows_in_pieces(R, [&](int64_t r0, int64_t r1) {  // the residual, then the MLP's norm
+      for (int64_t i = r0 * H; i < r1 * H; ++i) x_[sz(i)] += xn_[sz(i)];
+      for (int64_t r = r0; r < r1; ++r) rms_norm(x_.data() + r * H, lw.mlp_norm, H, xn_.data() + r * H);
+    });
     if (c_.moe.at(l)) {
       moe(l, R);
       continue;
     }
     matmul(xn_.data(), R, {{&lw.w_gate, gate_.data(), nullptr}, {&lw.w_up, up_.data(), nullptr}});
-    for (int64_t i = 0; i < R * c_.intermediate; ++i) {
-      const float g = gate_[sz(i)];
-      gate_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * up_[sz(i)];
-    }
+    const int64_t I = c_.intermediate;
+    rows_in_pieces(R, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * I; i < r1 * I; ++i) {
+        const float g = gate_[sz(i)];
+        gate_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * up_[sz(i)];
+      }
+    });
     row_parallel(gate_.data(), R, down_parts_[sz(l)], xn_.data(), nullptr);
-    for (int64_t i = 0; i < R * H; ++i) x_[sz(i)] += xn_[sz(i)];
+    rows_in_pieces(R, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * H; i < r1 * H; ++i) x_[sz(i)] += xn_[sz(i)];
+    });
   }
 
   // The final-normed hidden states asked for (embeddings), then the final

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -84,6 +85,7 @@ class CpuModel final : public ModelBackend {
   void moe(int64_t layer, int64_t rows);
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
   void attention_on_tiles(int64_t layer, std::span<const SeqChunk> chunks);  // where the table has attend
+  void rows_in_pieces(int64_t rows, const std::function<void(int64_t, int64_t)>& f);
   // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
   // nearest even as on a GPU, which halves the pool and every KV transfer,
   // or FP8 E4M3 with a scale per row (kernels.h's quantize_fp8_row), which
