@@ -94,17 +94,33 @@ int64_t first_seen(const AttendTask& t, int64_t pos) {
 struct Bf16Rows {
   const uint16_t* k;
   const uint16_t* v;
+  const int64_t* bad;  // bad[p]: value rows before p holding an infinity or a NaN
   int64_t ld;
   Bf16Rows(const AttendTask& t, int64_t rows, int64_t ld_) : ld(ld_) {
     thread_local LineVector<uint16_t> kb, vb;
+    thread_local std::vector<int64_t> nonfinite;
     kb.resize(static_cast<std::size_t>(rows * ld));
     vb.resize(static_cast<std::size_t>(rows * ld));
+    nonfinite.assign(static_cast<std::size_t>(rows + 1), 0);
     const int64_t count = t.pos0 + t.rows - t.base;
     for (int64_t p = 0; p < rows; ++p) {
       kv_row_as_bf16(t.kv, p < count ? t.keys[p] : nullptr, t.head_dim, ld, kb.data() + p * ld);
       kv_row_as_bf16(t.kv, p < count ? t.values[p] : nullptr, t.head_dim, ld, vb.data() + p * ld);
+      nonfinite[static_cast<std::size_t>(p + 1)] = nonfinite[static_cast<std::size_t>(p)] + !finite(vb.data() + p * ld);
     }
-    k = kb.data(), v = vb.data();
+    k = kb.data(), v = vb.data(), bad = nonfinite.data();
+  }
+  // Whether every value row in [a, b) is finite.
+  bool finite_in(int64_t a, int64_t b) const { return bad[b] == bad[a]; }
+
+ private:
+  bool finite(const uint16_t* row) const {  // ld bf16 (a multiple of 32): none with an exponent of all ones
+    __mmask32 any = 0;
+    for (int64_t i = 0; i < ld; i += 32) {
+      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(row + i), _mm512_set1_epi16(0x7F80));
+      any |= _mm512_cmpeq_epi16_mask(e, _mm512_set1_epi16(0x7F80));
+    }
+    return any == 0;
   }
 };
 
@@ -154,13 +170,16 @@ inline void rows_as_b_tile(const uint16_t* src, int64_t ld, int64_t k, uint16_t*
 }
 
 // The values from position 32 b on, 16 of head_dim from 16 d on, as one B tile at out: row p holds each
-// column's pair (position 32 b + 2p, + 1).
-inline void values_as_b_tile(const Bf16Rows& r, int64_t b, int64_t d, uint16_t* out) {
+// column's pair (position 32 b + 2p, + 1). Positions outside [from, to) as zeros.
+inline void values_as_b_tile(const Bf16Rows& r, int64_t b, int64_t d, uint16_t* out, int64_t from = 0,
+                             int64_t to = INT64_MAX) {
   const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const auto row = [&](int64_t pos) {
+    if (pos < from || pos >= to) return _mm512_setzero_si512();
+    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.v + pos * r.ld + d)));
+  };
   for (int p = 0; p < 16; ++p) {
-    const uint16_t* even = r.v + (32 * b + 2 * p) * r.ld + d;
-    const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
-    const __m512i c = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + r.ld)));
+    const __m512i a = row(32 * b + 2 * p), c = row(32 * b + 2 * p + 1);
     // per 128-bit lane: lo = columns 8L .. 8L + 3 of both, hi = 8L + 4 .. 8L + 7 (lanes 0-1 hold columns 0-15)
     const __m512i lo = _mm512_unpacklo_epi16(a, c), hi = _mm512_unpackhi_epi16(a, c);
     _mm512_storeu_si512(out + 32 * p, _mm512_permutex2var_epi64(lo, lo_idx, hi));
@@ -254,7 +273,7 @@ void attend_on(const AttendTask& t) {
   const int64_t np = round_up(count, 32);
   const Bf16Rows r(t, np, hdp);
   const bool keys_as_a = kAmx && line_count(t) == 1 && line(t, 0).count <= 16;  // decode on AMX
-  thread_local LineVector<uint16_t> kb, qt, pt, vt;
+  thread_local LineVector<uint16_t> kb, qt, pt, vt, vq;
   thread_local LineVector<float> s, c;
   const int64_t key_blocks = np / 16, pos_blocks = np / 32, dim_blocks = round_up(hd, 16) / 16;
   if (!keys_as_a) {  // the keys in B tiles: [key block][step] of 1 KiB
@@ -311,20 +330,38 @@ void attend_on(const AttendTask& t) {
         }
       }
       for (int64_t i = 0; i < M; ++i) weights_of(t, pos(i), s.data() + i * np, 32 * b0, 32 * b1);
-      rows_as_bf16_tiles(s.data() + 32 * b0, np, M, 32 * (b1 - b0), 32 * (b1 - b0), 16, pt.data());
-      for (int64_t d = 0; d < dim_blocks; d += 4) {  // output: weights (A) x values (B), 64 of head_dim a pass
-        const int n = static_cast<int>(std::min<int64_t>(4, dim_blocks - d));
-        tiles.zero();
-        for (int64_t b = b0; b < b1; ++b) {
-          tiles.load_a(pt.data() + (b - b0) * 512, 32);
-          const uint16_t* v[4];
-          for (int j = 0; j < 4; ++j) v[j] = vt.data() + ((d + std::min(j, n - 1)) * pos_blocks + b) * 512;
-          tiles.dp(n, v);
+      // output: weights (A) x values (B), 64 of head_dim a pass, rows [q0, q0 + m) of the tile; vb: the values'
+      // tiles, [dim block][pos block from 0]
+      const auto output = [&](int64_t q0, int64_t m, int64_t c0, int64_t c1, const uint16_t* vb, int64_t vld) {
+        if constexpr (!kAmx) tiles.rows = m;
+        rows_as_bf16_tiles(s.data() + q0 * np + 32 * c0, np, m, 32 * (c1 - c0), 32 * (c1 - c0), 16, pt.data());
+        for (int64_t d = 0; d < dim_blocks; d += 4) {
+          const int n = static_cast<int>(std::min<int64_t>(4, dim_blocks - d));
+          tiles.zero();
+          for (int64_t b = c0; b < c1; ++b) {
+            tiles.load_a(pt.data() + (b - c0) * 512, 32);
+            const uint16_t* v[4];
+            for (int j = 0; j < 4; ++j) v[j] = vb + ((d + std::min(j, n - 1)) * vld + b) * 512;
+            tiles.dp(n, v);
+          }
+          tiles.store(n, c.data(), 64);
+          const int64_t w = std::min<int64_t>(16 * n, hd - 16 * d);
+          for (int64_t i = 0; i < m; ++i)
+            std::memcpy(l.out + (i0 + q0 + i) * l.ld + 16 * d, c.data() + 64 * i, static_cast<std::size_t>(w) * 4);
         }
-        tiles.store(n, c.data(), 64);
-        const int64_t w = std::min<int64_t>(16 * n, hd - 16 * d);
-        for (int64_t i = 0; i < M; ++i)
-          std::memcpy(l.out + (i0 + i) * l.ld + 16 * d, c.data() + 64 * i, static_cast<std::size_t>(w) * 4);
+      };
+      if (r.finite_in(32 * b0, 32 * b1)) {
+        output(0, M, b0, b1, vt.data(), pos_blocks);
+      } else {  // 0 x inf is NaN: each query alone, the values it does not see as zeros (as decode has them)
+        for (int64_t i = 0; i < M; ++i) {
+          const int64_t f = first_seen(t, pos(i)) - t.base, e = pos(i) + 1 - t.base, c0 = f / 32;
+          const int64_t c1 = round_up(e, 32) / 32;
+          vq.resize(static_cast<std::size_t>(dim_blocks * pos_blocks * 512));
+          for (int64_t d = 0; d < dim_blocks; ++d)
+            for (int64_t b = c0; b < c1; ++b)
+              values_as_b_tile(r, b, 16 * d, vq.data() + (d * pos_blocks + b) * 512, f, e);
+          output(i, 1, c0, c1, vq.data(), pos_blocks);
+        }
       }
     }
   }

@@ -304,6 +304,7 @@ void CpuModel::attention_on_tiles(int64_t layer, std::span<const SeqChunk> chunk
     r = end;
   }
   const int64_t tasks = static_cast<int64_t>(spans.size()) * c_.kv_heads;
+  if (tasks == 0) return;
   const int64_t pieces = std::max<int64_t>(1, (2 * threads_.size() + tasks - 1) / tasks);
   for (const auto& [r0, r1] : spans) {
     const int64_t step = std::max<int64_t>(16, (r1 - r0 + pieces - 1) / pieces);

@@ -183,8 +183,10 @@ void matmul_dequantized(const KernelTable& table, const float* x, int64_t ldx, i
 //     and the values rounded likewise, its K the positions in blocks of 32
 //     from a multiple of 32 (a block of zero weights adds nothing). Each
 //     element depends on its query and the rows alone: the same bits in
-//     prefill and decode, any chunking or batch. (A block of zero weights
-//     skipped or added differs only where an output flushed to -0: +0.)
+//     prefill and decode, any chunking or batch. (Zero weights, a block or
+//     inside one, skipped or added differ only where an output flushed to
+//     -0: +0. A value row with an infinity or a NaN counts only for the
+//     queries that see it, as in decode: 0 x inf is not taken.)
 enum class MatmulMode { kF32, kBf16Dot, kInt8Dot, kBf16Amx };
 
 // Whether CPUID.(7, 0):EDX has AMX-TILE and bit `feature` (22 AMX-BF16, 25
