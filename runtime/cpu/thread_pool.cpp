@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <chrono>
+#include <utility>
 
 namespace tandem::runtime::cpu {
 
@@ -28,7 +29,12 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::drain() {
   for (int64_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) {
-    (*fn_)(i);
+    try {
+      (*fn_)(i);
+    } catch (...) {  // kept for run() to rethrow: an exception leaving a worker would end the process
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
     finished_.fetch_add(1, std::memory_order_release);
   }
 }
@@ -53,6 +59,7 @@ void ThreadPool::run(int64_t n, const std::function<void(int64_t)>& fn) {
   std::unique_lock lock(mutex_);
   done_.wait(lock, [&] { return finished_.load(std::memory_order_acquire) == n_ && active_ == 0; });
   fn_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 void ThreadPool::worker_loop() {

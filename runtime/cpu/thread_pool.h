@@ -5,12 +5,15 @@
 // computes an element never changes its arithmetic. Idle threads block on a
 // condition variable (after a few microseconds of polling, so the ~200 calls
 // of one decode step do not each pay a wake-up); they never spin while idle.
-// Not reentrant: call run() from one thread at a time.
+// Not reentrant: call run() from one thread at a time. An exception from fn
+// (on any thread) is rethrown by run() once every index is done: the first
+// one thrown; the pool stays usable.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -46,6 +49,7 @@ class ThreadPool {
   std::atomic<int64_t> finished_{0};
   std::atomic<uint64_t> generation_{0};
   int active_ = 0;  // workers inside the current generation
+  std::exception_ptr error_;  // the current call's first exception (guarded by mutex_)
   bool stop_ = false;
 };
 
