@@ -30,15 +30,6 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-// n floats rounded to bf16 (vcvtneps2bf16: nearest even, a subnormal to 0) at dst, zeros on to np.
-inline void floats_as_bf16(const float* src, int64_t n, int64_t np, uint16_t* dst) {
-  for (int64_t k = 0; k < n; k += 16) {
-    const __mmask16 m = n - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - k)) - 1u);
-    _mm256_mask_storeu_epi16(dst + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
-  }
-  std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
-}
-
 // A KV row's n values (of type kv; FP8: as widen_fp8_row gives them) rounded to bf16, zeros on to np; a row
 // that is not there (nullptr): zeros.
 void kv_row_as_bf16(DType kv, const void* row, int64_t n, int64_t np, uint16_t* dst) {

@@ -17,27 +17,23 @@
 namespace tandem::runtime::cpu {
 namespace {
 
-// x's rows rounded to bf16 (vcvtneps2bf16: nearest even, a subnormal to 0),
-// row m at buf + m * ld; columns [K, ld) and rows [M, rows) zeros (ld >= K,
-// rows >= M; by default neither padded).
+// n floats rounded to bf16 (vcvtneps2bf16: nearest even, a subnormal to 0) at dst, zeros on to np.
+inline void floats_as_bf16(const float* src, int64_t n, int64_t np, uint16_t* dst) {
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 m = n - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - k)) - 1u);
+    _mm256_mask_storeu_epi16(dst + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
+  }
+  std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
+}
+
+// x's rows rounded to bf16 (floats_as_bf16), row m at buf + m * ld; columns [K, ld) and rows [M, rows) zeros
+// (ld >= K, rows >= M; by default neither padded).
 inline const uint16_t* rows_as_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, LineVector<uint16_t>& buf,
                                     int64_t ld = 0, int64_t rows = 0) {
   ld = ld ? ld : K;
   rows = rows ? rows : M;
   buf.resize(static_cast<std::size_t>(rows * ld) + 16);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* src = x + m * ldx;
-    uint16_t* dst = buf.data() + m * ld;
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
-    if (k < K) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
-      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + k));
-      _mm256_mask_storeu_epi16(dst + k, mask, h);
-    }
-    std::memset(dst + K, 0, static_cast<std::size_t>(ld - K) * 2);
-  }
+  for (int64_t m = 0; m < M; ++m) floats_as_bf16(x + m * ldx, K, ld, buf.data() + m * ld);
   std::memset(buf.data() + M * ld, 0, static_cast<std::size_t>((rows - M) * ld) * 2);
   return buf.data();
 }
