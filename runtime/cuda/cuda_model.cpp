@@ -165,6 +165,21 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
     fp8_ = std::make_unique<Fp8Gemm>(workspace_.get(), workspace_.size());
   }
   upload_layers(config, w);
+  if (fp8_) {  // a shape cuBLASLt has no FP8 algorithm for stops the load, not the first long step of a job
+    const char* names[] = {"q, k and v", "o_proj", "gate and up", "down_proj"};
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      const DevLayer& d = layers_[l];
+      const DevMatrix* ms[] = {&d.wqkv, &d.wo, &d.w_gate_up, &d.w_down};
+      for (int i = 0; i < 4; ++i) {
+        if (!ms[i]->blocks.size()) continue;
+        try {
+          fp8_->prepare(ms[i]->blocks.get(), ms[i]->blocks_ld, ms[i]->rows, ms[i]->cols, kDequantRows);
+        } catch (const Error& e) {
+          throw Error("layer " + std::to_string(l) + "'s " + names[i] + ": " + e.what());
+        }
+      }
+    }
+  }
   // Long products of 8-bit weights on the tensor cores (TANDEM_CUDA_TC_8BIT=0: always products()): room for a
   // tile of the widest such matrix's values (those on the FP8 units need none).
   const char* tc8 = std::getenv("TANDEM_CUDA_TC_8BIT");

@@ -35,8 +35,17 @@ class Fp8Gemm {
   // for the shape here.
   void run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const uint8_t* x,
            const float* x_scales, int64_t rows, float* y, int64_t ldy, cudaStream_t stream);
+  // Asks cuBLASLt now for the algorithm of a product of `rows` rows with W (as run() takes it): a shape it has
+  // none for stops the model's load, not its first long step. Throws as run() does.
+  void prepare(const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, int64_t rows);
 
  private:
+  struct Call;
+  // c described for y (ldy floats a row) = x W^T, the scale pointers as given; its algorithm, found once.
+  void describe(Call& c, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const float* x_scales,
+                int64_t rows, int64_t ldy) const;
+  const cublasLtMatmulAlgo_t& algo(Call& c, int64_t n, int64_t k, int64_t rows);
+
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_;
   std::size_t workspace_bytes_;
