@@ -3,14 +3,18 @@
 // kernels_avx512_bf16amx.cpp does it (the same bits). Compiled with -mavx512bf16 -mavx512vbmi -mamx-tile
 // -mamx-bf16; the tile code runs only through the amx-bf16 table.
 //
-// A task's keys and values are first rounded to bf16 rows (a KV row of every kind: kv_row_as_bf16); then
-//   scores: the keys rearranged once into B tiles (16 keys by 32 of head_dim a tile, a 16 x 16 transpose of
-//     pairs each) and each 16 queries' rows, as A tiles, multiplied by them; on AMX with one tile of queries
-//     (decode), the keys' rows are the A tiles as they are, the queries the B tiles, and the 16 x 16 sums
-//     transposed back: no rearranging of the keys, which a decode step reads once;
+// A task's keys and values are rounded to bf16 rows (a KV row of every kind: kv_row_as_bf16) as they are used:
+//   scores: each 16 queries' rows, as A tiles, times the keys rearranged into B tiles (16 keys by 32 of head_dim
+//     a tile, a 16 x 16 transpose of pairs each); on AMX with one row of queries (decode), the keys' rows are
+//     the A tiles as they are, the queries the B tiles, and the 16 x 16 sums transposed back: no rearranging
+//     of the keys, which a decode step reads once;
 //   the softmax of kernels.h on each query's scores, the weights outside its positions 0;
 //   output: the weights as A tiles (32 positions a tile) times the values in B tiles (a pair of positions a
-//     row, 16 of head_dim a tile), from the first block of 32 any of the 16 queries sees.
+//     row, 16 of head_dim a tile), from the first block of 32 any of the 16 queries sees, kWindow blocks at a
+//     time with the sums carried between.
+// A chunk of many queries makes its keys' and values' tiles once for all of them; a decode step stages its rows
+// in bounded buffers (up to kStaged positions, then a window at a time), so what a thread keeps grows with the
+// context only by the scores.
 // Every element is one tdpbf16ps sum in kernels.h's order, whichever of the paths computed it.
 #include <immintrin.h>
 
@@ -80,40 +84,23 @@ int64_t first_seen(const AttendTask& t, int64_t pos) {
   return t.window > 0 ? std::max<int64_t>(0, pos - t.window + 1) : 0;
 }
 
-// The task's keys and values as bf16 rows from position base, row p at p * ld: rows positions (zeros past the
-// last position), in buffers each thread keeps.
-struct Bf16Rows {
-  const uint16_t* k;
-  const uint16_t* v;
-  const int64_t* bad;  // bad[p]: value rows before p holding an infinity or a NaN
-  int64_t ld;
-  Bf16Rows(const AttendTask& t, int64_t rows, int64_t ld_) : ld(ld_) {
-    thread_local LineVector<uint16_t> kb, vb;
-    thread_local std::vector<int64_t> nonfinite;
-    kb.resize(static_cast<std::size_t>(rows * ld));
-    vb.resize(static_cast<std::size_t>(rows * ld));
-    nonfinite.assign(static_cast<std::size_t>(rows + 1), 0);
-    const int64_t count = t.pos0 + t.rows - t.base;
-    for (int64_t p = 0; p < rows; ++p) {
-      kv_row_as_bf16(t.kv, p < count ? t.keys[p] : nullptr, t.head_dim, ld, kb.data() + p * ld);
-      kv_row_as_bf16(t.kv, p < count ? t.values[p] : nullptr, t.head_dim, ld, vb.data() + p * ld);
-      nonfinite[static_cast<std::size_t>(p + 1)] = nonfinite[static_cast<std::size_t>(p)] + !finite(vb.data() + p * ld);
-    }
-    k = kb.data(), v = vb.data(), bad = nonfinite.data();
-  }
-  // Whether every value row in [a, b) is finite.
-  bool finite_in(int64_t a, int64_t b) const { return bad[b] == bad[a]; }
+// Rows [p, p + n) (from base) of the task's keys or values (rows: t.keys or t.values) as bf16 rows ld apart at
+// dst: zeros for positions past the last and for rows not read (nullptr).
+void stage(const AttendTask& t, const void* const* rows, int64_t p, int64_t n, int64_t ld, uint16_t* dst) {
+  const int64_t count = t.pos0 + t.rows - t.base;
+  for (int64_t i = 0; i < n; ++i)
+    kv_row_as_bf16(t.kv, p + i < count ? rows[p + i] : nullptr, t.head_dim, ld, dst + i * ld);
+}
 
- private:
-  bool finite(const uint16_t* row) const {  // ld bf16 (a multiple of 32): none with an exponent of all ones
-    __mmask32 any = 0;
-    for (int64_t i = 0; i < ld; i += 32) {
-      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(row + i), _mm512_set1_epi16(0x7F80));
-      any |= _mm512_cmpeq_epi16_mask(e, _mm512_set1_epi16(0x7F80));
-    }
-    return any == 0;
+// Whether ld bf16 (a multiple of 32) at row are all finite: none with an exponent of all ones.
+bool finite(const uint16_t* row, int64_t ld) {
+  __mmask32 any = 0;
+  for (int64_t i = 0; i < ld; i += 32) {
+    const __m512i e = _mm512_and_si512(_mm512_loadu_si512(row + i), _mm512_set1_epi16(0x7F80));
+    any |= _mm512_cmpeq_epi16_mask(e, _mm512_set1_epi16(0x7F80));
   }
-};
+  return any == 0;
+}
 
 // The softmax of a query's scores (s: positions from base), the weights outside [first, pos] 0 in [from, to).
 void weights_of(const AttendTask& t, int64_t pos, float* s, int64_t from, int64_t to) {
@@ -160,17 +147,16 @@ inline void rows_as_b_tile(const uint16_t* src, int64_t ld, int64_t k, uint16_t*
   for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + 32 * p, r[p]);
 }
 
-// The values from position 32 b on, 16 of head_dim from 16 d on, as one B tile at out: row p holds each
-// column's pair (position 32 b + 2p, + 1). Positions outside [from, to) as zeros.
-inline void values_as_b_tile(const Bf16Rows& r, int64_t b, int64_t d, uint16_t* out, int64_t from = 0,
-                             int64_t to = INT64_MAX) {
+// A block of 32 value rows (v: bf16 rows ld apart), 16 of head_dim from d on, as one B tile at out: row p
+// holds each column's pair (rows 2p, 2p + 1). Rows outside [from, to) as zeros.
+inline void values_as_b_tile(const uint16_t* v, int64_t ld, int64_t d, uint16_t* out, int64_t from, int64_t to) {
   const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-  const auto row = [&](int64_t pos) {
-    if (pos < from || pos >= to) return _mm512_setzero_si512();
-    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.v + pos * r.ld + d)));
+  const auto row = [&](int64_t i) {
+    if (i < from || i >= to) return _mm512_setzero_si512();
+    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i * ld + d)));
   };
   for (int p = 0; p < 16; ++p) {
-    const __m512i a = row(32 * b + 2 * p), c = row(32 * b + 2 * p + 1);
+    const __m512i a = row(2 * p), c = row(2 * p + 1);
     // per 128-bit lane: lo = columns 8L .. 8L + 3 of both, hi = 8L + 4 .. 8L + 7 (lanes 0-1 hold columns 0-15)
     const __m512i lo = _mm512_unpacklo_epi16(a, c), hi = _mm512_unpackhi_epi16(a, c);
     _mm512_storeu_si512(out + 32 * p, _mm512_permutex2var_epi64(lo, lo_idx, hi));
@@ -184,6 +170,14 @@ struct AmxTiles {
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+  }
+  // C tiles j < n from src + 16 j, rows ld floats apart (what store() wrote).
+  void load(int n, const float* src, int64_t ld) {
+    const auto stride = static_cast<long>(ld * 4);
+    _tile_loadd(0, src, stride);
+    if (n > 1) _tile_loadd(1, src + 16, stride);
+    if (n > 2) _tile_loadd(2, src + 32, stride);
+    if (n > 3) _tile_loadd(3, src + 48, stride);
   }
   // The A tile: 16 rows of 32 bf16, row i at a + i * ld.
   void load_a(const uint16_t* a, int64_t ld) { _tile_loadd(4, a, static_cast<long>(ld * 2)); }
@@ -223,6 +217,10 @@ struct FmaTiles {
   alignas(64) float c[4][16][16];
 
   void zero() { std::memset(c, 0, sizeof c); }
+  void load(int n, const float* src, int64_t ld) {
+    for (int j = 0; j < n; ++j)
+      for (int64_t m = 0; m < rows; ++m) std::memcpy(c[j][m], src + m * ld + 16 * j, 64);
+  }
   void load_a(const uint16_t* p, int64_t ld) {
     for (int64_t m = 0; m < rows; ++m)
       for (int h = 0; h < 2; ++h) {
@@ -256,113 +254,210 @@ struct FmaTiles {
   }
 };
 
-// One task on Tiles (AmxTiles or FmaTiles).
+constexpr int64_t kWindow = 16;  // blocks of 32 positions whose value tiles the output holds at once
+constexpr int64_t kStaged = 4096;  // positions a decode step stages as bf16 rows at once
+
+// One task on Tiles (AmxTiles or FmaTiles). Memory a thread keeps grows with the context by the scores (64 bytes
+// a position) and, for a task of several tiles of queries, the keys' and values' tiles (4 bytes a position and
+// element of head_dim), made once for all of them; a decode step's keys and values pass through buffers of a
+// few KiB.
 template <class Tiles>
-void attend_on(const AttendTask& t) {
-  constexpr bool kAmx = std::is_same_v<Tiles, AmxTiles>;
-  const int64_t hd = t.head_dim, hdp = round_up(hd, 32), steps = hdp / 32, count = t.pos0 + t.rows - t.base;
-  const int64_t np = round_up(count, 32);
-  const Bf16Rows r(t, np, hdp);
-  const bool keys_as_a = kAmx && line_count(t) == 1 && line(t, 0).count <= 16;  // decode on AMX
-  thread_local LineVector<uint16_t> kb, qt, pt, vt, vq;
-  thread_local LineVector<float> s, c;
-  const int64_t key_blocks = np / 16, pos_blocks = np / 32, dim_blocks = round_up(hd, 16) / 16;
-  if (!keys_as_a) {  // the keys in B tiles: [key block][step] of 1 KiB
-    kb.resize(static_cast<std::size_t>(key_blocks * steps * 512));
-    for (int64_t b = 0; b < key_blocks; ++b)
-      for (int64_t st = 0; st < steps; ++st)
-        rows_as_b_tile(r.k + 16 * b * hdp, hdp, 32 * st, kb.data() + (b * steps + st) * 512);
+class Attend {
+ public:
+  static constexpr bool kAmx = std::is_same_v<Tiles, AmxTiles>;
+
+  explicit Attend(const AttendTask& t)
+      : t_(t), hd_(t.head_dim), hdp_(round_up(hd_, 32)), steps_(hdp_ / 32), count_(t.pos0 + t.rows - t.base),
+        np_(round_up(count_, 32)), pos_blocks_(np_ / 32), dim_blocks_(round_up(hd_, 16) / 16) {}
+
+  void run() {
+    b_.s.resize(static_cast<std::size_t>(16 * np_));
+    b_.qt.resize(static_cast<std::size_t>(steps_ * 512));
+    const int64_t staged = std::max(32 * kWindow, std::min(np_, kStaged));
+    b_.ks.resize(static_cast<std::size_t>(staged * hdp_));
+    b_.vs.resize(static_cast<std::size_t>(staged * hdp_));
+    b_.kt.resize(static_cast<std::size_t>(4 * steps_ * 512));
+    b_.acc.resize(static_cast<std::size_t>(16 * 16 * dim_blocks_));
+    if constexpr (kAmx) configure_tiles(16);
+    if (t_.rows == 1 && t_.heads <= 16)
+      decode();
+    else
+      chunk();
+    if constexpr (kAmx) _tile_release();
+    _mm256_zeroupper();
   }
-  vt.resize(static_cast<std::size_t>(dim_blocks * pos_blocks * 512));  // the values: [dim block][pos block]
-  for (int64_t d = 0; d < dim_blocks; ++d)
-    for (int64_t b = 0; b < pos_blocks; ++b) values_as_b_tile(r, b, 16 * d, vt.data() + (d * pos_blocks + b) * 512);
-  s.resize(static_cast<std::size_t>(16 * np));
-  c.resize(16 * 64);
-  qt.resize(static_cast<std::size_t>(steps * 512));
-  pt.resize(static_cast<std::size_t>(pos_blocks * 512));
-  Tiles tiles;
-  if constexpr (kAmx) configure_tiles(16);
-  for (int64_t h = 0; h < line_count(t); ++h) {
-    const Line l = line(t, h);
-    for (int64_t i0 = 0; i0 < l.count; i0 += 16) {
-      const int64_t M = std::min<int64_t>(16, l.count - i0);
-      const auto pos = [&](int64_t i) { return l.pos0 + (i0 + i) * l.step; };
-      // the positions (from base) any of the M queries sees: the first query's first to the last one's
-      const int64_t lo = first_seen(t, pos(0)) - t.base, hi = pos(M - 1) - t.base;
-      const int64_t k0 = lo / 16 * 16, k1 = round_up(hi + 1, 16), b0 = lo / 32, b1 = round_up(hi + 1, 32) / 32;
-      if constexpr (!kAmx) tiles.rows = M;
-      rows_as_bf16_tiles(l.q + i0 * l.ld, l.ld, M, hd, hdp, 16, qt.data());
-      if (!keys_as_a) {  // scores: queries (A) x keys (B), 64 keys a pass
-        for (int64_t k = k0; k < k1; k += 64) {
-          const int n = static_cast<int>(std::min<int64_t>(4, (k1 - k) / 16));
-          tiles.zero();
-          for (int64_t st = 0; st < steps; ++st) {
-            tiles.load_a(qt.data() + st * 512, 32);
-            const uint16_t* b[4];
-            for (int j = 0; j < 4; ++j) b[j] = kb.data() + ((k / 16 + std::min(j, n - 1)) * steps + st) * 512;
-            tiles.dp(n, b);
-          }
-          tiles.store(n, s.data() + k, np);
+
+ private:
+  struct Buffers {
+    LineVector<uint16_t> qt, ks, kt, kb, vs, vt, vw, pt;
+    LineVector<float> s, acc;
+    std::vector<int64_t> bad;  // bad[p]: value rows before p (from base) holding an infinity or a NaN
+  };
+  static Buffers& buffers() {
+    thread_local Buffers b;
+    return b;
+  }
+
+  // One row's queries (one decode step, the heads of a KV head): every key and value read once, so none is kept.
+  void decode() {
+    const int64_t M = t_.heads, f = first_seen(t_, t_.pos0) - t_.base, e = count_;
+    const int64_t b0 = f / 32, b1 = round_up(e, 32) / 32;
+    // Rows are staged in one loop of loads (many in flight: a decode step's KV comes from memory): up to
+    // kStaged positions, the values beside the keys, as two streams; a longer context a window at a time.
+    const bool one = 32 * (b1 - b0) <= kStaged;
+    const int64_t kw = one ? 32 * (b1 - b0) : 32 * kWindow;
+    if constexpr (!kAmx) tiles_.rows = M;
+    rows_as_bf16_tiles(t_.q, t_.ldq_head, M, hd_, hdp_, 16, b_.qt.data());
+    if constexpr (kAmx)  // scores transposed: keys (A, their rows) x queries (B)
+      for (int64_t st = 0; st < steps_; ++st) rows_as_b_tile(b_.qt.data() + st * 512, 32, 0, b_.qt.data() + st * 512);
+    for (int64_t w = 32 * b0; w < 32 * b1; w += kw) {
+      const int64_t n = std::min(kw, 32 * b1 - w);
+      if (one) {
+        for (int64_t i = 0; i < n; ++i) {
+          stage(t_, t_.keys, w + i, 1, hdp_, b_.ks.data() + i * hdp_);
+          stage(t_, t_.values, w + i, 1, hdp_, b_.vs.data() + i * hdp_);
         }
-      } else {  // scores transposed: keys (A, their rows) x queries (B), 16 keys a pass
-        for (int64_t st = 0; st < steps; ++st) rows_as_b_tile(qt.data() + st * 512, 32, 0, qt.data() + st * 512);
-        for (int64_t k = k0; k < k1; k += 16) {
-          tiles.zero();
-          for (int64_t st = 0; st < steps; ++st) {
-            tiles.load_a(r.k + k * hdp + 32 * st, hdp);
-            const uint16_t* b[4] = {qt.data() + st * 512, nullptr, nullptr, nullptr};
-            tiles.dp(1, b);
+      } else {
+        stage(t_, t_.keys, w, n, hdp_, b_.ks.data());
+      }
+      if constexpr (kAmx) {  // 16 keys a pass, their sums transposed back
+        for (int64_t k = 0; k < n; k += 16) {
+          tiles_.zero();
+          for (int64_t st = 0; st < steps_; ++st) {
+            tiles_.load_a(b_.ks.data() + k * hdp_ + 32 * st, hdp_);
+            const uint16_t* b[4] = {b_.qt.data() + st * 512, nullptr, nullptr, nullptr};
+            tiles_.dp(1, b);
           }
-          tiles.store(1, c.data(), 16);
+          alignas(64) float c[16 * 16];
+          tiles_.store(1, c, 16);
           __m512i sums[16];
-          for (int i = 0; i < 16; ++i) sums[i] = _mm512_load_si512(c.data() + 16 * i);
+          for (int i = 0; i < 16; ++i) sums[i] = _mm512_load_si512(c + 16 * i);
           transpose16(sums);
-          for (int64_t i = 0; i < M; ++i) _mm512_storeu_si512(s.data() + i * np + k, sums[i]);
+          for (int64_t i = 0; i < M; ++i) _mm512_storeu_si512(b_.s.data() + i * np_ + w + k, sums[i]);
+        }
+      } else {  // queries (A) x keys (B), 64 keys a pass
+        for (int64_t k = 0; k < n; k += 64) {
+          const int nt = static_cast<int>(std::min<int64_t>(4, (n - k) / 16));
+          for (int j = 0; j < nt; ++j)
+            for (int64_t st = 0; st < steps_; ++st)
+              rows_as_b_tile(b_.ks.data() + (k + 16 * j) * hdp_, hdp_, 32 * st, b_.kt.data() + (j * steps_ + st) * 512);
+          scores(b_.kt.data(), nt, b_.s.data() + w + k);
         }
       }
-      for (int64_t i = 0; i < M; ++i) weights_of(t, pos(i), s.data() + i * np, 32 * b0, 32 * b1);
-      // output: weights (A) x values (B), 64 of head_dim a pass, rows [q0, q0 + m) of the tile; vb: the values'
-      // tiles, [dim block][pos block from 0]
-      const auto output = [&](int64_t q0, int64_t m, int64_t c0, int64_t c1, const uint16_t* vb, int64_t vld) {
-        if constexpr (!kAmx) tiles.rows = m;
-        rows_as_bf16_tiles(s.data() + q0 * np + 32 * c0, np, m, 32 * (c1 - c0), 32 * (c1 - c0), 16, pt.data());
-        for (int64_t d = 0; d < dim_blocks; d += 4) {
-          const int n = static_cast<int>(std::min<int64_t>(4, dim_blocks - d));
-          tiles.zero();
-          for (int64_t b = c0; b < c1; ++b) {
-            tiles.load_a(pt.data() + (b - c0) * 512, 32);
-            const uint16_t* v[4];
-            for (int j = 0; j < 4; ++j) v[j] = vb + ((d + std::min(j, n - 1)) * vld + b) * 512;
-            tiles.dp(n, v);
+    }
+    for (int64_t i = 0; i < M; ++i) weights_of(t_, t_.pos0, b_.s.data() + i * np_, 32 * b0, 32 * b1);
+    output(0, M, b0, b1, f, e, nullptr, t_.out, t_.ldq_head, one);
+  }
+
+  // Many queries: the keys and values in tiles once, for every tile of 16 queries.
+  void chunk() {
+    const int64_t key_blocks = np_ / 16;
+    b_.kb.resize(static_cast<std::size_t>(key_blocks * steps_ * 512));  // the keys: [key block][step] of 1 KiB
+    for (int64_t kb = 0; kb < key_blocks; ++kb) {
+      stage(t_, t_.keys, 16 * kb, 16, hdp_, b_.ks.data());
+      for (int64_t st = 0; st < steps_; ++st)
+        rows_as_b_tile(b_.ks.data(), hdp_, 32 * st, b_.kb.data() + (kb * steps_ + st) * 512);
+    }
+    b_.vt.resize(static_cast<std::size_t>(dim_blocks_ * pos_blocks_ * 512));  // the values: [dim block][pos block]
+    b_.bad.assign(static_cast<std::size_t>(np_ + 1), 0);
+    for (int64_t pb = 0; pb < pos_blocks_; ++pb) {
+      stage(t_, t_.values, 32 * pb, 32, hdp_, b_.vs.data());
+      for (int64_t i = 0; i < 32; ++i) {
+        const auto p = static_cast<std::size_t>(32 * pb + i);
+        b_.bad[p + 1] = b_.bad[p] + !finite(b_.vs.data() + i * hdp_, hdp_);
+      }
+      for (int64_t d = 0; d < dim_blocks_; ++d)
+        values_as_b_tile(b_.vs.data(), hdp_, 16 * d, b_.vt.data() + (d * pos_blocks_ + pb) * 512, 0, 32);
+    }
+    for (int64_t h = 0; h < line_count(t_); ++h) {
+      const Line l = line(t_, h);
+      for (int64_t i0 = 0; i0 < l.count; i0 += 16) {
+        const int64_t M = std::min<int64_t>(16, l.count - i0);
+        const auto pos = [&](int64_t i) { return l.pos0 + (i0 + i) * l.step; };
+        // the positions (from base) any of the M queries sees: the first query's first to the last one's
+        const int64_t lo = first_seen(t_, pos(0)) - t_.base, hi = pos(M - 1) - t_.base;
+        const int64_t k0 = lo / 16 * 16, k1 = round_up(hi + 1, 16), b0 = lo / 32, b1 = round_up(hi + 1, 32) / 32;
+        if constexpr (!kAmx) tiles_.rows = M;
+        rows_as_bf16_tiles(l.q + i0 * l.ld, l.ld, M, hd_, hdp_, 16, b_.qt.data());
+        for (int64_t k = k0; k < k1; k += 64)
+          scores(b_.kb.data() + k / 16 * steps_ * 512, static_cast<int>(std::min<int64_t>(4, (k1 - k) / 16)),
+                 b_.s.data() + k);
+        for (int64_t i = 0; i < M; ++i) weights_of(t_, pos(i), b_.s.data() + i * np_, 32 * b0, 32 * b1);
+        if (b_.bad[static_cast<std::size_t>(32 * b1)] == b_.bad[static_cast<std::size_t>(32 * b0)]) {
+          output(0, M, b0, b1, 0, np_, b_.vt.data(), l.out + i0 * l.ld, l.ld);
+        } else {  // 0 x inf is NaN: each query alone, the values it does not see as zeros (as decode has them)
+          for (int64_t i = 0; i < M; ++i) {
+            const int64_t f = first_seen(t_, pos(i)) - t_.base, e = pos(i) + 1 - t_.base;
+            output(i, 1, f / 32, round_up(e, 32) / 32, f, e, nullptr, l.out + (i0 + i) * l.ld, l.ld);
           }
-          tiles.store(n, c.data(), 64);
-          const int64_t w = std::min<int64_t>(16 * n, hd - 16 * d);
-          for (int64_t i = 0; i < m; ++i)
-            std::memcpy(l.out + (i0 + q0 + i) * l.ld + 16 * d, c.data() + 64 * i, static_cast<std::size_t>(w) * 4);
-        }
-      };
-      if (r.finite_in(32 * b0, 32 * b1)) {
-        output(0, M, b0, b1, vt.data(), pos_blocks);
-      } else {  // 0 x inf is NaN: each query alone, the values it does not see as zeros (as decode has them)
-        for (int64_t i = 0; i < M; ++i) {
-          const int64_t f = first_seen(t, pos(i)) - t.base, e = pos(i) + 1 - t.base, c0 = f / 32;
-          const int64_t c1 = round_up(e, 32) / 32;
-          vq.resize(static_cast<std::size_t>(dim_blocks * pos_blocks * 512));
-          for (int64_t d = 0; d < dim_blocks; ++d)
-            for (int64_t b = c0; b < c1; ++b)
-              values_as_b_tile(r, b, 16 * d, vq.data() + (d * pos_blocks + b) * 512, f, e);
-          output(i, 1, c0, c1, vq.data(), pos_blocks);
         }
       }
     }
   }
-  if constexpr (kAmx) _tile_release();
-  _mm256_zeroupper();
-}
+
+  // Scores of the queries in qt (A) with n tiles of 16 keys (kt: [tile][step] of 1 KiB) into s (np_ apart).
+  void scores(const uint16_t* kt, int n, float* s) {
+    tiles_.zero();
+    for (int64_t st = 0; st < steps_; ++st) {
+      tiles_.load_a(b_.qt.data() + st * 512, 32);
+      const uint16_t* b[4];
+      for (int j = 0; j < 4; ++j) b[j] = kt + (std::min(j, n - 1) * steps_ + st) * 512;
+      tiles_.dp(n, b);
+    }
+    tiles_.store(n, s, np_);
+  }
+
+  // Weights (A: rows [q0, q0 + m) of the scores) x values (B) over position blocks [c0, c1), into m rows of out
+  // (ldo apart), 64 of head_dim a pass, kWindow blocks at a time (the sums carried between in acc). vt: the
+  // values' tiles, [dim block][pos block]; nullptr: made here, window by window, the rows outside [f, e) zeros.
+  void output(int64_t q0, int64_t m, int64_t c0, int64_t c1, int64_t f, int64_t e, const uint16_t* vt, float* out,
+              int64_t ldo, bool staged = false) {
+    const int64_t lda = 16 * dim_blocks_;
+    if constexpr (!kAmx) tiles_.rows = m;
+    b_.pt.resize(static_cast<std::size_t>(kWindow * 512));
+    if (!vt) b_.vw.resize(static_cast<std::size_t>(dim_blocks_ * kWindow * 512));
+    for (int64_t w0 = c0; w0 < c1; w0 += kWindow) {
+      const int64_t w1 = std::min(c1, w0 + kWindow);
+      rows_as_bf16_tiles(b_.s.data() + q0 * np_ + 32 * w0, np_, m, 32 * (w1 - w0), 32 * (w1 - w0), 16, b_.pt.data());
+      const uint16_t* vb = vt;  // block b's tile of dim block d at vb + (d * vld + b - first) * 512
+      int64_t vld = pos_blocks_, first = 0;
+      if (!vt) {
+        const uint16_t* rows = b_.vs.data() + (staged ? 32 * (w0 - c0) * hdp_ : 0);  // block w0's
+        if (!staged) stage(t_, t_.values, 32 * w0, 32 * (w1 - w0), hdp_, b_.vs.data());
+        for (int64_t b = w0; b < w1; ++b)
+          for (int64_t d = 0; d < dim_blocks_; ++d)
+            values_as_b_tile(rows + 32 * (b - w0) * hdp_, hdp_, 16 * d,
+                             b_.vw.data() + (d * kWindow + b - w0) * 512, f - 32 * b, e - 32 * b);
+        vb = b_.vw.data(), vld = kWindow, first = w0;
+      }
+      for (int64_t d = 0; d < dim_blocks_; d += 4) {
+        const int n = static_cast<int>(std::min<int64_t>(4, dim_blocks_ - d));
+        if (w0 == c0)
+          tiles_.zero();
+        else
+          tiles_.load(n, b_.acc.data() + 16 * d, lda);
+        for (int64_t b = w0; b < w1; ++b) {
+          tiles_.load_a(b_.pt.data() + (b - w0) * 512, 32);
+          const uint16_t* v[4];
+          for (int j = 0; j < 4; ++j) v[j] = vb + ((d + std::min(j, n - 1)) * vld + b - first) * 512;
+          tiles_.dp(n, v);
+        }
+        tiles_.store(n, b_.acc.data() + 16 * d, lda);
+      }
+    }
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(out + i * ldo, b_.acc.data() + i * lda, static_cast<std::size_t>(hd_) * 4);
+  }
+
+  const AttendTask& t_;
+  const int64_t hd_, hdp_, steps_, count_, np_, pos_blocks_, dim_blocks_;
+  Buffers& b_ = buffers();
+  Tiles tiles_;
+};
 
 }  // namespace
 
-void attend_bf16amx_tiles(const AttendTask& task) { attend_on<AmxTiles>(task); }
-void attend_bf16amx_fma(const AttendTask& task) { attend_on<FmaTiles>(task); }
+void attend_bf16amx_tiles(const AttendTask& task) { Attend<AmxTiles>(task).run(); }
+void attend_bf16amx_fma(const AttendTask& task) { Attend<FmaTiles>(task).run(); }
 
 }  // namespace tandem::runtime::cpu

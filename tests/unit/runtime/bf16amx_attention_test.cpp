@@ -145,15 +145,17 @@ TEST_CASE("kBf16Amx attention: the tables give the rule's bits for every KV type
   }
 }
 
-TEST_CASE("kBf16Amx attention: head_dim 256 and 96, contexts past a thousand positions, windows inside them",
+TEST_CASE("kBf16Amx attention: head_dim 256 and 96, contexts of thousands of positions, windows inside them",
           "[kernels]") {
   std::mt19937 rng(13);
   for (const KernelTable* t : bf16amx_tables()) {
     for (const int64_t hd : {256, 96}) {
-      const Kv kv(DType::kBF16, 1300, hd, rng);
+      const Kv kv(DType::kBF16, 4700, hd, rng);
       INFO(t->name << " head_dim " << hd);
-      check_task(*t, kv, 1, 4, 1290, 0, rng);     // decode deep in the context
+      check_task(*t, kv, 1, 4, 1290, 0, rng);     // decode deep in the context: its rows staged at once
       check_task(*t, kv, 1, 2, 1290, 700, rng);   // under a window that starts mid-block
+      check_task(*t, kv, 1, 3, 4650, 0, rng);     // past 4,096 positions: staged window by window
+      check_task(*t, kv, 1, 2, 4650, 4300, rng);  // a window of 4,300 positions: as long, from mid-block
       check_task(*t, kv, 53, 2, 1203, 0, rng);    // a prefill chunk from position 1,203
       check_task(*t, kv, 53, 1, 1203, 517, rng);  // and under a window: the first positions each row sees differ
     }
