@@ -24,7 +24,7 @@ struct GenerateOptions {
   std::string prompt_ids;
   bool json = false;
   int threads = 0;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "auto";
   std::string cpu_matmul = "f32";
   runtime::SamplingParams params;
 };
@@ -68,7 +68,7 @@ int run_generate(const GenerateOptions& o) {
   const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + std::max<int64_t>(1, o.params.max_tokens),
                                            config.max_position_embeddings);
   kv::KvLayout layout{config.layers, config.kv_heads, config.head_dim, block};
-  layout.elem_bytes = o.kv_dtype == "fp8" ? 1 : o.kv_dtype == "bf16" ? 2 : 4;
+  layout.elem_bytes = kv_elem_bytes(o.kv_dtype, true, o.cpu_matmul, config);
   kv::BlockPool pool(layout, (tokens + block - 1) / block);
   runtime::cpu::ThreadPool threads(o.threads);
   runtime::Engine engine(config, *weights, pool, threads, tok.get(), runtime::EngineOptions{1, 2048, 0});
@@ -90,7 +90,8 @@ int run_generate(const GenerateOptions& o) {
                         {"finish_reason", runtime::finish_reason_name(result.reason)},
                         {"ttft_s", result.ttft_s},
                         {"e2e_s", result.e2e_s},
-                        {"kernels", runtime::cpu::kernels().name}};
+                        {"kernels", runtime::cpu::kernels().name},
+                        {"kv_dtype", pool.layout().dtype_name()}};
     if (o.params.logprobs >= 0) {
       j["logprobs"] = nlohmann::json::array();
       for (const auto& p : result.logprobs) j["logprobs"].push_back(logprobs_json(p));
@@ -120,8 +121,9 @@ Action add_generate_command(CLI::App& root) {
   cmd->add_option("--logprobs", o->params.logprobs, "With --json: log-probabilities of each token and the top N");
   cmd->add_flag("--ignore-eos", o->params.ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_option("--threads", o->threads, "Compute threads; 0: every CPU this process may use");
-  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache elements, as kv.dtype: f32, bf16 or fp8")
-      ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache elements, as kv.dtype: f32, bf16, fp8 or auto (bf16 under --cpu-matmul bf16-amx, else f32)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   cmd->add_option("--cpu-matmul", o->cpu_matmul,
                   "The products' arithmetic, as model.cpu_matmul: f32, bf16, bf16-amx or int8 (docs/engine.md)")
       ->check(CLI::IsMember({"f32", "bf16", "bf16-amx", "int8"}));

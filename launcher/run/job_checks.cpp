@@ -175,12 +175,18 @@ void check_backend(const Prepared& p, int ranks) {
                 b + "\" use \"nccl\", \"mpi_two_sided\" (staged through host memory) or \"auto\"");
 }
 
+int64_t kv_elem_bytes(const std::string& d, bool on_cpu, const std::string& cpu_matmul, const runtime::ModelConfig& m) {
+  if (d == "fp8") return 1;
+  if (d == "bf16") return 2;
+  if (d != "auto") return 4;
+  if (!on_cpu) return m.dtype != runtime::DType::kF32 ? 2 : 4;
+  return cpu_matmul == "bf16-amx" && m.head_dim % 2 == 0 ? 2 : 4;
+}
+
 kv::KvLayout kv_layout(const Prepared& p, int tp) {
   const int64_t kv_heads = runtime::cpu::shard_config(p.model, {0, tp}).kv_heads;
   kv::KvLayout l{p.model.layers, kv_heads, p.model.head_dim, p.cfg.kv.block_size};
-  const std::string& d = p.cfg.kv.dtype;
-  const bool bf16 = d == "bf16" || (d == "auto" && !p.cfg.choices.on_cpu() && p.model.dtype != runtime::DType::kF32);
-  l.elem_bytes = d == "fp8" ? 1 : bf16 ? 2 : 4;
+  l.elem_bytes = kv_elem_bytes(p.cfg.kv.dtype, p.cfg.choices.on_cpu(), p.cfg.model.cpu_matmul, p.model);
   return l;
 }
 

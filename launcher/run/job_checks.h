@@ -45,9 +45,14 @@ void check_backend(const Prepared& p, int ranks);
 // where the CPU or the model cannot take them.
 void use_cpu_matmul(const std::string& choice, const runtime::ModelConfig& m, const std::string& path,
                     const std::string& load_as);
-// A worker rank's KV layout: kv.dtype resolved (auto: f32 on the CPU; on a
-// GPU bf16 unless the checkpoint is f32), and the KV heads it holds as one of
-// a tensor-parallel group of `tp` ranks.
+// kv.dtype resolved to a KV element's bytes (4 f32, 2 bf16, 1 FP8). auto: on a
+// GPU bf16 unless the checkpoint is f32; on the CPU bf16 under model.cpu_matmul
+// = "bf16-amx" (its attention reads every KV element rounded to bf16: the same
+// bits from half the bytes; head_dim even), else f32 (the reference).
+int64_t kv_elem_bytes(const std::string& kv_dtype, bool on_cpu, const std::string& cpu_matmul,
+                      const runtime::ModelConfig& m);
+// A worker rank's KV layout: kv.dtype resolved (kv_elem_bytes), and the KV heads
+// it holds as one of a tensor-parallel group of `tp` ranks.
 kv::KvLayout kv_layout(const Prepared& p, int tp = 1);
 // KV blocks for one worker rank: kv.memory_gib, or room for max_num_seqs
 // full contexts (its shard of them, in a group of `tp`), capped at 60% of the

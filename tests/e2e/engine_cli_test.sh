@@ -86,6 +86,11 @@ if grep -qw avx512_bf16 /proc/cpuinfo; then
   check "generate --cpu-matmul bf16-amx exits 0 and names its kernels" \
     test $rc -eq 0 -a -n "$(grep -E '"kernels":"(amx-bf16|avx512-bf16amx)"' "$tmp/hamx")"
   check "generate --cpu-matmul bf16-amx: other logprobs than f32's" test "$(lps "$tmp/h32")" != "$(lps "$tmp/hamx")"
+  # kv.dtype auto: bf16 KV under bf16-amx (its attention rounds KV to bf16 anyway), float32 KV asked for: the same bits
+  genh --cpu-matmul bf16-amx --kv-dtype f32 > "$tmp/hamx32"
+  check "generate --cpu-matmul bf16-amx holds bf16 KV by default, f32 KV on request, with the same logprobs" \
+    test -n "$(grep -F '"kv_dtype":"bf16"' "$tmp/hamx")" -a -n "$(grep -F '"kv_dtype":"f32"' "$tmp/hamx32")" \
+    -a -n "$(grep -F '"kv_dtype":"f32"' "$tmp/h32")" -a "$(lps "$tmp/hamx")" = "$(lps "$tmp/hamx32")"
   printf '{"custom_id":"s","prompt":"The cluster is","max_tokens":12,"temperature":1,"seed":5,"ignore_eos":true}\n' \
     > "$tmp/h.jsonl"
   "$tandem" run --model "$tmp/h" --input "$tmp/h.jsonl" --output "$tmp/h-out.jsonl" --set 'model.cpu_matmul="bf16-amx"' \

@@ -177,6 +177,11 @@ with tempfile.TemporaryDirectory() as tmp:
                           f"max rel err {err:.2e}, argmax equal at {100 * agree:.0f}% of positions")
                     check(f"{name} bf16-amx: chunked prefill is bitwise the same", np.array_equal(d, d7),
                           "chunks of 7 vs one")
+                    # kv.dtype = "auto" holds bf16 KV under bf16-amx: its attention rounds every KV element so anyway
+                    kv16 = Path(tmp) / f"amxkv16-{i}.npy"
+                    run([engine_logits, model, ids, kv16, "7", "bf16"], env=amx_fma)
+                    check(f"{name} bf16-amx: bf16 KV is bitwise f32 KV", np.array_equal(np.load(kv16), d7),
+                          "chunks of 7, KV held as bf16 vs float32")
                     out = run([engine_logits, model, ids, tiles], env=dict(os.environ, TANDEM_CPU_KERNELS="amx-bf16"))
                     if "kernels: amx-bf16" in out:
                         check(f"{name} bf16-amx on AMX tiles: bitwise the FMA table's", np.array_equal(np.load(tiles), d),

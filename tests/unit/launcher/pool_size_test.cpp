@@ -76,3 +76,28 @@ TEST_CASE("kv.dtype = fp8: rows of head_dim codes and a scale, on the CPU and on
   p.model.head_dim = 126;  // a row's scale would not be an aligned float
   CHECK_THROWS_WITH(tandem::launcher::check_backend(p, 2), Catch::Contains("multiple of 4"));
 }
+
+TEST_CASE("kv.dtype = auto: bf16 on a GPU for a bf16 checkpoint and on the CPU under bf16-amx, else f32", "[pool]") {
+  Prepared p = eight_b();  // bf16 weights on a GPU
+  p.model.dtype = tandem::runtime::DType::kBF16;
+  CHECK(kv_layout(p, 1).elem_bytes == 2);
+  p.model.dtype = tandem::runtime::DType::kF32;
+  CHECK(kv_layout(p, 1).elem_bytes == 4);
+  p.model.dtype = tandem::runtime::DType::kBF16;
+  p.cfg.model.backend = "cpu";
+  p.cfg.choices.backend = tandem::launcher::ComputeBackend::kCpu;
+  for (const char* products : {"f32", "bf16", "int8"}) {
+    p.cfg.model.cpu_matmul = products;
+    CHECK(kv_layout(p, 1).elem_bytes == 4);  // the reference's float32 KV
+  }
+  // bf16-amx's attention reads each KV element rounded to bf16: the pool holds them so, the same bits in half
+  // the memory (test_vs_torch.py holds the logits bitwise equal)
+  p.cfg.model.cpu_matmul = "bf16-amx";
+  CHECK(kv_layout(p, 1).elem_bytes == 2);
+  CHECK(kv_layout(p, 2).block_bytes() * 2 == kv_layout(p, 1).block_bytes());
+  p.model.head_dim = 127;  // bf16 KV pairs elements in a float: an odd head_dim stays f32
+  CHECK(kv_layout(p, 1).elem_bytes == 4);
+  p.model.head_dim = 128;
+  p.cfg.kv.dtype = "f32";  // asked for: kept
+  CHECK(kv_layout(p, 1).elem_bytes == 4);
+}
