@@ -51,10 +51,14 @@ struct Run {
 // Decode throughput: n sequences with prompts of prompt_len tokens; times
 // only steps that have no prefill in them.
 // sampled: temperature 0.7, top_p 0.9 instead of greedy (the host sampler's cost on top of the step).
-// kv_bytes: the KV pool's element size (4: f32, 2: bf16, 1: FP8 rows with their scales).
+// kv_bytes: the KV pool's element size (4: f32, 2: bf16, 1: FP8 rows with their scales; 0: as kv.dtype = "auto"
+// gives it to the kernels in use, bf16 under bf16-amx, else f32).
+int64_t kv_auto(int64_t kv_bytes) { return kv_bytes ? kv_bytes : runtime::cpu::kernels().attend ? 2 : 4; }
+
 Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads, int64_t n,
-           int64_t steps, bool sampled = false, int64_t prompt_len = 32, int64_t kv_bytes = 4) {
-  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_bytes}, n * ((prompt_len + steps + 16) / 16 + 1));
+           int64_t steps, bool sampled = false, int64_t prompt_len = 32, int64_t kv_bytes = 0) {
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_auto(kv_bytes)},
+                     n * ((prompt_len + steps + 16) / 16 + 1));
   runtime::Engine e(c, w, pool, threads, nullptr, {n, 4096, 0});
   std::mt19937 rng(1);
   for (int64_t i = 0; i < n; ++i) {
@@ -83,7 +87,7 @@ Run decode(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtim
 
 Run prefill(const runtime::ModelConfig& c, const runtime::ModelWeights& w, runtime::cpu::ThreadPool& threads,
             int64_t prompts, int64_t len) {
-  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16}, prompts * (len / 16 + 2));
+  kv::BlockPool pool({c.layers, c.kv_heads, c.head_dim, 16, kv_auto(0)}, prompts * (len / 16 + 2));
   runtime::Engine e(c, w, pool, threads, nullptr, {prompts, len, 0});
   std::mt19937 rng(2);
   for (int64_t i = 0; i < prompts; ++i) {
@@ -493,7 +497,8 @@ void quantized_figures(const std::string& bf16_dir, runtime::cpu::ThreadPool& th
   runtime::cpu::use_kernels(runtime::cpu::MatmulMode::kF32);
   std::printf("\n8-bit weights against bf16 (the bench model and its tandem quantize twins; the LM head stays bf16; "
               "int8 W8A8: the int8 twin under model.cpu_matmul = \"int8\"; bf16-amx: under model.cpu_matmul = "
-              "\"bf16-amx\" on the %s table), round-robin:\n",
+              "\"bf16-amx\" on the %s table; KV as kv.dtype = \"auto\" holds it: bf16 under bf16-amx, else f32), "
+              "round-robin:\n",
               runtime::cpu::amx_bf16_kernels() ? "amx-bf16" : "avx512-bf16amx");
   std::printf("  %-18s %10s %12s %22s %26s %12s %14s\n", "weights", "held MiB", "read/step MB", "decode 1 (tok/s, x)",
               "of 8-bit roofline (triad)", "decode 32", "prefill 512");
