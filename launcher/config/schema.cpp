@@ -287,9 +287,9 @@ std::vector<KeySpec> build_schema() {
                "transfer and offload; its outputs differ from f32's at rounding level (still reproducible). fp8: "
                "E4M3 with a float32 scale per token and head (1 + 4/head_dim bytes a value: 3.9x the tokens of f32 at head_dim 128); its outputs differ "
                "more (docs/quantization.md measures it), still reproducible and the same across splits and widths. "
-               "auto: on the CPU f32 (the reference), or bf16 under model.cpu_matmul = \"bf16-amx\" (its attention reads KV "
-               "rounded to bf16 whatever the pool holds: the same bits from half the memory); on a GPU bf16 for "
-               "bf16/f16 checkpoints and f32 for f32 ones.")
+               "auto: on the CPU f32 (the reference), or bf16 under model.cpu_matmul = \"bf16-amx\" with an even head_dim "
+               "(its attention reads KV rounded to bf16 whatever the pool holds: the same bits from half the memory); "
+               "on a GPU bf16 for bf16/f16 checkpoints and f32 for f32 ones.")
           ,
       key("kv", "memory_gib", &C::kv, &KvConfig::memory_gib)
           .at_least(0)

@@ -142,7 +142,7 @@ void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
     return;
   }
   uint16_t* dst = reinterpret_cast<uint16_t*>(pool_.data()) + e;
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16_flushed(src[i]);
 }
 
 namespace {

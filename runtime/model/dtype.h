@@ -37,6 +37,16 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// As vcvtneps2bf16 rounds (AVX512-BF16): to nearest even, a float32 subnormal as a zero of its sign, NaN quiet.
+// What a bf16 KV pool holds (CpuModel::store_kv): the bf16 that kBf16Amx attention makes of a float32 KV element,
+// so under model.cpu_matmul = "bf16-amx" the pool's dtype does not change a bit.
+inline uint16_t f32_to_bf16_flushed(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7F800000u) == 0) return static_cast<uint16_t>(bits >> 16 & 0x8000u);
+  return f32_to_bf16(f);
+}
+
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 

@@ -186,6 +186,11 @@ with tempfile.TemporaryDirectory() as tmp:
                     if "kernels: amx-bf16" in out:
                         check(f"{name} bf16-amx on AMX tiles: bitwise the FMA table's", np.array_equal(np.load(tiles), d),
                               f"{a.shape[0]} rows through AMX tiles")
+                        tiles16 = Path(tmp) / f"amxtiles16-{i}.npy"
+                        run([engine_logits, model, ids, tiles16, "7", "bf16"],
+                            env=dict(os.environ, TANDEM_CPU_KERNELS="amx-bf16"))
+                        check(f"{name} bf16-amx on AMX tiles: bf16 KV in chunks of 7 is bitwise f32 KV at once",
+                              np.array_equal(np.load(tiles16), d), "the tiles' attention reading a bf16 pool")
             gen = json.loads(run([tandem, "generate", "--model", model, "--prompt-ids", ids, "--max-tokens", "32",
                                   "--temperature", "0", "--ignore-eos", "--json"]))
             same = gen["token_ids"] == ref["greedy"]
