@@ -259,8 +259,8 @@ constexpr int64_t kStaged = 4096;  // positions a decode step stages as bf16 row
 
 // One task on Tiles (AmxTiles or FmaTiles). Memory a thread keeps grows with the context by the scores (64 bytes
 // a position) and, for a task of several tiles of queries, the keys' and values' tiles (4 bytes a position and
-// element of head_dim), made once for all of them; a decode step's keys and values pass through buffers of a
-// few KiB.
+// element of head_dim), made once for all of them; a decode step's keys and values pass through buffers of up
+// to kStaged rows each.
 template <class Tiles>
 class Attend {
  public:

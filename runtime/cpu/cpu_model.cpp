@@ -147,6 +147,11 @@ void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
 
 namespace {
 
+// g[i] = silu(g[i]) x u[i]: the MLP's and an expert's SwiGLU.
+void swiglu(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] * (1.0f / (1.0f + std::exp(-g[i]))) * u[i];
+}
+
 // Thread t's share of n output columns among `parts`: contiguous ranges,
 // multiples of 24 (every tile width and the panel divide it).
 std::pair<int64_t, int64_t> column_range(int64_t n, int64_t parts, int64_t t) {
@@ -367,10 +372,7 @@ void CpuModel::moe(int64_t layer, int64_t R) {
     const ExpertWeights& ex = lw.experts[sz(e)];
     matmul(xe_.data(), n, {{&ex.gate, ge_.data(), nullptr}, {&ex.up, ue_.data(), nullptr}});
     rows_in_pieces(n, [&](int64_t a, int64_t b) {
-      for (int64_t i = a * U; i < b * U; ++i) {
-        const float g = ge_[sz(i)];
-        ge_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * ue_[sz(i)];
-      }
+      swiglu(ge_.data() + a * U, ue_.data() + a * U, (b - a) * U);
     });
     row_parallel(ge_.data(), n, expert_down_parts_[sz(layer)][sz(e)], ye_.data(), nullptr, /*exchange=*/false);
     for (int64_t i = 0; i < n; ++i)
@@ -522,10 +524,7 @@ void CpuModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& log
     matmul(xn_.data(), R, {{&lw.w_gate, gate_.data(), nullptr}, {&lw.w_up, up_.data(), nullptr}});
     const int64_t I = c_.intermediate;
     rows_in_pieces(R, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 * I; i < r1 * I; ++i) {
-        const float g = gate_[sz(i)];
-        gate_[sz(i)] = g * (1.0f / (1.0f + std::exp(-g))) * up_[sz(i)];
-      }
+      swiglu(gate_.data() + r0 * I, up_.data() + r0 * I, (r1 - r0) * I);
     });
     row_parallel(gate_.data(), R, down_parts_[sz(l)], xn_.data(), nullptr);
     rows_in_pieces(R, [&](int64_t r0, int64_t r1) {

@@ -86,8 +86,9 @@ class CpuModel final : public ModelBackend {
   void attention(int64_t layer, std::span<const SeqChunk> chunks);
   void attention_on_tiles(int64_t layer, std::span<const SeqChunk> chunks);  // where the table has attend
   void rows_in_pieces(int64_t rows, const std::function<void(int64_t, int64_t)>& f);
-  // KV in the pool's element type (kv.dtype): float32, or bf16 rounded to
-  // nearest even as on a GPU, which halves the pool and every KV transfer,
+  // KV in the pool's element type (kv.dtype): float32, or bf16 rounded as
+  // vcvtneps2bf16 rounds (f32_to_bf16_flushed: what bf16-amx attention makes
+  // of float32 KV), which halves the pool and every KV transfer,
   // or FP8 E4M3 with a scale per row (kernels.h's quantize_fp8_row), which
   // halves it again; attention widens FP8 rows to float32 values first.
   const void* kv_at(int64_t element) const;

@@ -18,8 +18,8 @@
 namespace tandem::runtime::cuda {
 
 CudaModel::DevMatrix CudaModel::upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize,
-                                       bool fp8_blocks) {
-  return upload(std::span<const Part>(parts.begin(), parts.size()), what, dequantize, fp8_blocks);
+                                       Fp8Gemm* fp8) {
+  return upload(std::span<const Part>(parts.begin(), parts.size()), what, dequantize, fp8);
 }
 
 namespace {
@@ -33,7 +33,7 @@ std::pair<int64_t, int64_t> scale_blocks(const Matrix& m, int64_t c0) {
 }  // namespace
 
 CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::string& what, bool dequantize,
-                                       bool fp8_blocks) {
+                                       Fp8Gemm* fp8) {
   DevMatrix d;
   if (parts.empty()) return d;
   const Matrix& first = *parts.begin()->m;
@@ -91,7 +91,14 @@ CudaModel::DevMatrix CudaModel::upload(std::span<const Part> parts, const std::s
     TANDEM_CUDA_CHECK(cudaMemcpy(d.scale_rows.get(), scale_rows.data(), scale_rows.size() * sizeof(float),
                                  cudaMemcpyHostToDevice));
   }
-  if (fp8_blocks && d.dtype == DType::kF8E4M3) upload_blocks(parts, what, d);
+  if (fp8 && d.dtype == DType::kF8E4M3) {
+    upload_blocks(parts, what, d);
+    try {  // a shape cuBLASLt has no FP8 algorithm for stops the load, not the first long step of a job
+      fp8->prepare(d.blocks.get(), d.blocks_ld, d.rows, d.cols, kDequantRows);
+    } catch (const Error& e) {
+      throw Error(what + ": " + e.what());
+    }
+  }
   return d;
 }
 
@@ -165,21 +172,6 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
     fp8_ = std::make_unique<Fp8Gemm>(workspace_.get(), workspace_.size());
   }
   upload_layers(config, w);
-  if (fp8_) {  // a shape cuBLASLt has no FP8 algorithm for stops the load, not the first long step of a job
-    const char* names[] = {"q, k and v", "o_proj", "gate and up", "down_proj"};
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const DevLayer& d = layers_[l];
-      const DevMatrix* ms[] = {&d.wqkv, &d.wo, &d.w_gate_up, &d.w_down};
-      for (int i = 0; i < 4; ++i) {
-        if (!ms[i]->blocks.size()) continue;
-        try {
-          fp8_->prepare(ms[i]->blocks.get(), ms[i]->blocks_ld, ms[i]->rows, ms[i]->cols, kDequantRows);
-        } catch (const Error& e) {
-          throw Error("layer " + std::to_string(l) + "'s " + names[i] + ": " + e.what());
-        }
-      }
-    }
-  }
   // Long products of 8-bit weights on the tensor cores (TANDEM_CUDA_TC_8BIT=0: always products()): room for a
   // tile of the widest such matrix's values (those on the FP8 units need none).
   const char* tc8 = std::getenv("TANDEM_CUDA_TC_8BIT");
@@ -233,7 +225,7 @@ void CudaModel::upload_layers(const ModelConfig& full, const ModelWeights& w) {
     const std::vector<float> bq = slice(lw.bq, q0, q1), bk = slice(lw.bk, k0, k1), bv = slice(lw.bv, k0, k1);
     d.bqkv = upload({&bq, &bk, &bv}), d.bo = upload({&lw.bo});
     d.q_norm = upload({&lw.q_norm}), d.k_norm = upload({&lw.k_norm});
-    const bool fp8 = fp8_ != nullptr;  // the 128x128 blocks' scales too
+    Fp8Gemm* fp8 = fp8_.get();  // the 128x128 blocks' scales too
     d.wqkv = upload({{&lw.wq, q0, q1}, {&lw.wk, k0, k1}, {&lw.wv, k0, k1}}, "q, k and v", false, fp8);
     d.wo = upload({{&lw.wo, 0, -1, q0, q1}}, "o_proj", false, fp8);
     if (lw.experts.empty()) {

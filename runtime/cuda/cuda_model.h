@@ -131,11 +131,12 @@ class CudaModel final : public ModelBackend {
   };
   // The parts one below the other, as one product ([sum of rows][cols]); `what` names them in errors.
   // 8-bit weights stay 8-bit, with a row of scales per row; dequantize: as their float32 values (the embedding).
-  // fp8_blocks: FP8 weights get their 128x128 blocks' scales too (DevMatrix::blocks), or it throws.
+  // fp8 (model.gpu_matmul = "fp8"): FP8 weights get their 128x128 blocks' scales too (DevMatrix::blocks) and its
+  // algorithm for their shape (Fp8Gemm::prepare), or it throws.
   static DevMatrix upload(std::initializer_list<Part> parts, const std::string& what, bool dequantize = false,
-                          bool fp8_blocks = false);
+                          Fp8Gemm* fp8 = nullptr);
   static DevMatrix upload(std::span<const Part> parts, const std::string& what, bool dequantize = false,
-                          bool fp8_blocks = false);
+                          Fp8Gemm* fp8 = nullptr);
   // The parts' 128x128 blocks' scales, block row by block row (fp8_gemm.h), into d.
   static void upload_blocks(std::span<const Part> parts, const std::string& what, DevMatrix& d);
   static DeviceBuffer<float> upload(std::initializer_list<const std::vector<float>*> parts);
