@@ -68,7 +68,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
       PanelStore store;
       const Matrix w = store.pack(raw);
       REQUIRE(w.panels);
-      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 28, 32, 33, 40}) {
+      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 28, 32, 33, 40, 48, 49, 64, 65, 81, 96, 97}) {
         const std::vector<float> x = activations(M * K, rng);
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}, {N / 2, N / 2 + 1}}) {
           std::vector<float> want(static_cast<std::size_t>(M * N), -7.0f), got(want.size(), -7.0f);
@@ -170,7 +170,7 @@ TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout
     for (const auto& c : test::layout_cases(w.q, store)) {
       if (!c.q.panels) continue;  // row-major 8-bit: kF32's products (below)
       const int64_t n = c.q.rows, k = c.q.cols;
-      for (const int64_t M : {1, 5, 16, 17, 31, 40}) {
+      for (const int64_t M : {1, 5, 16, 17, 31, 40, 47, 64, 75, 96}) {
         const std::vector<float> x = activations(M * k, rng);
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 2}, {8, 16}}) {
           std::vector<float> want(static_cast<std::size_t>(M * n), -7.0f), got(want.size(), -7.0f);
