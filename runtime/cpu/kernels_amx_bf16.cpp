@@ -124,7 +124,7 @@ constexpr int kTileParts = 1 << (kTreeLevels - 1);
 // the top two added while they are of one level), the rows below M and the blocks' columns stored into y.
 void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const ColumnBlock& b0, const ColumnBlock& b1,
                float* y, int64_t ldy) {
-  alignas(64) float slot[kTreeLevels][4][16 * 16];
+  alignas(64) float slot[kTreeLevels][4 * 256];  // a level's four C tiles, 256 floats each
   TreeLevels levels;
   for (int c = 0; c < count; ++c) {
     const TilePart& part = parts[c];
@@ -146,14 +146,14 @@ void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const Col
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-    float(&top)[4][256] = slot[levels.depth()];
-    _tile_stored(0, top[0], 64);
-    _tile_stored(1, top[1], 64);
-    _tile_stored(2, top[2], 64);
-    _tile_stored(3, top[3], 64);
+    float* top = slot[levels.depth()];
+    _tile_stored(0, top, 64);
+    _tile_stored(1, top + 256, 64);
+    _tile_stored(2, top + 512, 64);
+    _tile_stored(3, top + 768, 64);
     levels.push([&](int l, int r) {
       for (int i = 0; i < 4 * 256; i += 16)
-        _mm512_store_ps(slot[l][0] + i, _mm512_add_ps(_mm512_load_ps(slot[l][0] + i), _mm512_load_ps(slot[r][0] + i)));
+        _mm512_store_ps(slot[l] + i, _mm512_add_ps(_mm512_load_ps(slot[l] + i), _mm512_load_ps(slot[r] + i)));
     });
   }
   const ColumnBlock* cb[2] = {&b0, &b1};
@@ -164,7 +164,7 @@ void tile_tree(const TilePart* parts, int count, int64_t t, int64_t M, const Col
     for (int j = 0; j < 2; ++j) {
       const __mmask16 mask = columns(cb[j]->c0, cb[j]->c1);
       for (int64_t m = 0; m < rows; ++m)
-        _mm512_mask_storeu_ps(y + (m0 + m) * ldy + 16 * j, mask, _mm512_load_ps(slot[0][2 * i + j] + 16 * m));
+        _mm512_mask_storeu_ps(y + (m0 + m) * ldy + 16 * j, mask, _mm512_load_ps(slot[0] + 256 * (2 * i + j) + 16 * m));
     }
   }
 }
@@ -316,15 +316,27 @@ void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
 // rearranges each weight into a 512 KiB buffer first, then multiplies. One core's 3072 x 1024 product at 48, 64, 80
 // and 96 rows took 0.55, 0.64, 0.79 and 0.82 ms that way, 0.42, 0.50, 0.57 and 0.66 ms this way; at 128 rows the
 // two ways are on par.)
+// One part of a product in matmul_stream_tall: its k, padded to 32, and where its A tiles start.
+struct TallPart {
+  int64_t K, Kp, at;
+};
+// matmul_stream_tall's buffers, one set a thread for all its instantiations.
+struct TallBuffers {
+  std::vector<TallPart> parts;
+  LineVector<uint16_t> xb;
+};
+TallBuffers& tall_buffers() {
+  thread_local TallBuffers b;
+  return b;
+}
+
 template <class Reader, int R>
 void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0,
                         int64_t n1, float* y, int64_t ldy) {
   static_assert(R >= 3 && R <= 6);
-  struct Part {
-    int64_t K, Kp, at;  // its k, padded to 32; its A tiles at xb + at
-  };
-  thread_local std::vector<Part> tp;
-  thread_local LineVector<uint16_t> xb;
+  TallBuffers& buffers = tall_buffers();
+  std::vector<TallPart>& tp = buffers.parts;
+  LineVector<uint16_t>& xb = buffers.xb;
   tp.resize(static_cast<std::size_t>(count));
   int64_t elems = 0;
   for (int c = 0; c < count; ++c) {
@@ -335,18 +347,18 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
   xb.resize(static_cast<std::size_t>(elems));
   int64_t k0 = 0;
   for (int c = 0; c < count; ++c) {
-    const Part& part = tp[static_cast<std::size_t>(c)];
+    const TallPart& part = tp[static_cast<std::size_t>(c)];
     rows_as_bf16_tiles(x + k0, ldx, M, part.K, part.Kp, 16 * R, xb.data() + part.at);
     k0 += part.K;
   }
   alignas(64) uint16_t slabs[2][16 * 32];  // two in turn, as in matmul_stream
-  alignas(64) float slot[kTreeLevels][R][16 * 16];
+  alignas(64) float slot[kTreeLevels][R * 256];  // a level's R C tiles, 256 floats each
   configure_tiles();
   for (int64_t p = n0 / 8 * 8; p < n1; p += 16) {
     const bool second = p + 8 < n1;
     TreeLevels levels;
     for (int c = 0; c < count; ++c) {
-      const Part& part = tp[static_cast<std::size_t>(c)];
+      const TallPart& part = tp[static_cast<std::size_t>(c)];
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
@@ -384,23 +396,23 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
           _tile_dpbf16ps(5, 7, 6);
         }
       }
-      float(&top)[R][256] = slot[levels.depth()];
-      _tile_stored(0, top[0], 64);
-      _tile_stored(1, top[1], 64);
-      _tile_stored(2, top[2], 64);
-      if constexpr (R > 3) _tile_stored(3, top[3], 64);
-      if constexpr (R > 4) _tile_stored(4, top[4], 64);
-      if constexpr (R > 5) _tile_stored(5, top[5], 64);
+      float* top = slot[levels.depth()];
+      _tile_stored(0, top, 64);
+      _tile_stored(1, top + 256, 64);
+      _tile_stored(2, top + 512, 64);
+      if constexpr (R > 3) _tile_stored(3, top + 768, 64);
+      if constexpr (R > 4) _tile_stored(4, top + 1024, 64);
+      if constexpr (R > 5) _tile_stored(5, top + 1280, 64);
       levels.push([&](int l, int r) {
         for (int i = 0; i < R * 256; i += 16)
-          _mm512_store_ps(slot[l][0] + i, _mm512_add_ps(_mm512_load_ps(slot[l][0] + i), _mm512_load_ps(slot[r][0] + i)));
+          _mm512_store_ps(slot[l] + i, _mm512_add_ps(_mm512_load_ps(slot[l] + i), _mm512_load_ps(slot[r] + i)));
       });
     }
     const int c0 = static_cast<int>(std::max<int64_t>(n0, p) - p);
     const int c1 = static_cast<int>(std::min<int64_t>(n1, p + 16) - p);
     const __mmask16 mask = columns(c0, c1);
     for (int64_t m = 0; m < M; ++m)
-      _mm512_mask_storeu_ps(y + m * ldy + p, mask, _mm512_load_ps(slot[0][m / 16] + 16 * (m % 16)));
+      _mm512_mask_storeu_ps(y + m * ldy + p, mask, _mm512_load_ps(slot[0] + 16 * m));
   }
   _tile_release();
   _mm256_zeroupper();

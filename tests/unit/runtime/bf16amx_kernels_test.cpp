@@ -68,7 +68,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
       PanelStore store;
       const Matrix w = store.pack(raw);
       REQUIRE(w.panels);
-      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 28, 32, 33, 40, 48, 49, 64, 65, 81, 96, 97}) {
+      for (const int64_t M : {1, 3, 4, 5, 15, 16, 17, 28, 32, 33, 40, 48, 49, 64, 65, 80, 81, 96, 97}) {
         const std::vector<float> x = activations(M * K, rng);
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, N - 1}, {N / 2, N / 2 + 1}}) {
           std::vector<float> want(static_cast<std::size_t>(M * N), -7.0f), got(want.size(), -7.0f);
@@ -89,7 +89,7 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
       if (K % 64 != 0) continue;  // the row-parallel product: each chunk's product, added in the fixed tree
       const auto chunks = split_columns(raw, 0, kReduceChunks, store);
       for (const int count : {1, 2, 4, 8}) {  // chunks [0, count), x's columns for them
-        for (const int64_t M : {1, 17, 32, 40, 70}) {
+        for (const int64_t M : {1, 17, 32, 40, 64, 70, 96, 97}) {
           const std::vector<float> x = activations(M * K, rng);
           std::vector<float> want(static_cast<std::size_t>(M * N));
           for (int64_t m = 0; m < M; ++m)
@@ -121,10 +121,10 @@ TEST_CASE("kBf16Amx on bf16 weights: the reference and the tables are the rule's
 
 TEST_CASE("kBf16Amx over a long K: the AMX table's blocks of rows give the rule's bits", "[kernels]") {
   // The AMX table multiplies a block of rows at a time whose bf16 copy stays in L2 (~1.5 MiB): a K this long
-  // makes blocks of 32 rows, so 70 rows are three blocks, the last of 6.
+  // makes blocks of 32 rows, so 102 rows (more than the 96 that stream) are four blocks, the last of 6.
   const auto tables = bf16amx_tables();
   std::mt19937 rng(47);
-  const int64_t K = 32768, N = 10, M = 70;
+  const int64_t K = 32768, N = 10, M = 102;
   std::vector<uint16_t> bits = bf16_weights(N * K, rng);
   const Matrix raw{bits.data(), DType::kBF16, N, K, false, {}};
   PanelStore store;
@@ -170,7 +170,7 @@ TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout
     for (const auto& c : test::layout_cases(w.q, store)) {
       if (!c.q.panels) continue;  // row-major 8-bit: kF32's products (below)
       const int64_t n = c.q.rows, k = c.q.cols;
-      for (const int64_t M : {1, 5, 16, 17, 31, 40, 47, 64, 75, 96}) {
+      for (const int64_t M : {1, 5, 16, 17, 31, 40, 48, 57, 75, 88, 97}) {
         const std::vector<float> x = activations(M * k, rng);
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 2}, {8, 16}}) {
           std::vector<float> want(static_cast<std::size_t>(M * n), -7.0f), got(want.size(), -7.0f);
@@ -196,7 +196,7 @@ TEST_CASE("kBf16Amx on 8-bit weights: their values rounded to bf16, every layout
     QuantMatrix w(g.dt, N, K, g.br, g.bc, rng, g.lo, g.hi, g.max_code);
     PanelStore store;
     const auto chunks = split_columns(w.q, 0, kReduceChunks, store);
-    for (const int64_t M : {5, 40, 70}) {
+    for (const int64_t M : {5, 40, 57, 70, 96, 97}) {
       const std::vector<float> x = activations(M * K, rng);
       std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size(), -7.0f);
       for (int64_t m = 0; m < M; ++m)
