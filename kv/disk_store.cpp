@@ -240,6 +240,10 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
                         : *fingerprint == o_.id.fingerprint && *bs == l.block_size && dtype != store_dtype(l)
                             ? "set kv.dtype = \"" + kv_dtype_setting(dtype) +
                                   "\" to use it, or point kv.store_path elsewhere"
+                        : model == o_.id.model && *fingerprint != o_.id.fingerprint
+                            ? "the same model's name with another fingerprint: other weights, model.dtype or "
+                              "model.cpu_matmul, or KV from a Tandem before 2026-12-07 (its SwiGLU gave other "
+                              "bits); point kv.store_path elsewhere"
                             : std::string("point kv.store_path elsewhere")));
     return;
   }

@@ -147,11 +147,6 @@ void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
 
 namespace {
 
-// g[i] = silu(g[i]) x u[i]: the MLP's and an expert's SwiGLU.
-void swiglu(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] * (1.0f / (1.0f + std::exp(-g[i]))) * u[i];
-}
-
 // Thread t's share of n output columns among `parts`: contiguous ranges,
 // multiples of 24 (every tile width and the panel divide it).
 std::pair<int64_t, int64_t> column_range(int64_t n, int64_t parts, int64_t t) {

@@ -163,6 +163,18 @@ float exp_fixed(float d) {
   return std::ldexp(y, static_cast<int>(n));  // exact but for a subnormal result, rounded once
 }
 
+void swiglu_scalar(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i], e = exp_fixed(-std::fabs(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+    g[i] = x * s * u[i];
+  }
+}
+
+void swiglu(float* g, const float* u, int64_t n) {
+  static const auto f = avx512_kernels() ? swiglu_avx512 : swiglu_scalar;
+  f(g, u, n);
+}
+
 void softmax_scalar(float* s, int64_t n, float scale) {
   float max = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {

@@ -1,6 +1,6 @@
-// Attention's softmax on AVX-512 (kernels.h states the arithmetic; every
-// table gives the same bits). Compiled with AVX-512 flags; called only from
-// the AVX-512 tables.
+// Attention's softmax and the MLPs' SwiGLU on AVX-512 (kernels.h states the
+// arithmetic; every table gives the same bits). Compiled with AVX-512 flags;
+// called only where the CPU has AVX-512.
 #include <immintrin.h>
 
 #include <cmath>
@@ -27,6 +27,19 @@ inline __m512 exp16(__m512 d) {
 }
 
 }  // namespace
+
+// kernels.h's SwiGLU, sixteen at a time.
+void swiglu_avx512(float* g, const float* u, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 x = _mm512_maskz_loadu_ps(k, g + i);
+    const __m512 e = exp16(_mm512_or_ps(x, sign));  // -|x|
+    const __mmask16 ge = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
+    const __m512 s = _mm512_div_ps(_mm512_mask_blend_ps(ge, e, one), _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_maskz_loadu_ps(k, u + i)));
+  }
+}
 
 // kernels.h's softmax: lane i of the sum is lane i of the register.
 void softmax_avx512(float* s, int64_t n, float scale) {

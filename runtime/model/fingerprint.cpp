@@ -189,6 +189,7 @@ std::string model_fingerprint(const std::filesystem::path& dir, const ModelConfi
   if (config.cpu_matmul != "f32") add(st, "matmul:" + config.cpu_matmul);  // and bf16 dot products the KV's bits
   if (config.gpu_matmul != "auto") add(st, "gpu_matmul:" + config.gpu_matmul);  // as do quantized activations
   add(st, "kv:float32");
+  add(st, "swiglu:exp_fixed");  // the MLPs' arithmetic (kernels.h's swiglu): KV stored before it is another's
   return hex(XXH3_64bits_digest(st));
 }
 

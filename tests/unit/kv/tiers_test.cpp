@@ -166,6 +166,7 @@ TEST_CASE("disk store: another model's store, a damaged file and a bad directory
     DiskStore other({dir.path, identity("ffffffffffffffff")}, warnings);
     REQUIRE(warnings.size() == 1);
     CHECK(warnings[0].find("another model") != std::string::npos);
+    CHECK(warnings[0].find("the same model's name with another fingerprint") != std::string::npos);  // an upgrade's
     CHECK_FALSE(other.enabled());
     CHECK(other.blocks() == 0);
   }

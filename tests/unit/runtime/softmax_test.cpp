@@ -67,3 +67,47 @@ TEST_CASE("attention's softmax is one arithmetic: every table gives the scalar s
     for (std::size_t j = 0; j < s.size(); ++j) CHECK(got[j] == exp_fixed(x[j] - max) / sum);
   }
 }
+
+TEST_CASE("the MLPs' SwiGLU is one arithmetic: AVX-512 gives the scalar statement's bits, close to silu", "[kernels]") {
+  std::mt19937 rng(13);
+  for (const int64_t n : {1, 15, 16, 17, 100, 3072}) {
+    for (const float spread : {0.5f, 4.0f, 40.0f, 300.0f}) {  // 300: past exp_fixed's clamp at -104 both ways
+      std::normal_distribution<float> d(0.0f, spread);
+      std::vector<float> g(static_cast<std::size_t>(n)), u(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] = d(rng);
+        u[i] = d(rng) / spread;
+      }
+      if (n >= 16) {  // the edges: signed zeros, infinities, NaN, subnormals, the largest floats
+        const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 3e38f, -3e38f, 88.0f, -88.0f};
+        for (std::size_t i = 0; i < std::size(edge); ++i) g[i] = edge[i];
+      }
+      std::vector<float> want = g;
+      swiglu_scalar(want.data(), u.data(), n);
+      for (int64_t i = 0; i < n; ++i) {  // silu(x) x u in double: within 4 ulp (or both tiny, or both not finite)
+        const double x = g[static_cast<std::size_t>(i)], y = x / (1.0 + std::exp(-x)) * u[static_cast<std::size_t>(i)];
+        const float got = want[static_cast<std::size_t>(i)];
+        INFO("x = " << x << " u = " << u[static_cast<std::size_t>(i)] << " got " << got << " want " << y);
+        if (std::isnan(y)) {
+          CHECK(std::isnan(got));
+          continue;
+        }
+        if (std::fabs(y) > 3.4028234663852886e38) {  // past float32: an infinity of its sign
+          CHECK((std::isinf(got) && std::signbit(got) == std::signbit(y)));
+          continue;
+        }
+        const double ulp = std::nextafter(std::fabs(static_cast<float>(y)), INFINITY) - std::fabs(static_cast<float>(y));
+        CHECK(std::fabs(got - y) <= std::max(4.0 * ulp, 1e-38));
+      }
+      if (avx512_kernels()) {
+        std::vector<float> got = g;
+        swiglu_avx512(got.data(), u.data(), n);
+        INFO("n = " << n << " spread " << spread);
+        REQUIRE(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+      std::vector<float> chosen = g;
+      swiglu(chosen.data(), u.data(), n);
+      REQUIRE(std::memcmp(chosen.data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+}
