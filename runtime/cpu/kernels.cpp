@@ -166,12 +166,17 @@ float exp_fixed(float d) {
 void swiglu_scalar(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = g[i], e = exp_fixed(-std::fabs(x)), s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
-    g[i] = x * s * u[i];
+    const float r = x * s * u[i];
+    g[i] = std::isnan(r) ? std::numeric_limits<float>::quiet_NaN() : r;
   }
 }
 
 void swiglu(float* g, const float* u, int64_t n) {
-  static const auto f = avx512_kernels() ? swiglu_avx512 : swiglu_scalar;
+  static const auto f = [] {  // TANDEM_CPU_KERNELS=scalar|avx2 runs the narrower ones too
+    const KernelTable& k = kernels();
+    if (&k == &scalar_kernels() || !avx2_kernels()) return swiglu_scalar;
+    return avx512_kernels() && &k != avx2_kernels() ? swiglu_avx512 : swiglu_avx2;
+  }();
   f(g, u, n);
 }
 

@@ -99,12 +99,13 @@ void softmax_scalar(float* s, int64_t n, float scale);  // the reference, and th
 void softmax_avx512(float* s, int64_t n, float scale);  // the AVX-512 tables' (needs AVX-512F)
 
 // The SwiGLU of the MLPs and the experts, one fixed arithmetic (every table, every ISA): g[i] becomes (x x s) x
-// u[i] for x = g[i], where e = exp_fixed(-|x|) and s = 1 / (1 + e) for x >= 0, e / (1 + e) below (x NaN: NaN),
-// each operation rounding once to float32. (It took glibc's expf before, whose code the library picks by CPU,
-// one element at a time.)
-void swiglu(float* g, const float* u, int64_t n);         // swiglu_avx512 where the CPU has AVX-512, else the scalar
+// u[i] for x = g[i], where e = exp_fixed(-|x|) and s = 1 / (1 + e) for x >= 0, e / (1 + e) below, each operation
+// rounding once to float32; a NaN result is the default quiet NaN (0x7fc00000), whichever NaN made it. (It took
+// glibc's expf before, whose code the library picks by CPU, one element at a time.)
+void swiglu(float* g, const float* u, int64_t n);  // the widest below this CPU runs, no wider than kernels()'s ISA
 void swiglu_scalar(float* g, const float* u, int64_t n);  // the reference
-void swiglu_avx512(float* g, const float* u, int64_t n);  // needs AVX-512F
+void swiglu_avx2(float* g, const float* u, int64_t n);    // needs avx2_kernels()
+void swiglu_avx512(float* g, const float* u, int64_t n);  // needs avx512_kernels()
 
 // An FP8 KV row of n values from x (one token, one head): scale = max|x| /
 // 448 (float32 division; 0 for a row of zeros, NaN for a row with a NaN or

@@ -296,6 +296,22 @@ void softmax(float* s, int64_t n, float scale) {
 
 }  // namespace
 
+// kernels.h's SwiGLU, eight at a time; the last n % 8 as the scalar statement.
+void swiglu_avx2(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = exp8(_mm256_or_ps(x, sign));  // -|x|
+    const __m256 ge = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+    const __m256 s = _mm256_div_ps(_mm256_blendv_ps(e, one, ge), _mm256_add_ps(one, e));
+    const __m256 r = _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + i));
+    _mm256_storeu_ps(g + i, _mm256_blendv_ps(r, qnan, _mm256_cmp_ps(r, r, _CMP_UNORD_Q)));
+  }
+  swiglu_scalar(g + i, u + i, n - i);
+}
+
 const KernelTable* avx2_kernels() {
   static const KernelTable t{"avx2", matmul, dot, axpy, dot_rows, weighted_sum, matmul_tree,
                              widen_fp8_row_scalar, softmax};

@@ -37,7 +37,9 @@ void swiglu_avx512(float* g, const float* u, int64_t n) {
     const __m512 e = exp16(_mm512_or_ps(x, sign));  // -|x|
     const __mmask16 ge = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
     const __m512 s = _mm512_div_ps(_mm512_mask_blend_ps(ge, e, one), _mm512_add_ps(one, e));
-    _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_maskz_loadu_ps(k, u + i)));
+    const __m512 r = _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_maskz_loadu_ps(k, u + i));
+    const __mmask16 nan = _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q);
+    _mm512_mask_storeu_ps(g + i, k, _mm512_mask_blend_ps(nan, r, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000))));
   }
 }
 
