@@ -308,14 +308,6 @@ void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   _mm256_zeroupper();
 }
 
-// 33 to 96 rows (a decode step of up to 96 sequences; job.max_num_seqs is 64 by default): y = the tree over parts
-// c (as tiles_block takes them; one part: its product). R = 3 to 6 row tiles of x (in the A tiles' layout, rows
-// past M zeros; each A tile loaded into tile 7 just before its product) against one B tile (6), C tiles 0 to R - 1.
-// For each two panels (16 columns) and each part, 32 k at a time, their B tile rearranged into a 1 KiB slab (in
-// L1): the weights streamed once; the parts' sums added in the tree in L1, as tile_tree adds them. (matmul_tiles
-// rearranges each weight into a 512 KiB buffer first, then multiplies. One core's 3072 x 1024 product at 48, 64, 80
-// and 96 rows took 0.55, 0.64, 0.79 and 0.82 ms that way, 0.42, 0.50, 0.57 and 0.66 ms this way; at 128 rows the
-// two ways are on par.)
 // One part of a product in matmul_stream_tall: its k, padded to 32, and where its A tiles start.
 struct TallPart {
   int64_t K, Kp, at;
@@ -330,6 +322,14 @@ TallBuffers& tall_buffers() {
   return b;
 }
 
+// 33 to 96 rows (a decode step of up to 96 sequences; job.max_num_seqs is 64 by default): y = the tree over parts
+// c (as tiles_block takes them; one part: its product). R = 3 to 6 row tiles of x (in the A tiles' layout, rows
+// past M zeros; each A tile loaded into tile 7 just before its product) against one B tile (6), C tiles 0 to R - 1.
+// For each two panels (16 columns) and each part, 32 k at a time, their B tile rearranged into a 1 KiB slab (in
+// L1): the weights streamed once; the parts' sums added in the tree in L1, as tile_tree adds them. (matmul_tiles
+// rearranges each weight into a 512 KiB buffer first, then multiplies. One core's 3072 x 1024 product at 48, 64, 80
+// and 96 rows took 0.55, 0.64, 0.79 and 0.82 ms that way, 0.42, 0.50, 0.57 and 0.66 ms this way; at 128 rows the
+// two ways are on par.)
 template <class Reader, int R>
 void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* parts, int count, int64_t n0,
                         int64_t n1, float* y, int64_t ldy) {
