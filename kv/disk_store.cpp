@@ -242,8 +242,8 @@ void DiskStore::index_file(const std::filesystem::path& path, std::vector<std::s
                                   "\" to use it, or point kv.store_path elsewhere"
                         : model == o_.id.model && *fingerprint != o_.id.fingerprint
                             ? "the same model's name with another fingerprint: other weights, model.dtype or "
-                              "model.cpu_matmul, or KV from a Tandem before 2026-12-07 (its SwiGLU gave other "
-                              "bits); point kv.store_path elsewhere"
+                              "model.cpu_matmul, or KV from an older Tandem (on 2026-12-07 the SwiGLU's exp, and "
+                              "a mixture of experts' routing's, changed the bits); point kv.store_path elsewhere"
                             : std::string("point kv.store_path elsewhere")));
     return;
   }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <utility>
 
+#include "runtime/cpu/kernels.h"
+
 namespace tandem::runtime::cpu {
 
 void route_rows(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise, int32_t* expert,
@@ -14,7 +16,7 @@ void route_rows(float* logits, int64_t rows, int64_t experts, int64_t top_k, boo
     float* wt = weight + r * top_k;
     const float max = *std::max_element(p, p + experts);
     float sum = 0;
-    for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(p[e] - max));
+    for (int64_t e = 0; e < experts; ++e) sum += (p[e] = exp_fixed(p[e] - max));
     for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
     float chosen = 0;
     for (int64_t k = 0; k < top_k; ++k) {

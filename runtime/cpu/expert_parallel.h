@@ -32,7 +32,10 @@ namespace tandem::runtime::cpu {
 // logits ([rows][experts], overwritten by the probabilities) through a
 // softmax in float32, the top_k most probable experts (ties to the lower
 // id) in slot order, their probabilities renormalised over the k when
-// `renormalise`. expert, weight: [rows][top_k].
+// `renormalise`. expert, weight: [rows][top_k]. The softmax: max = the
+// largest logit; e_j = exp_fixed(l_j - max) (kernels.h: Tandem's own exp,
+// the same bits on every CPU, where libm's expf is picked by CPU); sum in
+// increasing j; p_j = e_j / sum. Every operation rounds once to float32.
 void route_rows(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise, int32_t* expert,
                 float* weight);
 

@@ -7,6 +7,25 @@
 namespace tandem::runtime::cuda {
 namespace {
 
+// The CPU's exp_fixed (cpu/kernels.h) step for step: every product, sum and
+// fma rounded once to float32 by the _rn intrinsics, which nvcc never fuses
+// or reorders; rintf is the CPU's nearbyint (nearest even); ldexpf rounds a
+// subnormal result once, as the CPU's ldexp does.
+__device__ float exp_fixed(float d) {
+  if (isnan(d)) return d;
+  const float x = -104.0f > d ? -104.0f : d;
+  const float n = rintf(__fmul_rn(x, 1.44269504088896341f));
+  float r = __fmaf_rn(-n, 0.693359375f, x);
+  r = __fmaf_rn(-n, -2.12194440e-4f, r);
+  float p = __fmaf_rn(1.9875691500e-4f, r, 1.3981999507e-3f);
+  p = __fmaf_rn(p, r, 8.3334519073e-3f);
+  p = __fmaf_rn(p, r, 4.1665795894e-2f);
+  p = __fmaf_rn(p, r, 1.6666665459e-1f);
+  p = __fmaf_rn(p, r, 5.0000001201e-1f);
+  const float y = __fadd_rn(__fmaf_rn(p, __fmul_rn(r, r), r), 1.0f);
+  return ldexpf(y, static_cast<int>(n));
+}
+
 // One thread a row: the CPU's routing (cpu/expert_parallel.h route_rows) step for step.
 __global__ void moe_route_kernel(float* logits, int64_t rows, int64_t experts, int64_t top_k, bool renormalise,
                                  int32_t* expert, float* weight) {
@@ -16,9 +35,8 @@ __global__ void moe_route_kernel(float* logits, int64_t rows, int64_t experts, i
   float max = p[0];
   for (int64_t e = 1; e < experts; ++e) max = p[e] > max ? p[e] : max;
   float sum = 0.0f;
-  // exp in double rounded to float: within half an ulp, nearer the host libm's expf (~0.5 ulp) than CUDA's expf (2).
-  for (int64_t e = 0; e < experts; ++e) sum += (p[e] = static_cast<float>(exp(static_cast<double>(p[e] - max))));
-  for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
+  for (int64_t e = 0; e < experts; ++e) sum = __fadd_rn(sum, p[e] = exp_fixed(__fsub_rn(p[e], max)));
+  for (int64_t e = 0; e < experts; ++e) p[e] = __fdiv_rn(p[e], sum);
   int32_t* ex = expert + r * top_k;
   float* wt = weight + r * top_k;
   float chosen = 0.0f;

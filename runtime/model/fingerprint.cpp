@@ -190,6 +190,7 @@ std::string model_fingerprint(const std::filesystem::path& dir, const ModelConfi
   if (config.gpu_matmul != "auto") add(st, "gpu_matmul:" + config.gpu_matmul);  // as do quantized activations
   add(st, "kv:float32");
   add(st, "swiglu:exp_fixed");  // the MLPs' arithmetic (kernels.h's swiglu): KV stored before it is another's
+  if (config.moe.any()) add(st, "moe-route:exp_fixed");  // the routing's softmax (expert_parallel.h), likewise
   return hex(XXH3_64bits_digest(st));
 }
 

@@ -3,13 +3,19 @@
 // same bits at widths 1, 2 and 4 (and 8 where the heads allow), KV heads
 // replicated where the width passes their count, weights in either layout;
 // a mixture of experts the same bits with experts whole on their ranks
-// (expert parallelism) or split, and the expert exchange on its own.
+// (expert parallelism) or split, the expert exchange on its own, and the
+// routing's arithmetic.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <numeric>
+#include <random>
 #include <thread>
 
 #include "runtime/cpu/cpu_model.h"
+#include "runtime/cpu/expert_parallel.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/row_parallel.h"
 #include "runtime/cpu/tp_group.h"
 #include "test_model.h"
@@ -128,4 +134,45 @@ TEST_CASE("expert parallel: a width that does not divide the experts is refused,
         "a width of 4 does not divide the model's 6 experts (expert parallelism gives each rank whole experts): choose a "
         "width that divides them, or set cluster.expert_parallel = false to split every expert across the ranks instead");
   CHECK(tp_problem(six, 4, /*expert_parallel=*/false).empty());
+}
+
+TEST_CASE("expert routing: a float32 softmax on exp_fixed, the top k by probability (ties to the lower id)", "[moe]") {
+  constexpr int64_t E = 64, K = 4, R = 16;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> logit(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<std::size_t>(R * E));
+  for (auto& v : logits) v = logit(gen);
+  logits[5 * E + 9] = logits[5 * E + 3] = 40.0f;  // row 5: a tie at the top, expert 3 first
+  logits[6 * E + 7] = logits[6 * E + 2] = -30.0f;  // row 6: every expert equal but two (a tie for slots 0-3)
+  for (int64_t e = 0; e < E; ++e)
+    if (e != 7 && e != 2) logits[static_cast<std::size_t>(6 * E + e)] = 1.5f;
+  for (bool renormalise : {false, true}) {
+    INFO("renormalise " << renormalise);
+    std::vector<float> probs = logits, weight(static_cast<std::size_t>(R * K));
+    std::vector<int32_t> expert(static_cast<std::size_t>(R * K));
+    route_rows(probs.data(), R, E, K, renormalise, expert.data(), weight.data());
+    for (int64_t r = 0; r < R; ++r) {
+      INFO("row " << r);
+      const float* l = logits.data() + r * E;
+      const float max = *std::max_element(l, l + E);
+      std::vector<float> p(static_cast<std::size_t>(E));
+      float sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += (p[static_cast<std::size_t>(e)] = exp_fixed(l[e] - max));
+      for (auto& v : p) v /= sum;
+      CHECK(std::memcmp(p.data(), probs.data() + r * E, sizeof(float) * E) == 0);
+      std::vector<int32_t> order(static_cast<std::size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+      float chosen = 0;
+      for (int64_t k = 0; k < K; ++k) chosen += p[static_cast<std::size_t>(order[k])];
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t e = order[static_cast<std::size_t>(k)];
+        CHECK(expert[static_cast<std::size_t>(r * K + k)] == e);
+        const float w = renormalise ? p[static_cast<std::size_t>(e)] / chosen : p[static_cast<std::size_t>(e)];
+        CHECK(std::memcmp(&w, &weight[static_cast<std::size_t>(r * K + k)], sizeof w) == 0);
+      }
+    }
+    CHECK(std::vector<int32_t>(expert.begin() + 5 * K, expert.begin() + 5 * K + 2) == std::vector<int32_t>{3, 9});
+    CHECK(std::vector<int32_t>(expert.begin() + 6 * K, expert.begin() + 7 * K) == std::vector<int32_t>{0, 1, 3, 4});
+  }
 }
