@@ -106,7 +106,24 @@ void pack_block(const Matrix& W, int64_t p, int64_t n1, int64_t Kp, uint16_t* ou
 }
 using PackBlock = void (*)(const Matrix& W, int64_t p, int64_t n1, int64_t Kp, uint16_t* out);
 
-// One part of a product on the tiles: its rows of x in tiles (rows_as_bf16_tiles), its 32-k steps, and where
+// x's columns for each part in turn (part c's follow part c - 1's), M rows of them rounded to bf16 in the A tiles'
+// layout (rows_as_bf16_tiles: `rows` rows, zeros past M; k padded to 32), into xb; part c's start at at[c].
+void parts_as_bf16_tiles(const float* x, int64_t ldx, int64_t M, int64_t rows, const Matrix* parts, int count,
+                         LineVector<uint16_t>& xb, std::vector<int64_t>& at) {
+  at.resize(static_cast<std::size_t>(count) + 1);
+  at[0] = 0;
+  for (int c = 0; c < count; ++c)
+    at[static_cast<std::size_t>(c) + 1] = at[static_cast<std::size_t>(c)] + rows * ((parts[c].cols + 31) / 32 * 32);
+  xb.resize(static_cast<std::size_t>(at[static_cast<std::size_t>(count)]));
+  int64_t k0 = 0;
+  for (int c = 0; c < count; ++c) {
+    const int64_t K = parts[c].cols;
+    rows_as_bf16_tiles(x + k0, ldx, M, K, (K + 31) / 32 * 32, rows, xb.data() + at[static_cast<std::size_t>(c)]);
+    k0 += K;
+  }
+}
+
+// One part of a product on the tiles: its rows of x in tiles (parts_as_bf16_tiles), its 32-k steps, and where
 // its weights sit in a packed column block.
 struct TilePart {
   const uint16_t* xb;
@@ -179,23 +196,15 @@ void tiles_block(const float* x, int64_t ldx, int64_t M, const Matrix* parts, co
                  int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t pairs = (M + 31) / 32;
   thread_local LineVector<uint16_t> xb, packed;
+  thread_local std::vector<int64_t> at;
   thread_local std::vector<TilePart> tp;
+  parts_as_bf16_tiles(x, ldx, M, 32 * pairs, parts, count, xb, at);
   tp.resize(static_cast<std::size_t>(count));
-  int64_t rows_elems = 0, block_elems = 0;  // all parts' tiled x; one column block of all parts
+  int64_t block_elems = 0;  // one column block of all parts
   for (int c = 0; c < count; ++c) {
     const int64_t Kp = (parts[c].cols + 31) / 32 * 32;
-    tp[static_cast<std::size_t>(c)] = {nullptr, Kp / 32, block_elems};
-    rows_elems += pairs * 32 * Kp;
+    tp[static_cast<std::size_t>(c)] = {xb.data() + at[static_cast<std::size_t>(c)], Kp / 32, block_elems};
     block_elems += 16 * Kp;
-  }
-  xb.resize(static_cast<std::size_t>(rows_elems));
-  int64_t k0 = 0, at = 0;
-  for (int c = 0; c < count; ++c) {
-    TilePart& part = tp[static_cast<std::size_t>(c)];
-    rows_as_bf16_tiles(x + k0, ldx, M, parts[c].cols, 32 * part.steps, pairs * 32, xb.data() + at);
-    part.xb = xb.data() + at;
-    k0 += parts[c].cols;
-    at += pairs * 32 * 32 * part.steps;
   }
   // A group's weights and the row tiles' bf16 rows stay in L2 between uses.
   const int64_t block_bytes = 2 * block_elems, group = std::max<int64_t>(2, (int64_t{1} << 19) / block_bytes / 2 * 2);
@@ -308,14 +317,11 @@ void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   _mm256_zeroupper();
 }
 
-// One part of a product in matmul_stream_tall: its k, padded to 32, and where its A tiles start.
-struct TallPart {
-  int64_t K, Kp, at;
-};
-// matmul_stream_tall's buffers, one set a thread for all its instantiations.
+// matmul_stream_tall's buffers, one set a thread for all its instantiations: x's rows in tiles, where each part's
+// start.
 struct TallBuffers {
-  std::vector<TallPart> parts;
   LineVector<uint16_t> xb;
+  std::vector<int64_t> at;
 };
 TallBuffers& tall_buffers() {
   thread_local TallBuffers b;
@@ -335,22 +341,7 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
                         int64_t n1, float* y, int64_t ldy) {
   static_assert(R >= 3 && R <= 6);
   TallBuffers& buffers = tall_buffers();
-  std::vector<TallPart>& tp = buffers.parts;
-  LineVector<uint16_t>& xb = buffers.xb;
-  tp.resize(static_cast<std::size_t>(count));
-  int64_t elems = 0;
-  for (int c = 0; c < count; ++c) {
-    const int64_t K = parts[c].cols;
-    tp[static_cast<std::size_t>(c)] = {K, (K + 31) / 32 * 32, elems};
-    elems += 16 * R * tp[static_cast<std::size_t>(c)].Kp;
-  }
-  xb.resize(static_cast<std::size_t>(elems));
-  int64_t k0 = 0;
-  for (int c = 0; c < count; ++c) {
-    const TallPart& part = tp[static_cast<std::size_t>(c)];
-    rows_as_bf16_tiles(x + k0, ldx, M, part.K, part.Kp, 16 * R, xb.data() + part.at);
-    k0 += part.K;
-  }
+  parts_as_bf16_tiles(x, ldx, M, 16 * R, parts, count, buffers.xb, buffers.at);
   alignas(64) uint16_t slabs[2][16 * 32];  // two in turn, as in matmul_stream
   alignas(64) float slot[kTreeLevels][R * 256];  // a level's R C tiles, 256 floats each
   configure_tiles();
@@ -358,7 +349,7 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
     const bool second = p + 8 < n1;
     TreeLevels levels;
     for (int c = 0; c < count; ++c) {
-      const TallPart& part = tp[static_cast<std::size_t>(c)];
+      const int64_t K = parts[c].cols, Kp = (K + 31) / 32 * 32;
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
@@ -367,16 +358,16 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
       if constexpr (R > 5) _tile_zero(5);
       Reader r0(parts[c], p), r1(parts[c], second ? p + 8 : p);
       NoPanel none;
-      const int64_t ts = part.Kp / 32 * 512;  // one row tile's k-steps
-      for (int64_t k = 0; k < part.Kp; k += 32) {
-        const int64_t kk = std::min<int64_t>(32, part.K - k);
+      const int64_t ts = Kp / 32 * 512;  // one row tile's k-steps
+      for (int64_t k = 0; k < Kp; k += 32) {
+        const int64_t kk = std::min<int64_t>(32, K - k);
         uint16_t* slab = slabs[(k / 32) % 2];
         if (second)
           pack_slab(r0, r1, k, kk, slab);
         else
           pack_slab(r0, none, k, kk, slab);
         _tile_loadd(6, slab, 64);
-        const uint16_t* a = xb.data() + part.at + 16 * k;  // k-step k / 32 of row tile 0
+        const uint16_t* a = buffers.xb.data() + buffers.at[static_cast<std::size_t>(c)] + 16 * k;  // row tile 0's
         _tile_loadd(7, a, 64);
         _tile_dpbf16ps(0, 7, 6);
         _tile_loadd(7, a + ts, 64);
