@@ -388,7 +388,7 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
                                     cudaMemcpyHostToDevice, stream_));
   bool moved = false;  // a buffer at a new address: captured graphs point at the old one
   moved |= x_.resize(sz(R * H));
-  // The FP8 units write their products' outputs for rows in fours (fp8_product): y_, qkv_ and gate_up_ have room.
+  // The FP8 units write their products' outputs for rows in eights (fp8_product): y_, qkv_ and gate_up_ have room.
   const int64_t Rp = fp8_ ? fp8_scale_ld(R) : R;
   moved |= y_.resize(sz(Rp * H));
   moved |= qkv_.resize(sz(Rp * (q_dim + 2 * kv_dim)));

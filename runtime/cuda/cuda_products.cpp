@@ -96,7 +96,7 @@ int64_t CudaModel::dequant_tile_rows(int64_t cols) {
 
 void CudaModel::fp8_product(const DevMatrix& w, const float* x, int64_t rows, float* y) {
   quantize_groups_fp8(x, rows, w.cols, act8_.get(), act8_scales_.get(), stream_);
-  // cuBLASLt takes the rows in fours: y's buffers have room for the padding rows' (zero) outputs (launch()).
+  // cuBLASLt takes the rows in eights: y's buffers have room for the padding rows' (zero) outputs (launch()).
   fp8_->run(w.data.get(), w.blocks.get(), w.blocks_ld, w.rows, w.cols, act8_.get(), act8_scales_.get(),
             fp8_scale_ld(rows), y, w.rows, stream_);
 }

@@ -3,7 +3,8 @@
 // the CPU's FP8 KV rows (kernels.h quantize_fp8_row): scale = max |x| / 448,
 // code = x / scale to nearest even; an all-zero group has scale 0 and zero
 // codes; a group holding inf or NaN has scale NaN. cuBLASLt takes rows in
-// fours: the rows up to the next multiple of 4 get zero codes and scale 0.
+// eights (ops.h fp8_scale_ld): the rows up to the next multiple of 8 get zero
+// codes and scale 0.
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/ops.h"
 #include "runtime/cuda/store.cuh"

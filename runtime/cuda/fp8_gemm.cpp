@@ -49,9 +49,9 @@ std::string Fp8Gemm::unsupported() {
 
 void Fp8Gemm::describe(Call& c, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const float* x_scales,
                        int64_t rows, int64_t ldy) const {
-  if (k % kFp8Group != 0 || rows % 4 != 0 || n % 4 != 0 || w_scale_ld % 4 != 0 || w_scale_ld < k / kFp8Group)
-    throw Error("internal: an FP8 block product needs k a multiple of 128, rows, n and the weights' scale rows "
-                "multiples of 4");
+  if (k % kFp8Group != 0 || rows % 8 != 0 || n % 4 != 0 || w_scale_ld % 4 != 0 || w_scale_ld < k / kFp8Group)
+    throw Error("internal: an FP8 block product needs k a multiple of 128, rows a multiple of 8, n and the weights' "
+                "scale rows multiples of 4");
   // Row-major y[rows][n] = x[rows][k] W^T is, column-major, y^T (n x rows) = (W^T)^T (k x n, transposed) * x^T (k x rows):
   // A = W with its 128x128 blocks' scales, B = x with a scale per 128 of each column (its row), D float32.
   TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));

@@ -30,7 +30,7 @@ class Fp8Gemm {
   static std::string unsupported();
 
   // y (ldy floats a row) = x W^T, x: codes [rows][k] with scales [k / 128][rows] (quantize_groups_fp8, its rows
-  // padded: rows a multiple of 4, and y has room for them); W: codes [n][k], scales [ceil(n / 128)][w_scale_ld]
+  // padded: rows a multiple of 8, and y has room for them); W: codes [n][k], scales [ceil(n / 128)][w_scale_ld]
   // (ld a multiple of 4, at least k / 128). k a multiple of 128, n of 4. Throws if cuBLASLt has no algorithm
   // for the shape here.
   void run(const uint8_t* w, const float* w_scales, int64_t w_scale_ld, int64_t n, int64_t k, const uint8_t* x,

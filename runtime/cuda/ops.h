@@ -173,11 +173,14 @@ struct Product {
 void dequantize_bf16(const void* codes, DType dtype, const ProductScales& s, int64_t n0, int64_t n, int64_t k, void* out,
                      cudaStream_t stream);
 // Hopper's FP8 products (fp8_gemm.h) take their input quantized in groups
-// of kFp8Group columns and its rows in fours (cuBLASLt's block scaling wants
-// both dimensions multiples of 4): fp8_scale_ld(rows) rows, the scales laid
-// out group by group, row fastest.
+// of kFp8Group columns and its rows in eights (cuBLASLt's block scaling wants
+// the scales' dimensions multiples of 4, and NVIDIA's TransformerEngine
+// gives an operand scaled in 1 x 128 groups a multiple of 8 rows, "observed"
+// to be needed: rows in fours could leave some batch sizes with no
+// algorithm): fp8_scale_ld(rows) rows, the scales laid out group by group,
+// row fastest.
 inline constexpr int64_t kFp8Group = 128;
-inline int64_t fp8_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
+inline int64_t fp8_scale_ld(int64_t rows) { return (rows + 7) / 8 * 8; }
 // codes [fp8_scale_ld(rows)][k] and scales[g * fp8_scale_ld(rows) + r] of x
 // [rows][k] (k a multiple of kFp8Group): group g of row r as E4M3 codes of x /
 // scale, scale = its max |x| / 448 (as kernels.h quantize_fp8_row); the

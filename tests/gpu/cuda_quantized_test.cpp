@@ -157,7 +157,7 @@ TEST_CASE("an 8-bit checkpoint's long prefill runs on the tensor cores (bf16 val
 }
 
 TEST_CASE("quantize_groups_fp8: each row's groups of 128 columns as the CPU's quantize_fp8_row makes them; rows "
-          "padded to a multiple of 4 with zeros",
+          "padded to a multiple of 8 with zeros",
           "[gpu]") {
   const int64_t rows = 5, k = 384, ld = cu::fp8_scale_ld(rows);  // 5 rows: 8 of codes and scales
   std::vector<float> x = testing::random_floats(static_cast<std::size_t>(rows * k), 6, 3.0f);
@@ -209,7 +209,7 @@ TEST_CASE("Fp8Gemm: the FP8 tensor cores' product of 128x128-block weights and 1
   const Dev<float> d_ws(w_scales);
   cu::DeviceBuffer<uint8_t> workspace(std::size_t{32} << 20);
   cu::Fp8Gemm gemm(workspace.get(), workspace.size());
-  for (const int64_t rows : {int64_t{70}, int64_t{128}}) {
+  for (const int64_t rows : {int64_t{66}, int64_t{70}, int64_t{128}}) {
     INFO(rows << " rows");
     const std::vector<float> x = testing::random_floats(static_cast<std::size_t>(rows * k), 10 + static_cast<uint32_t>(rows));
     const int64_t ld = cu::fp8_scale_ld(rows);  // the rows cuBLASLt multiplies
