@@ -113,12 +113,11 @@ void launch_tiles(const float* q, int64_t heads, int64_t window, RowTables rt, c
                   PoolShape shape, int64_t layer, const T* pool, float* out, cudaStream_t stream) {
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>((kTileQ + 2 * kTileK) * shape.head_dim + kTileK +
                                                                      kTileQ * (kTileK + 1) + 3 * kTileQ);
-  static std::size_t granted = 48 * 1024;  // the default; past it, ask once per size (head_dim 256)
-  if (bytes > granted) {
+  // Past the default 48 KiB (head_dim 256), ask for it at every launch: the setting is the current device's, a
+  // host call (no stream operation), and a record of it kept here would be shared by every thread and device.
+  if (bytes > 48 * 1024)
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(attention_tiles_kernel<PER, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
-    granted = bytes;
-  }
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(heads));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   attention_tiles_kernel<PER, T><<<grid, kThreads, bytes, stream>>>(q, heads, window, rt, tiles, n_tiles, shape, layer,

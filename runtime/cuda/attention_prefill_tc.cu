@@ -248,6 +248,11 @@ void attention_tiles_tc(const float* q, int64_t heads, int64_t sliding_window, R
     }
   }
   const Layout lay(shape.head_dim, hpb);
+  if (lay.bytes > static_cast<std::size_t>(limits.block))
+    throw Error("the tensor-core prefill attention at head_dim " + std::to_string(shape.head_dim) + " needs " +
+                std::to_string(lay.bytes) + " bytes of shared memory a block, and this GPU gives " +
+                std::to_string(limits.block) +
+                " (or did not say its limit): run with TANDEM_CUDA_TC_ATTENTION=0 for the float32 kernel");
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(shape.kv_heads * (group / hpb)));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   auto run = [&](auto kernel, const auto* kv) {
