@@ -22,6 +22,24 @@ void nccl_or_throw(ncclResult_t r, const char* what) {
 NcclTpGroup::NcclTpGroup(MPI_Comm group) {
   TANDEM_MPI_OR_THROW(MPI_Comm_rank(group, &rank_));
   TANDEM_MPI_OR_THROW(MPI_Comm_size(group, &width_));
+  // The first exchange's buffer (below), allocated and agreed on before any NCCL call: a rank whose allocation
+  // failed and stopped would leave the others waiting in NCCL's setup or in the exchange for ever.
+  float* scratch = nullptr;
+  const cudaError_t made =
+      cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * static_cast<std::size_t>(3 * width_ + 1));
+  const struct Freed {
+    float* p;
+    ~Freed() {
+      if (p) cudaFree(p);
+    }
+  } freed{made == cudaSuccess ? scratch : nullptr};
+  int ok = made == cudaSuccess, all_ok = 0;
+  TANDEM_MPI_OR_THROW(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, group));
+  if (!all_ok) {
+    throw Error(ok ? std::string("another rank of this tensor-parallel group could not allocate GPU memory (its "
+                                 "log line says why)")
+                   : std::string("the tensor-parallel group's first exchange: cudaMalloc: ") + cudaGetErrorString(made));
+  }
   // The id goes out with rank 0's verdict on it: a rank 0 that could not make one must not leave the others
   // waiting in the broadcast.
   struct {
@@ -35,15 +53,10 @@ NcclTpGroup::NcclTpGroup(MPI_Comm group) {
   // One exchange now, while the whole group is here: NCCL may connect its ranks on their first collective and
   // hold the host meanwhile, which inside a step would stop this rank's KV from moving.
   // Point-to-point connections are made on their first use too: one all-to-all as well.
-  float* scratch = nullptr;
-  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * static_cast<std::size_t>(3 * width_ + 1));
-  if (e == cudaSuccess) {
-    ncclResult_t r = ncclAllGather(scratch + width_, scratch, 1, ncclFloat, comm_, nullptr);
-    if (r == ncclSuccess) r = all_to_all_result(scratch + width_, scratch + 2 * width_, 1, nullptr);
-    e = cudaStreamSynchronize(nullptr);
-    cudaFree(scratch);
-    nccl_or_throw(r, "first exchange (ncclAllGather, ncclSend/ncclRecv)");
-  }
+  ncclResult_t r = ncclAllGather(scratch + width_, scratch, 1, ncclFloat, comm_, nullptr);
+  if (r == ncclSuccess) r = all_to_all_result(scratch + width_, scratch + 2 * width_, 1, nullptr);
+  const cudaError_t e = cudaStreamSynchronize(nullptr);
+  nccl_or_throw(r, "first exchange (ncclAllGather, ncclSend/ncclRecv)");
   if (e != cudaSuccess)
     throw Error(std::string("the tensor-parallel group's first exchange: ") + cudaGetErrorString(e));
 }
