@@ -317,8 +317,8 @@ void matmul_stream(const float* x, int64_t ldx, int64_t M, const Matrix& W, int6
   _mm256_zeroupper();
 }
 
-// matmul_stream_tall's buffers, one set a thread for all its instantiations: x's rows in tiles, where each part's
-// start.
+// matmul_stream_tall's buffers, one set a thread for all its instantiations: x's rows in tiles, and where each
+// part's begin.
 struct TallBuffers {
   LineVector<uint16_t> xb;
   std::vector<int64_t> at;
@@ -350,6 +350,7 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
     TreeLevels levels;
     for (int c = 0; c < count; ++c) {
       const int64_t K = parts[c].cols, Kp = (K + 31) / 32 * 32;
+      const uint16_t* xc = buffers.xb.data() + buffers.at[static_cast<std::size_t>(c)];  // this part's row tiles
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
@@ -367,7 +368,7 @@ void matmul_stream_tall(const float* x, int64_t ldx, int64_t M, const Matrix* pa
         else
           pack_slab(r0, none, k, kk, slab);
         _tile_loadd(6, slab, 64);
-        const uint16_t* a = buffers.xb.data() + buffers.at[static_cast<std::size_t>(c)] + 16 * k;  // row tile 0's
+        const uint16_t* a = xc + 16 * k;  // k-step k / 32 of row tile 0
         _tile_loadd(7, a, 64);
         _tile_dpbf16ps(0, 7, 6);
         _tile_loadd(7, a + ts, 64);
