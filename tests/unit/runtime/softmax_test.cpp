@@ -34,7 +34,7 @@ TEST_CASE("attention's softmax is one arithmetic: every table gives the scalar s
   if (avx512_kernels()) tables.push_back(avx512_kernels());
   if (avx512_bf16_kernels()) tables.push_back(avx512_bf16_kernels());
   std::mt19937 rng(9);
-  for (const int64_t n : {1, 2, 7, 15, 16, 17, 31, 33, 100, 1000, 4099}) {
+  for (const int64_t n : {1, 2, 7, 15, 16, 17, 31, 33, 100, 1000, 4099, 70001}) {
     for (const float spread : {0.01f, 3.0f, 60.0f, 2000.0f}) {  // 2000: most weights underflow to 0 or subnormals
       std::normal_distribution<float> g(0.0f, spread);
       std::vector<float> scores(static_cast<std::size_t>(n));
@@ -50,6 +50,21 @@ TEST_CASE("attention's softmax is one arithmetic: every table gives the scalar s
         t->softmax(got.data(), n, 0.125f);
         INFO(t->name);
         REQUIRE(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+      }
+    }
+  }
+  SECTION("scores of -inf (positions not seen) and a NaN score give the scalar statement's bits too") {
+    std::vector<float> scores(40, 0.5f);
+    for (std::size_t j = 0; j < scores.size(); j += 3) scores[j] = -INFINITY;
+    for (const bool nan : {false, true}) {
+      if (nan) scores[17] = NAN;
+      std::vector<float> want = scores;
+      softmax_scalar(want.data(), 40, 0.125f);
+      for (const KernelTable* t : tables) {
+        std::vector<float> got = scores;
+        t->softmax(got.data(), 40, 0.125f);
+        INFO(t->name << (nan ? ", a NaN score" : ""));
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
       }
     }
   }
