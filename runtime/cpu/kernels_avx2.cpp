@@ -289,8 +289,22 @@ void softmax(float* s, int64_t n, float scale) {
   q = _mm_add_ps(q, _mm_movehl_ps(q, q));
   const float total = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
   const __m256 tv = _mm256_set1_ps(total);
+  // e_j / total rounded once, as softmax_avx512 computes it: one division for the row, an FMA residual and an FMA
+  // correction a vector (Markstein); a vector holding a weight near underflow, and a row with a NaN, divide.
+  const bool finite = std::isfinite(total);
+  const __m256 y = _mm256_set1_ps(1.0f / total), small = _mm256_set1_ps(total * 0x1p-96f);
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), tv));
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = _mm256_loadu_ps(s + j);
+    __m256 w;
+    if (!finite || _mm256_movemask_ps(_mm256_cmp_ps(e, small, _CMP_LT_OQ))) {
+      w = _mm256_div_ps(e, tv);
+    } else {
+      const __m256 q0 = _mm256_mul_ps(e, y);
+      w = _mm256_fmadd_ps(_mm256_fnmadd_ps(q0, tv, e), y, q0);
+    }
+    _mm256_storeu_ps(s + j, w);
+  }
   for (; j < n; ++j) s[j] /= total;
 }
 
