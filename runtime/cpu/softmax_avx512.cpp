@@ -68,24 +68,19 @@ void softmax_avx512(float* s, int64_t n, float scale) {
   q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
   const float t = _mm_cvtss_f32(q);
   const __m512 total = _mm512_set1_ps(t);
-  if (!std::isfinite(t)) {  // a NaN score: the division's own NaNs
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k = mask_at(j);
-      _mm512_mask_storeu_ps(s + j, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, s + j), total));
-    }
-    return;
-  }
   // e_j / total rounded once, without a division per vector (vdivps was half this softmax's time in a long
   // prefill): y = 1 / total rounded, q = e_j y rounded, r = e_j - q total (exact, one FMA), q + r y rounded is the
   // quotient rounded (Markstein's theorem: y within half an ulp of 1 / total, q within an ulp of the quotient, and
   // nothing near underflow). total >= 1 (the largest score's term is exactly 1), so a quotient is far from
-  // underflow where e_j >= total x 2^-96; a vector with a smaller e_j (or 0) divides.
+  // underflow where e_j >= total x 2^-96; a vector with a smaller e_j (or 0) divides, as a row with a NaN score
+  // does (the division's own NaNs).
+  const bool finite = std::isfinite(t);
   const __m512 y = _mm512_set1_ps(1.0f / t), small = _mm512_set1_ps(t * 0x1p-96f);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 k = mask_at(j);
     const __m512 e = _mm512_maskz_loadu_ps(k, s + j);
     __m512 w;
-    if (_mm512_mask_cmp_ps_mask(k, e, small, _CMP_LT_OQ)) {
+    if (!finite || _mm512_mask_cmp_ps_mask(k, e, small, _CMP_LT_OQ)) {
       w = _mm512_div_ps(e, total);
     } else {
       const __m512 q0 = _mm512_mul_ps(e, y);
