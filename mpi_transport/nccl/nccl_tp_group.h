@@ -31,11 +31,9 @@ class NcclTpGroup : public runtime::DeviceGroup {
   void all_gather(const float* mine, float* all, int64_t n, void* stream) override;
   // ncclSend/ncclRecv to and from every rank in one NCCL group call.
   void all_to_all(const float* send, float* recv, int64_t n, void* stream) override;
-  // No decode graphs in a group, for now. NCCL needs a captured launch captured on every rank of it (its CUDA
-  // graphs guide: "uniform over all ranks"), and the ranks do not decide alike: only the leader computes logits,
-  // so only it sees a decode step (CudaModel::forward: LR == R), and its buffers, which drop the graphs when they
-  // move, are not the followers'. The leader deciding for the group (in kGroupForward) would lift this.
-  bool graph_safe() const override { return false; }
+  // Captured in CUDA graphs: NCCL asks that a launch be captured on every rank of it or on none (its CUDA graphs
+  // guide: "uniform over all ranks"), and every rank's model captures the same decode steps
+  // (CudaModel::forward_follower lays a follower's steps out as its leader's).
 
  private:
   ncclResult_t all_to_all_result(const float* send, float* recv, int64_t n, void* stream);

@@ -268,10 +268,11 @@ void CudaModel::wait() {
   }
 }
 
-// Every kernel of a step, from the embeddings to the LM head, on stream_.
-// Reads the step's integers from step_ints_ (laid out by forward()); the
-// same R and LR always give the same launches and addresses (graph capture).
-void CudaModel::enqueue_step(int64_t R, int64_t LR) {
+// Every kernel of a step, from the embeddings to the LM head (lm_head false: a
+// follower's, none), on stream_. Reads the step's integers from step_ints_
+// (laid out by launch()); the same R and LR always give the same launches and
+// addresses (graph capture).
+void CudaModel::enqueue_step(int64_t R, int64_t LR, bool lm_head) {
   const auto& L = pool_.layout();
   const int64_t H = c_.hidden;
   const int32_t* d_tokens = step_ints_.get();
@@ -320,7 +321,7 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR) {
     group_sum(y_.get(), R * H);
   }
   add(x_.get(), y_.get(), R * H, stream_);
-  if (LR == 0) return;
+  if (LR == 0 || !lm_head) return;
   // Final norm and LM head for the rows that want logits only.
   const DevMatrix& head = tied_ ? embed_ : lm_head_;
   gather_rows(x_.get(), d_logit_rows, LR, H, last_.get(), stream_);
@@ -334,8 +335,9 @@ void CudaModel::drop_graphs() {
   graphs_.clear();
 }
 
-// Uploads the step and enqueues all its kernels; returns how many rows want logits.
-int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
+// Uploads the step and enqueues all its kernels; returns how many logits rows it computes (none on a follower,
+// head false, whose step is otherwise laid out, sized and captured as its leader's).
+int64_t CudaModel::launch(std::span<const SeqChunk> chunks, bool head) {
   const auto& L = pool_.layout();
   const int64_t H = c_.hidden, hd = c_.head_dim, q_dim = c_.heads * hd, kv_dim = c_.kv_heads * hd;
   auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
@@ -406,7 +408,13 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   moved |= last_.resize(sz(R * H));
   if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));
   if (c_.moe.any()) moved |= size_moe(R);
-  moved |= logits_.resize(sz(LR * c_.vocab));
+  if (head) {
+    moved |= logits_.resize(sz(LR * c_.vocab));
+  } else {  // no logits here, but the graphs drop where the leader's do, at its logits_ moving
+    const std::size_t room = grown_size(logits_room_, sz(LR * c_.vocab));
+    moved |= room != logits_room_;
+    logits_room_ = room;
+  }
   // Decode rows' attention split over positions when they are too few to fill the GPU.
   const int64_t split_rows = n_tiles_ == 0 ? R : n_decode_;
   attn_splits_ = attention_splits(split_rows, c_.heads, sms_);
@@ -422,7 +430,9 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
   // A decode step (one token per sequence, logits for each) runs as a CUDA
   // graph captured for its batch size: ~10 kernels per layer launched once.
   // Its first step of a size runs eagerly (cuBLAS settles its kernels), the
-  // second is captured, later ones replay it.
+  // second is captured, later ones replay it. In a group every rank decides
+  // alike from the same steps (the leader's LR, the same buffers moving),
+  // so each captures and replays the NCCL exchanges with the others.
   const bool decode = LR == R && R <= kMaxGraphRows &&
                       std::all_of(chunks.begin(), chunks.end(), [](const SeqChunk& ch) { return ch.tokens.size() == 1; });
   if (graphs_enabled_ && decode) {
@@ -431,7 +441,7 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
       cudaGraph_t graph = nullptr;
       TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        enqueue_step(R, LR);
+        enqueue_step(R, LR, head);
       } catch (...) {  // leave the stream out of capture mode, or every later step fails too
         if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
         (void)cudaGetLastError();  // this failure is reported once, not again by the next step's launch check
@@ -447,11 +457,11 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks) {
       }
     }
     if (g.exec) TANDEM_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
-    else enqueue_step(R, LR);
+    else enqueue_step(R, LR, head);
   } else {
-    enqueue_step(R, LR);
+    enqueue_step(R, LR, head);
   }
-  return LR;
+  return head ? LR : 0;
 }
 
 void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) {
@@ -466,6 +476,12 @@ void CudaModel::forward(std::span<const SeqChunk> chunks, std::vector<float>& lo
                                     stream_));
   wait();  // the step's one wait: its logits
   std::memcpy(logits.data(), pinned_logits_.get(), logits.size() * sizeof(float));
+}
+
+void CudaModel::forward_follower(std::span<SeqChunk> chunks, std::vector<float>& scratch) {
+  scratch.clear();
+  launch(chunks, /*head=*/false);
+  wait();
 }
 
 void CudaModel::reserve_tokens(std::size_t rows) {

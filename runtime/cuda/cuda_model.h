@@ -88,6 +88,9 @@ class CudaModel final : public ModelBackend {
     if (!on) drop_graphs();
   }
   void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) override;
+  // The step as the leader lays it out (its rows wanting logits included: the same buffers, moving at the same
+  // steps, and the same decode steps captured as graphs, as NCCL asks of every rank), without the LM head.
+  void forward_follower(std::span<SeqChunk> chunks, std::vector<float>& scratch) override;
   // The greedy tokens picked on the device: LR int32 to the host instead of LR x vocab floats.
   bool forward_argmax(std::span<const SeqChunk> chunks, std::vector<int32_t>& tokens) override;
   // Greedy and plain-temperature rows drawn on the device (draw.cu); TANDEM_CUDA_DRAW=0 turns it off.
@@ -172,8 +175,9 @@ class CudaModel final : public ModelBackend {
   void blas_gemm(const void* w, cudaDataType_t t, cublasComputeType_t compute, int64_t n, int64_t k, const void* x,
                  int64_t rows, float* y, int64_t ldy);
 
-  int64_t launch(std::span<const SeqChunk> chunks);
-  void enqueue_step(int64_t rows, int64_t logit_rows);
+  // head false: a group's follower (forward_follower).
+  int64_t launch(std::span<const SeqChunk> chunks, bool head = true);
+  void enqueue_step(int64_t rows, int64_t logit_rows, bool lm_head);
   void drop_graphs();
 
   static constexpr int64_t kMaxGraphRows = 256;  // decode batch sizes captured as graphs
@@ -222,6 +226,7 @@ class CudaModel final : public ModelBackend {
   bool graphs_enabled_ = true;          // TANDEM_CUDA_GRAPHS=0: every step launched kernel by kernel
   bool tc_attention_ = false;           // prefill attention on the tensor cores (bf16/f16 models)
   std::unordered_map<int64_t, Graph> graphs_;  // by batch size
+  std::size_t logits_room_ = 0;         // a follower: the elements the leader's logits_ holds (grown_size)
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   DeviceBuffer<int32_t> argmax_out_;    // [logit rows]
   DeviceBuffer<DrawParams> draw_params_;  // [logit rows]

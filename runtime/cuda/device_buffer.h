@@ -12,6 +12,12 @@
 
 namespace tandem::runtime::cuda {
 
+// The elements a buffer of n holds after resize(count): n where that holds count, else count or half as much
+// again as n, whichever is more.
+inline std::size_t grown_size(std::size_t n, std::size_t count) {
+  return count <= n ? n : n == 0 ? count : std::max(count, n + n / 2);
+}
+
 template <class T, bool Pinned>
 class CudaBuffer {
  public:
@@ -35,7 +41,7 @@ class CudaBuffer {
   // moves. True when it moved (a new address).
   bool resize(std::size_t count) {
     if (count <= n_) return false;
-    const std::size_t grown = n_ == 0 ? count : std::max(count, n_ + n_ / 2);
+    const std::size_t grown = grown_size(n_, count);
     release();
     if constexpr (Pinned) TANDEM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p_), grown * sizeof(T)));
     else TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), grown * sizeof(T)));

@@ -45,6 +45,15 @@ class ModelBackend {
   // within a chunk in position order. Blocks until they are there. Throws
   // tandem::Error on a block table too short for the positions it must hold.
   virtual void forward(std::span<const SeqChunk> chunks, std::vector<float>& logits) = 0;
+  // A tensor-parallel follower's step (runtime/service/group_worker.h): the
+  // leader's chunks, logits flags as the leader has them, and no logits
+  // computed here (only the leader samples). By default forward() with the
+  // flags cleared; the CUDA model keeps them to lay its step out as the
+  // leader's (every rank of an NCCL group must capture the same steps as graphs).
+  virtual void forward_follower(std::span<SeqChunk> chunks, std::vector<float>& scratch) {
+    for (SeqChunk& c : chunks) c.logits_last = c.logits_all = false;
+    forward(chunks, scratch);
+  }
   // A mixture of experts: the rows routed to each expert so far, MoE layer
   // by MoE layer ([layer][expert], flattened; a row counts once for each of
   // its top-k experts). Empty for a dense model, or a backend that does not count.

@@ -28,8 +28,7 @@ class DeviceGroup {
   // and receives rank q's block for it into recv[q * n, (q + 1) * n), for
   // every rank q (itself too), in device memory. Expert parallelism's combine.
   virtual void all_to_all(const float* send, float* recv, int64_t n, void* stream) = 0;
-  // Whether the group's exchanges may be captured in a CUDA graph (NCCL's could, were every rank to capture the same
-  // steps; NcclTpGroup says no until they do).
+  // Whether the group's exchanges may be captured in a CUDA graph (NCCL's may: every rank captures the same steps).
   virtual bool graph_safe() const { return true; }
 
   // Called while the model waits for a step that holds the group's exchanges:

@@ -325,8 +325,7 @@ bool Follower::run(const WorkerPort::Message& m) {
   switch (m.type) {
     case MsgType::kGroupForward:
       decode_forward(m.bytes, pass_);
-      for (auto& c : pass_.chunks) c.logits_last = c.logits_all = false;  // no LM head here: only the leader samples
-      model_.forward(pass_.chunks, logits_);
+      model_.forward_follower(pass_.chunks, logits_);  // no LM head here: only the leader samples
       return true;
     case MsgType::kGroupPostKv: {
       const WireGroupPost p = decode_group_post(m.bytes);

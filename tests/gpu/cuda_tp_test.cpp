@@ -122,9 +122,11 @@ std::vector<float> cpu_logits(const testing::TinyModel& tiny, const std::vector<
 // (expert_parallel: a MoE model's experts whole on their ranks), after
 // checking that no rank failed, each gave `size` logits, and every rank's
 // are rank 0's bit for bit; each rank's expert counts in expert_tokens.
+// followers: ranks 1 on run their steps as a group's followers do
+// (forward_follower: no LM head) and must give no logits.
 std::vector<float> run_group(const ModelConfig& config, const ModelWeights& rowmajor, int width,
                              const std::vector<int32_t>& prompt, bool expert_parallel, std::size_t size,
-                             std::vector<std::vector<int64_t>>* expert_tokens = nullptr) {
+                             std::vector<std::vector<int64_t>>* expert_tokens = nullptr, bool followers = false) {
   ThreadDeviceGroup group(width);
   std::vector<std::vector<float>> got(static_cast<std::size_t>(width));
   std::vector<std::string> errors(static_cast<std::size_t>(width));
@@ -137,7 +139,7 @@ std::vector<float> run_group(const ModelConfig& config, const ModelWeights& rowm
         const ModelConfig shard = cpu::shard_config(config, member.shard());
         DevPool dev(shard, 8);
         cuda::CudaModel model(config, rowmajor, *dev.pool, &member, expert_parallel);
-        got[static_cast<std::size_t>(r)] = testing::chunked_logits(model, *dev.pool, prompt);
+        got[static_cast<std::size_t>(r)] = testing::chunked_logits(model, *dev.pool, prompt, followers && r > 0);
         if (expert_tokens) (*expert_tokens)[static_cast<std::size_t>(r)] = model.expert_tokens();
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
@@ -149,6 +151,10 @@ std::vector<float> run_group(const ModelConfig& config, const ModelWeights& rowm
   for (int r = 0; r < width; ++r) {
     INFO("rank " << r);
     REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+    if (followers && r > 0) {
+      CHECK(got[static_cast<std::size_t>(r)].empty());
+      continue;
+    }
     REQUIRE(got[static_cast<std::size_t>(r)].size() == size);
     CHECK(got[static_cast<std::size_t>(r)] == got[0]);
   }
@@ -171,10 +177,13 @@ TEST_CASE("a tensor-parallel group of 2 and 4 CUDA ranks: every rank the same lo
     const bool f32 = std::string(dtype) == "f32";
     for (const int width : {2, 4}) {
       INFO(arch << " " << dtype << ", width " << width);
-      const double err = rel_err(run_group(tiny.config, *rowmajor, width, prompt, true, want.size()), want);
+      const std::vector<float> got = run_group(tiny.config, *rowmajor, width, prompt, true, want.size());
+      const double err = rel_err(got, want);
       std::printf("cuda tp %d %s %s: largest logit difference from the CPU engine %.3g (relative)\n", width, arch, dtype,
                   err);
       CHECK(err < (f32 ? 1e-4 : 3e-2));
+      // The leader's logits the same bits where its followers compute none (the steps laid out as the leader's).
+      CHECK(run_group(tiny.config, *rowmajor, width, prompt, true, want.size(), nullptr, true) == got);
     }
   }
 }

@@ -112,7 +112,10 @@ struct DevPool {
 
 // Every logit of a 53-token prompt: 50 prefilled in chunks of 20, then 3
 // single-token (decode) steps; one sequence in the pool's first 4 blocks.
-inline std::vector<float> chunked_logits(runtime::ModelBackend& m, kv::BlockPool& pool, const std::vector<int32_t>& prompt) {
+// follower: the same steps as a group's follower runs them
+// (forward_follower), each of which must return no logits.
+inline std::vector<float> chunked_logits(runtime::ModelBackend& m, kv::BlockPool& pool, const std::vector<int32_t>& prompt,
+                                         bool follower = false) {
   auto blocks = *pool.allocate(4);
   std::vector<float> all, part;
   for (int64_t s = 0; s < 53;) {
@@ -122,7 +125,12 @@ inline std::vector<float> chunked_logits(runtime::ModelBackend& m, kv::BlockPool
     c.tokens = std::span<const int32_t>(prompt.data() + s, static_cast<std::size_t>(n));
     c.block_table = blocks;
     c.logits_all = true;
-    m.forward(std::span<const runtime::SeqChunk>(&c, 1), part);
+    if (follower) {
+      part.assign(1, 0.0f);  // forward_follower must leave it empty
+      m.forward_follower(std::span<runtime::SeqChunk>(&c, 1), part);
+    } else {
+      m.forward(std::span<const runtime::SeqChunk>(&c, 1), part);
+    }
     all.insert(all.end(), part.begin(), part.end());
     s += n;
   }
