@@ -118,6 +118,13 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
       expert_parallel_(expert_parallel && group_ && config.moe.any()),
       c_(group_ ? cpu::local_config(config, group_->shard(), expert_parallel) : config),
       pool_(pool) {
+  // The step buffers of a group's ranks are sized alike (so they move at the same steps): for the widest shard.
+  intermediate_room_ = c_.intermediate, moe_intermediate_room_ = c_.moe.intermediate;
+  for (int r = 0; group_ && r < group_->shard().width; ++r) {
+    const ModelConfig theirs = cpu::local_config(config, {r, group_->shard().width}, expert_parallel);
+    intermediate_room_ = std::max(intermediate_room_, theirs.intermediate);
+    moe_intermediate_room_ = std::max(moe_intermediate_room_, theirs.moe.intermediate);
+  }
   if (pool.layout().elem_bytes != 4 && pool.layout().elem_bytes != 2 && pool.layout().elem_bytes != 1)
     throw Error("internal: the CUDA backend keeps KV in float32, bf16 or FP8, not " +
                 std::to_string(pool.layout().elem_bytes) + "-byte elements");
@@ -149,6 +156,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelWeights& w, kv::Block
   int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  sms_ = std::min(sms_, kRoomSms);
   const char* graphs = std::getenv("TANDEM_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string(graphs) == "0") && (!group_ || group_->graph_safe());
   const char* draw_env = std::getenv("TANDEM_CUDA_DRAW");
@@ -330,8 +338,13 @@ void CudaModel::enqueue_step(int64_t R, int64_t LR, bool lm_head) {
 }
 
 void CudaModel::drop_graphs() {
+  bool any = false;
   for (auto& [rows, g] : graphs_)
-    if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (g.exec) {
+      cudaGraphExecDestroy(g.exec);
+      any = true;
+    }
+  counts_.dropped += any;
   graphs_.clear();
 }
 
@@ -385,47 +398,46 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks, bool head) {
     for (const auto* v : {&tile_first, &tile_rows, &decode_rows}) host_ints_.insert(host_ints_.end(), v->begin(), v->end());
   pinned_.resize(host_ints_.size());
   std::memcpy(pinned_.get(), host_ints_.data(), host_ints_.size() * sizeof(int32_t));
-  if (step_ints_.resize(host_ints_.size())) drop_graphs();
+  // Every buffer a captured graph points at grows (grow: the graphs dropped first) by what every rank of a group
+  // knows alike (the step's rows, the widest shard), so that all of them drop their graphs at the same steps.
+  grow(step_ints_, static_cast<int64_t>(host_ints_.size()));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(step_ints_.get(), pinned_.get(), host_ints_.size() * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, stream_));
-  bool moved = false;  // a buffer at a new address: captured graphs point at the old one
-  moved |= x_.resize(sz(R * H));
+  grow(x_, R * H);
   // The FP8 units write their products' outputs for rows in eights (fp8_product): y_, qkv_ and gate_up_ have room.
   const int64_t Rp = fp8_ ? fp8_scale_ld(R) : R;
-  moved |= y_.resize(sz(Rp * H));
-  moved |= qkv_.resize(sz(Rp * (q_dim + 2 * kv_dim)));
-  moved |= q_.resize(sz(R * q_dim));
-  moved |= attn_.resize(sz(R * q_dim));
-  moved |= gate_up_.resize(sz(Rp * 2 * c_.intermediate));
+  grow(y_, Rp * H);
+  grow(qkv_, Rp * (q_dim + 2 * kv_dim));
+  grow(q_, R * q_dim);
+  grow(attn_, R * q_dim);
+  grow(gate_up_, Rp * 2 * intermediate_room_);
   // Sized before the first kernel: growing a buffer mid-step (cudaFree) would wait for the whole device.
-  const int64_t widest = std::max({H, q_dim, c_.intermediate});  // a product's input
-  moved |= act_.resize(sz(R * widest));
-  if (tc_8bit_ && R >= kDequantRows) moved |= act16_.resize(sz(R * widest));
+  const int64_t widest = std::max({H, q_dim, intermediate_room_});  // a product's input
+  grow(act_, R * widest);
+  if (tc_8bit_ && R >= kDequantRows) grow(act16_, R * widest);
   if (fp8_ && R >= kDequantRows) {
-    moved |= act8_.resize(sz(Rp * widest));
-    moved |= act8_scales_.resize(sz((widest / kFp8Group + 1) * Rp));
+    grow(act8_, Rp * widest);
+    grow(act8_scales_, (widest / kFp8Group + 1) * Rp);
   }
-  moved |= last_.resize(sz(R * H));
-  if (group_) moved |= gathered_.resize(sz(group_->shard().width * R * H));
-  if (c_.moe.any()) moved |= size_moe(R);
+  grow(last_, R * H);
+  if (group_) grow(gathered_, group_->shard().width * R * H);
+  if (c_.moe.any()) size_moe(R);
   if (head) {
-    moved |= logits_.resize(sz(LR * c_.vocab));
-  } else {  // no logits here, but the graphs drop where the leader's do, at its logits_ moving
-    const std::size_t room = grown_size(logits_room_, sz(LR * c_.vocab));
-    moved |= room != logits_room_;
+    grow(logits_, LR * c_.vocab);
+  } else if (const std::size_t room = grown_size(logits_room_, sz(LR * c_.vocab)); room != logits_room_) {
+    drop_graphs();  // no logits here, but the graphs drop where the leader's do, at its logits_ moving
     logits_room_ = room;
   }
-  // Decode rows' attention split over positions when they are too few to fill the GPU.
+  // Decode rows' attention split over positions when they are too few to fill the GPU; its scratch sized for
+  // the most splits of any device up to kRoomSms multiprocessors (a group's ranks may differ: MIG slices).
   const int64_t split_rows = n_tiles_ == 0 ? R : n_decode_;
   attn_splits_ = attention_splits(split_rows, c_.heads, sms_);
-  if (attn_splits_ > 1) {
-    moved |= attn_partial_.resize(sz(split_rows * c_.heads * attn_splits_ * (hd + 2)));
-    if (attn_counters_.resize(sz(split_rows * c_.heads))) {
-      moved = true;
+  const int64_t room_splits = attention_splits(split_rows, c_.heads, kRoomSms);
+  if (room_splits > 1) {
+    grow(attn_partial_, split_rows * c_.heads * room_splits * (hd + 2));
+    if (grow(attn_counters_, split_rows * c_.heads))
       TANDEM_CUDA_CHECK(cudaMemsetAsync(attn_counters_.get(), 0, attn_counters_.size() * sizeof(int32_t), stream_));
-    }
   }
-  if (moved) drop_graphs();
 
   // A decode step (one token per sequence, logits for each) runs as a CUDA
   // graph captured for its batch size: ~10 kernels per layer launched once.
@@ -456,11 +468,15 @@ int64_t CudaModel::launch(std::span<const SeqChunk> chunks, bool head) {
         TANDEM_CUDA_CHECK(made);
       }
     }
-    if (g.exec) TANDEM_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
-    else enqueue_step(R, LR, head);
-  } else {
-    enqueue_step(R, LR, head);
+    if (g.exec) {
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+      ++(g.seen == 2 ? counts_.captured : counts_.replayed);
+      g.seen = 3;  // captured: later launches replay
+      return head ? LR : 0;
+    }
   }
+  enqueue_step(R, LR, head);
+  ++counts_.eager;
   return head ? LR : 0;
 }
 

@@ -100,6 +100,13 @@ class CudaModel final : public ModelBackend {
   std::vector<int64_t> expert_tokens() const override;
   int expert_ranks() const override { return expert_parallel_ ? group_->shard().width : 1; }
   bool has_draw() const override { return draw_enabled_; }
+  // What became of the steps (a group's ranks must show the same: NCCL's captures are collective): steps launched
+  // kernel by kernel, decode steps captured as graphs and replayed, and the times captured graphs were dropped.
+  struct GraphCounts {
+    int64_t eager = 0, captured = 0, replayed = 0, dropped = 0;
+    bool operator==(const GraphCounts&) const = default;
+  };
+  GraphCounts graph_counts() const { return counts_; }
 
  private:
   struct DevMatrix {
@@ -149,8 +156,8 @@ class CudaModel final : public ModelBackend {
   // Its MLP over xn (R rows, float32) into y_: route, group by expert, the
   // experts' products, the group's exchange, the combine (cuda_moe.cpp).
   void enqueue_moe(const DevLayer& lw, int64_t R);
-  // Its step buffers for R rows (true: one moved).
-  bool size_moe(int64_t R);
+  // Its step buffers for R rows (grow).
+  void size_moe(int64_t R);
   // After a row-parallel product into y (rows x n floats): the group's sum of every rank's y, on every rank.
   void group_sum(float* y, int64_t n);
   // The host waits for the step's stream (moving the rank's KV on meanwhile, in a group).
@@ -179,8 +186,17 @@ class CudaModel final : public ModelBackend {
   int64_t launch(std::span<const SeqChunk> chunks, bool head = true);
   void enqueue_step(int64_t rows, int64_t logit_rows, bool lm_head);
   void drop_graphs();
+  // A step buffer grown to hold n (resize), the graphs dropped before the old memory goes (they point at it, and
+  // NCCL keeps a captured buffer registered until its graph goes); true where it moved.
+  template <class T>
+  bool grow(DeviceBuffer<T>& b, int64_t n) {
+    if (static_cast<std::size_t>(n) <= b.size()) return false;
+    drop_graphs();
+    return b.resize(static_cast<std::size_t>(n));
+  }
 
   static constexpr int64_t kMaxGraphRows = 256;  // decode batch sizes captured as graphs
+  static constexpr int kRoomSms = 1024;          // split attention's scratch is sized for this many multiprocessors
   struct Graph {
     int seen = 0;
     cudaGraphExec_t exec = nullptr;
@@ -227,6 +243,9 @@ class CudaModel final : public ModelBackend {
   bool tc_attention_ = false;           // prefill attention on the tensor cores (bf16/f16 models)
   std::unordered_map<int64_t, Graph> graphs_;  // by batch size
   std::size_t logits_room_ = 0;         // a follower: the elements the leader's logits_ holds (grown_size)
+  int64_t intermediate_room_ = 0;       // the group's widest shard of the MLP (shards differ by a unit or so)
+  int64_t moe_intermediate_room_ = 0;   // and of an expert's (split across the ranks without expert parallelism)
+  GraphCounts counts_;
   DeviceBuffer<int32_t> step_ints_;     // tokens, positions, table_of, logit rows, tables
   DeviceBuffer<int32_t> argmax_out_;    // [logit rows]
   DeviceBuffer<DrawParams> draw_params_;  // [logit rows]

@@ -53,29 +53,26 @@ void CudaModel::upload_moe(const ModelConfig& full, const LayerWeights& lw, DevL
   for (const DevLayer& l : layers_) d.moe_index += l.moe_index >= 0;
 }
 
-bool CudaModel::size_moe(int64_t R) {
-  const int64_t H = c_.hidden, E = c_.moe.experts, K = c_.moe.top_k, U = c_.moe.intermediate;
-  auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
-  bool moved = false;
+void CudaModel::size_moe(int64_t R) {
+  const int64_t H = c_.hidden, E = c_.moe.experts, K = c_.moe.top_k;
   int64_t slot_rows = R;
-  if (group_ && !expert_parallel_) moved |= gathered_.resize(sz(group_->shard().width * R * K * H));  // every slot's sums
+  if (group_ && !expert_parallel_) grow(gathered_, group_->shard().width * R * K * H);  // every slot's sums
   if (expert_parallel_) {  // whole home blocks: slot_out and the gathered parts w c k H, the combined rows w c H
     const int64_t w = group_->shard().width, c = (R + w - 1) / w;
-    moved |= gathered_.resize(sz(w * c * K * H));
-    moved |= moe_home_.resize(sz(c * H));
-    moved |= y_.resize(sz(w * c * H));
+    grow(gathered_, w * c * K * H);
+    grow(moe_home_, c * H);
+    grow(y_, w * c * H);
     slot_rows = w * c;  // slot_out_: every home's block whole
   }
-  moved |= moe_in_.resize(sz(R * H));
-  moved |= router_logits_.resize(sz(R * E));
-  moved |= route_weight_.resize(sz(R * K));
-  moved |= route_expert_.resize(sz(R * K));
-  moved |= moe_order_.resize(sz(R * K));
-  moved |= moe_offsets_.resize(sz(local_experts_ + 1));
-  moved |= moe_tiles_.resize(sz(local_experts_ + 1));
-  moved |= moe_gate_up_.resize(sz(R * K * 2 * U));
-  moved |= slot_out_.resize(sz(slot_rows * K * H));
-  return moved;
+  grow(moe_in_, R * H);
+  grow(router_logits_, R * E);
+  grow(route_weight_, R * K);
+  grow(route_expert_, R * K);
+  grow(moe_order_, R * K);
+  grow(moe_offsets_, local_experts_ + 1);
+  grow(moe_tiles_, local_experts_ + 1);
+  grow(moe_gate_up_, R * K * 2 * moe_intermediate_room_);
+  grow(slot_out_, slot_rows * K * H);
 }
 
 void CudaModel::enqueue_moe(const DevLayer& lw, int64_t R) {

@@ -176,8 +176,9 @@ class LeaderPort : public WorkerPort {
 topology::GroupMap apply_group_map(WorkerPort& port, const WireGroupMap& m);
 
 // The leader's model: each forward pass goes to the followers, then runs
-// here. The device-side draws (forward_argmax, forward_draw) are not offered:
-// every pass a follower is told of must run on the leader too.
+// here. The device-side draws (forward_argmax, forward_draw) are offered
+// where the model has them, the pass told to the followers first (every pass
+// a follower is told of must run on the leader too).
 class LeaderBackend : public runtime::ModelBackend {
  public:
   LeaderBackend(std::unique_ptr<runtime::ModelBackend> inner, LeaderPort& port);

@@ -400,3 +400,116 @@ TEST_CASE("an 8-bit checkpoint with a dimension of 2.5 blocks, on one CUDA rank 
   }
   std::filesystem::remove_all(o.out_dir);
 }
+
+namespace {
+
+// A group's rank whose exchanges stay on its own stream (every rank's part a
+// copy of its own): the values are not a group's, but a step with them can
+// be captured in a graph, so the ranks of a group, run one after another on
+// one GPU, each capture and replay what they would with NCCL.
+class LocalMember : public DeviceGroup {
+ public:
+  LocalMember(int rank, int width) : rank_(rank), width_(width) {}
+  cpu::TpShard shard() const override { return {rank_, width_}; }
+  void all_gather(const float* mine, float* all, int64_t n, void* stream) override {
+    for (int r = 0; r < width_; ++r) copy(all + r * n, mine, n, stream);
+  }
+  void all_to_all(const float* send, float* recv, int64_t n, void* stream) override {
+    for (int q = 0; q < width_; ++q) copy(recv + q * n, send + q * n, n, stream);
+  }
+  int errors = 0;
+
+ private:
+  void copy(float* to, const float* from, int64_t n, void* stream) {
+    errors += cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToDevice,
+                              static_cast<cudaStream_t>(stream)) != cudaSuccess;
+  }
+  int rank_, width_;
+};
+
+// Steps as a group's rank runs them (the leader forward, a follower
+// forward_follower), and what became of them: three prompts, decode batches
+// of 1 and 3 (each eager, then captured, then replayed), a step whose
+// one-token row wants no logits, a prompt whose every logit comes back (the
+// leader's logits grow: the graphs go), and decode batches of 3 again.
+cuda::CudaModel::GraphCounts graph_run(cuda::CudaModel& m, kv::BlockPool& pool, bool leader) {
+  std::vector<std::vector<int32_t>> blocks;
+  for (int s = 0; s < 3; ++s) blocks.push_back(*pool.allocate(4));  // 64 positions a sequence
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids(3 * 64);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 1000);
+  int64_t pos[3] = {0, 0, 0};
+  std::vector<float> logits;
+  // n tokens of each sequence in seqs; logits for the last (all: for every token) where wanted.
+  auto step = [&](std::vector<int> seqs, int64_t n, bool last, bool all = false) {
+    std::vector<SeqChunk> chunks;
+    for (const int s : seqs) {
+      SeqChunk c;
+      c.start_pos = pos[s];
+      c.tokens = std::span<const int32_t>(ids.data() + 64 * s + pos[s], static_cast<std::size_t>(n));
+      c.block_table = blocks[static_cast<std::size_t>(s)];
+      c.logits_last = last || s == 0;  // the first sequence's always
+      c.logits_all = all;
+      chunks.push_back(c);
+      pos[s] += n;
+    }
+    if (leader)
+      m.forward(chunks, logits);
+    else
+      m.forward_follower(chunks, logits);
+  };
+  step({0, 1, 2}, 10, true);
+  for (int i = 0; i < 3; ++i) step({0}, 1, true);
+  for (int i = 0; i < 3; ++i) step({0, 1, 2}, 1, true);
+  step({0, 1}, 1, false);  // the second row wants none
+  step({2}, 20, true, true);
+  for (int i = 0; i < 3; ++i) step({0, 1, 2}, 1, true);
+  return m.graph_counts();
+}
+
+}  // namespace
+
+// NCCL asks that a captured exchange be captured on every rank of it: a
+// group's leader and followers must capture, replay and drop their graphs at
+// the same steps, though only the leader computes logits and the ranks'
+// shards of the MLP (301 units; an expert's, split) differ by a unit.
+TEST_CASE("the ranks of a CUDA group capture, replay and drop their decode graphs at the same steps", "[gpu]") {
+  for (const char* arch : {"qwen3", "qwen3_moe"}) {
+    MakeModelOptions o;
+    o.arch = arch;
+    o.preset = "tiny";
+    o.dtype = "f32";
+    o.intermediate = 301;
+    if (std::string(arch) == "qwen3_moe") o.moe_intermediate = 301;
+    o.tokenizer_dir = testing::tokenizer_dir("qwen3");
+    o.out_dir = std::filesystem::temp_directory_path() / ("tandem-gpu-graphs-" + std::to_string(::getpid()));
+    const ModelConfig config = make_model(o);
+    auto weights = ModelWeights::load(config, o.out_dir, false);
+    for (const int width : {2, 4})
+      for (const bool ep : {true, false}) {
+        if (!ep && !config.moe.any()) continue;
+        INFO(arch << ", width " << width << (ep ? "" : ", experts split"));
+        std::vector<cuda::CudaModel::GraphCounts> counts;
+        for (int r = 0; r < width; ++r) {
+          LocalMember member(r, width);
+          DevPool dev(cpu::shard_config(config, member.shard()), 16);
+          cuda::CudaModel model(config, *weights, *dev.pool, &member, ep);
+          counts.push_back(graph_run(model, *dev.pool, r == 0));
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+          CHECK(member.errors == 0);
+        }
+        const auto& c = counts[0];
+        std::printf("cuda graphs, %s width %d: %ld eager, %ld captured, %ld replayed, %ld drops on every rank\n", arch,
+                    width, static_cast<long>(c.eager), static_cast<long>(c.captured), static_cast<long>(c.replayed),
+                    static_cast<long>(c.dropped));
+        CHECK(c.captured == 3);  // batch 1, batch 3, batch 3 after the drop
+        CHECK(c.replayed == 3);
+        CHECK(c.dropped >= 1);
+        for (int r = 1; r < width; ++r) {
+          INFO("rank " << r);
+          CHECK(counts[static_cast<std::size_t>(r)] == c);
+        }
+      }
+    std::filesystem::remove_all(o.out_dir);
+  }
+}
