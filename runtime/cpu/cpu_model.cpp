@@ -132,6 +132,23 @@ const void* CpuModel::kv_at(int64_t e) const {
   return reinterpret_cast<const uint8_t*>(pool_.data()) + e * pool_.layout().elem_bytes;
 }
 
+void CpuModel::kv_rows(const SeqChunk& ch, int64_t layer, int64_t g, int64_t from, int64_t to, const void** keys,
+                       const void** values) const {
+  const auto& L = pool_.layout();
+  const int64_t row = L.row_elems() * L.elem_bytes;  // bytes: a block's rows of one KV head are consecutive
+  for (int64_t j = from; j <= to;) {
+    const int64_t slot = j % L.block_size, n = std::min(L.block_size - slot, to + 1 - j);
+    const int64_t blk = ch.block_table[static_cast<std::size_t>(j / L.block_size)];
+    const auto* k = static_cast<const uint8_t*>(kv_at(L.offset(blk, layer, 0, g, slot)));
+    const auto* v = static_cast<const uint8_t*>(kv_at(L.offset(blk, layer, 1, g, slot)));
+    for (int64_t i = 0; i < n; ++i) {
+      keys[j - from + i] = k + i * row;
+      values[j - from + i] = v + i * row;
+    }
+    j += n;
+  }
+}
+
 void CpuModel::store_kv(const float* src, int64_t n, int64_t e) {
   if (kv_dtype_ == DType::kF32) {
     std::copy_n(src, n, pool_.data() + e);
@@ -210,7 +227,6 @@ void CpuModel::rms_norm(const float* x, const std::vector<float>& w, int64_t n, 
 // weighted sum are the same operations in the same order as for the query
 // alone, so the blocking never changes a bit.
 void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
-  const auto& L = pool_.layout();
   const int64_t hd = c_.head_dim, heads = c_.heads, group = c_.heads / c_.kv_heads;
   const int64_t q_dim = heads * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -256,11 +272,7 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
     keys.resize(sz(count));
     values.resize(sz(count));
     scores.resize(sz(M * count));
-    for (int64_t j = lo; j <= hi; ++j) {
-      const int64_t blk = ch.block_table[sz(j / L.block_size)];
-      keys[sz(j - lo)] = kv_at(L.offset(blk, layer, 0, g, j % L.block_size));
-      values[sz(j - lo)] = kv_at(L.offset(blk, layer, 1, g, j % L.block_size));
-    }
+    kv_rows(ch, layer, g, lo, hi, keys.data(), values.data());
     const DType kv = kv_dtype_;  // FP8 rows too: the kernels take their values (code x scale)
     // Queries are hd apart within a row (heads of one KV head) or q_dim apart (one head, many rows).
     const int64_t ldq = nh > 1 ? hd : q_dim;
@@ -292,7 +304,6 @@ void CpuModel::attention(int64_t layer, std::span<const SeqChunk> chunks) {
 // once for all the chunk's rows and the KV head's query heads; a chunk's rows split in pieces only where the
 // tasks would not keep every thread busy. Each element is the same whatever the task (kernels.h).
 void CpuModel::attention_on_tiles(int64_t layer, std::span<const SeqChunk> chunks) {
-  const auto& L = pool_.layout();
   const int64_t hd = c_.head_dim, group = c_.heads / c_.kv_heads, q_dim = c_.heads * hd;
   const int64_t rows = static_cast<int64_t>(rows_.size()), window = std::max<int64_t>(0, c_.sliding_window);
   auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
@@ -320,11 +331,7 @@ void CpuModel::attention_on_tiles(int64_t layer, std::span<const SeqChunk> chunk
     const int64_t first = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0, base = first / 32 * 32;
     keys.assign(sz(last + 1 - base), nullptr);  // positions before the first any row sees: not read
     values.assign(sz(last + 1 - base), nullptr);
-    for (int64_t j = first; j <= last; ++j) {
-      const int64_t blk = ch.block_table[sz(j / L.block_size)];
-      keys[sz(j - base)] = kv_at(L.offset(blk, layer, 0, g, j % L.block_size));
-      values[sz(j - base)] = kv_at(L.offset(blk, layer, 1, g, j % L.block_size));
-    }
+    kv_rows(ch, layer, g, first, last, keys.data() + (first - base), values.data() + (first - base));
     const AttendTask t{q_.data() + qb.r0 * q_dim + qb.h0 * hd, attn_.data() + qb.r0 * q_dim + qb.h0 * hd, q_dim, hd,
                        qb.r1 - qb.r0, qb.h1 - qb.h0, hd, pos0, window, base, kv_dtype_, keys.data(), values.data(),
                        1.0f / std::sqrt(static_cast<float>(hd))};

@@ -92,6 +92,10 @@ class CpuModel final : public ModelBackend {
   // or FP8 E4M3 with a scale per row (kernels.h's quantize_fp8_row), which
   // halves it again; attention widens FP8 rows to float32 values first.
   const void* kv_at(int64_t element) const;
+  // The K and V rows of KV head g in `layer` at positions [from, to] of the chunk's sequence, into keys[j - from]
+  // and values[j - from]: one offset a block (its rows are consecutive), not one a position.
+  void kv_rows(const SeqChunk& ch, int64_t layer, int64_t g, int64_t from, int64_t to, const void** keys,
+               const void** values) const;
   void store_kv(const float* src, int64_t n, int64_t element);
 
   TpGroup* group_;
