@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -207,6 +209,36 @@ TEST_CASE("FP8 E4M3: every code decodes as the format defines it, and encoding r
   CHECK(f32_to_f8e4m3(1e6f) == 0x7E);  // saturates
   CHECK(f32_to_f8e4m3(-500.0f) == 0xFE);
   CHECK(f32_to_f8e4m3(std::ldexp(1.0f, -11)) == 0x00);  // below half the smallest subnormal
+  // The statement in libm's terms (f32_to_f8e4m3 works on the bits; all 2^32 floats agreed when it was written):
+  // every 257th float's bit pattern, and every 7th of the binades around the subnormal codes and the first normal
+  // ones (the ties and their neighbours are above).
+  const auto statement = [](float f) -> uint8_t {
+    if (std::isnan(f)) return 0x7F;
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+    const float a = std::fabs(f);
+    if (a >= 448.0f) return sign | 0x7E;
+    int e;
+    std::frexp(a, &e);  // a in [2^(e-1), 2^e): E4M3's step there 2^(e-4), below 2^-6 the subnormals' 2^-9
+    const int step = std::max(e - 1, -6) - 3;
+    const float v = std::ldexp(std::nearbyint(std::ldexp(a, -step)), step);  // ties to even
+    if (v >= 448.0f) return sign | 0x7E;
+    if (v < std::ldexp(1.0f, -6)) return sign | static_cast<uint8_t>(std::ldexp(v, 9));
+    int ve;
+    const float vm = std::frexp(v, &ve);
+    return sign | static_cast<uint8_t>((ve + 6) << 3) | static_cast<uint8_t>(std::ldexp(vm, 4) - 8);
+  };
+  int64_t differ = 0;
+  auto check = [&](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    differ += f32_to_f8e4m3(f) != statement(f);
+  };
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 257) check(static_cast<uint32_t>(b));
+  for (uint32_t b = 0x3A000000u; b < 0x3D000000u; b += 7) {  // 2^-11 to 2^-5, both signs
+    check(b);
+    check(b | 0x80000000u);
+  }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("quantized checkpoints: quantize, reload, and every unsupported scheme refused with one line",
