@@ -26,6 +26,7 @@
 #include "runtime/cpu/amx_tiles.h"
 #include "runtime/cpu/bf16_panels.h"
 #include "runtime/cpu/bf16amx_panels.h"
+#include "runtime/cpu/fp8_kv_row.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/line_aligned.h"
 
@@ -57,11 +58,14 @@ void kv_row_as_bf16(DType kv, const void* row, int64_t n, int64_t np, uint16_t* 
       std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
       return;
     }
-    default: {  // FP8 E4M3 with its row scale
-      thread_local LineVector<float> widened;
-      widened.resize(static_cast<std::size_t>(n));
-      avx512_kernels()->widen_fp8_row(static_cast<const uint8_t*>(row), n, widened.data());
-      return floats_as_bf16(widened.data(), n, np, dst);
+    default: {  // FP8 E4M3 with its row scale: its values (widen_fp8_row's) rounded to bf16 in registers
+      const Fp8RowScale fs(row, n);
+      for (int64_t k = 0; k < n; k += 16) {
+        const __mmask16 m = n - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - k)) - 1u);
+        _mm256_mask_storeu_epi16(dst + k, m, (__m256i)_mm512_cvtneps_pbh(fp8_row_values16(m, row, k, fs)));
+      }
+      std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
+      return;
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "runtime/cpu/avx512_tiles.h"
+#include "runtime/cpu/fp8_kv_row.h"
 #include "runtime/cpu/kernels.h"
 
 namespace tandem::runtime::cpu {
@@ -47,26 +48,6 @@ void dot_rows_d(const float* q, int64_t ldq, int64_t M, const void* const* rows,
   }
   for (; r + 6 <= count; r += 6) row_tiles<D, 6, 3, 1, false>(0, M, q, ldq, w + r, n, out + r, ldo);
   if (r < count) avx2_kernels()->dot_rows(q, ldq, M, D, rows + r, count - r, n, out + r, ldo);
-}
-
-// An FP8 KV row's scale as widen_fp8_row applies it: times scale x 2^120
-// after the code's bits (value x 2^-120, exact), or, where scale x 2^120
-// would overflow (or the scale is NaN), times 2^120 and then the scale: the
-// one rounding of value x scale either way.
-struct Fp8RowScale {
-  float plain, folded;
-  bool two_step;
-  Fp8RowScale(const void* row, int64_t n) {
-    std::memcpy(&plain, static_cast<const uint8_t*>(row) + n, sizeof plain);
-    two_step = !(plain < 0x1p7f);
-    folded = plain * 0x1p120f;
-  }
-};
-
-// 16 sign-extended FP8 codes as floats of value x 2^-120 (QPanel's three integer operations).
-inline __m512 fp8_times_2m120(__m512i codes) {
-  return _mm512_castsi512_ps(
-      _mm512_and_si512(_mm512_slli_epi32(codes, 20), _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u))));
 }
 
 // FP8 KV rows: eight keys a tile, their codes made floats in registers (the
@@ -119,10 +100,7 @@ void dot_rows(const float* q, int64_t ldq, int64_t M, DType kv, const void* cons
 template <DType D>
 inline __m512 load16(__mmask16 mask, const void* base, int64_t i, const Fp8RowScale* fs = nullptr) {
   if constexpr (D == DType::kF8E4M3) {
-    const __m512i b = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(base) + i));
-    const __m512 v = fp8_times_2m120(b);
-    if (fs->two_step) return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(0x1p120f)), _mm512_set1_ps(fs->plain));
-    return _mm512_mul_ps(v, _mm512_set1_ps(fs->folded));
+    return fp8_row_values16(mask, base, i, *fs);
   } else if constexpr (D == DType::kF32) {
     return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + i);
   } else {
