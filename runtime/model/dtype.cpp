@@ -68,29 +68,6 @@ const float* f8e4m3_table() {
   return table.data();
 }
 
-// On the float's bits (KV rows are quantized as they are stored: frexp, ldexp and nearbyint took ~14% of a
-// prefill with kv.dtype = "fp8"). Every one of the 2^32 floats gives what the statement in libm's terms does
-// (model_load_test.cpp holds it): NaN -> 0x7F; |f| >= 448 (infinities too) -> the largest finite; from 2^-6, the
-// mantissa rounded to 3 bits, ties to even (a carry moves the exponent up); below, the nearest multiple of
-// 2^-9, ties to even (subnormal codes, 8 being the smallest normal's).
-uint8_t f32_to_f8e4m3(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return 0x7F;
-  if (a >= 0x43E00000u) return sign | 0x7E;  // 448
-  if (a >= 0x3C800000u) {                    // 2^-6: E4M3's exponent is float's less 120
-    const uint32_t r = a + 0x7FFFFu + ((a >> 20) & 1u);
-    return sign | static_cast<uint8_t>((r >> 20) - (120u << 3));
-  }
-  // |f| x 2^9 = m x 2^-s, rounded to an integer (0 to 8)
-  const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | (e ? 0x800000u : 0u), s = 141 - e;
-  if (s > 24) return sign;  // below 2^-10
-  const uint32_t q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1);
-  return sign | static_cast<uint8_t>(q + (rem > half || (rem == half && (q & 1u))));
-}
-
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;
