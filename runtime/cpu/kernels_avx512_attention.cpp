@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "runtime/cpu/avx512_tiles.h"
@@ -197,5 +198,58 @@ void avx512_weighted_sum(const float* w, int64_t ldw, int64_t M, DType kv, const
   weighted_sum(w, ldw, M, kv, rows, count, n, accumulate, out, ldo);
 }
 void avx512_widen_fp8_row(const uint8_t* row, int64_t n, float* out) { widen_fp8_row(row, n, out); }
+
+// quantize_fp8_row 16 values at a time: max |x| and finiteness (the max of finite floats is exact in any order),
+// the same float32 division by the scale, and f32_to_f8e4m3's steps on each quotient's bits in the lanes.
+void quantize_fp8_row_avx512(const float* x, int64_t n, uint8_t* row) {
+  const auto mask_at = [n](int64_t i) {
+    return n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+  };
+  const __m512i abs_bits = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask_at(i);
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), abs_bits);
+    bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(a, inf), inf);
+    amax = _mm512_max_ps(amax, _mm512_castsi512_ps(a));
+  }
+  const float scale = bad ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax) / 448.0f;
+  std::memcpy(row + n, &scale, sizeof scale);
+  if (!(scale > 0.0f)) {
+    std::memset(row, 0, static_cast<std::size_t>(n));
+    return;
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i one = _mm512_set1_epi32(1);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask_at(i);
+    const __m512i u = _mm512_castps_si512(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+    const __m512i a = _mm512_and_si512(u, abs_bits);
+    // from 2^-6: 3 mantissa bits kept, ties to even, the exponent less 120
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)),
+                                       _mm512_and_si512(_mm512_srli_epi32(a, 20), one));
+    const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(120 << 3));
+    // below: |v| x 2^9 = m x 2^-sh rounded to an integer, ties to even (a shift of 32 or more gives 0)
+    const __m512i e = _mm512_srli_epi32(a, 23);
+    const __m512i mant = _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF)),
+                                         _mm512_maskz_set1_epi32(_mm512_test_epi32_mask(e, e), 0x800000));
+    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(141), e);
+    const __m512i q = _mm512_srlv_epi32(mant, sh);
+    const __m512i rem = _mm512_and_si512(mant, _mm512_sub_epi32(_mm512_sllv_epi32(one, sh), one));
+    const __m512i half = _mm512_sllv_epi32(one, _mm512_sub_epi32(sh, one));
+    const __mmask16 up = _mm512_cmpgt_epi32_mask(rem, half) |
+                         (_mm512_cmpeq_epi32_mask(rem, half) & _mm512_test_epi32_mask(q, one));
+    __m512i code = _mm512_mask_add_epi32(q, up, q, one);
+    code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(sh, _mm512_set1_epi32(24)), code, _mm512_setzero_si512());
+    code = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x3C800000)), code, normal);
+    code = _mm512_mask_blend_epi32(_mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x43E00000)), code,
+                                   _mm512_set1_epi32(0x7E));
+    code = _mm512_or_si512(code, sign);
+    code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(a, inf), code, _mm512_set1_epi32(0x7F));
+    _mm_mask_storeu_epi8(row + i, m, _mm512_cvtepi32_epi8(code));
+  }
+}
 
 }  // namespace tandem::runtime::cpu

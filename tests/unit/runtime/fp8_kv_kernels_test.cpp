@@ -58,6 +58,43 @@ TEST_CASE("FP8 KV rows: scale max|x|/448, nearest codes, widened to code x scale
       }
     }
   }
+  SECTION("quotients of every kind: rows whose largest value is 448 (scale 1, so each quotient is its value) hold "
+          "every 97th float pattern up to 448 and every tie between codes, both signs, and get f32_to_f8e4m3's "
+          "codes") {
+    std::vector<float> x(128);
+    std::vector<uint8_t> row(132);
+    int64_t differ = 0, rows = 0;
+    uint32_t b = 0;
+    while (b < 0x43E00000u) {
+      x[0] = 448.0f;
+      for (std::size_t i = 1; i < x.size(); ++i, b = std::min(b + 97, 0x43E00000u)) {
+        std::memcpy(&x[i], &b, 4);
+        if (i % 2) x[i] = -x[i];
+      }
+      quantize_fp8_row(x.data(), 128, row.data());
+      float scale;
+      std::memcpy(&scale, row.data() + 128, 4);
+      REQUIRE(scale == 1.0f);
+      for (std::size_t i = 0; i < x.size(); ++i) differ += row[i] != f32_to_f8e4m3(x[i]);
+      ++rows;
+    }
+    // and every pair of neighbouring codes' midpoint (a tie) with the floats either side of it
+    std::vector<float> near;
+    for (int c = 0; c < 0x7E; ++c) {
+      const float mid = (e4m3[c] + e4m3[c + 1]) / 2;  // exact in float32
+      for (const float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 448.0f)}) near.insert(near.end(), {v, -v});
+    }
+    for (std::size_t at = 0; at < near.size(); at += 127, ++rows) {
+      x.assign(128, 0.0f);
+      x[0] = 448.0f;
+      std::copy(near.begin() + static_cast<std::ptrdiff_t>(at),
+                near.begin() + static_cast<std::ptrdiff_t>(std::min(near.size(), at + 127)), x.begin() + 1);
+      quantize_fp8_row(x.data(), 128, row.data());
+      for (std::size_t i = 0; i < x.size(); ++i) differ += row[i] != f32_to_f8e4m3(x[i]);
+    }
+    INFO(rows << " rows");
+    CHECK(differ == 0);
+  }
   SECTION("a row of zeros has scale 0 and reads back as zeros; a NaN or infinity makes the row NaN") {
     std::vector<float> x(16, 0.0f);
     std::vector<uint8_t> row(20);
