@@ -94,7 +94,10 @@ float row_amax(const float* x, int64_t n, bool& finite) {
 
 void quantize_fp8_row(const float* x, int64_t n, uint8_t* row) {
   static const bool wide = avx512_kernels() != nullptr;
-  if (wide) return quantize_fp8_row_avx512(x, n, row);
+  (wide ? quantize_fp8_row_avx512 : quantize_fp8_row_scalar)(x, n, row);
+}
+
+void quantize_fp8_row_scalar(const float* x, int64_t n, uint8_t* row) {
   bool finite;
   const float amax = row_amax(x, n, finite);
   const float scale = finite ? amax / 448.0f : std::numeric_limits<float>::quiet_NaN();

@@ -113,6 +113,7 @@ void swiglu_avx512(float* g, const float* u, int64_t n);  // needs avx512_kernel
 // (ties to even, saturating). Depends on the row alone: chunking, batching
 // and tensor-parallel widths give the same bytes.
 void quantize_fp8_row(const float* x, int64_t n, uint8_t* row);
+void quantize_fp8_row_scalar(const float* x, int64_t n, uint8_t* row);  // the same bytes, on any CPU
 void quantize_fp8_row_avx512(const float* x, int64_t n, uint8_t* row);  // the same bytes; needs avx512_kernels()
 // widen_fp8_row for the scalar and AVX2 tables: a table lookup and a multiply.
 void widen_fp8_row_scalar(const uint8_t* row, int64_t n, float* out);

@@ -37,6 +37,9 @@ TEST_CASE("FP8 KV rows: scale max|x|/448, nearest codes, widened to code x scale
       x[0] = -0.0f;
       std::vector<uint8_t> row(static_cast<std::size_t>(n + 4));
       quantize_fp8_row(x.data(), n, row.data());
+      std::vector<uint8_t> scalar(row.size());
+      quantize_fp8_row_scalar(x.data(), n, scalar.data());
+      REQUIRE(scalar == row);  // whichever way this CPU took
       float amax = 0, scale;
       for (float v : x) amax = std::max(amax, std::fabs(v));
       std::memcpy(&scale, row.data() + n, 4);
@@ -76,6 +79,9 @@ TEST_CASE("FP8 KV rows: scale max|x|/448, nearest codes, widened to code x scale
       std::memcpy(&scale, row.data() + 128, 4);
       REQUIRE(scale == 1.0f);
       for (std::size_t i = 0; i < x.size(); ++i) differ += row[i] != f32_to_f8e4m3(x[i]);
+      std::vector<uint8_t> scalar(row.size());
+      quantize_fp8_row_scalar(x.data(), 128, scalar.data());
+      differ += scalar != row;
       ++rows;
     }
     // and every pair of neighbouring codes' midpoint (a tie) with the floats either side of it
@@ -101,6 +107,9 @@ TEST_CASE("FP8 KV rows: scale max|x|/448, nearest codes, widened to code x scale
     for (const float bad : {0.0f, NAN, INFINITY}) {
       x[3] = bad;
       quantize_fp8_row(x.data(), 16, row.data());
+      std::vector<uint8_t> scalar(20);
+      quantize_fp8_row_scalar(x.data(), 16, scalar.data());
+      CHECK(scalar == row);
       for (const KernelTable* t : tables) {
         std::vector<float> wide(16);
         t->widen_fp8_row(row.data(), 16, wide.data());
