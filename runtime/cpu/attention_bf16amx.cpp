@@ -35,6 +35,17 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// n values, 16 at a time as floats from values(mask, k) (those the mask keeps), rounded to bf16 at dst, zeros on
+// to np.
+template <class Values>
+void values_as_bf16(int64_t n, int64_t np, uint16_t* dst, Values&& values) {
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 m = n - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - k)) - 1u);
+    _mm256_mask_storeu_epi16(dst + k, m, (__m256i)_mm512_cvtneps_pbh(values(m, k)));
+  }
+  std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
+}
+
 // A KV row's n values (of type kv; FP8: as widen_fp8_row gives them) rounded to bf16, zeros on to np; a row
 // that is not there (nullptr): zeros.
 void kv_row_as_bf16(DType kv, const void* row, int64_t n, int64_t np, uint16_t* dst) {
@@ -50,22 +61,13 @@ void kv_row_as_bf16(DType kv, const void* row, int64_t n, int64_t np, uint16_t* 
       return;
     case DType::kF16: {
       const auto* h = static_cast<const uint16_t*>(row);
-      for (int64_t k = 0; k < n; k += 16) {
-        const __mmask16 m = n - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - k)) - 1u);
-        const __m512 f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, h + k));
-        _mm256_mask_storeu_epi16(dst + k, m, (__m256i)_mm512_cvtneps_pbh(f));
-      }
-      std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
-      return;
+      return values_as_bf16(n, np, dst, [h](__mmask16 m, int64_t k) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, h + k));
+      });
     }
-    default: {  // FP8 E4M3 with its row scale: its values (widen_fp8_row's) rounded to bf16 in registers
+    default: {  // FP8 E4M3 with its row scale: its values (widen_fp8_row's) in registers
       const Fp8RowScale fs(row, n);
-      for (int64_t k = 0; k < n; k += 16) {
-        const __mmask16 m = n - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - k)) - 1u);
-        _mm256_mask_storeu_epi16(dst + k, m, (__m256i)_mm512_cvtneps_pbh(fp8_row_values16(m, row, k, fs)));
-      }
-      std::memset(dst + n, 0, static_cast<std::size_t>(np - n) * 2);
-      return;
+      return values_as_bf16(n, np, dst, [&](__mmask16 m, int64_t k) { return fp8_row_values16(m, row, k, fs); });
     }
   }
 }
